@@ -1,0 +1,1 @@
+"""The specon node agent: one per worker; tails job logs, classifies, heartbeats, executes commands."""

@@ -1,0 +1,1 @@
+"""The specon manager: collects heartbeats, decides migrations and rebalancing, journals them."""

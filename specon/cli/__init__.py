@@ -1,0 +1,1 @@
+"""The ``specon`` command line."""

@@ -1,0 +1,124 @@
+"""Shared vocabulary: ids, categories and the frozen snapshots decisions are made on.
+
+Everything here is plain data. Policies take these snapshots in and hand decisions
+out; they never read a clock, a file or the network.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import NewType
+
+WorkerId = NewType("WorkerId", str)
+ContainerId = NewType("ContainerId", str)
+
+
+class Category(str, enum.Enum):
+    """A container's training phase as Algorithm 1 (or the robust classifier) sees it."""
+
+    PROGRESSING = "progressing"
+    WATCHING = "watching"
+    CONVERGED = "converged"
+    # Only the robust classifier emits DIVERGING; STALLED marks a container whose log
+    # has been silent for ``stale_ticks`` ticks in a row (SPEC §2).
+    DIVERGING = "diverging"
+    STALLED = "stalled"
+
+    @property
+    def short(self) -> str:
+        """The paper's two-letter name (PC, WC, CC) or the first letter upper-cased."""
+        return _SHORT[self]
+
+
+_SHORT = {
+    Category.PROGRESSING: "PC",
+    Category.WATCHING: "WC",
+    Category.CONVERGED: "CC",
+    Category.DIVERGING: "DV",
+    Category.STALLED: "ST",
+}
+
+# Categories that count as "active" training for the request rule (SPEC §3.3) and
+# for scoring: a diverging or stalled job still occupies its worker like a progressing one.
+ACTIVE_CATEGORIES = frozenset({Category.PROGRESSING, Category.WATCHING})
+
+
+class Direction(str, enum.Enum):
+    MINIMIZE = "minimize"
+    MAXIMIZE = "maximize"
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """A resource request or capacity. CPU in cores, memory in bytes, GPUs as a count."""
+
+    cpu: float = 0.0
+    memory: int = 0
+    gpu: int = 0
+
+    def fits_in(self, free: Resources) -> bool:
+        return self.cpu <= free.cpu + 1e-9 and self.memory <= free.memory and self.gpu <= free.gpu
+
+    def __add__(self, other: Resources) -> Resources:
+        return Resources(self.cpu + other.cpu, self.memory + other.memory, self.gpu + other.gpu)
+
+    def __sub__(self, other: Resources) -> Resources:
+        return Resources(self.cpu - other.cpu, self.memory - other.memory, self.gpu - other.gpu)
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerSnapshot:
+    """What the manager knows about one container at decision time."""
+
+    id: ContainerId
+    worker: WorkerId
+    category: Category
+    # Seconds on the manager's clock; None when the container has never reached CC.
+    t_cc: float | None = None
+    # Set once Algorithm 2 has decided for it (moved or told to stay).
+    migrated: bool = False
+    t_migrated: float | None = None
+    migrations: int = 0
+    rebalances: int = 0
+    requests: Resources = field(default_factory=Resources)
+    # Opaque placement constraints (e.g. Kubernetes node selector labels) that a
+    # worker's ``labels`` must contain for the container to run there.
+    selector: tuple[tuple[str, str], ...] = ()
+    # Taint keys this container tolerates.
+    tolerations: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSnapshot:
+    """What the manager knows about one worker at decision time."""
+
+    id: WorkerId
+    capacity: Resources = field(default_factory=Resources)
+    # R(w, t): resource consumption, by default CPU utilisation in [0, 1] from the
+    # latest heartbeat.
+    usage: float = 0.0
+    ready: bool = True
+    # Heartbeat age in seconds at decision time (manager clock).
+    heartbeat_age: float = 0.0
+    labels: tuple[tuple[str, str], ...] = ()
+    # Taint keys the worker carries; a container tolerating none of them cannot go there.
+    taints: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    """The manager's view at one instant: workers, containers and the current time."""
+
+    now: float
+    workers: tuple[WorkerSnapshot, ...]
+    containers: tuple[ContainerSnapshot, ...]
+
+    def worker(self, wid: WorkerId) -> WorkerSnapshot:
+        for w in self.workers:
+            if w.id == wid:
+                return w
+        raise KeyError(wid)
+
+    def on(self, wid: WorkerId) -> tuple[ContainerSnapshot, ...]:
+        return tuple(c for c in self.containers if c.worker == wid)
