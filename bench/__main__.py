@@ -23,7 +23,9 @@ def _modules() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("names", nargs="*", help="benchmark modules to run (default: all), e.g. bench_progress")
+    parser.add_argument(
+        "names", nargs="*", help="benchmark modules to run (default: all), e.g. bench_progress"
+    )
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the JSON results")
     args = parser.parse_args(argv)

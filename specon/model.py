@@ -14,7 +14,7 @@ WorkerId = NewType("WorkerId", str)
 ContainerId = NewType("ContainerId", str)
 
 
-class Category(str, enum.Enum):
+class Category(enum.StrEnum):
     """A container's training phase as Algorithm 1 (or the robust classifier) sees it."""
 
     PROGRESSING = "progressing"
@@ -44,7 +44,7 @@ _SHORT = {
 ACTIVE_CATEGORIES = frozenset({Category.PROGRESSING, Category.WATCHING})
 
 
-class Direction(str, enum.Enum):
+class Direction(enum.StrEnum):
     MINIMIZE = "minimize"
     MAXIMIZE = "maximize"
 

@@ -1,0 +1,151 @@
+"""The manager's write-ahead journal: migrations and per-container marks in SQLite.
+
+Every migration state is committed (``synchronous=FULL``: fsync'd) *before* the manager
+acts on it, so a manager killed at any point restarts with every in-flight migration and
+every ``migrated``/``rebalanced`` mark intact (SPEC §6). One file, one writer.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from specon.migration import Migration, State
+from specon.model import ContainerId, WorkerId
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS migrations (
+    id TEXT PRIMARY KEY,
+    container TEXT NOT NULL,
+    source TEXT NOT NULL,
+    target TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    state TEXT NOT NULL,
+    decided_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    checkpoint TEXT,
+    checkpoint_step INTEGER,
+    stopped_at REAL,
+    started_at REAL,
+    error TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS migrations_state ON migrations(state);
+CREATE TABLE IF NOT EXISTS marks (
+    container TEXT PRIMARY KEY,
+    migrated_at REAL,
+    migrations INTEGER NOT NULL DEFAULT 0,
+    rebalances INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+_COLUMNS = tuple(f.name for f in fields(Migration))
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    container: ContainerId
+    migrated_at: float | None
+    migrations: int
+    rebalances: int
+
+
+class Journal:
+    """Durable store of migrations and marks. Thread-safe; every write is one transaction."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        if str(path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- migrations -------------------------------------------------------------------
+    def put(self, m: Migration) -> None:
+        """Insert or replace one migration record (durable when this returns)."""
+        row = tuple(getattr(m, c).value if c == "state" else getattr(m, c) for c in _COLUMNS)
+        marks = ",".join("?" * len(_COLUMNS))
+        with self._lock:
+            self._db.execute(
+                f"INSERT OR REPLACE INTO migrations ({','.join(_COLUMNS)}) VALUES ({marks})", row
+            )
+
+    def _rows(self, where: str = "", args: tuple[object, ...] = ()) -> Iterator[Migration]:
+        with self._lock:
+            cur = self._db.execute(f"SELECT {','.join(_COLUMNS)} FROM migrations {where}", args)
+            rows = cur.fetchall()
+        for row in rows:
+            rec = dict(zip(_COLUMNS, row, strict=True))
+            rec["state"] = State(rec["state"])
+            rec["container"] = ContainerId(rec["container"])
+            rec["source"] = WorkerId(rec["source"])
+            rec["target"] = WorkerId(rec["target"])
+            yield Migration(**rec)
+
+    def get(self, migration_id: str) -> Migration | None:
+        return next(self._rows("WHERE id = ?", (migration_id,)), None)
+
+    def in_flight(self) -> list[Migration]:
+        terminal = tuple(s.value for s in State if s.terminal)
+        return list(
+            self._rows(f"WHERE state NOT IN ({','.join('?' * len(terminal))}) ORDER BY decided_at", terminal)
+        )
+
+    def all(self) -> list[Migration]:
+        return list(self._rows("ORDER BY decided_at, id"))
+
+    # -- marks --------------------------------------------------------------------------
+    def mark(
+        self, container: ContainerId, *, migrated_at: float | None = None, rebalanced: bool = False
+    ) -> Mark:
+        """Record that Algorithm 2 decided for ``container`` (or Algorithm 3 moved it)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("INSERT OR IGNORE INTO marks (container) VALUES (?)", (container,))
+                if migrated_at is not None:
+                    self._db.execute(
+                        "UPDATE marks SET migrated_at = COALESCE(migrated_at, ?), "
+                        "migrations = migrations + 1 "
+                        "WHERE container = ?",
+                        (migrated_at, container),
+                    )
+                if rebalanced:
+                    self._db.execute(
+                        "UPDATE marks SET rebalances = rebalances + 1 WHERE container = ?", (container,)
+                    )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        got = self.marks().get(container)
+        assert got is not None
+        return got
+
+    def marks(self) -> dict[ContainerId, Mark]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT container, migrated_at, migrations, rebalances FROM marks"
+            ).fetchall()
+        return {ContainerId(r[0]): Mark(ContainerId(r[0]), r[1], int(r[2]), int(r[3])) for r in rows}
+
+    # -- meta -----------------------------------------------------------------------------
+    def get_meta(self, key: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))

@@ -1,0 +1,172 @@
+"""The save/restore migration as a pure, journaled state machine (SPEC §6).
+
+``decided → saving → saved → restoring → running → done``, and from any step before
+``done``: ``failed → rolled_back`` (restart on the source from the checkpoint).
+
+The manager writes each state to its journal *before* acting on it (write-ahead), then
+asks ``next_step`` what to do. ``next_step`` looks only at the journaled record and at
+where heartbeats currently see the container running, so the same function drives a
+migration forward in normal operation and resumes or rolls back every migration that
+was in flight when a manager restarts. It never issues a start while the container is
+seen running anywhere (a job never runs twice) and never gives up on a container that
+is running nowhere (a job is never left without a running copy).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from specon.model import ContainerId, WorkerId
+
+Reason = Literal["converged", "rebalance"]
+
+
+class State(enum.StrEnum):
+    DECIDED = "decided"
+    SAVING = "saving"
+    SAVED = "saved"
+    RESTORING = "restoring"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    ROLLED_BACK = "rolled_back"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (State.DONE, State.ROLLED_BACK)
+
+
+_NEXT: dict[State, frozenset[State]] = {
+    State.DECIDED: frozenset({State.SAVING, State.FAILED}),
+    State.SAVING: frozenset({State.SAVED, State.FAILED}),
+    State.SAVED: frozenset({State.RESTORING, State.FAILED}),
+    State.RESTORING: frozenset({State.RUNNING, State.FAILED}),
+    State.RUNNING: frozenset({State.DONE}),
+    State.FAILED: frozenset({State.ROLLED_BACK}),
+    State.DONE: frozenset(),
+    State.ROLLED_BACK: frozenset(),
+}
+
+
+class TransitionError(ValueError):
+    """An illegal state change: a bug or a corrupt journal, never silently applied."""
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    id: str
+    container: ContainerId
+    source: WorkerId
+    target: WorkerId
+    reason: Reason
+    state: State = State.DECIDED
+    decided_at: float = 0.0
+    updated_at: float = 0.0
+    # Set when the save finished: the verified checkpoint the target restores from
+    # (None: the job never checkpointed and restarts from its beginning).
+    checkpoint: str | None = None
+    checkpoint_step: int | None = None
+    # When the job stopped on the source / started on the target, for downtime.
+    stopped_at: float | None = None
+    started_at: float | None = None
+    error: str | None = None
+    attempts: int = 0
+
+    @property
+    def downtime(self) -> float | None:
+        if self.stopped_at is None or self.started_at is None:
+            return None
+        return max(0.0, self.started_at - self.stopped_at)
+
+    @property
+    def in_flight(self) -> bool:
+        return not self.state.terminal
+
+    def to(self, state: State, *, at: float, **changes: object) -> Migration:
+        """The record in ``state``; raises ``TransitionError`` for an illegal step."""
+        if state not in _NEXT[self.state]:
+            raise TransitionError(f"migration {self.id}: {self.state.value} -> {state.value} is not allowed")
+        return replace(self, state=state, updated_at=at, **changes)  # type: ignore[arg-type]
+
+
+# What the coordinator should do next for one migration.
+@dataclass(frozen=True, slots=True)
+class IssueSave:
+    worker: WorkerId
+
+
+@dataclass(frozen=True, slots=True)
+class IssueStart:
+    worker: WorkerId
+    checkpoint: str | None
+    rollback: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Advance:
+    """The facts already show the next state; journal it and ask again."""
+
+    state: State
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    why: str
+
+
+Step = IssueSave | IssueStart | Advance | Wait
+
+
+def next_step(
+    m: Migration, *, running_on: WorkerId | None, finished: bool, alive: frozenset[WorkerId]
+) -> Step:
+    """Decide the next action for ``m`` from its journaled state and the heartbeat facts.
+
+    ``running_on`` is the worker whose latest heartbeat lists the container as running
+    (None: no agent reports it running); ``finished`` says the job has completed its
+    work (nothing left to move); ``alive`` are the workers with a fresh heartbeat.
+    Saves and starts are idempotent per migration on the agent, so repeating one after
+    a lost message or a manager restart is always safe.
+    """
+    s = m.state
+    if s.terminal:
+        return Wait("terminal")
+    if finished:
+        return Advance(
+            State.DONE if s is State.RUNNING else State.FAILED if s is not State.FAILED else State.ROLLED_BACK
+        )
+    if s is State.DECIDED:
+        if running_on != m.source or m.target not in alive:
+            # The container moved or vanished since the decision, or the target went
+            # away: nothing was touched yet, so abandoning is safe.
+            return Advance(State.FAILED)
+        return Advance(State.SAVING)
+    if s is State.SAVING:
+        if (running_on is not None and running_on != m.source) or m.source not in alive:
+            # Running elsewhere (someone else moved it), or the source went silent: roll
+            # back; the runtime refuses the restart while a copy still runs anywhere.
+            return Advance(State.FAILED)
+        # Still running on the source (save not delivered or under way), or stopped but
+        # the result (with the checkpoint) was lost: repeating the save gets the result.
+        return IssueSave(m.source)
+    if s is State.SAVED:
+        if running_on is not None or m.target not in alive:
+            return Advance(State.FAILED)
+        return Advance(State.RESTORING)
+    if s is State.RESTORING:
+        if running_on == m.target:
+            return Advance(State.RUNNING)
+        if running_on is not None or m.target not in alive:
+            return Advance(State.FAILED)
+        return IssueStart(m.target, m.checkpoint, rollback=False)
+    if s is State.RUNNING:
+        return Advance(State.DONE)
+    # FAILED: make sure the job runs somewhere, preferring its source.
+    if running_on is not None:
+        return Advance(State.ROLLED_BACK)
+    home = m.source if m.source in alive else (m.target if m.target in alive else None)
+    if home is None:
+        return Wait("no live worker to restart on")
+    return IssueStart(home, m.checkpoint, rollback=True)
