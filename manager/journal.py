@@ -31,7 +31,8 @@ CREATE TABLE IF NOT EXISTS migrations (
     stopped_at REAL,
     started_at REAL,
     error TEXT,
-    attempts INTEGER NOT NULL DEFAULT 0
+    attempts INTEGER NOT NULL DEFAULT 0,
+    spec TEXT
 );
 CREATE INDEX IF NOT EXISTS migrations_state ON migrations(state);
 CREATE TABLE IF NOT EXISTS marks (

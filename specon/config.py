@@ -4,15 +4,26 @@ Every knob of SPEC.md is a field here, with the SPEC default. ``mode: paper`` sw
 the values that reproduce the paper's printed behaviour (``PAPER_OVERRIDES``) before the
 file's own values are applied, so a paper-mode file may still override single knobs.
 
-Loading is: parse YAML -> validate (every error, with its path, in one message) ->
-fill defaults -> frozen ``Policy``.
+Loading is: parse YAML (1.2 scalars) -> lay the file over the mode's defaults -> check
+every field against its type hint (``specon.codec``) and the rules no type can express
+(``_semantic_problems``) -> a frozen ``Policy``, or one ``PolicyError`` that lists every
+problem as ``path: problem`` in file order.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import re
+import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
+import yaml
+
+from specon import codec
 from specon.model import Direction
 
 API_VERSION = "specon/v1alpha1"
@@ -39,7 +50,9 @@ class ProgressConfig:
     direction: Direction = Direction.MINIMIZE
     # Free-text pattern; must have one group capturing the number. ``{metric}`` is
     # replaced by the escaped metric name.
-    regex: str = r"(?i)\b{metric}\b\s*[:=]?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|[-+]?inf(?:inity)?)"
+    regex: str = (
+        r"(?i)\b{metric}\b\s*[:=]?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|[-+]?inf(?:inity)?)"
+    )
     # Longer lines are skipped (counted) rather than buffered without bound.
     max_line_bytes: int = 1 << 20
 
@@ -125,7 +138,8 @@ class MessagingConfig:
 class Policy:
     """A complete, validated, defaulted policy."""
 
-    api_version: str = API_VERSION
+    # Kubernetes-style spelling on disk; the codec reads the key from the metadata.
+    api_version: str = field(default=API_VERSION, metadata={"key": "apiVersion"})
     kind: str = KIND
     mode: Mode = "default"
     progress: ProgressConfig = field(default_factory=ProgressConfig)
@@ -149,3 +163,394 @@ PAPER_OVERRIDES: dict[str, dict[str, object]] = {
     "placement": {"score": "count"},
     "rebalance": {"mode": "paper", "when": "all_migrated"},
 }
+
+
+# --- documentation of every knob (``specon config defaults`` prints it) ------------------
+# Keyed by the dotted path in the file. A test checks that every field has an entry;
+# allowed values of Literal/enum fields are appended from the schema itself.
+DOCS: dict[str, str] = {
+    "apiVersion": "policy file format version (required)",
+    "kind": "always Policy (required)",
+    "mode": "paper: start from the values that reproduce the paper, then apply this file",
+    "progress": "Reading job progress logs (SPEC §2)",
+    "progress.format": "log format; auto detects JSON lines, CSV with a header, or free text",
+    "progress.metric": "evaluation value E read from the log (jobs may override per job)",
+    "progress.direction": "whether the metric improves by falling or rising",
+    "progress.regex": "free-text pattern; {metric} becomes the escaped metric name; "
+    "its one group (or the group named value) is the number",
+    "progress.max_line_bytes": "longer lines are skipped and counted",
+    "monitor": "Algorithm 1, the agent's container monitor (SPEC §3)",
+    "monitor.classifier": "specon = Algorithm 1 as printed (repaired); robust = smoothed, k-of-n, trend",
+    "monitor.interval": "tick Δ in seconds",
+    "monitor.alpha": "threshold alpha on the normalised change G",
+    "monitor.normalize": "max: divide by the largest |E| so far; previous: by |E(t-1)|; none: absolute",
+    "monitor.aggregate": "E(t) from the samples of one tick: their mean or the last one",
+    "monitor.stale": "a tick without samples: skip it, or treat it as G = 0 (paper)",
+    "monitor.stale_ticks": "stale ticks in a row before a container is reported stalled (0 = never)",
+    "monitor.request_min_active": "PC+WC containers needed on the worker before a CC container may request",
+    "monitor.robust": "Knobs of the robust classifier (used only with classifier: robust)",
+    "monitor.robust.smoothing": "exponential smoothing factor for E, in (0, 1]; 1 = none",
+    "monitor.robust.k": "a category step needs k of the last n ticks to agree",
+    "monitor.robust.n": "window of the k-of-n vote",
+    "monitor.robust.trend_window": "ticks in the least-squares trend test (>= 2)",
+    "monitor.robust.diverge_threshold": "relative rise of smoothed E over the window that means diverging",
+    "placement": "Algorithm 2, target selection on each request (SPEC §4)",
+    "placement.weights": "S_w = progressing*|PC| + watching*|WC| + converged*|CC|; strictly decreasing",
+    "placement.weights.progressing": "weight of a progressing container",
+    "placement.weights.watching": "weight of a watching container",
+    "placement.weights.converged": "weight of a converged container",
+    "placement.score": "count: the paper's score; per_capacity: divided by the worker's CPU cores",
+    "placement.tolerance": "scores closer than this are equal",
+    "placement.max_migrations_per_container": "times one container may be reallocated",
+    "rebalance": "Algorithm 3, rebalancing (SPEC §5)",
+    "rebalance.mode": "balanced: even out loads; paper: the printed algorithm; off: never",
+    "rebalance.when": "all_migrated: once every live container is migrated; always: every tick",
+    "rebalance.duration_from": "converged duration counted from t_cc or from the migrated mark",
+    "rebalance.max_rebalances_per_container": "times one container may be moved by rebalancing",
+    "migration": "The save/restore state machine and its limits (SPEC §6)",
+    "migration.max_concurrent": "migrations in flight cluster-wide",
+    "migration.max_concurrent_per_worker": "migrations in flight touching one worker",
+    "migration.grace_period": "seconds between SIGTERM and SIGKILL when saving",
+    "migration.dry_run": "decide and record migrations but never touch a container",
+    "messaging": "Agent <-> manager messaging (SPEC §7)",
+    "messaging.heartbeat_interval": "seconds between an agent's heartbeats",
+    "messaging.worker_timeout": "a worker without a heartbeat this long is unreachable",
+    "messaging.max_body_bytes": "largest message the manager accepts",
+}
+
+
+# --- loading and validation --------------------------------------------------------------
+
+MODES: tuple[Mode, ...] = typing.get_args(Mode)
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be used; ``errors`` lists every problem as ``path: problem``."""
+
+    def __init__(self, errors: Sequence[str], *, source: str = "<policy>") -> None:
+        self.errors = tuple(errors)
+        self.source = source
+        count = f"{len(self.errors)} error{'s' if len(self.errors) != 1 else ''}"
+        super().__init__(f"{source}: {count}\n" + "\n".join(f"  {e}" for e in self.errors))
+
+
+def metric_pattern(regex: str, metric: str) -> re.Pattern[str]:
+    """The free-text pattern for ``metric``: ``{metric}`` becomes the escaped metric name.
+
+    (Plain substitution, not ``str.format``: the pattern has its own braces.)
+    Raises ``re.error`` if it does not compile.
+    """
+    return re.compile(regex.replace("{metric}", re.escape(metric)))
+
+
+def default_policy(mode: Mode = "default") -> Policy:
+    """The complete policy for ``mode`` when the file sets nothing else."""
+    try:
+        return _DEFAULTS[mode]
+    except KeyError:
+        raise ValueError(f"unknown mode {mode!r} (known: {', '.join(MODES)})") from None
+
+
+def _mode_defaults(mode: Mode) -> Policy:
+    data: dict[str, object] = {"mode": mode, **(PAPER_OVERRIDES if mode == "paper" else {})}
+    return codec.from_data(Policy, _merge(codec.to_data(Policy()), data))
+
+
+def policy_to_dict(policy: Policy) -> dict[str, Any]:
+    """The policy as plain data, in the file's shape; ``policy_from_dict`` reads it back."""
+    out: dict[str, Any] = codec.to_data(policy)
+    return out
+
+
+def policy_from_dict(data: object, *, source: str = "<dict>") -> Policy:
+    """Validate ``data`` (a parsed policy file) and fill in defaults.
+
+    ``mode: paper`` starts from ``PAPER_OVERRIDES``; the file's values win over them.
+    Raises ``PolicyError`` listing every problem found, never anything else.
+    """
+    if not isinstance(data, dict):
+        raise PolicyError([f"(top level): expected a mapping, got {codec.describe(data)}"], source=source)
+    problems = [
+        codec.Problem((key,), f"missing; expected {expected!r}")
+        for key, expected in (("apiVersion", API_VERSION), ("kind", KIND))
+        if key not in data
+    ]
+    mode = data.get("mode", "default")
+    base = default_policy(mode if isinstance(mode, str) and mode in MODES else "default")
+    policy: Policy | None
+    try:
+        policy = codec.from_data(Policy, _merge(policy_to_dict(base), data))
+    except codec.SchemaError as e:
+        problems += e.problems
+        policy = e.partial  # bad values replaced by defaults, so the checks below still run
+    if policy is not None:
+        problems += _semantic_problems(policy)
+    if problems or policy is None:
+        problems.sort(key=lambda p: _schema_rank(Policy, p.path))  # in the order of the file
+        raise PolicyError([str(p) for p in problems], source=source)
+    return policy
+
+
+def parse_policy(text: str, *, source: str = "<string>") -> Policy:
+    """Parse a policy from YAML text (YAML 1.2 scalars: ``off`` is a string, ``1e-9`` a number)."""
+    try:
+        data = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
+        what = ": ".join(part for part in (e.context, e.problem) if part)
+        raise PolicyError([f"{where}: invalid YAML: {what}"], source=source) from None
+    except yaml.YAMLError as e:
+        raise PolicyError([f"invalid YAML: {e}"], source=source) from None
+    except (ValueError, OverflowError) as e:  # a scalar YAML accepts but Python cannot hold
+        raise PolicyError([f"invalid YAML value: {e}"], source=source) from None
+    except RecursionError:
+        raise PolicyError(["invalid YAML: nested too deeply"], source=source) from None
+    if data is None:
+        raise PolicyError(
+            [f"empty policy; it needs at least 'apiVersion: {API_VERSION}' and 'kind: {KIND}'"],
+            source=source,
+        )
+    return policy_from_dict(data, source=source)
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read, validate and default the policy file at ``path``."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise PolicyError([f"cannot read: {e.strerror or e}"], source=str(path)) from None
+    except UnicodeDecodeError as e:
+        raise PolicyError([f"not UTF-8 text: {e.reason} at byte {e.start}"], source=str(path)) from None
+    return parse_policy(text, source=str(path))
+
+
+def _merge(base: dict[str, Any], override: dict[Any, Any]) -> dict[Any, Any]:
+    """``override`` laid over ``base``, recursively for mappings present in both."""
+    out: dict[Any, Any] = dict(base)
+    for key, value in override.items():
+        below = out.get(key)
+        out[key] = _merge(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
+    return out
+
+
+def _schema_rank(cls: type[Any] | None, path: tuple[codec.PathPart, ...]) -> tuple[int, ...]:
+    """Sort key placing ``path`` where its field is declared (unknown keys last)."""
+    if not path:
+        return ()
+    fields = dataclasses.fields(cls) if cls is not None else ()
+    keys = [codec.wire_key(f) for f in fields]
+    if path[0] not in keys:
+        return (len(keys),)
+    i = keys.index(str(path[0]))
+    tp = typing.get_type_hints(cls)[fields[i].name]
+    below = tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
+    return (i, *_schema_rank(below, path[1:]))
+
+
+def _semantic_problems(p: Policy) -> list[codec.Problem]:
+    """Checks a type cannot express. Paths are the keys in the file."""
+    out: list[codec.Problem] = []
+
+    def need(ok: bool, path: str, message: str) -> None:
+        if not ok:
+            out.append(codec.Problem(tuple(path.split(".")), message))
+
+    def positive(path: str, value: float) -> None:
+        need(value > 0, path, f"must be > 0, got {value}")
+
+    def at_least(path: str, value: int, low: int) -> None:
+        need(value >= low, path, f"must be >= {low}, got {value}")
+
+    need(
+        p.api_version == API_VERSION, "apiVersion", f"unsupported {p.api_version!r}; expected {API_VERSION!r}"
+    )
+    need(p.kind == KIND, "kind", f"must be {KIND!r}, got {p.kind!r}")
+
+    pr = p.progress
+    need(pr.metric != "", "progress.metric", "must not be empty")
+    try:
+        pattern = metric_pattern(pr.regex, pr.metric)
+    except re.error as e:
+        need(False, "progress.regex", f"does not compile: {e}")
+    else:
+        # The reader takes group ``value`` if named, else group 1 (specon.progress.text);
+        # several unnamed groups would make that choice silently.
+        need(
+            pattern.groups == 1 or "value" in pattern.groupindex,
+            "progress.regex",
+            "must have exactly one capture group (the number) or a group named 'value', "
+            f"has {pattern.groups}",
+        )
+    at_least("progress.max_line_bytes", pr.max_line_bytes, 1)
+
+    m = p.monitor
+    positive("monitor.interval", m.interval)
+    positive("monitor.alpha", m.alpha)
+    at_least("monitor.stale_ticks", m.stale_ticks, 0)
+    at_least("monitor.request_min_active", m.request_min_active, 0)
+    r = m.robust
+    need(0 < r.smoothing <= 1, "monitor.robust.smoothing", f"must be in (0, 1], got {r.smoothing}")
+    at_least("monitor.robust.k", r.k, 1)
+    at_least("monitor.robust.n", r.n, 1)
+    need(r.k <= r.n, "monitor.robust.k", f"must be <= n ({r.n}), got {r.k}")
+    at_least("monitor.robust.trend_window", r.trend_window, 2)
+    positive("monitor.robust.diverge_threshold", r.diverge_threshold)
+
+    pl = p.placement
+    w = pl.weights
+    for name in ("progressing", "watching", "converged"):
+        positive(f"placement.weights.{name}", getattr(w, name))
+    need(
+        w.progressing > w.watching > w.converged,
+        "placement.weights",
+        "must satisfy progressing > watching > converged, got "
+        f"{w.progressing} > {w.watching} > {w.converged}",
+    )
+    need(pl.tolerance >= 0, "placement.tolerance", f"must be >= 0, got {pl.tolerance}")
+    at_least("placement.max_migrations_per_container", pl.max_migrations_per_container, 1)
+
+    at_least("rebalance.max_rebalances_per_container", p.rebalance.max_rebalances_per_container, 0)
+
+    mi = p.migration
+    at_least("migration.max_concurrent", mi.max_concurrent, 1)
+    at_least("migration.max_concurrent_per_worker", mi.max_concurrent_per_worker, 1)
+    positive("migration.grace_period", mi.grace_period)
+
+    ms = p.messaging
+    positive("messaging.heartbeat_interval", ms.heartbeat_interval)
+    need(
+        ms.worker_timeout > ms.heartbeat_interval,
+        "messaging.worker_timeout",
+        f"must be > heartbeat_interval ({ms.heartbeat_interval}), got {ms.worker_timeout}",
+    )
+    # Smaller than this cannot even hold a heartbeat of an empty worker.
+    at_least("messaging.max_body_bytes", ms.max_body_bytes, 1024)
+    return out
+
+
+_DEFAULTS: dict[str, Policy] = {mode: _mode_defaults(mode) for mode in MODES}
+
+
+# --- YAML ---------------------------------------------------------------------------------
+# PyYAML resolves YAML 1.1 scalars: ``off``/``yes`` are booleans (``rebalance.mode: off``
+# would be False), ``1e-9`` is a string and ``1:30`` is 90. Policy files use the YAML 1.2
+# core schema instead, for reading and for writing (the dumper quotes what the loader
+# would misread).
+
+_TAG = "tag:yaml.org,2002:"
+_CORE_RESOLVERS = (
+    ("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
+    ("int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789"),
+    (
+        "float",
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+        "-+0123456789.",
+    ),
+)
+
+
+class _Loader(yaml.SafeLoader):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[str] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                if key_node.value in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found duplicate key {key_node.value!r}",
+                        key_node.start_mark,
+                    )
+                seen.add(key_node.value)
+        return super().construct_mapping(node, deep=deep)
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.Node) -> int:
+    text = str(loader.construct_scalar(node))  # type: ignore[arg-type]
+    if text.startswith(("0o", "0x")):
+        return int(text[2:], 8 if text[1] == "o" else 16)
+    return int(text, 10)
+
+
+def _use_core_schema(cls: type[yaml.SafeLoader] | type[yaml.SafeDumper]) -> None:
+    replaced = {_TAG + name for name in ("bool", "int", "float", "timestamp")}
+    cls.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in replaced]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    for name, pattern, first in _CORE_RESOLVERS:
+        cls.add_implicit_resolver(_TAG + name, re.compile(pattern), list(first))
+
+
+_use_core_schema(_Loader)
+_use_core_schema(_Dumper)
+_Loader.add_constructor(_TAG + "int", _construct_int)
+
+
+def _scalar_yaml(value: object) -> str:
+    text = yaml.dump(value, Dumper=_Dumper, width=1 << 30)
+    return text.removesuffix("\n").removesuffix("\n...").strip()
+
+
+def _choices(tp: object) -> list[str]:
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return [str(m.value) for m in tp]
+    if typing.get_origin(tp) is typing.Literal:
+        return [str(a) for a in typing.get_args(tp)]
+    return []
+
+
+def policy_to_yaml(policy: Policy, *, comments: bool = True) -> str:
+    """The policy as a complete YAML policy file that loads back to ``policy``.
+
+    With ``comments``, every knob carries its documentation, its allowed values and,
+    where it differs, the default-mode value.
+    """
+    lines: list[str] = []
+    if comments:
+        lines += [
+            f"# specon policy file ({API_VERSION}). Only apiVersion and kind are required;",
+            "# every other key may be left out to take the value of the mode's defaults.",
+            "# Check a file with: specon config validate FILE",
+        ]
+    baseline = policy_to_dict(default_policy("default"))
+    _render(Policy, policy_to_dict(policy), baseline, (), lines, comments=comments)
+    return "\n".join(lines) + "\n"
+
+
+def _render(
+    cls: type[Any],
+    data: dict[str, Any],
+    baseline: dict[str, Any],
+    path: tuple[str, ...],
+    lines: list[str],
+    *,
+    comments: bool,
+) -> None:
+    hints = typing.get_type_hints(cls)
+    pad = "  " * len(path)
+    for f in dataclasses.fields(cls):
+        key = codec.wire_key(f)
+        tp = hints[f.name]
+        doc = DOCS.get(".".join((*path, key)), "")
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            if comments and doc:
+                lines.append(f"{pad}# {doc}")
+            lines.append(f"{pad}{key}:")
+            _render(tp, data[key], baseline[key], (*path, key), lines, comments=comments)
+            continue
+        line = f"{pad}{key}: {_scalar_yaml(data[key])}"
+        if comments:
+            notes = [doc] if doc else []
+            if choices := _choices(tp):
+                notes.append(f"[{' | '.join(choices)}]")
+            if data[key] != baseline[key] and (*path, key) != ("mode",):
+                notes.append(f"(default mode: {_scalar_yaml(baseline[key])})")
+            if notes:
+                line += "  # " + " ".join(notes)
+        lines.append(line)

@@ -73,6 +73,9 @@ class Migration:
     started_at: float | None = None
     error: str | None = None
     attempts: int = 0
+    # The runtime's job spec (JSON) from the save result, so a restarted manager can
+    # still tell the target what to start.
+    spec: str | None = None
 
     @property
     def downtime(self) -> float | None:

@@ -39,8 +39,9 @@ _SHORT = {
     Category.STALLED: "ST",
 }
 
-# Categories that count as "active" training for the request rule (SPEC §3.3) and
-# for scoring: a diverging or stalled job still occupies its worker like a progressing one.
+# The paper's |PC| + |WC|: containers still training fast enough to profit from CPU a
+# converged neighbour gives up. The policies add DIVERGING (and scoring STALLED) to it,
+# since such a job still occupies its worker like a progressing one.
 ACTIVE_CATEGORIES = frozenset({Category.PROGRESSING, Category.WATCHING})
 
 

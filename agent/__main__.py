@@ -1,0 +1,131 @@
+"""``specon-agent`` / ``python -m agent``: run the specon node agent for one worker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import structlog
+from aiohttp import web
+
+from agent.app import create_app
+from agent.client import ManagerClient
+from agent.core import Agent
+from agent.daemon import AgentDaemon
+from specon import logs
+from specon.config import PolicyError, default_policy, load_policy
+from specon.daemon_cli import read_token, split_listen
+from specon.model import WorkerId
+from specon.runtime.local import LocalRuntime
+
+log = structlog.get_logger()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="specon-agent",
+        description="The specon node agent: finds its worker's training containers, tails their progress "
+        "logs, classifies them every interval (Algorithm 1), heartbeats the manager and executes its "
+        "save/start "
+        "commands. Serves /healthz and /metrics.",
+    )
+    p.add_argument("--manager", default="http://127.0.0.1:7700", help="manager base URL")
+    p.add_argument("--worker", required=True, help="this worker's id (e.g. the node name)")
+    p.add_argument(
+        "--listen",
+        type=split_listen,
+        default=("127.0.0.1", 7701),
+        metavar="HOST:PORT",
+        help="address for /healthz and /metrics (default 127.0.0.1:7701); also the source address "
+        "of requests to the manager",
+    )
+    p.add_argument(
+        "--runtime",
+        choices=("local",),
+        default="local",
+        help="container backend: local = processes in a CPU-budgeted cgroup (default)",
+    )
+    p.add_argument(
+        "--volume",
+        type=Path,
+        required=True,
+        help="the persistent volume: job specs, progress logs and checkpoints",
+    )
+    p.add_argument(
+        "--cpus", type=float, default=1.0, help="this worker's CPU budget in cores (local runtime)"
+    )
+    p.add_argument("--cluster", default="default", help="cgroup namespace for this cluster's workers")
+    p.add_argument(
+        "--policy", type=Path, help="policy YAML (apiVersion specon/v1alpha1); default: SPEC defaults"
+    )
+    p.add_argument("--token-file", help="file holding the shared bearer token (default: $SPECON_TOKEN)")
+    p.add_argument(
+        "--state-dir", type=Path, help="where monitor states persist (default <volume>/agents/<worker>)"
+    )
+    p.add_argument("--log-level", default="info", help="debug, info, warning, error (default info)")
+    p.add_argument(
+        "--log-format", choices=("json", "console"), default="json", help="log rendering (default json)"
+    )
+    return p
+
+
+async def run(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.policy) if args.policy else default_policy()
+    except (PolicyError, OSError) as exc:
+        print(f"specon-agent: {exc}", file=sys.stderr)
+        return 2
+    token = read_token(args.token_file)
+    if not token:
+        print("specon-agent: no token: pass --token-file or set SPECON_TOKEN", file=sys.stderr)
+        return 2
+    host, port = args.listen
+    worker = WorkerId(args.worker)
+    runtime = LocalRuntime(args.volume, worker, args.cpus, cluster=args.cluster)
+    state_dir = args.state_dir or args.volume / "agents" / worker
+    state_dir.mkdir(parents=True, exist_ok=True)
+    agent = Agent(
+        runtime=runtime, policy=policy, address=f"{host}:{port}", state_file=state_dir / "monitor.json"
+    )
+    client = ManagerClient(args.manager, token, source_address=host if host.startswith("127.") else None)
+    daemon = AgentDaemon(agent, client)
+    runner = web.AppRunner(create_app(daemon), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info(
+        "specon.agent.started",
+        worker=worker,
+        listen=f"{host}:{port}",
+        manager=args.manager,
+        enforcement=runtime.enforcement,
+        cpus=args.cpus,
+    )
+    daemon.start()
+    await stop.wait()
+    log.info("specon.agent.stopping", worker=worker)
+    await daemon.stop()
+    await runner.cleanup()
+    # Jobs keep running: an agent restart must not cost them anything.
+    with contextlib.suppress(Exception):
+        runtime.close()
+    log.info("specon.agent.stopped", worker=worker)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logs.configure(level=args.log_level, fmt=args.log_format)
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

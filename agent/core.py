@@ -1,0 +1,407 @@
+"""The agent's work, without the network: watch containers, classify, execute commands.
+
+``Agent`` owns one worker's runtime. ``tick`` tails every running container's progress
+log and runs Algorithm 1 (through ``specon.policy.classifier``) for the whole worker;
+``heartbeat`` builds the message the manager expects; ``execute`` carries out one
+manager command, idempotently per command id, and queues its result until a reply
+acknowledges it. Monitor states are persisted after every change, so a restarted agent
+keeps each container's category, pending request and ``migrated`` freeze.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import structlog
+
+from specon.config import Policy, ProgressConfig
+from specon.model import ContainerId, Direction, Resources, WorkerId
+from specon.policy.classifier import classifier_for
+from specon.policy.monitor import MonitorState, StateError
+from specon.progress import SkipReason, Tailer
+from specon.protocol import Action, Command, CommandBatch, CommandResult, ContainerReport, Heartbeat, Phase
+from specon.runtime.base import (
+    AlreadyRunning,
+    ContainerInfo,
+    JobSpec,
+    Runtime,
+    RuntimeFailure,
+)
+
+log = structlog.get_logger()
+
+# Job labels that override the policy's progress settings for one job.
+LABEL_METRIC = "specon.io/metric"
+LABEL_DIRECTION = "specon.io/direction"
+LABEL_FORMAT = "specon.io/format"
+# Results kept for commands already executed, so a repeated command is answered, not re-run.
+RESULT_MEMORY = 1000
+
+
+@dataclass(slots=True)
+class Watched:
+    """One container this agent classifies."""
+
+    info: ContainerInfo
+    tailer: Tailer
+    state: MonitorState
+    step: int | None = None
+    last_sample_at: float | None = None
+    nonfinite_seen: int = 0
+
+
+@dataclass(slots=True)
+class AgentCounters:
+    ticks: int = 0
+    samples: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    requests_sent: int = 0
+    commands: dict[str, int] = field(default_factory=dict)
+    command_failures: int = 0
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        runtime: Runtime,
+        policy: Policy,
+        address: str = "",
+        state_file: Path | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.policy = policy
+        self.address = address
+        self.state_file = state_file
+        self.labels = labels or {}
+        self.classifier = classifier_for(policy.monitor)
+        self.watched: dict[ContainerId, Watched] = {}
+        # Containers that ended here (finished or failed) and are still reported.
+        self.ended: dict[ContainerId, tuple[ContainerInfo, Phase]] = {}
+        self.saved_states: dict[ContainerId, MonitorState] = self._load_states()
+        # Containers being saved or stopped away from here: never re-adopted by a refresh
+        # that raced with the save (that would report a stopped job as running).
+        self.leaving: set[ContainerId] = set()
+        # Commands: id -> result (done) or task (running); results not yet acknowledged.
+        self.done: dict[str, CommandResult] = {}
+        self.running: dict[str, asyncio.Task[CommandResult]] = {}
+        self.unacked: dict[str, tuple[int | None, CommandResult]] = {}
+        self.counters = AgentCounters()
+        self._seq = 0
+        # R(w, t) and capacity, refreshed by ``sample_usage`` each tick.
+        self.usage = 0.0
+        self.capacity = Resources()
+
+    @property
+    def worker(self) -> WorkerId:
+        return self.runtime.worker
+
+    # -- Algorithm 1 -------------------------------------------------------------------
+    async def refresh(self) -> None:
+        """Adopt new containers, notice ended ones."""
+        infos = await self.runtime.list_containers()
+        seen = set()
+        for info in infos:
+            seen.add(info.id)
+            if info.id in self.leaving:
+                continue
+            if info.alive:
+                w = self.watched.get(info.id)
+                if w is None:
+                    self._watch(info)
+                else:
+                    w.info = info
+            elif info.id in self.watched or info.id not in self.ended:
+                phase: Phase = (
+                    "finished" if info.finished else ("stopped" if info.exit_code == 0 else "failed")
+                )
+                self.watched.pop(info.id, None)
+                self.ended[info.id] = (info, phase)
+                log.info(
+                    "specon.agent.container_ended", container=info.id, phase=phase, exit_code=info.exit_code
+                )
+        for cid in list(self.watched):
+            if cid not in seen:  # saved away or forgotten
+                self.watched.pop(cid).tailer.close()
+        for cid in list(self.ended):
+            if cid not in seen:
+                self.ended.pop(cid)
+        self.leaving &= seen
+
+    def _progress_config(self, spec: JobSpec) -> ProgressConfig:
+        labels = dict(spec.labels)
+        cfg = self.policy.progress
+        if LABEL_METRIC in labels:
+            cfg = replace(cfg, metric=labels[LABEL_METRIC])
+        if labels.get(LABEL_DIRECTION) in ("minimize", "maximize"):
+            cfg = replace(cfg, direction=Direction(labels[LABEL_DIRECTION]))
+        if labels.get(LABEL_FORMAT) in ("auto", "jsonl", "csv", "text"):
+            cfg = replace(cfg, format=labels[LABEL_FORMAT])  # type: ignore[arg-type]
+        return cfg
+
+    def _watch(self, info: ContainerInfo) -> None:
+        cfg = self._progress_config(info.spec)
+        state = self.saved_states.get(info.id) or self.classifier.initial(direction=cfg.direction)
+        tailer = Tailer(info.progress_path, cfg)
+        # A restored job appends to the log it had: classify only what it writes from now.
+        tailer.poll()
+        self.watched[info.id] = Watched(info, tailer, state)
+        self.ended.pop(info.id, None)
+        log.info("specon.agent.container_adopted", container=info.id, category=state.display.value)
+
+    def tick(self, now: float) -> list[ContainerId]:
+        """One categorisation interval for every watched container; the new requests."""
+        samples: dict[ContainerId, list[float]] = {}
+        nonfinite: dict[ContainerId, int] = {}
+        for cid, w in self.watched.items():
+            got = w.tailer.poll()
+            bad = w.tailer.stats.skipped[SkipReason.NONFINITE]
+            if bad > w.nonfinite_seen:
+                nonfinite[cid] = bad - w.nonfinite_seen
+                w.nonfinite_seen = bad
+            if got:
+                samples[cid] = [s.value for s in got]
+                steps = [s.step for s in got if s.step is not None]
+                if steps:
+                    w.step = steps[-1]
+                w.last_sample_at = now
+                self.counters.samples += len(got)
+        states = {cid: w.state for cid, w in self.watched.items()}
+        result = self.classifier.tick_worker(states, samples, now, nonfinite=nonfinite or None)
+        for cid, st in result.states.items():
+            old = self.watched[cid].state
+            if old.display is not st.display:
+                log.info(
+                    "specon.agent.category_changed",
+                    container=cid,
+                    old=old.display.value,
+                    new=st.display.value,
+                    g=st.last_g,
+                )
+            self.watched[cid].state = st
+        self.counters.ticks += 1
+        self._save_states()
+        return list(result.requests)
+
+    async def sample_usage(self) -> None:
+        u = await self.runtime.usage()
+        self.usage = min(1.0, max(0.0, u.cpu_utilisation)) if math.isfinite(u.cpu_utilisation) else 0.0
+        self.capacity = u.capacity
+
+    # -- heartbeat ---------------------------------------------------------------------
+    def next_seq(self) -> int:
+        # Wall-clock microseconds: strictly increasing, also across agent restarts.
+        self._seq = max(self._seq + 1, time.time_ns() // 1000)
+        return self._seq
+
+    def heartbeat(self, now: float) -> Heartbeat:
+        seq = self.next_seq()
+        reports = [self._report(w) for w in self.watched.values()]
+        for info, phase in self.ended.values():
+            st = self.saved_states.get(info.id)
+            reports.append(
+                ContainerReport(
+                    id=info.id,
+                    category=st.display if st else self.classifier.initial().category,
+                    phase=phase,
+                    migrated=bool(st and st.migrated),
+                    requests=info.spec.requests,
+                    job=_job_labels(info.spec),
+                )
+            )
+        results = []
+        for cid, (sent_in, res) in self.unacked.items():
+            if sent_in is None:
+                self.unacked[cid] = (seq, res)
+            results.append(res)
+        return Heartbeat(
+            worker=self.worker,
+            address=self.address,
+            seq=seq,
+            sent_at=now,
+            capacity=self.capacity,
+            usage=self.usage,
+            containers=tuple(reports),
+            results=tuple(results),
+            labels=self.labels,
+        )
+
+    def _report(self, w: Watched) -> ContainerReport:
+        st = w.state
+        return ContainerReport(
+            id=w.info.id,
+            category=st.display,
+            phase="running",
+            last_g=st.last_g if st.last_g is not None and math.isfinite(st.last_g) else None,
+            t_cc=st.t_cc,
+            migrated=st.migrated,
+            stalled=st.stalled,
+            pending_request=st.pending_request,
+            step=w.step,
+            requests=w.info.spec.requests,
+            job=_job_labels(w.info.spec),
+        )
+
+    def acknowledge(self, batch: CommandBatch) -> None:
+        """Drop results the manager has recorded (those sent in heartbeat ``ack`` or before)."""
+        if batch.ack is None:
+            return
+        for cid in [c for c, (sent, _) in self.unacked.items() if sent is not None and sent <= batch.ack]:
+            del self.unacked[cid]
+
+    # -- commands ----------------------------------------------------------------------
+    def accept(self, batch: CommandBatch) -> list[asyncio.Task[CommandResult]]:
+        """Start every new command in ``batch``; repeats of known commands are ignored."""
+        self.acknowledge(batch)
+        started = []
+        for cmd in batch.commands:
+            if cmd.id in self.running:
+                continue
+            if cmd.id in self.done:
+                # Executed before and the manager still asks: its result got lost. Resend.
+                self.unacked.setdefault(cmd.id, (None, self.done[cmd.id]))
+                continue
+            task = asyncio.create_task(self._run(cmd, batch.remaining(cmd)), name=f"specon-cmd-{cmd.id}")
+            self.running[cmd.id] = task
+            started.append(task)
+        return started
+
+    async def _run(self, cmd: Command, remaining: float) -> CommandResult:
+        self.counters.commands[cmd.action.value] = self.counters.commands.get(cmd.action.value, 0) + 1
+        log.info(
+            "specon.agent.command_started", command=cmd.id, action=cmd.action.value, container=cmd.container
+        )
+        try:
+            res = await self.execute(cmd, remaining)
+        except Exception as exc:  # a bug or an unexpected backend error: report, never die
+            log.exception("specon.agent.command_crashed", command=cmd.id)
+            res = CommandResult(command=cmd.id, ok=False, error=f"{type(exc).__name__}: {exc}")
+        if not res.ok:
+            self.counters.command_failures += 1
+        log.info("specon.agent.command_finished", command=cmd.id, ok=res.ok, error=res.error)
+        self.done[cmd.id] = res
+        while len(self.done) > RESULT_MEMORY:
+            self.done.pop(next(iter(self.done)))
+        self.unacked[cmd.id] = (None, res)
+        self.running.pop(cmd.id, None)
+        return res
+
+    async def execute(self, cmd: Command, remaining: float) -> CommandResult:
+        if cmd.action is Action.SAVE:
+            return await self._save(cmd, remaining)
+        if cmd.action is Action.START:
+            return await self._start(cmd)
+        if cmd.action is Action.MARK_MIGRATED:
+            return self._mark(cmd)
+        return await self._stop(cmd)
+
+    async def _save(self, cmd: Command, remaining: float) -> CommandResult:
+        grace = max(1.0, min(self.policy.migration.grace_period, remaining))
+        w = self.watched.get(cmd.container)
+        spec = w.info.spec if w else self.runtime.job_spec(cmd.container)
+        self.leaving.add(cmd.container)
+        try:
+            res = await self.runtime.save(cmd.container, grace=grace)
+        except RuntimeFailure as exc:
+            # Not saved: the job keeps running here (or was never here) and is watched again.
+            self.leaving.discard(cmd.container)
+            return CommandResult(command=cmd.id, ok=False, error=str(exc))
+        now = self.runtime.now()
+        if w is not None:
+            self.saved_states[cmd.container] = w.state
+            w.tailer.close()
+        self.watched.pop(cmd.container, None)
+        self._save_states()
+        return CommandResult(
+            command=cmd.id,
+            ok=True,
+            checkpoint=str(res.checkpoint) if res.checkpoint else None,
+            checkpoint_step=res.step,
+            finished_at=now,
+            spec=spec.to_json() if spec else {},
+            detail={
+                "seconds": round(res.seconds, 3),
+                "forced": res.forced,
+                "rolled_back": res.rolled_back,
+                "finished": res.finished,
+            },
+        )
+
+    async def _start(self, cmd: Command) -> CommandResult:
+        try:
+            spec = JobSpec.from_json(cmd.spec) if cmd.spec else None
+        except ValueError as exc:
+            return CommandResult(command=cmd.id, ok=False, error=f"bad spec: {exc}")
+        if spec is None:
+            spec = self.runtime.job_spec(cmd.container)
+            if spec is None:
+                return CommandResult(command=cmd.id, ok=False, error="start without a job spec")
+        checkpoint = Path(cmd.checkpoint) if cmd.checkpoint else None
+        self.leaving.discard(cmd.container)
+        if cmd.migrated:
+            base = self.saved_states.get(cmd.container) or self.classifier.initial()
+            self.saved_states[cmd.container] = self.classifier.mark_migrated(base, self.runtime.now())
+        try:
+            info = await self.runtime.start(spec, checkpoint=checkpoint)
+        except AlreadyRunning as exc:
+            here = {i.id for i in await self.runtime.list_containers() if i.alive}
+            if cmd.container in here:  # a repeated start: it is running here, as asked
+                return CommandResult(command=cmd.id, ok=True, finished_at=self.runtime.now())
+            return CommandResult(command=cmd.id, ok=False, error=str(exc))
+        except RuntimeFailure as exc:
+            return CommandResult(command=cmd.id, ok=False, error=str(exc))
+        self._watch(info)
+        self._save_states()
+        return CommandResult(command=cmd.id, ok=True, finished_at=self.runtime.now())
+
+    def _mark(self, cmd: Command) -> CommandResult:
+        w = self.watched.get(cmd.container)
+        if w is None:
+            return CommandResult(command=cmd.id, ok=False, error=f"{cmd.container}: not on {self.worker}")
+        w.state = self.classifier.mark_migrated(w.state, self.runtime.now())
+        self._save_states()
+        return CommandResult(command=cmd.id, ok=True, finished_at=self.runtime.now())
+
+    async def _stop(self, cmd: Command) -> CommandResult:
+        try:
+            await self.runtime.stop(cmd.container, grace=self.policy.migration.grace_period)
+        except RuntimeFailure as exc:
+            return CommandResult(command=cmd.id, ok=False, error=str(exc))
+        return CommandResult(command=cmd.id, ok=True, finished_at=self.runtime.now())
+
+    # -- persistence -------------------------------------------------------------------
+    def _load_states(self) -> dict[ContainerId, MonitorState]:
+        if self.state_file is None or not self.state_file.exists():
+            return {}
+        try:
+            raw = json.loads(self.state_file.read_text())
+            return {ContainerId(k): self.classifier.from_dict(v) for k, v in raw.items()}
+        except (OSError, ValueError, StateError, AttributeError) as exc:
+            log.warning("specon.agent.state_unreadable", path=str(self.state_file), error=str(exc))
+            return {}
+
+    def _save_states(self) -> None:
+        for cid, w in self.watched.items():
+            self.saved_states[cid] = w.state
+        if self.state_file is None:
+            return
+        data = {cid: self.classifier.to_dict(st) for cid, st in self.saved_states.items()}
+        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.state_file)
+
+
+def _job_labels(spec: JobSpec) -> dict[str, str]:
+    out = {k: v for k, v in spec.labels}
+    if spec.model:
+        out.setdefault("model", spec.model)
+    if spec.steps is not None:
+        out.setdefault("steps", str(spec.steps))
+    return out

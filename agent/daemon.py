@@ -1,0 +1,173 @@
+"""The agent's supervised background tasks: monitor, heartbeat, poll.
+
+Each loop logs a crash and carries on instead of dying silently. While the manager is
+away the agent keeps classifying and retries with exponential backoff; nothing it knows
+is dropped (pending requests and unacknowledged results ride on the next heartbeat).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import structlog
+
+from agent.client import ManagerClient, ManagerRejected, ManagerUnavailable
+from agent.core import Agent
+from specon import protocol
+from specon.protocol import CommandBatch, Goodbye, Poll, ReallocationRequest
+
+log = structlog.get_logger()
+
+
+@dataclass(slots=True)
+class Backoff:
+    """Exponential backoff with full jitter, as a setting (kopf-style)."""
+
+    initial: float = 0.5
+    maximum: float = 30.0
+    attempt: int = 0
+
+    def next(self) -> float:
+        delay = min(self.maximum, self.initial * 2**self.attempt)
+        self.attempt += 1
+        return random.uniform(delay / 2, delay)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+@dataclass(slots=True)
+class LinkState:
+    """What the agent knows about its manager link (for /healthz and /metrics)."""
+
+    connected: bool = False
+    last_ok: float | None = None
+    failures: int = 0
+    rejected: int = 0
+    heartbeats_sent: int = 0
+
+
+class AgentDaemon:
+    def __init__(self, agent: Agent, client: ManagerClient, *, poll_wait: float = 20.0) -> None:
+        self.agent = agent
+        self.client = client
+        self.poll_wait = poll_wait
+        self.link = LinkState()
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def policy_interval(self) -> float:
+        return self.agent.policy.monitor.interval
+
+    def start(self) -> None:
+        for name, fn in (("monitor", self._monitor), ("heartbeat", self._heartbeat), ("poll", self._poll)):
+            self._tasks.append(asyncio.create_task(self._supervised(name, fn), name=f"specon-agent-{name}"))
+
+    async def stop(self, *, goodbye: bool = True) -> None:
+        """Staged shutdown: stop the loops, let running commands finish, say goodbye."""
+        self._stopping.set()
+        self._wake.set()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        if self.agent.running:
+            await asyncio.wait(
+                list(self.agent.running.values()), timeout=self.agent.policy.migration.grace_period
+            )
+        if goodbye:
+            with contextlib.suppress(ManagerUnavailable, ManagerRejected):
+                msg = Goodbye(worker=self.agent.worker, sent_at=self.agent.runtime.now())
+                await self.client.send(protocol.GOODBYE_PATH, msg, timeout=3.0)
+        await self.client.close()
+
+    async def _supervised(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:
+        while not self._stopping.is_set():
+            try:
+                await fn()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("specon.agent.task_crashed", task=name)
+                await asyncio.sleep(1.0)
+
+    # -- loops -------------------------------------------------------------------------
+    async def _monitor(self) -> None:
+        """Every Δ: find containers, tail logs, Algorithm 1; send new requests at once."""
+        rt = self.agent.runtime
+        next_tick = rt.now()
+        while not self._stopping.is_set():
+            await self.agent.refresh()
+            await self.agent.sample_usage()
+            for cid in self.agent.tick(rt.now()):
+                st = self.agent.watched[cid].state
+                req = ReallocationRequest(
+                    worker=self.agent.worker,
+                    container=cid,
+                    t_cc=st.t_cc if st.t_cc is not None else rt.now(),
+                    g=st.last_g or 0.0,
+                    sent_at=rt.now(),
+                )
+                log.info("specon.agent.request", container=cid, g=req.g)
+                self.agent.counters.requests_sent += 1
+                await self._exchange(protocol.REQUEST_PATH, req)
+            next_tick += self.policy_interval
+            await asyncio.sleep(max(0.0, next_tick - rt.now()))
+
+    async def _heartbeat(self) -> None:
+        backoff = Backoff()
+        interval = self.agent.policy.messaging.heartbeat_interval
+        while not self._stopping.is_set():
+            await self.agent.refresh()
+            ok = await self._exchange(protocol.HEARTBEAT_PATH, self.agent.heartbeat(self.agent.runtime.now()))
+            if ok:
+                self.link.heartbeats_sent += 1
+                backoff.reset()
+                delay = interval * random.uniform(0.9, 1.1)  # jitter: agents don't beat in step
+            else:
+                delay = min(interval, backoff.next())
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+
+    async def _poll(self) -> None:
+        backoff = Backoff()
+        while not self._stopping.is_set():
+            msg = Poll(worker=self.agent.worker, sent_at=self.agent.runtime.now(), wait=self.poll_wait)
+            if await self._exchange(protocol.POLL_PATH, msg, timeout=self.poll_wait + 10.0):
+                backoff.reset()
+            else:
+                await asyncio.sleep(backoff.next())
+
+    # -- one exchange ------------------------------------------------------------------
+    async def _exchange(self, path: str, msg: protocol.Message, *, timeout: float = 10.0) -> bool:
+        rt = self.agent.runtime
+        try:
+            batch = await self.client.send(path, msg, timeout=timeout)
+        except ManagerUnavailable as exc:
+            self.link.failures += 1
+            if self.link.connected or self.link.failures == 1:
+                log.warning("specon.agent.manager_unreachable", error=str(exc))
+            self.link.connected = False
+            return False
+        except ManagerRejected as exc:
+            self.link.rejected += 1
+            log.error("specon.agent.message_rejected", path=path, status=exc.status, error=str(exc))
+            return False
+        if not self.link.connected:
+            log.info("specon.agent.manager_connected", url=self.client.base_url)
+        self.link.connected, self.link.last_ok = True, rt.now()
+        self._handle(batch)
+        return True
+
+    def _handle(self, batch: CommandBatch) -> None:
+        for task in self.agent.accept(batch):
+            # Report a finished command at once instead of at the next heartbeat.
+            task.add_done_callback(lambda _t: self._wake.set())

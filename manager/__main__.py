@@ -1,0 +1,90 @@
+"""``specon-manager`` / ``python -m manager``: run the specon manager daemon."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import structlog
+from aiohttp import web
+
+from manager.app import create_app
+from manager.coordinator import Coordinator
+from manager.journal import Journal
+from specon import logs
+from specon.config import PolicyError, default_policy, load_policy
+from specon.daemon_cli import read_token, split_listen
+
+log = structlog.get_logger()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="specon-manager",
+        description="The specon manager: collects agent heartbeats, decides migrations (Algorithm 2) and "
+        "rebalancing (Algorithm 3), journals them, and serves /v1/status, /, /metrics and /healthz.",
+    )
+    p.add_argument(
+        "--listen",
+        type=split_listen,
+        default=("127.0.0.1", 7700),
+        metavar="HOST:PORT",
+        help="address to serve on (default 127.0.0.1:7700)",
+    )
+    p.add_argument(
+        "--policy", type=Path, help="policy YAML (apiVersion specon/v1alpha1); default: SPEC defaults"
+    )
+    p.add_argument("--token-file", help="file holding the shared bearer token (default: $SPECON_TOKEN)")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path("specon-state"),
+        help="directory for the migration journal (default ./specon-state)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="decide and record, but never touch a container")
+    p.add_argument("--log-level", default="info", help="debug, info, warning, error (default info)")
+    p.add_argument(
+        "--log-format", choices=("json", "console"), default="json", help="log rendering (default json)"
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logs.configure(level=args.log_level, fmt=args.log_format)
+    try:
+        policy = load_policy(args.policy) if args.policy else default_policy()
+    except (PolicyError, OSError) as exc:
+        print(f"specon-manager: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        policy = dataclasses.replace(policy, migration=dataclasses.replace(policy.migration, dry_run=True))
+    token = read_token(args.token_file)
+    if not token:
+        print("specon-manager: no token: pass --token-file or set SPECON_TOKEN", file=sys.stderr)
+        return 2
+    journal = Journal(args.state_dir / "journal.db")
+    coord = Coordinator(policy=policy, journal=journal)
+    app = create_app(coord, token=token)
+    host, port = args.listen
+    log.info(
+        "specon.manager.starting",
+        host=host,
+        port=port,
+        mode=policy.mode,
+        dry_run=policy.migration.dry_run,
+        journal=str(journal.path),
+    )
+    try:
+        web.run_app(app, host=host, port=port, print=None, handle_signals=True)
+    finally:
+        journal.close()
+        log.info("specon.manager.stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

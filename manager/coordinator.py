@@ -1,0 +1,421 @@
+"""The manager's control loop: requests -> Algorithm 2, trigger -> Algorithm 3, journal -> commands.
+
+Each ``step`` takes a snapshot of the cluster, answers pending reallocation requests
+within the migration budget, starts rebalancing moves when the trigger holds, and drives
+every journaled migration one step further with ``specon.migration.next_step``. Commands
+for an agent wait in its outbox until the agent's heartbeat or poll collects them and a
+result says they ran; each is idempotent on the agent, so repeats are harmless.
+
+Dry-run is a swapped executor (``DryRunExecutor``): decisions are taken, journaled and
+reported exactly as in a live run, but no save or start is ever sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+
+from manager.journal import Journal
+from manager.state import ClusterState, Marks
+from specon.config import Policy
+from specon.migration import Advance, IssueSave, IssueStart, Migration, Reason, State, Wait, next_step
+from specon.model import ClusterSnapshot, ContainerId, WorkerId
+from specon.policy.decisions import Move, Refuse, Stay
+from specon.policy.placement import ClusterIndex, select_target
+from specon.policy.rebalance import plan_rebalance, should_rebalance
+from specon.protocol import Action, Command, CommandBatch, CommandResult, Heartbeat, ReallocationRequest
+
+log = structlog.get_logger()
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Something the metrics and the status page count (decoupled from prometheus here)."""
+
+    kind: str  # "decision", "migration_finished", "request_refused", "request_deferred"
+    labels: dict[str, str] = field(default_factory=dict)
+    downtime: float | None = None
+    duration: float | None = None
+
+
+class Executor(Protocol):
+    """How a decided move is carried out: for real, or recorded only (dry-run)."""
+
+    def begin(self, coord: Coordinator, move: Move, now: float) -> None: ...
+
+
+class LiveExecutor:
+    def begin(self, coord: Coordinator, move: Move, now: float) -> None:
+        coord.open_migration(move, now)
+
+
+class DryRunExecutor:
+    """Journal the decision as a migration that never touched anything."""
+
+    def begin(self, coord: Coordinator, move: Move, now: float) -> None:
+        m = coord.new_migration(move, now)
+        m = m.to(State.FAILED, at=now, error="dry-run: decided, not executed")
+        m = m.to(State.ROLLED_BACK, at=now)
+        coord.journal.put(m)
+        coord.emit(Event("migration_finished", {"result": "dry_run", "reason": m.reason}))
+        log.info(
+            "specon.manager.dry_run_move",
+            container=move.container,
+            source=move.source,
+            target=move.target,
+            reason=move.reason,
+        )
+
+
+class Coordinator:
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        journal: Journal,
+        state: ClusterState | None = None,
+        clock: Clock = time.time,
+        executor: Executor | None = None,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.journal = journal
+        self.state = state or ClusterState()
+        self.clock = clock
+        self.executor: Executor = executor or (
+            DryRunExecutor() if policy.migration.dry_run else LiveExecutor()
+        )
+        self.on_event = on_event
+        self.generation = 1
+        # Reallocation requests waiting for a decision: container -> first seen (manager clock).
+        self.requests: dict[ContainerId, float] = {}
+        self.outbox: dict[WorkerId, dict[str, Command]] = {}
+        self.marks: dict[ContainerId, Marks] = {
+            c: Marks(m.migrated_at, m.migrations, m.rebalances) for c, m in journal.marks().items()
+        }
+        self.migrations: dict[str, Migration] = {m.id: m for m in journal.in_flight()}
+        self._ids = itertools.count(1)
+        self._wakeups: dict[WorkerId, asyncio.Event] = {}
+        self.decision_seconds: list[float] = []
+        if self.migrations:
+            log.info("specon.manager.recovered", in_flight=len(self.migrations), ids=sorted(self.migrations))
+
+    # -- inputs ------------------------------------------------------------------------
+    def on_heartbeat(self, hb: Heartbeat) -> CommandBatch:
+        now = self.clock()
+        if self.state.ingest(hb, now):
+            for res in hb.results:
+                self.on_result(hb.worker, res, now - (hb.sent_at - (res.finished_at or hb.sent_at)))
+            for rep in hb.containers:
+                if rep.pending_request and rep.phase == "running":
+                    self.requests.setdefault(rep.id, now)
+            self.step()
+        return self.batch_for(hb.worker, ack=hb.seq)
+
+    def on_request(self, req: ReallocationRequest) -> CommandBatch:
+        self.requests.setdefault(req.container, self.clock())
+        self.step()
+        return self.batch_for(req.worker)
+
+    def on_goodbye(self, worker: WorkerId) -> None:
+        self.state.goodbye(worker)
+        self.step()
+
+    def batch_for(self, worker: WorkerId, *, ack: int | None = None) -> CommandBatch:
+        cmds = tuple(self.outbox.get(worker, {}).values())
+        return CommandBatch(
+            manager_time=self.clock(), policy_generation=self.generation, commands=cmds, ack=ack
+        )
+
+    async def wait_for_commands(self, worker: WorkerId, timeout: float) -> CommandBatch:
+        """Long poll: return as soon as ``worker`` has commands, or after ``timeout``."""
+        if not self.outbox.get(worker):
+            ev = self._wakeups.setdefault(worker, asyncio.Event())
+            ev.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ev.wait(), timeout)
+        return self.batch_for(worker)
+
+    # -- the loop ----------------------------------------------------------------------
+    def step(self) -> None:
+        """One pass: drive migrations, answer requests, rebalance. Cheap when idle."""
+        now = self.clock()
+        timeout = self.policy.messaging.worker_timeout
+        alive = self.state.alive(now, timeout)
+        self._drive(now, alive)
+        if self.requests or self.policy.rebalance.mode != "off":
+            t0 = time.perf_counter()
+            snap = self.state.snapshot(
+                now, timeout=timeout, marks=self.marks, in_flight=self.migrations.values()
+            )
+            # One index per pass, shared by Algorithms 2 and 3 (building it dominates both).
+            index = ClusterIndex.of(snap)
+            self._answer_requests(snap, index, now)
+            self._rebalance(snap, index, now)
+            self.decision_seconds.append(time.perf_counter() - t0)
+            del self.decision_seconds[:-1000]
+
+    def _drive(self, now: float, alive: frozenset[WorkerId]) -> None:
+        for mid in list(self.migrations):
+            for _ in range(8):  # a few Advances may chain in one pass; never loop forever
+                m = self.migrations[mid]
+                step = next_step(
+                    m,
+                    running_on=self.state.running_on(m.container),
+                    finished=self.state.finished(m.container),
+                    alive=alive,
+                )
+                if isinstance(step, Advance):
+                    self._advance(m, step.state, now)
+                    if step.state.terminal:
+                        break
+                    continue
+                if isinstance(step, IssueSave):
+                    self._send(step.worker, self._command(m, Action.SAVE, step.worker, now))
+                elif isinstance(step, IssueStart):
+                    self._send(
+                        step.worker, self._command(m, Action.START, step.worker, now, rollback=step.rollback)
+                    )
+                elif isinstance(step, Wait):
+                    pass
+                break
+
+    def _advance(self, m: Migration, state: State, now: float) -> None:
+        changes: dict[str, object] = {}
+        if state is State.FAILED and m.error is None:
+            changes["error"] = _why_failed(
+                m, self.state.running_on(m.container), self.state.finished(m.container)
+            )
+        new = m.to(state, at=now, **changes)
+        self.journal.put(new)  # write-ahead: durable before anything acts on it
+        self._retract(m)
+        if new.state.terminal:
+            del self.migrations[m.id]
+            result = "done" if new.state is State.DONE else "rolled_back"
+            self.emit(
+                Event(
+                    "migration_finished",
+                    {"result": result, "reason": m.reason},
+                    downtime=new.downtime,
+                    duration=now - m.decided_at,
+                )
+            )
+            log.info(
+                "specon.manager.migration_finished",
+                migration=m.id,
+                container=m.container,
+                result=result,
+                downtime=new.downtime,
+                error=new.error,
+            )
+        else:
+            self.migrations[m.id] = new
+            log.info(
+                "specon.manager.migration_state", migration=m.id, container=m.container, state=state.value
+            )
+
+    # -- Algorithm 2 -------------------------------------------------------------------
+    def _answer_requests(self, snap: ClusterSnapshot, index: ClusterIndex, now: float) -> None:
+        busy = {m.container for m in self.migrations.values()}
+        for cid in sorted(self.requests, key=self.requests.__getitem__):
+            if cid in busy:
+                self.requests.pop(cid)
+                continue
+            mk = self.marks.get(cid, Marks())
+            if mk.migrations >= self.policy.placement.max_migrations_per_container:
+                # Already answered (e.g. the agent missed our mark): answer again.
+                self._mark_command(cid, now)
+                self.requests.pop(cid)
+                continue
+            if not self._budget_allows(snap, cid):
+                self.emit(Event("request_deferred"))
+                continue
+            self.requests.pop(cid)
+            decision = select_target(
+                snap,
+                cid,
+                cfg=self.policy.placement,
+                worker_timeout=self.policy.messaging.worker_timeout,
+                index=index,
+            )
+            self.emit(Event("decision", {"kind": type(decision).__name__.lower()}))
+            if isinstance(decision, Refuse):
+                log.warning(
+                    "specon.manager.request_refused",
+                    container=cid,
+                    reason=decision.reason.value,
+                    detail=decision.detail,
+                )
+                self.emit(Event("request_refused", {"reason": decision.reason.value}))
+                continue
+            self._mark(cid, now)
+            scores = {str(k): round(v, 3) for k, v in decision.scores.items()}
+            if isinstance(decision, Stay):
+                log.info("specon.manager.stay", container=cid, worker=decision.worker, scores=scores)
+                self._mark_command(cid, now)
+            else:
+                log.info(
+                    "specon.manager.move",
+                    container=cid,
+                    source=decision.source,
+                    target=decision.target,
+                    scores=scores,
+                )
+                self.executor.begin(self, decision, now)
+                if isinstance(self.executor, DryRunExecutor):
+                    self._mark_command(cid, now)
+            return  # one decision per pass: the next sees this one's effect on scores
+
+    def _budget_allows(self, snap: ClusterSnapshot, cid: ContainerId) -> bool:
+        cfg = self.policy.migration
+        if len(self.migrations) >= cfg.max_concurrent:
+            return False
+        involved = Counter(w for m in self.migrations.values() for w in (m.source, m.target))
+        worker = next((c.worker for c in snap.containers if c.id == cid), None)
+        return worker is None or involved[worker] < cfg.max_concurrent_per_worker
+
+    def _mark(self, cid: ContainerId, now: float, *, rebalanced: bool = False) -> None:
+        mk = self.journal.mark(cid, migrated_at=None if rebalanced else now, rebalanced=rebalanced)
+        self.marks[cid] = Marks(mk.migrated_at, mk.migrations, mk.rebalances)
+
+    def _mark_command(self, cid: ContainerId, now: float) -> None:
+        worker = self.state.running_on(cid)
+        if worker is None:
+            return
+        cmd = Command(
+            id=f"mark:{cid}",
+            action=Action.MARK_MIGRATED,
+            container=cid,
+            deadline=now + self.policy.messaging.worker_timeout,
+        )
+        self._send(worker, cmd)
+
+    # -- Algorithm 3 -------------------------------------------------------------------
+    def _rebalance(self, snap: ClusterSnapshot, index: ClusterIndex, now: float) -> None:
+        if self.migrations or self.requests or not should_rebalance(snap, self.policy.rebalance):
+            return
+        moves = plan_rebalance(
+            snap, cfg=self.policy.rebalance, worker_timeout=self.policy.messaging.worker_timeout, index=index
+        )
+        if not moves:
+            return
+        move = moves[0]  # one at a time; the next pass re-plans on the new loads
+        self._mark(move.container, now, rebalanced=True)
+        log.info("specon.manager.rebalance", container=move.container, source=move.source, target=move.target)
+        self.executor.begin(self, move, now)
+
+    # -- migrations and commands -------------------------------------------------------
+    def new_migration(self, move: Move, now: float) -> Migration:
+        reason: Reason = move.reason
+        mid = f"m{int(now * 1000):x}-{next(self._ids)}"
+        return Migration(mid, move.container, move.source, move.target, reason, State.DECIDED, now, now)
+
+    def open_migration(self, move: Move, now: float) -> None:
+        m = self.new_migration(move, now)
+        self.journal.put(m)
+        self.migrations[m.id] = m
+        log.info(
+            "specon.manager.migration_decided",
+            migration=m.id,
+            container=m.container,
+            source=m.source,
+            target=m.target,
+            reason=m.reason,
+        )
+        self._drive(now, self.state.alive(now, self.policy.messaging.worker_timeout))
+
+    def _command(
+        self, m: Migration, action: Action, worker: WorkerId, now: float, *, rollback: bool = False
+    ) -> Command:
+        grace = self.policy.migration.grace_period
+        kind = "rollback" if rollback else action.value
+        spec = json.loads(m.spec) if m.spec else {}
+        return Command(
+            id=f"{m.id}:{kind}:{worker}",
+            action=action,
+            container=m.container,
+            deadline=now + grace + self.policy.messaging.worker_timeout,
+            migration=m.id,
+            checkpoint=m.checkpoint,
+            checkpoint_step=m.checkpoint_step,
+            target=m.target if action is Action.SAVE else None,
+            # The container arrives frozen in CC only if Algorithm 2 has decided for it; a
+            # rebalanced container that never requested keeps being classified.
+            migrated=action is Action.START and self.marks.get(m.container, Marks()).migrations > 0,
+            spec=spec,
+        )
+
+    def _send(self, worker: WorkerId, cmd: Command) -> None:
+        box = self.outbox.setdefault(worker, {})
+        if cmd.id not in box:
+            box[cmd.id] = cmd
+            log.info("specon.manager.command_queued", worker=worker, command=cmd.id, action=cmd.action.value)
+            ev = self._wakeups.get(worker)
+            if ev is not None:
+                ev.set()
+
+    def _retract(self, m: Migration) -> None:
+        for box in self.outbox.values():
+            for cid in [c for c, cmd in box.items() if cmd.migration == m.id]:
+                del box[cid]
+
+    def on_result(self, worker: WorkerId, res: CommandResult, at: float) -> None:
+        """Apply one command result (repeats and results for finished work are ignored)."""
+        box = self.outbox.get(worker, {})
+        cmd = box.pop(res.command, None)
+        if cmd is None:
+            return  # a repeat of a result already applied
+        if cmd.action is Action.MARK_MIGRATED or cmd.migration is None:
+            return
+        m = self.migrations.get(cmd.migration)
+        if m is None:
+            return
+        rollback = res.command.split(":")[1] == "rollback"
+        if not res.ok:
+            log.warning("specon.manager.command_failed", command=res.command, worker=worker, error=res.error)
+            if not rollback and m.state in (State.SAVING, State.RESTORING):
+                self.journal.put(new := m.to(State.FAILED, at=at, error=res.error, attempts=m.attempts + 1))
+                self.migrations[m.id] = new
+            return
+        if cmd.action is Action.SAVE and m.state is State.SAVING:
+            new = m.to(
+                State.SAVED,
+                at=at,
+                checkpoint=res.checkpoint,
+                checkpoint_step=res.checkpoint_step,
+                stopped_at=at,
+                spec=json.dumps(res.spec) if res.spec else m.spec,
+            )
+            self.journal.put(new)
+            self.migrations[m.id] = new
+        elif cmd.action is Action.START and not rollback and m.state is State.RESTORING:
+            self.journal.put(new := m.to(State.RUNNING, at=at, started_at=at))
+            self.migrations[m.id] = new
+        elif cmd.action is Action.START and rollback and m.state is State.FAILED:
+            self.journal.put(new := m.to(State.ROLLED_BACK, at=at, started_at=at))
+            del self.migrations[m.id]
+            self.emit(Event("migration_finished", {"result": "rolled_back", "reason": m.reason}))
+        self.step()
+
+    def emit(self, event: Event) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+
+
+def _why_failed(m: Migration, running_on: WorkerId | None, finished: bool) -> str:
+    if finished:
+        return "job finished during the migration"
+    if running_on is not None and running_on not in (m.source, m.target):
+        return f"container seen running on {running_on}"
+    return f"gave up in state {m.state.value} (worker unreachable or container moved)"

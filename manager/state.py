@@ -1,0 +1,232 @@
+"""The manager's picture of the cluster, built from heartbeats (the worker monitor).
+
+It keeps, per worker, the latest heartbeat; per container, where it was last seen, its
+category history and its converged time on the *manager's* clock (agent times are
+translated with the same heartbeat's ``sent_at``, so clock skew between hosts does not
+leak into Algorithm 3's durations). ``snapshot`` turns it into the frozen
+``ClusterSnapshot`` the policies decide on. No I/O here: callers pass ``now``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from specon.migration import Migration, State
+from specon.model import (
+    Category,
+    ClusterSnapshot,
+    ContainerId,
+    ContainerSnapshot,
+    Resources,
+    WorkerId,
+    WorkerSnapshot,
+)
+from specon.protocol import ContainerReport, ContainerStatus, Heartbeat, Phase, WorkerStatus
+
+# Category history kept per container (oldest dropped first): enough for any plot.
+HISTORY_LIMIT = 500
+
+
+@dataclass(slots=True)
+class WorkerRecord:
+    id: WorkerId
+    address: str
+    capacity: Resources
+    usage: float
+    last_seen: float  # manager clock
+    seq: int
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[str, ...] = ()
+    said_goodbye: bool = False
+    reported: frozenset[ContainerId] = frozenset()
+
+
+@dataclass(slots=True)
+class ContainerRecord:
+    id: ContainerId
+    worker: WorkerId
+    report: ContainerReport
+    last_seen: float
+    history: list[tuple[float, Category]] = field(default_factory=list)
+    # Converged stamp on the manager clock; survives moves (the new agent starts fresh).
+    t_cc: float | None = None
+    finished_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Marks:
+    """What the journal says Algorithms 2/3 have done to a container."""
+
+    migrated_at: float | None = None
+    migrations: int = 0
+    rebalances: int = 0
+
+
+class ClusterState:
+    def __init__(self) -> None:
+        self.workers: dict[WorkerId, WorkerRecord] = {}
+        self.containers: dict[ContainerId, ContainerRecord] = {}
+        self.heartbeats = 0
+        self.stale_heartbeats = 0
+
+    # -- ingest ------------------------------------------------------------------------
+    def ingest(self, hb: Heartbeat, now: float) -> bool:
+        """Apply one heartbeat; False (and nothing changed) for a stale, reordered one."""
+        w = self.workers.get(hb.worker)
+        if w is not None and hb.seq <= w.seq and not w.said_goodbye:
+            self.stale_heartbeats += 1
+            return False
+        skew = now - hb.sent_at  # agent time + skew = manager time
+        reported = frozenset(c.id for c in hb.containers)
+        if w is None:
+            w = WorkerRecord(hb.worker, hb.address, hb.capacity, hb.usage, now, hb.seq)
+            self.workers[hb.worker] = w
+        w.address, w.capacity, w.usage, w.last_seen, w.seq = hb.address, hb.capacity, hb.usage, now, hb.seq
+        w.labels, w.taints, w.said_goodbye = dict(hb.labels), hb.taints, False
+        # Containers this worker stopped listing are no longer running there.
+        for cid in w.reported - reported:
+            rec = self.containers.get(cid)
+            if rec is not None and rec.worker == hb.worker and rec.report.phase == "running":
+                rec.report = _with_phase(rec.report, "stopped")
+        w.reported = reported
+        for rep in hb.containers:
+            self._ingest_container(hb.worker, rep, now, skew)
+        self.heartbeats += 1
+        return True
+
+    def _ingest_container(self, worker: WorkerId, rep: ContainerReport, now: float, skew: float) -> None:
+        rec = self.containers.get(rep.id)
+        if rec is None:
+            rec = ContainerRecord(rep.id, worker, rep, now)
+            self.containers[rep.id] = rec
+        elif rec.worker != worker and rep.phase != "running" and rec.report.phase == "running":
+            # A stale "stopped" entry from the old host must not hide the new, running one.
+            return
+        if not rec.history or rec.history[-1][1] != rep.category:
+            rec.history.append((now, rep.category))
+            del rec.history[:-HISTORY_LIMIT]
+        if rep.t_cc is not None:
+            rec.t_cc = rep.t_cc + skew
+        if rep.phase == "finished" and rec.finished_at is None:
+            rec.finished_at = now
+        rec.worker, rec.report, rec.last_seen = worker, rep, now
+
+    def goodbye(self, worker: WorkerId) -> None:
+        w = self.workers.get(worker)
+        if w is not None:
+            w.said_goodbye = True
+
+    # -- queries -------------------------------------------------------------------------
+    def alive(self, now: float, timeout: float) -> frozenset[WorkerId]:
+        return frozenset(w.id for w in self.workers.values() if _reachable(w, now, timeout))
+
+    def running_on(self, cid: ContainerId) -> WorkerId | None:
+        rec = self.containers.get(cid)
+        return rec.worker if rec is not None and rec.report.phase == "running" else None
+
+    def finished(self, cid: ContainerId) -> bool:
+        rec = self.containers.get(cid)
+        return rec is not None and rec.report.phase == "finished"
+
+    def snapshot(
+        self,
+        now: float,
+        *,
+        timeout: float,
+        marks: Mapping[ContainerId, Marks],
+        in_flight: Iterable[Migration] = (),
+    ) -> ClusterSnapshot:
+        """The frozen view for the policies. Containers in a migration count on its target."""
+        workers = tuple(
+            WorkerSnapshot(
+                id=w.id,
+                capacity=w.capacity,
+                usage=w.usage,
+                ready=not w.said_goodbye,
+                heartbeat_age=max(0.0, now - w.last_seen),
+                labels=tuple(sorted(w.labels.items())),
+                taints=w.taints,
+            )
+            for w in sorted(self.workers.values(), key=lambda w: w.id)
+        )
+        moving = {m.container: m for m in in_flight if m.state is not State.FAILED}
+        containers: list[ContainerSnapshot] = []
+        for rec in self.containers.values():
+            m = moving.get(rec.id)
+            if rec.report.phase != "running" and m is None:
+                continue
+            mk = marks.get(rec.id, Marks())
+            migrated = rec.report.migrated or mk.migrations > 0
+            containers.append(
+                ContainerSnapshot(
+                    id=rec.id,
+                    worker=m.target if m is not None else rec.worker,
+                    category=Category.CONVERGED if migrated else rec.report.category,
+                    t_cc=rec.t_cc,
+                    migrated=migrated,
+                    t_migrated=mk.migrated_at,
+                    migrations=mk.migrations,
+                    rebalances=mk.rebalances,
+                    requests=rec.report.requests,
+                )
+            )
+        containers.sort(key=lambda c: c.id)
+        return ClusterSnapshot(now=now, workers=workers, containers=tuple(containers))
+
+    def worker_status(self, now: float, timeout: float) -> tuple[WorkerStatus, ...]:
+        out = []
+        for w in sorted(self.workers.values(), key=lambda w: w.id):
+            here = tuple(
+                sorted(
+                    c.id for c in self.containers.values() if c.worker == w.id and c.report.phase == "running"
+                )
+            )
+            out.append(
+                WorkerStatus(
+                    id=w.id,
+                    address=w.address,
+                    ready=not w.said_goodbye,
+                    reachable=_reachable(w, now, timeout),
+                    heartbeat_age=round(max(0.0, now - w.last_seen), 3),
+                    capacity=w.capacity,
+                    usage=w.usage,
+                    containers=here,
+                    labels=dict(w.labels),
+                    taints=w.taints,
+                )
+            )
+        return tuple(out)
+
+    def container_status(self, marks: Mapping[ContainerId, Marks]) -> tuple[ContainerStatus, ...]:
+        out = []
+        for rec in sorted(self.containers.values(), key=lambda r: r.id):
+            mk = marks.get(rec.id, Marks())
+            rep = rec.report
+            out.append(
+                ContainerStatus(
+                    id=rec.id,
+                    worker=rec.worker,
+                    category=rep.category,
+                    phase=rep.phase,
+                    history=tuple(rec.history),
+                    last_g=rep.last_g,
+                    t_cc=rec.t_cc,
+                    migrated=rep.migrated or mk.migrations > 0,
+                    stalled=rep.stalled,
+                    pending_request=rep.pending_request,
+                    step=rep.step,
+                    migrations=mk.migrations,
+                    rebalances=mk.rebalances,
+                    job=dict(rep.job),
+                )
+            )
+        return tuple(out)
+
+
+def _reachable(w: WorkerRecord, now: float, timeout: float) -> bool:
+    return not w.said_goodbye and now - w.last_seen < timeout
+
+
+def _with_phase(rep: ContainerReport, phase: Phase) -> ContainerReport:
+    return replace(rep, phase=phase)

@@ -1,0 +1,215 @@
+"""The embedded default: a whole specon cluster on one machine, as real processes.
+
+A manager process on 127.0.0.1 and one agent process per worker, each on its own
+loopback address (127.0.0.2, 127.0.0.3, ...), talking real HTTP; workers are CPU-budgeted
+cgroups of the local runtime; jobs are real training processes whose logs and
+checkpoints live in one directory standing for the persistent volume. Used by
+``specon demo`` and by the end-to-end tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import aiohttp
+import structlog
+
+from specon import protocol
+from specon.model import WorkerId
+from specon.protocol import Status
+from specon.runtime.base import ContainerInfo, JobSpec
+from specon.runtime.local import LocalCluster, LocalRuntime
+
+log = structlog.get_logger()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(slots=True)
+class Daemon:
+    name: str
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    argv: list[str] = field(default_factory=list)
+
+
+class EmbeddedCluster:
+    """Start with ``async with EmbeddedCluster(...) as c``; everything is stopped on exit."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        workers: int,
+        cpus_per_worker: float,
+        policy: Path | None = None,
+        name: str | None = None,
+        python: str = sys.executable,
+        with_specon: bool = True,
+    ) -> None:
+        self.root = root
+        self.volume = root / "volume"
+        self.logs = root / "logs"
+        self.n_workers = workers
+        self.cpus = cpus_per_worker
+        self.policy = policy
+        self.name = name or f"e{os.getpid()}{secrets.token_hex(2)}"
+        self.python = python
+        self.with_specon = with_specon
+        self.token = secrets.token_urlsafe(24)
+        self.token_file = root / "token"
+        self.manager: Daemon | None = None
+        self.agents: dict[WorkerId, Daemon] = {}
+        self.cluster: LocalCluster | None = None
+
+    @property
+    def workers(self) -> list[WorkerId]:
+        return [WorkerId(f"w{i}") for i in range(self.n_workers)]
+
+    def runtime(self, worker: WorkerId) -> LocalRuntime:
+        assert self.cluster is not None, "cluster not started"
+        return self.cluster.runtimes[worker]
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def __aenter__(self) -> EmbeddedCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self.volume.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.token_file.write_text(self.token)
+        self.token_file.chmod(0o600)
+        # The driver's own view of the workers: to submit jobs and to tear everything down.
+        self.cluster = LocalCluster(self.volume, [self.cpus] * self.n_workers, name=self.name)
+        if not self.with_specon:
+            return
+        try:
+            await self.start_manager()
+            for i, w in enumerate(self.workers):
+                await self.start_agent(w, f"127.0.0.{i + 2}")
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def start_manager(self, port: int | None = None) -> Daemon:
+        port = port or (int(self.manager.url.rsplit(":", 1)[1]) if self.manager else free_port())
+        argv = [
+            self.python, "-m", "manager",
+            "--listen", f"127.0.0.1:{port}",
+            "--token-file", str(self.token_file),
+            "--state-dir", str(self.root / "manager"),
+        ]  # fmt: skip
+        if self.policy is not None:
+            argv += ["--policy", str(self.policy)]
+        self.manager = await self._spawn("manager", f"http://127.0.0.1:{port}", argv)
+        return self.manager
+
+    async def start_agent(self, worker: WorkerId, host: str, port: int | None = None) -> Daemon:
+        assert self.manager is not None
+        port = port or free_port(host)
+        argv = [
+            self.python, "-m", "agent",
+            "--worker", worker,
+            "--listen", f"{host}:{port}",
+            "--manager", self.manager.url,
+            "--volume", str(self.volume),
+            "--cpus", str(self.cpus),
+            "--cluster", self.name,
+            "--token-file", str(self.token_file),
+        ]  # fmt: skip
+        if self.policy is not None:
+            argv += ["--policy", str(self.policy)]
+        d = await self._spawn(f"agent-{worker}", f"http://{host}:{port}", argv)
+        self.agents[worker] = d
+        return d
+
+    async def _spawn(self, name: str, url: str, argv: list[str]) -> Daemon:
+        log_path = self.logs / f"{name}.log"
+        out = open(log_path, "ab")  # noqa: SIM115 - the child owns it for its lifetime
+        try:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            out.close()
+        d = Daemon(name, url, proc, log_path, argv)
+        await self._wait_healthy(d)
+        return d
+
+    async def _wait_healthy(self, d: Daemon, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as s:
+            while time.monotonic() < deadline:
+                if d.proc.poll() is not None:
+                    tail = d.log_path.read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"{d.name} exited with {d.proc.returncode}:\n{tail}")
+                with contextlib.suppress(aiohttp.ClientError, OSError):
+                    async with s.get(d.url + "/healthz", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                        if r.status == 200:
+                            return
+                await asyncio.sleep(0.1)
+        raise TimeoutError(f"{d.name} not healthy after {timeout}s; see {d.log_path}")
+
+    def kill(self, d: Daemon, sig: int = signal.SIGKILL) -> None:
+        """Signal a daemon (SIGKILL: a crash, for fault tests) and reap it."""
+        with contextlib.suppress(ProcessLookupError):
+            d.proc.send_signal(sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            d.proc.wait(timeout=30)
+
+    async def stop(self) -> None:
+        """Stop agents and manager (SIGTERM, then SIGKILL), kill every job, remove cgroups."""
+        daemons = [*self.agents.values(), *([self.manager] if self.manager else [])]
+        for d in daemons:
+            with contextlib.suppress(ProcessLookupError):
+                d.proc.send_signal(signal.SIGTERM)
+        for d in daemons:
+            try:
+                await asyncio.to_thread(d.proc.wait, 15)
+            except subprocess.TimeoutExpired:
+                d.proc.kill()
+                await asyncio.to_thread(d.proc.wait)
+        self.agents.clear()
+        self.manager = None
+        if self.cluster is not None:
+            await self.cluster.teardown()
+            self.cluster = None
+
+    # -- jobs and status ---------------------------------------------------------------------
+    async def submit(self, spec: JobSpec, worker: WorkerId) -> ContainerInfo:
+        """Start a job on ``worker`` (the initial placement is the caller's, as in the paper)."""
+        return await self.runtime(worker).start(spec)
+
+    async def containers(self) -> list[ContainerInfo]:
+        out: list[ContainerInfo] = []
+        for w in self.workers:
+            out += await self.runtime(w).list_containers()
+        return out
+
+    async def status(self) -> Status:
+        assert self.manager is not None
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(self.manager.url + protocol.STATUS_PATH, timeout=aiohttp.ClientTimeout(total=10)) as r,
+        ):
+            return protocol.decode(await r.read(), Status)

@@ -1,0 +1,418 @@
+"""The job contract (SPEC §6) for training scripts: progress log, checkpoint on SIGTERM, resume.
+
+Usable from any training loop; PyTorch is optional and imported only by the ``torch_*``
+helpers. A migratable job looks like this::
+
+    from specon import jobkit
+
+    with jobkit.Job(steps=2000, save=lambda: jobkit.torch_payload(model, opt),
+                    restore=lambda b: jobkit.torch_restore(b, model, opt)) as job:
+        for step in job.steps():          # resumes after the newest complete checkpoint
+            loss = train_one_batch()
+            job.log(step, loss)           # one JSON line, flushed
+
+Environment (set by the runtime that starts the job; all optional):
+
+``SPECON_PROGRESS_FILE``
+    File the progress records are appended to (JSON lines, opened in append mode so a
+    restored job continues the same file). Unset: records are dropped.
+``SPECON_CHECKPOINT_DIR``
+    Directory of the job's checkpoints (``specon.checkpoint`` format) and of its
+    ``done.json`` marker. Unset: the job neither checkpoints nor resumes.
+``SPECON_JOB_ID``
+    The job's id, copied into the ``started`` record and the ``done.json`` marker.
+
+Progress records, one JSON object per line, each written with a single ``write`` to a file
+opened with ``O_APPEND`` so a tailer only ever sees whole lines:
+
+* ``{"step": N, "loss": X, "ts": T, ...extra metrics}`` - a training sample (``ts`` is epoch
+  seconds). Non-finite values are written as ``NaN``/``Infinity`` (Python's JSON dialect) so
+  the reader can count them.
+* ``{"event": "started", "step": S, "resumed": bool, "job": ID, "ts": T}`` - the process
+  started (or resumed after checkpoint step ``S``).
+* ``{"event": "checkpoint", "step": N, "ts": T}`` - a periodic checkpoint was written.
+* ``{"event": "checkpointed", "step": N, "ts": T}`` - the last record of a job stopped by
+  SIGTERM/SIGINT: its checkpoint at step ``N`` is complete; exit code ``EXIT_CHECKPOINTED``.
+* ``{"event": "finished", "step": N, "steps": N, "ts": T}`` - all configured steps are done;
+  exit code 0 and ``done.json`` written.
+
+Event records carry no metric, so a reader looking for ``loss`` skips them.
+
+Exit codes: 0 = finished (``done.json`` exists); ``EXIT_CHECKPOINTED`` (75, sysexits'
+EX_TEMPFAIL: "try again later") = stopped on request after a complete checkpoint; anything
+else = the job failed (a restart resumes from its newest complete checkpoint).
+
+Guarantee: however often a job is stopped and restarted, it trains step ``k`` for every
+``k`` in ``1..steps`` and finishes with exactly ``steps`` completed; steps after its last
+checkpoint are redone only when it was killed without warning (SIGKILL, crash). Periodic
+checkpoints (every ``checkpoint_every`` steps or ``checkpoint_interval`` seconds) bound that
+loss.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, Any
+
+from specon import checkpoint
+
+if TYPE_CHECKING:
+    import torch
+
+ENV_PROGRESS_FILE = "SPECON_PROGRESS_FILE"
+ENV_CHECKPOINT_DIR = "SPECON_CHECKPOINT_DIR"
+ENV_JOB_ID = "SPECON_JOB_ID"
+
+EXIT_CHECKPOINTED = 75
+DONE_MARKER = "done.json"
+
+DEFAULT_CHECKPOINT_EVERY = 200
+DEFAULT_CHECKPOINT_INTERVAL = 60.0
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _warn(message: str) -> None:
+    print(f"specon.jobkit: {message}", file=sys.stderr, flush=True)
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name, "").strip()
+    return Path(value) if value else None
+
+
+class ProgressLog:
+    """Appends progress records (JSON lines) to a file; a no-op sink when there is none.
+
+    ``path`` defaults to ``$SPECON_PROGRESS_FILE``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path: Path | None = Path(path) if path is not None else _env_path(ENV_PROGRESS_FILE)
+        self._fd: int | None = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record as a single line, written with one ``write`` call."""
+        if self._fd is None:
+            return
+        data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        while data:  # a short write to a regular file is rare, but never leave half a line
+            written = os.write(self._fd, data)
+            data = data[written:]
+
+    def log(self, step: int, loss: float, **metrics: float) -> None:
+        """A training sample: ``{"step", "loss", "ts", **metrics}``."""
+        self.write({"step": step, "loss": float(loss), "ts": time.time(), **_floats(metrics)})
+
+    def event(self, name: str, **fields: Any) -> None:
+        self.write({"event": name, **fields, "ts": time.time()})
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> ProgressLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _floats(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items()}
+
+
+def done_marker(checkpoint_dir: Path) -> Path:
+    """Where a finished job leaves its ``done.json`` marker."""
+    return checkpoint_dir / DONE_MARKER
+
+
+def read_done(checkpoint_dir: Path) -> dict[str, Any] | None:
+    """The finished job's marker (``{"job", "steps", "finished"}``), or None if not finished."""
+    try:
+        data = json.loads(done_marker(checkpoint_dir).read_bytes())
+    except (FileNotFoundError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class Job:
+    """A training job that honours the contract: see the module docstring.
+
+    ``save()`` returns the payload to checkpoint; ``restore(payload)`` loads it back
+    (optional when the script calls ``resume()`` itself and restores the payload).
+    ``steps`` is the configured number of training steps; steps are numbered ``1..steps``.
+    """
+
+    def __init__(
+        self,
+        *,
+        steps: int,
+        save: Callable[[], bytes] | None = None,
+        restore: Callable[[bytes], object] | None = None,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        progress: ProgressLog | str | os.PathLike[str] | None = None,
+        job_id: str | None = None,
+        checkpoint_every: int | None = DEFAULT_CHECKPOINT_EVERY,
+        checkpoint_interval: float | None = DEFAULT_CHECKPOINT_INTERVAL,
+        keep: int = 2,
+        exit_on_stop: bool = True,
+    ) -> None:
+        if steps < 0:
+            raise ValueError(f"steps must be >= 0, got {steps}")
+        if checkpoint_every is not None and checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1 or None, got {checkpoint_every}")
+        if checkpoint_interval is not None and checkpoint_interval <= 0:
+            raise ValueError(f"checkpoint_interval must be > 0 or None, got {checkpoint_interval}")
+        self.total = steps
+        self._save = save
+        self._restore = restore
+        self.checkpoint_dir = (
+            Path(checkpoint_dir) if checkpoint_dir is not None else _env_path(ENV_CHECKPOINT_DIR)
+        )
+        self.progress = progress if isinstance(progress, ProgressLog) else ProgressLog(progress)
+        self.job_id = job_id if job_id is not None else os.environ.get(ENV_JOB_ID, "")
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_interval = checkpoint_interval
+        self.keep = keep
+        self.exit_on_stop = exit_on_stop
+        self.completed = 0  # steps done so far, counting those restored from the checkpoint
+        self.outcome: str | None = None  # "finished" | "checkpointed" once the loop ends
+        self._stop_signal: int | None = None
+        self._resumed: tuple[int, bytes | None] | None = None
+        self._last_checkpoint_step: int | None = None
+        self._last_checkpoint_time = time.monotonic()
+        self._previous_handlers: dict[int, Any] = {}
+        self._entered = False
+
+    # -- signals -------------------------------------------------------------------------
+    @property
+    def should_stop(self) -> bool:
+        """True once SIGTERM or SIGINT arrived: checkpoint and exit at the next step boundary."""
+        return self._stop_signal is not None
+
+    def request_stop(self, signum: int = signal.SIGTERM) -> None:
+        """What the signal handler does; also callable directly (e.g. from a test)."""
+        self._stop_signal = signum
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and self.should_stop:
+            raise KeyboardInterrupt  # a second Ctrl-C means "now", as people expect
+        self.request_stop(signum)
+
+    def __enter__(self) -> Job:
+        for sig in _STOP_SIGNALS:
+            try:
+                self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+            except ValueError:  # not the main thread: the caller must use request_stop()
+                _warn(f"cannot install a handler for {signal.Signals(sig).name} outside the main thread")
+        self._entered = True
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers.clear()
+        self.progress.close()
+        self._entered = False
+
+    # -- resume --------------------------------------------------------------------------
+    def resume(self) -> tuple[int, bytes | None]:
+        """The newest complete checkpoint's ``(step, payload)``, or ``(0, None)``.
+
+        Corrupt or torn checkpoints are skipped (reported on stderr) in favour of the
+        previous complete one. Calls ``restore(payload)`` when one was given. Idempotent.
+        """
+        if self._resumed is not None:
+            return self._resumed
+        found: tuple[int, bytes | None] = (0, None)
+        if self.checkpoint_dir is not None:
+            for item in checkpoint.iter_complete(self.checkpoint_dir):
+                if isinstance(item, checkpoint.CheckpointError):
+                    _warn(f"skipping checkpoint: {item}")
+                    continue
+                try:
+                    found = (item.step, item.payload.read_bytes())
+                except FileNotFoundError:  # pruned between listing and reading: look further
+                    continue
+                break
+        step, payload = found
+        if step > self.total:
+            raise ValueError(f"checkpoint is at step {step}, beyond the configured {self.total} steps")
+        if payload is not None and self._restore is not None:
+            self._restore(payload)
+        self._resumed = found
+        self.completed = step
+        self._last_checkpoint_step = step if payload is not None else None
+        self._last_checkpoint_time = time.monotonic()
+        self.progress.event("started", step=step, resumed=payload is not None, job=self.job_id)
+        return found
+
+    # -- the loop ------------------------------------------------------------------------
+    def steps(self) -> Iterator[int]:
+        """Yield the step numbers still to train, ``completed+1 .. steps``.
+
+        Between steps it writes periodic checkpoints and honours a stop request: checkpoint,
+        record ``checkpointed`` and exit with ``EXIT_CHECKPOINTED`` (or, with
+        ``exit_on_stop=False``, end the iteration with ``outcome == "checkpointed"``). After
+        the last step it checkpoints, records ``finished`` and writes ``done.json``.
+        """
+        if not self._entered:
+            raise RuntimeError("use `with Job(...) as job:` so the stop signals are handled")
+        if self._resumed is None:
+            _step, payload = self.resume()
+            if payload is not None and self._restore is None:
+                raise RuntimeError("a checkpoint exists: pass restore= or call resume() and restore it")
+        while self.completed < self.total:  # finishing beats stopping: no restart for nothing
+            if self.should_stop:
+                self._stop()
+                return
+            if self._checkpoint_due():
+                self.checkpoint("checkpoint")
+            yield self.completed + 1
+            self.completed += 1
+        self._finish()
+
+    def log(self, step: int, loss: float, **metrics: float) -> None:
+        """Append a training sample to the progress log."""
+        self.progress.log(step, loss, **metrics)
+
+    def checkpoint(self, event: str | None = None) -> None:
+        """Write a checkpoint of the completed steps now (no-op without dir or ``save``)."""
+        if self.checkpoint_dir is None or self._save is None:
+            return
+        if self._last_checkpoint_step != self.completed:
+            checkpoint.write(self.checkpoint_dir, self.completed, self._save(), keep=self.keep)
+            self._last_checkpoint_step = self.completed
+        self._last_checkpoint_time = time.monotonic()
+        if event is not None:
+            self.progress.event(event, step=self.completed)
+
+    def _checkpoint_due(self) -> bool:
+        last = self._last_checkpoint_step if self._last_checkpoint_step is not None else 0
+        if self.completed == last:
+            return False
+        if self.checkpoint_every is not None and self.completed - last >= self.checkpoint_every:
+            return True
+        return (
+            self.checkpoint_interval is not None
+            and time.monotonic() - self._last_checkpoint_time >= self.checkpoint_interval
+        )
+
+    def _stop(self) -> None:
+        self.checkpoint()
+        self.progress.event("checkpointed", step=self.completed)
+        self.outcome = "checkpointed"
+        if self.exit_on_stop:
+            raise SystemExit(EXIT_CHECKPOINTED)
+
+    def _finish(self) -> None:
+        # A final checkpoint makes a restart after completion a no-op instead of a retrain.
+        self.checkpoint()
+        if self.checkpoint_dir is not None:
+            marker = {"job": self.job_id, "steps": self.total, "finished": time.time()}
+            _atomic_write_json(done_marker(self.checkpoint_dir), marker)
+        self.progress.event("finished", step=self.completed, steps=self.total)
+        self.outcome = "finished"
+
+
+def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+# -- PyTorch helpers (torch imported lazily) -----------------------------------------------
+_PAYLOAD_FORMAT = 1
+
+
+def rng_state() -> dict[str, Any]:
+    """The global RNG states of Python, and of NumPy and torch when the script imported them.
+
+    Only plain types and tensors, so ``torch.load(weights_only=True)`` accepts them.
+    """
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {"python": [version, list(internal), gauss]}
+    if "numpy" in sys.modules:
+        name, keys, pos, has_gauss, cached = sys.modules["numpy"].random.get_state(legacy=True)
+        state["numpy"] = [str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
+    if "torch" in sys.modules:
+        state["torch"] = sys.modules["torch"].get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what ``rng_state`` captured (missing parts are left alone)."""
+    if "python" in state:
+        version, internal, gauss = state["python"]
+        random.setstate((int(version), tuple(int(x) for x in internal), gauss))
+    if "numpy" in state and "numpy" in sys.modules:
+        np = sys.modules["numpy"]
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    if "torch" in state and "torch" in sys.modules:
+        sys.modules["torch"].set_rng_state(state["torch"])
+
+
+def torch_payload(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    extra: Any = None,
+) -> bytes:
+    """Serialise model, optimizer, global RNG states and ``extra`` with ``torch.save``.
+
+    ``extra`` must be loadable with ``weights_only=True``: tensors, numbers, strings and
+    lists/dicts/tuples of them (e.g. a ``torch.Generator.get_state()``).
+    """
+    import torch  # noqa: PLC0415 - lazy: jobkit must work in scripts without torch
+
+    state = {
+        "format": _PAYLOAD_FORMAT,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "rng": rng_state(),
+        "extra": extra,
+    }
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def torch_restore(
+    payload: bytes,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> Any:
+    """Load a ``torch_payload`` into ``model``/``optimizer``, restore RNGs; return ``extra``."""
+    import torch  # noqa: PLC0415 - lazy: jobkit must work in scripts without torch
+
+    state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != _PAYLOAD_FORMAT:
+        raise ValueError("not a specon.jobkit torch payload")
+    model.load_state_dict(state["model"])
+    if optimizer is not None and state["optimizer"] is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    set_rng_state(state["rng"])
+    return state["extra"]

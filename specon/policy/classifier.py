@@ -1,0 +1,125 @@
+"""The classifier interface the agent and the simulator use, whichever ``cfg.classifier``.
+
+``classifier_for(cfg)`` returns a ``Classifier`` bound to the monitor config; both
+classifiers share ``MonitorState`` (so ``mark_migrated``, ``answer_request`` and the
+serialised form are the same) and differ only in their per-container ``tick``.
+``tick_worker`` runs one tick for all containers of a worker and then the worker-level
+request rule (SPEC §3.3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from specon.config import MonitorConfig
+from specon.model import ContainerId, Direction
+from specon.policy import monitor, robust
+from specon.policy.monitor import MonitorState
+
+
+class TickFn(Protocol):
+    def __call__(
+        self,
+        state: MonitorState,
+        samples: Sequence[float],
+        now: float,
+        cfg: MonitorConfig,
+        *,
+        nonfinite: int = 0,
+    ) -> MonitorState: ...
+
+
+CLASSIFIERS: Mapping[str, TickFn] = {"specon": monitor.tick, "robust": robust.tick}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerTickResult:
+    states: Mapping[ContainerId, MonitorState]
+    # Containers whose request was raised on this tick (send at once). Requests still
+    # pending from earlier ticks are not repeated here: see ``monitor.pending_requests``.
+    requests: tuple[ContainerId, ...] = ()
+
+
+def tick_worker(
+    states: Mapping[ContainerId, MonitorState],
+    samples: Mapping[ContainerId, Sequence[float]],
+    now: float,
+    cfg: MonitorConfig,
+    *,
+    nonfinite: Mapping[ContainerId, int] | None = None,
+) -> WorkerTickResult:
+    """One tick for every container on a worker, then the request rule.
+
+    A container without an entry in ``samples`` had no new sample (a stale tick).
+    Samples for a container without a state are a caller error (``ValueError``): the
+    agent adds a container with ``initial`` before feeding it.
+    """
+    unknown = samples.keys() - states.keys()
+    if unknown:
+        raise ValueError(f"samples for containers without a monitor state: {sorted(unknown)}")
+    tick = _tick_fn(cfg)
+    get = samples.get
+    if nonfinite:
+        bad = nonfinite.get
+        ticked = {cid: tick(s, get(cid, ()), now, cfg, nonfinite=bad(cid, 0)) for cid, s in states.items()}
+    else:
+        ticked = {cid: tick(s, get(cid, ()), now, cfg) for cid, s in states.items()}
+    new_states, requests = monitor.apply_request_rule(ticked, cfg)
+    return WorkerTickResult(new_states, requests)
+
+
+def _tick_fn(cfg: MonitorConfig) -> TickFn:
+    try:
+        return CLASSIFIERS[cfg.classifier]
+    except KeyError:
+        known = ", ".join(sorted(CLASSIFIERS))
+        raise ValueError(f"unknown classifier {cfg.classifier!r} (known: {known})") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Classifier:
+    """One classifier bound to its config; every method is pure."""
+
+    cfg: MonitorConfig
+    _tick: TickFn = field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.cfg.classifier
+
+    def initial(self, *, direction: Direction = Direction.MINIMIZE) -> MonitorState:
+        return monitor.initial(direction=direction)
+
+    def tick(
+        self, state: MonitorState, samples: Sequence[float], now: float, *, nonfinite: int = 0
+    ) -> MonitorState:
+        return self._tick(state, samples, now, self.cfg, nonfinite=nonfinite)
+
+    def tick_worker(
+        self,
+        states: Mapping[ContainerId, MonitorState],
+        samples: Mapping[ContainerId, Sequence[float]],
+        now: float,
+        *,
+        nonfinite: Mapping[ContainerId, int] | None = None,
+    ) -> WorkerTickResult:
+        return tick_worker(states, samples, now, self.cfg, nonfinite=nonfinite)
+
+    def mark_migrated(self, state: MonitorState, now: float) -> MonitorState:
+        return monitor.mark_migrated(state, now)
+
+    def answer_request(self, state: MonitorState) -> MonitorState:
+        return monitor.answer_request(state)
+
+    def to_dict(self, state: MonitorState) -> dict[str, Any]:
+        return monitor.to_dict(state)
+
+    def from_dict(self, d: Mapping[str, Any]) -> MonitorState:
+        return monitor.from_dict(d)
+
+
+def classifier_for(cfg: MonitorConfig) -> Classifier:
+    """The classifier ``cfg.classifier`` names; ``ValueError`` for an unknown name."""
+    return Classifier(cfg, _tick_fn(cfg))

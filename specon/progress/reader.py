@@ -1,0 +1,187 @@
+"""One open log file read incrementally by byte offset: the engine under the tailers.
+
+A ``FileReader`` owns one open file (one inode). It hands complete lines to its parser,
+keeps an unterminated last line until its newline arrives, skips over-long lines without
+buffering them, and starts over when the file is truncated or rewritten in place. Which
+file a path names (rotation, late files) is the tailers' business.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+
+from specon.config import ProgressConfig
+from specon.progress.detect import detect_format, make_parser
+from specon.progress.parser import LineParser
+from specon.progress.samples import ProgressStats, Sample, SkipReason
+
+# Bytes per read: small enough to stay in cache, large enough to amortise per-read work.
+READ_SIZE = 1 << 16
+# The last bytes read are compared with the file on every read: if they changed, the file
+# was rewritten in place even though it is no shorter than what was read.
+WINDOW = 64
+
+Identity = tuple[int, int]  # (st_dev, st_ino)
+
+
+def regular_file_identity(path: str | os.PathLike[str]) -> Identity | None:
+    """The (device, inode) of the regular file at ``path``, or None if there is none."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+
+
+class FileReader:
+    """Reads one open file from byte 0 on, a poll at a time."""
+
+    def __init__(
+        self,
+        file: io.FileIO,
+        *,
+        config: ProgressConfig,
+        stats: ProgressStats,
+        previous: LineParser | None = None,
+        read_size: int = READ_SIZE,
+    ) -> None:
+        """``previous`` is the parser of the file this one replaces (rotation), if any."""
+        st = os.fstat(file.fileno())
+        self.identity: Identity = (st.st_dev, st.st_ino)
+        self.offset = 0
+        self.restarts = 0
+        self._file = file
+        self._config = config
+        self._stats = stats
+        self._read_size = read_size
+        self._max_line = config.max_line_bytes
+        self._pending = b""  # the unterminated last line
+        self._discarding = False  # inside an over-long line (already counted), until its newline
+        self._window = b""
+        self._parser: LineParser | None = None  # None: format "auto", not yet detected
+        self._previous = previous
+        if config.format != "auto":
+            self._parser = (
+                previous.restart(rewritten=False) if previous else make_parser(config.format, config)
+            )
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        config: ProgressConfig,
+        stats: ProgressStats,
+        previous: LineParser | None = None,
+        read_size: int = READ_SIZE,
+    ) -> FileReader:
+        """Open a regular file (``OSError`` if it is missing, unreadable or not a regular file)."""
+        # O_NONBLOCK: opening a FIFO that slipped in must not hang the agent.
+        file = io.FileIO(path, "r", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK))
+        try:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise OSError(f"{os.fspath(path)!r} is not a regular file")
+            return cls(file, config=config, stats=stats, previous=previous, read_size=read_size)
+        except BaseException:
+            file.close()
+            raise
+
+    @property
+    def parser(self) -> LineParser | None:
+        """The parser in use (or, before detection, the one of the file this replaced)."""
+        return self._parser or self._previous
+
+    def read(self, out: list[Sample]) -> int:
+        """Append the samples of the complete lines added since the last read to ``out``.
+
+        Returns the number of bytes read. Starts over from byte 0 first if the file was
+        truncated or rewritten.
+        """
+        fd = self._file.fileno()
+        size = os.fstat(fd).st_size
+        if size < self.offset or not self._window_unchanged(fd):
+            self._restart()
+        # Read up to the size seen on entry, so a fast writer cannot keep one poll going.
+        start = self.offset
+        while self.offset < size:
+            data = os.pread(fd, min(self._read_size, size - self.offset), self.offset)
+            if not data:
+                break
+            self.offset += len(data)
+            self._stats.bytes_read += len(data)
+            self._window = (self._window + data)[-WINDOW:]
+            self._consume(data, out)
+        return self.offset - start
+
+    def _window_unchanged(self, fd: int) -> bool:
+        window = self._window
+        return not window or os.pread(fd, len(window), self.offset - len(window)) == window
+
+    def flush(self, out: list[Sample]) -> None:
+        """Parse the unterminated last line as a final line (the file is finished)."""
+        if self._pending and not self._discarding:
+            pending, self._pending = self._pending, b""
+            self._emit(pending, out)
+
+    def drop_partial(self) -> None:
+        """Forget the unterminated last line (counted ``partial``): no newline will come."""
+        if self._pending and not self._discarding:
+            self._stats.skip(SkipReason.PARTIAL)
+        self._pending = b""
+        self._discarding = False
+
+    def close(self) -> None:
+        self._file.close()
+
+    def _restart(self) -> None:
+        self.drop_partial()
+        self.offset = 0
+        self.restarts += 1
+        self._window = b""
+        if self._config.format == "auto":
+            self._previous = self.parser
+            self._parser = None
+        elif self._parser is not None:
+            self._parser = self._parser.restart(rewritten=True)
+
+    def _consume(self, data: bytes, out: list[Sample]) -> None:
+        if self._discarding:
+            newline = data.find(b"\n")
+            if newline < 0:
+                return
+            self._discarding = False
+            data = data[newline + 1 :]
+        buf = self._pending + data if self._pending else data
+        last = buf.rfind(b"\n")
+        rest = buf[last + 1 :] if last >= 0 else buf
+        if len(rest) > self._max_line:
+            # Count it now; its bytes are dropped until its newline arrives.
+            self._stats.skip(SkipReason.TOO_LONG)
+            self._pending = b""
+            self._discarding = True
+        else:
+            self._pending = rest
+        if last >= 0:
+            self._emit(buf[:last], out)
+
+    def _emit(self, block: bytes, out: list[Sample]) -> None:
+        parser = self._parser
+        if parser is None:
+            lines = block.split(b"\n")
+            if not any(line.strip() for line in lines):
+                self._stats.skip(SkipReason.BLANK, len(lines))
+                return
+            parser = self._parser = self._detect(lines)
+        parser.parse_block(block, out, self._stats)
+
+    def _detect(self, lines: list[bytes]) -> LineParser:
+        fmt = detect_format(lines)
+        previous = self._previous
+        if previous is None:
+            return make_parser(fmt, self._config)
+        rewritten = self.restarts > 0  # else this file replaced another one
+        if fmt == previous.format or previous.continues(lines):
+            return previous.restart(rewritten=rewritten)
+        return make_parser(fmt, self._config)

@@ -1,0 +1,245 @@
+"""The runtime interface every backend implements: list, usage, save, start, stop, and a clock.
+
+A node agent owns one runtime for its worker. The manager decides *what* to save and start;
+a runtime only does it, reports what happened, and refuses what would break the job
+contract (SPEC §6): a job never runs twice at once and never loses progress beyond its last
+complete checkpoint. The clock belongs to the backend (gidgethub's ``now``/``sleep``) so
+tests and the simulator control time.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from specon.model import ContainerId, Resources, WorkerId
+
+# Job ids name directories on the shared volume, cgroups and Kubernetes objects: keep them
+# to a safe, portable alphabet.
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+# The job contract's environment (SPEC §6): what every backend sets for a job.
+ENV_JOB_ID = "SPECON_JOB_ID"
+ENV_WORKER = "SPECON_WORKER"
+ENV_PROGRESS_FILE = "SPECON_PROGRESS_FILE"
+ENV_CHECKPOINT_DIR = "SPECON_CHECKPOINT_DIR"
+ENV_DONE_FILE = "SPECON_DONE_FILE"
+
+
+def valid_job_id(value: str) -> ContainerId:
+    """``value`` as a ContainerId; ``ValueError`` unless it is a safe path component."""
+    if not isinstance(value, str) or not _JOB_ID.match(value) or value in {".", ".."}:
+        raise ValueError(f"invalid job id {value!r}: use 1-128 of [A-Za-z0-9._-], starting alphanumeric")
+    return ContainerId(value)
+
+
+class ContainerState(enum.StrEnum):
+    RUNNING = "running"
+    # A save (SIGTERM, wait for the checkpoint) or stop is in progress on this worker.
+    SAVING = "saving"
+    STOPPING = "stopping"
+    # Ended with exit status 0 (finished, or stopped cleanly).
+    EXITED = "exited"
+    # Ended with a non-zero status, by a signal, or vanished without a record.
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What to run for one container, and metadata the daemons report."""
+
+    id: ContainerId
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    requests: Resources = field(default_factory=Resources)
+    # Free-form key/value labels (e.g. the progress metric and its direction).
+    labels: tuple[tuple[str, str], ...] = ()
+    steps: int | None = None
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        valid_job_id(self.id)
+        if not self.command or not all(isinstance(a, str) and a for a in self.command):
+            raise ValueError(f"job {self.id}: command must be a non-empty tuple of non-empty strings")
+        if self.steps is not None and self.steps < 0:
+            raise ValueError(f"job {self.id}: steps must be >= 0, got {self.steps}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "command": list(self.command),
+            "env": [list(p) for p in self.env],
+            "requests": {"cpu": self.requests.cpu, "memory": self.requests.memory, "gpu": self.requests.gpu},
+            "labels": [list(p) for p in self.labels],
+            "steps": self.steps,
+            "model": self.model,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Any) -> JobSpec:
+        """Parse ``to_json`` output; ``ValueError`` saying what is wrong."""
+        try:
+            req = raw.get("requests") or {}
+            cpu = float(req.get("cpu", 0.0))
+            if not math.isfinite(cpu):
+                raise ValueError(f"requests.cpu must be finite, got {cpu}")
+            return cls(
+                id=valid_job_id(raw["id"]),
+                command=tuple(str(a) for a in raw["command"]),
+                env=tuple((str(k), str(v)) for k, v in raw.get("env", ())),
+                requests=Resources(cpu, int(req.get("memory", 0)), int(req.get("gpu", 0))),
+                labels=tuple((str(k), str(v)) for k, v in raw.get("labels", ())),
+                steps=None if raw.get("steps") is None else int(raw["steps"]),
+                model=None if raw.get("model") is None else str(raw["model"]),
+            )
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"bad job spec: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerInfo:
+    """One container as its worker's runtime sees it now."""
+
+    id: ContainerId
+    worker: WorkerId
+    spec: JobSpec
+    state: ContainerState
+    progress_path: Path
+    checkpoint_dir: Path
+    # Wall-clock seconds (the runtime's ``now``) of the current run's start.
+    started_at: float
+    pid: int | None = None
+    # Backend handle when there is no pid (a Docker container id, a pod name).
+    handle: str | None = None
+    exit_code: int | None = None
+    # The job completed its work (done marker or final "finished" progress record).
+    finished: bool = False
+
+    @property
+    def alive(self) -> bool:
+        return self.state in {ContainerState.RUNNING, ContainerState.SAVING, ContainerState.STOPPING}
+
+
+@dataclass(frozen=True, slots=True)
+class SaveResult:
+    """The outcome of ``save``: the checkpoint a restart will resume from.
+
+    ``checkpoint``/``step`` are None only for a job that never checkpointed: it restarts
+    from step 0, which loses nothing the job contract promised to keep.
+    """
+
+    container: ContainerId
+    worker: WorkerId
+    step: int | None
+    # The checkpoint's manifest (``specon.checkpoint`` ``ckpt-<step>.json``).
+    checkpoint: Path | None
+    seconds: float
+    # The job outlived the grace period and was SIGKILLed.
+    forced: bool = False
+    # No checkpoint newer than the save request verified: the result is the previous one.
+    rolled_back: bool = False
+    # The job completed its work meanwhile; there is nothing to restart.
+    finished: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerUsage:
+    """R(w, t) and its ingredients for one worker."""
+
+    worker: WorkerId
+    capacity: Resources
+    # CPU used since the previous ``usage()`` call as a share of the worker's CPU budget, in
+    # [0, 1] (saturates at 1 where the budget is not enforced).
+    cpu_utilisation: float
+    # Cumulative CPU seconds used by the worker's containers.
+    cpu_seconds: float
+    # Cumulative CPU seconds per running container, where the backend can tell.
+    per_container: tuple[tuple[ContainerId, float], ...] = ()
+    # How the budget is enforced: "cgroup", "affinity", "none", "simulated"...
+    enforcement: str = "none"
+
+
+# The brief's name; an ``...Error`` suffix would read like the builtin RuntimeError.
+class RuntimeFailure(Exception):  # noqa: N818
+    """Base of every runtime error; ``container`` names the container concerned."""
+
+    def __init__(self, container: str, message: str) -> None:
+        super().__init__(f"{container}: {message}")
+        self.container = container
+
+
+class NoSuchContainer(RuntimeFailure):
+    """The container is not on this worker."""
+
+
+class SaveFailed(RuntimeFailure):
+    """No verified checkpoint and nothing to roll back to; says whether the job still runs."""
+
+
+class StartFailed(RuntimeFailure):
+    """The container could not be started."""
+
+
+class AlreadyRunning(StartFailed):
+    """The job is running somewhere already: a job never runs twice at once."""
+
+
+class StillRunning(RuntimeFailure):
+    """The operation needs a container that has stopped (e.g. ``forget``)."""
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """One worker's containers. All waiting goes through ``sleep`` so tests control time."""
+
+    @property
+    def worker(self) -> WorkerId: ...
+
+    async def list_containers(self) -> list[ContainerInfo]:
+        """Containers on this worker: running ones and ended ones not yet forgotten."""
+        ...
+
+    async def usage(self) -> WorkerUsage: ...
+
+    async def save(self, container_id: ContainerId, *, grace: float) -> SaveResult:
+        """Checkpoint and stop a running container; afterwards it runs nowhere.
+
+        Past ``grace`` seconds the container is killed and rolled back to its newest complete
+        checkpoint (``forced``). ``SaveFailed`` when there is nothing safe to roll back to.
+        """
+        ...
+
+    async def start(self, spec: JobSpec, *, checkpoint: Path | None = None) -> ContainerInfo:
+        """Start (or resume, from the newest complete checkpoint) a container here.
+
+        ``checkpoint``, if given, must still verify. ``AlreadyRunning`` if the job runs
+        anywhere; ``StartFailed`` for any other refusal.
+        """
+        ...
+
+    async def stop(self, container_id: ContainerId, *, grace: float) -> ContainerInfo:
+        """Terminate a container (SIGTERM, then SIGKILL past ``grace``); it stays listed."""
+        ...
+
+    async def forget(self, container_id: ContainerId) -> None:
+        """Drop an ended container's record; ``StillRunning`` if it is alive."""
+        ...
+
+    def job_spec(self, container_id: ContainerId) -> JobSpec | None:
+        """The spec the shared volume holds for a job, running here or not (None: unknown).
+
+        Lets an agent restart a job on a rollback even when the save result that carried
+        the spec was lost.
+        """
+        ...
+
+    def now(self) -> float:
+        """Wall-clock seconds, comparable with timestamps this runtime records."""
+        ...
+
+    async def sleep(self, seconds: float) -> None: ...

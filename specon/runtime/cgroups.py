@@ -1,0 +1,411 @@
+"""A local worker's CPU budget and CPU accounting: cgroup v1, else CPU affinity, else none.
+
+Each worker is a cgroup-v1 CPU budget, ``<cpu>/<own>/<parent>/<cluster>/<worker>`` with
+``cpu.cfs_quota_us = cpus * cpu.cfs_period_us``, and the same path in the ``cpuacct``
+hierarchy for ``cpuacct.usage`` (cpu and cpuacct may be separate mounts, as on the project
+machines, or one joint mount). ``<own>`` is the agent's own cgroup, so nesting works inside
+a container too. Jobs join the group race-free: the forked child writes ``0`` into each
+``cgroup.procs`` before it execs (``CpuBudget.preexec``).
+
+Where cgroups are not usable (not root, not mounted, cgroup v2 only) the budget falls back
+to CPU affinity (a subset of ``ceil(cpus)`` CPUs) or to no limit, with a
+``specon.runtime.cgroups_unavailable`` warning, and CPU use is summed from
+``/proc/<pid>/stat`` of the worker's process groups. Every path root is a parameter, so
+detection and the group files can be exercised against a temporary directory tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import structlog
+
+from specon.model import ContainerId
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC = Path("/proc")
+PERIOD_US = 100_000
+MIN_QUOTA_US = 1_000  # the kernel refuses quotas under 1 ms
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+log = structlog.get_logger()
+
+Mode = Literal["auto", "cgroup", "affinity", "none"]
+
+
+class Enforcement(enum.StrEnum):
+    CGROUP = "cgroup"
+    AFFINITY = "affinity"
+    NONE = "none"
+
+
+# -- /proc ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ProcStat:
+    """The fields of ``/proc/<pid>/stat`` the runtime uses."""
+
+    pid: int
+    state: str
+    ppid: int
+    pgrp: int
+    # utime + stime + cutime + cstime: own CPU plus that of reaped children, so a process
+    # group's total survives its members reaping each other.
+    cpu_ticks: int
+    # Start time in clock ticks after boot: with the pid, it names one process for good.
+    start_ticks: int
+
+    @property
+    def zombie(self) -> bool:
+        return self.state in {"Z", "X", "x"}
+
+
+def parse_stat(text: str) -> ProcStat:
+    """Parse one ``/proc/<pid>/stat`` line; ``ValueError`` if malformed.
+
+    The command name (field 2) may contain spaces and parentheses, so fields are counted
+    from the *last* ``)``.
+    """
+    head, sep, rest = text.rpartition(")")
+    fields = rest.split()
+    if not sep or len(fields) < 20:
+        raise ValueError(f"malformed /proc stat line: {text[:80]!r}")
+    pid = int(head.split("(", 1)[0])
+    # fields[0] is field 3 (state); field n is fields[n - 3].
+    ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))
+    return ProcStat(pid, fields[0], int(fields[1]), int(fields[2]), ticks, int(fields[19]))
+
+
+def read_stat(pid: int, *, proc: Path = PROC) -> ProcStat | None:
+    """The process's stat, or None when it does not exist (or its stat is unreadable)."""
+    try:
+        return parse_stat((proc / str(pid) / "stat").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def process_alive(pid: int | None, start_ticks: int | None, *, proc: Path = PROC) -> bool:
+    """True when ``pid`` is a live (non-zombie) process that started at ``start_ticks``."""
+    if pid is None or pid <= 0:
+        return False
+    st = read_stat(pid, proc=proc)
+    if st is None or st.zombie:
+        return False
+    return start_ticks is None or st.start_ticks == start_ticks
+
+
+def all_stats(*, proc: Path = PROC) -> list[ProcStat]:
+    """Every readable process (processes vanishing mid-scan are skipped)."""
+    out = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(proc):
+            if name.isdigit() and (st := read_stat(int(name), proc=proc)) is not None:
+                out.append(st)
+    return out
+
+
+def group_alive(pgid: int, *, proc: Path = PROC) -> bool:
+    """True while any non-zombie process is left in process group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    return any(st.pgrp == pgid and not st.zombie for st in all_stats(proc=proc))
+
+
+def boot_id(*, proc: Path = PROC) -> str:
+    """This boot of this host: pids and start times mean something only within it."""
+    try:
+        return (proc / "sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return f"host:{os.uname().nodename}"
+
+
+def own_cgroups(*, proc: Path = PROC) -> dict[str, str]:
+    """This process's cgroup-v1 path per controller, from ``/proc/self/cgroup``."""
+    out: dict[str, str] = {}
+    try:
+        lines = (proc / "self/cgroup").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[1]:
+            for controller in parts[1].split(","):
+                out[controller] = parts[2]
+    return out
+
+
+class GroupCpuMeter:
+    """Cumulative CPU seconds per process group (job), from ``/proc``, kept monotone.
+
+    A group's /proc total drops when a member exits unreaped-by-the-group or the group
+    ends, so each job keeps the largest total seen; jobs that ended still count in ``total``.
+    """
+
+    def __init__(self, *, proc: Path = PROC) -> None:
+        self._proc = proc
+        self._seen: dict[ContainerId, float] = {}
+
+    def sample(self, groups: Mapping[ContainerId, int]) -> dict[ContainerId, float]:
+        """Cumulative CPU seconds of each running job, given its process group id."""
+        ticks: dict[int, int] = {}
+        wanted = set(groups.values())
+        for st in all_stats(proc=self._proc):
+            if st.pgrp in wanted:
+                ticks[st.pgrp] = ticks.get(st.pgrp, 0) + st.cpu_ticks
+        out = {}
+        for job, pgid in groups.items():
+            seconds = max(self._seen.get(job, 0.0), ticks.get(pgid, 0) / CLK_TCK)
+            self._seen[job] = out[job] = seconds
+        return out
+
+    @property
+    def total(self) -> float:
+        return sum(self._seen.values())
+
+
+# -- cgroup v1 ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Detection:
+    """Whether cgroup-v1 CPU budgets are usable, why (not), and where groups go."""
+
+    available: bool
+    reason: str
+    cpu_base: Path | None = None
+    cpuacct_base: Path | None = None
+
+
+def detect(*, root: Path = CGROUP_ROOT, proc: Path = PROC) -> Detection:
+    """Look for writable cgroup-v1 ``cpu`` and ``cpuacct`` hierarchies under ``root``."""
+    if (root / "cgroup.controllers").exists():
+        return Detection(False, f"{root} is a cgroup v2 (unified) mount; v1 cpu/cpuacct are needed")
+    cpu, acct = root / "cpu", root / "cpuacct"
+    if not (cpu / "cpu.cfs_quota_us").exists():
+        return Detection(False, f"no cgroup-v1 cpu controller with CFS quota at {cpu}")
+    if not (acct / "cpuacct.usage").exists():
+        return Detection(False, f"no cgroup-v1 cpuacct controller at {acct}")
+    if not (os.access(cpu, os.W_OK) and os.access(acct, os.W_OK)):
+        return Detection(False, f"{cpu} / {acct} not writable (needs root or a delegated cgroup)")
+    own = own_cgroups(proc=proc)
+    # Nest under our own groups (as INFRA requires for memory): correct inside containers.
+    cpu_base = cpu / own.get("cpu", "/").lstrip("/")
+    acct_base = acct / own.get("cpuacct", "/").lstrip("/")
+    return Detection(True, "cgroup v1", cpu_base, acct_base)
+
+
+def quota_us(cpus: float) -> int:
+    """``cpu.cfs_quota_us`` for a budget of ``cpus`` cores at the fixed period."""
+    if not math.isfinite(cpus) or cpus <= 0:
+        raise ValueError(f"cpus must be a positive number, got {cpus}")
+    return max(MIN_QUOTA_US, round(cpus * PERIOD_US))
+
+
+def _write(path: Path, value: object) -> None:
+    with open(path, "w") as fh:
+        fh.write(str(value))
+
+
+@dataclass(frozen=True, slots=True)
+class CpuGroup:
+    """One worker's group in the cpu and cpuacct hierarchies (the same dir if co-mounted)."""
+
+    cpu_dir: Path
+    cpuacct_dir: Path
+    # The first directory this group's path created below the detection base; ``remove``
+    # stops there, so pre-existing ancestors are never touched.
+    levels: int
+
+    @classmethod
+    def at(cls, detection: Detection, *parts: str) -> CpuGroup:
+        if detection.cpu_base is None or detection.cpuacct_base is None:
+            raise ValueError(f"cgroups unavailable: {detection.reason}")
+        for part in parts:
+            if not part or "/" in part or part in {".", ".."}:
+                raise ValueError(f"invalid cgroup path component {part!r}")
+        rel = Path(*parts)
+        return cls(detection.cpu_base / rel, detection.cpuacct_base / rel, len(parts))
+
+    def _dirs(self) -> list[Path]:
+        return (
+            [self.cpu_dir]
+            if self.cpu_dir.resolve() == self.cpuacct_dir.resolve()
+            else [
+                self.cpu_dir,
+                self.cpuacct_dir,
+            ]
+        )
+
+    def create(self, cpus: float) -> None:
+        """Make the group (and its parents) and set its quota; ``OSError`` if refused."""
+        for d in self._dirs():
+            d.mkdir(parents=True, exist_ok=True)
+        self.set_cpus(cpus)
+
+    def set_cpus(self, cpus: float) -> None:
+        """Change the budget; takes effect at once, also for running jobs."""
+        _write(self.cpu_dir / "cpu.cfs_period_us", PERIOD_US)
+        _write(self.cpu_dir / "cpu.cfs_quota_us", quota_us(cpus))
+
+    @property
+    def procs_files(self) -> tuple[Path, ...]:
+        return tuple(d / "cgroup.procs" for d in self._dirs())
+
+    def usage_ns(self) -> int:
+        """Cumulative CPU time of every task that ever ran in the group, in nanoseconds."""
+        return int((self.cpuacct_dir / "cpuacct.usage").read_text().split()[0])
+
+    def pids(self) -> set[int]:
+        """Processes in the group now (cpu hierarchy)."""
+        try:
+            return {int(x) for x in (self.cpu_dir / "cgroup.procs").read_text().split()}
+        except FileNotFoundError:
+            return set()
+
+    def exists(self) -> bool:
+        return any(d.is_dir() for d in self._dirs())
+
+    def remove(self) -> bool:
+        """rmdir the group, then its empty created parents; True when the group is gone.
+
+        Never kills anything: a group with tasks (EBUSY) is left in place.
+        """
+        gone = True
+        for d in self._dirs():
+            for level, path in enumerate([d, *d.parents][: self.levels]):
+                try:
+                    path.rmdir()
+                except FileNotFoundError:
+                    continue
+                except OSError:
+                    # The worker group itself still busy is a real leftover; a busy parent
+                    # only means another worker or cluster still uses it.
+                    gone = gone and level > 0
+                    break
+        return gone
+
+
+# -- affinity -----------------------------------------------------------------------------
+def pick_cpus(cpus: float, available: Sequence[int], *, offset: int = 0) -> frozenset[int]:
+    """``ceil(cpus)`` CPUs from ``available`` (at least one), rotated by ``offset``.
+
+    Affinity cannot express fractions: a 0.5-CPU worker gets one whole CPU.
+    """
+    pool = sorted(available)
+    if not pool:
+        raise ValueError("no CPUs available")
+    n = min(len(pool), max(1, math.ceil(cpus - 1e-9)))
+    return frozenset(pool[(offset + i) % len(pool)] for i in range(n))
+
+
+def _enter(procs_files: Iterable[Path], affinity: frozenset[int] | None) -> Callable[[], None]:
+    """A ``preexec_fn``: join the groups / pin the CPUs in the child, before it execs."""
+    files = [os.fsencode(p) for p in procs_files]
+
+    def preexec() -> None:
+        for f in files:
+            fd = os.open(f, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+        if affinity:
+            os.sched_setaffinity(0, affinity)
+
+    return preexec
+
+
+class CpuBudget:
+    """A worker's CPU budget as enforced on this machine, and its CPU accounting."""
+
+    def __init__(
+        self,
+        *,
+        cpus: float,
+        enforcement: Enforcement,
+        group: CpuGroup | None = None,
+        affinity: frozenset[int] | None = None,
+        proc: Path = PROC,
+    ) -> None:
+        quota_us(cpus)  # validates
+        self.cpus = cpus
+        self.enforcement = enforcement
+        self.group = group
+        self.affinity = affinity
+        self.meter = GroupCpuMeter(proc=proc)
+
+    @classmethod
+    def establish(
+        cls,
+        *,
+        cpus: float,
+        path: Sequence[str],
+        mode: Mode = "auto",
+        cgroup_root: Path = CGROUP_ROOT,
+        proc: Path = PROC,
+        affinity_offset: int = 0,
+    ) -> CpuBudget:
+        """Create the budget: a cgroup when possible (``mode`` auto/cgroup), else fall back.
+
+        ``mode="cgroup"`` raises ``OSError`` instead of falling back.
+        """
+        reason = f"mode {mode!r} requested"
+        if mode in {"auto", "cgroup"}:
+            det = detect(root=cgroup_root, proc=proc)
+            reason = det.reason
+            if det.available:
+                group = CpuGroup.at(det, *path)
+                try:
+                    group.create(cpus)
+                    return cls(cpus=cpus, enforcement=Enforcement.CGROUP, group=group, proc=proc)
+                except OSError as exc:
+                    reason = f"cannot create {group.cpu_dir}: {exc}"
+                    with contextlib.suppress(OSError):
+                        group.remove()
+            if mode == "cgroup":
+                raise OSError(f"cgroup CPU budget unavailable: {reason}")
+        available = sorted(os.sched_getaffinity(0))
+        enforcement = Enforcement.NONE
+        affinity = None
+        if mode in {"auto", "affinity"} and cpus < len(available):
+            affinity = pick_cpus(cpus, available, offset=affinity_offset)
+            enforcement = Enforcement.AFFINITY
+        if mode == "auto":
+            log.warning(
+                "specon.runtime.cgroups_unavailable",
+                reason=reason,
+                fallback=enforcement.value,
+                cpus=cpus,
+                affinity=sorted(affinity) if affinity else None,
+            )
+        return cls(cpus=cpus, enforcement=enforcement, affinity=affinity, proc=proc)
+
+    def preexec(self) -> Callable[[], None]:
+        files = self.group.procs_files if self.group else ()
+        return _enter(files, self.affinity)
+
+    def set_cpus(self, cpus: float) -> None:
+        quota_us(cpus)
+        if self.group is not None:
+            self.group.set_cpus(cpus)
+        self.cpus = cpus
+
+    def cpu_seconds(self, groups: Mapping[ContainerId, int]) -> tuple[float, dict[ContainerId, float]]:
+        """The worker's cumulative CPU seconds and each running job's (``groups``: pgids)."""
+        per_job = self.meter.sample(groups)
+        if self.group is not None:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                return self.group.usage_ns() / 1e9, per_job
+        return self.meter.total, per_job
+
+    def close(self) -> bool:
+        """Remove the cgroup when empty; True when nothing is left behind."""
+        return self.group.remove() if self.group is not None else True

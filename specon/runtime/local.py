@@ -1,0 +1,650 @@
+"""The local runtime: a worker is a CPU budget on this machine, a container a process group.
+
+Each agent owns one ``LocalRuntime`` for its worker. All durable state lives on the shared
+volume (``specon.runtime.volume``): a job runs detached from the agent (its own session,
+output to files in its job directory, under ``launcher.py`` which records its exit), and
+``owner.json`` names the worker, pid and process start time of the current run. Nothing
+else is remembered in memory, so a restarted agent re-adopts its running jobs simply by
+reading the volume, and a job's liveness is always checked against ``/proc`` (pid *and*
+start time, so a reused pid never passes for the job).
+
+Save (SPEC §6): SIGTERM the job's process group and wait, up to the grace period, for it
+to exit; the checkpoint it wrote is the result. Past the grace period the group is
+SIGKILLed and the job rolled back to its newest complete checkpoint (``forced``). Decision
+for a job without any verified checkpoint:
+
+* it never wrote one (no checkpoint files at all): restarting from step 0 is a valid
+  rollback, because the job contract only keeps progress up to the last checkpoint;
+* it did, but none verifies: restarting would silently lose checkpointed progress, so the
+  save fails with ``SaveFailed``; if the job still runs it is *left running* rather than
+  killed, so a container is never left without a running copy.
+
+Starting refuses a job that runs anywhere (``AlreadyRunning``); a job that ended on another
+worker without being forgotten there simply moves here. Start, forget and clearing the
+owner after a save are serialised across agents by an ``flock`` on the job's lock file.
+Commands run with the job directory as working directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import math
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from types import TracebackType
+
+import structlog
+
+from specon import checkpoint as ckpt  # the name `checkpoint` is start()'s parameter
+from specon.model import ContainerId, Resources, WorkerId
+from specon.runtime.base import (
+    ENV_CHECKPOINT_DIR,
+    ENV_DONE_FILE,
+    ENV_JOB_ID,
+    ENV_PROGRESS_FILE,
+    ENV_WORKER,
+    AlreadyRunning,
+    ContainerInfo,
+    ContainerState,
+    JobSpec,
+    NoSuchContainer,
+    Runtime,
+    RuntimeFailure,
+    SaveFailed,
+    SaveResult,
+    StartFailed,
+    StillRunning,
+    WorkerUsage,
+    valid_job_id,
+)
+from specon.runtime.cgroups import (
+    CGROUP_ROOT,
+    PROC,
+    CpuBudget,
+    Mode,
+    boot_id,
+    group_alive,
+    process_alive,
+    read_stat,
+)
+from specon.runtime.launcher import REASON_KILLED, REASON_LOST, ExitRecord
+from specon.runtime.volume import CorruptRecordError, JobPaths, Owner, iter_job_ids
+
+log = structlog.get_logger()
+
+_LAUNCHER = Path(__file__).with_name("launcher.py")
+_POLL_S = 0.05  # between liveness checks while waiting for a job to exit
+_KILL_WAIT_S = 5.0  # for a SIGKILLed group to disappear
+_LOCK_TIMEOUT_S = 10.0
+
+# Children of *this OS process*, by pid. Reaping is per process, not per runtime: a second
+# LocalRuntime in the same process (an agent restart in tests, a LocalCluster) reaps the
+# first one's children, and no Popen is garbage-collected while its job still runs.
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def _reap() -> None:
+    for pid, child in list(_children.items()):
+        if child.poll() is not None:
+            del _children[pid]
+
+
+def _checkpoint_key(info: ckpt.CheckpointInfo | None) -> tuple[int, float] | None:
+    return None if info is None else (info.step, info.created)
+
+
+def _never_checkpointed(directory: Path) -> bool:
+    """No checkpoint manifest at all, complete or not."""
+    return next(ckpt.iter_complete(directory), None) is None
+
+
+class LocalRuntime:
+    """One worker on this machine: a CPU budget and the jobs the volume says it owns."""
+
+    def __init__(
+        self,
+        root: Path,
+        worker: WorkerId,
+        cpus: float,
+        cgroup_parent: str = "specon",
+        *,
+        cluster: str = "default",
+        budget: Mode = "auto",
+        memory: int = 0,
+        cgroup_root: Path = CGROUP_ROOT,
+        proc: Path = PROC,
+        affinity_offset: int = 0,
+    ) -> None:
+        try:
+            valid_job_id(worker)
+            valid_job_id(cluster)
+        except ValueError as exc:
+            raise ValueError(f"invalid worker or cluster name: {exc}") from exc
+        self.root = root
+        self._worker = worker
+        self._proc = proc
+        self.capacity = Resources(cpu=cpus, memory=memory)
+        self._budget = CpuBudget.establish(
+            cpus=cpus,
+            path=(cgroup_parent, cluster, worker),
+            mode=budget,
+            cgroup_root=cgroup_root,
+            proc=proc,
+            affinity_offset=affinity_offset,
+        )
+        self._host = boot_id(proc=proc)
+        # Saves/stops in flight; everything else is read from the volume on demand.
+        self._busy: dict[ContainerId, ContainerState] = {}
+        self._warned: set[Path] = set()
+        self.skipped_records = 0
+        self._closed = False
+        (root / "jobs").mkdir(parents=True, exist_ok=True)
+        running = {p.job: o for p, o in self._owned() if self._alive(o)}
+        for job, owner in running.items():
+            log.info("specon.runtime.adopted", worker=worker, container=job, pid=owner.pid)
+        self._last = (time.monotonic(), self._budget.cpu_seconds(self._groups(running))[0])
+        log.info(
+            "specon.runtime.ready",
+            worker=worker,
+            cpus=cpus,
+            enforcement=self._budget.enforcement.value,
+            cgroup=str(self._budget.group.cpu_dir) if self._budget.group else None,
+            adopted=len(running),
+        )
+
+    # -- the Runtime interface -------------------------------------------------------------
+    @property
+    def worker(self) -> WorkerId:
+        return self._worker
+
+    @property
+    def enforcement(self) -> str:
+        return self._budget.enforcement.value
+
+    @property
+    def budget(self) -> CpuBudget:
+        return self._budget
+
+    def now(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    def job_spec(self, container_id: ContainerId) -> JobSpec | None:
+        try:
+            return JobPaths.of(self.root, container_id).read_spec()
+        except (CorruptRecordError, ValueError) as exc:
+            log.warning("specon.runtime.spec_unreadable", container=container_id, error=str(exc))
+            return None
+
+    async def list_containers(self) -> list[ContainerInfo]:
+        out = []
+        for paths, owner in self._owned():
+            info = self._info(paths, owner)
+            if info is not None:
+                out.append(info)
+        return out
+
+    async def usage(self) -> WorkerUsage:
+        """CPU use since the previous call, as a share of this worker's budget."""
+        running = {p.job: o for p, o in self._owned() if self._alive(o)}
+        total, per_job = self._budget.cpu_seconds(self._groups(running))
+        now = time.monotonic()
+        last_t, last_cpu = self._last
+        self._last = (now, total)
+        elapsed = now - last_t
+        share = (total - last_cpu) / (elapsed * self._budget.cpus) if elapsed > 0 else 0.0
+        return WorkerUsage(
+            worker=self._worker,
+            capacity=self.capacity,
+            cpu_utilisation=min(1.0, max(0.0, share)),
+            cpu_seconds=total,
+            per_container=tuple(sorted(per_job.items())),
+            enforcement=self._budget.enforcement.value,
+        )
+
+    async def start(self, spec: JobSpec, *, checkpoint: Path | None = None) -> ContainerInfo:
+        self._check_open()
+        paths = JobPaths(self.root, spec.id)
+        if checkpoint is not None:
+            manifest = checkpoint.with_suffix(".json")
+            if manifest.parent.resolve() != paths.checkpoints.resolve():
+                raise StartFailed(spec.id, f"{checkpoint} is not in the job's checkpoint directory")
+            try:
+                from_ckpt = ckpt.verify(manifest)
+            except ckpt.CheckpointError as exc:
+                raise StartFailed(spec.id, f"checkpoint does not verify: {exc}") from exc
+            log.debug("specon.runtime.checkpoint_verified", container=spec.id, step=from_ckpt.step)
+        paths.create()
+        async with self._locked(paths):
+            try:
+                owner = paths.read_owner()
+            except CorruptRecordError as exc:
+                raise StartFailed(spec.id, f"cannot tell whether it runs elsewhere: {exc}") from exc
+            if owner is not None and self._alive(owner):
+                raise AlreadyRunning(spec.id, f"already running on worker {owner.worker} (pid {owner.pid})")
+            if paths.finished():
+                raise StartFailed(spec.id, "already finished (done marker or final progress record)")
+            paths.write_spec(spec)
+            owner = self._launch(spec, paths)
+        resume = checkpoint_step(paths.checkpoints)
+        log.info(
+            "specon.runtime.started",
+            worker=self._worker,
+            container=spec.id,
+            pid=owner.pid,
+            resume_step=resume,
+            enforcement=self._budget.enforcement.value,
+        )
+        info = self._info(paths, owner)
+        if info is None:  # pragma: no cover - spec.json was just written
+            raise StartFailed(spec.id, "started but its records cannot be read back")
+        return info
+
+    async def save(self, container_id: ContainerId, *, grace: float) -> SaveResult:
+        paths, owner = self._require(container_id)
+        if container_id in self._busy:
+            raise SaveFailed(container_id, f"a {self._busy[container_id].value} is already in progress")
+        self._busy[container_id] = ContainerState.SAVING
+        t0 = time.monotonic()
+        try:
+            before = _checkpoint_key(ckpt.latest_complete(paths.checkpoints))
+            log.info("specon.runtime.saving", worker=self._worker, container=container_id, grace=grace)
+            self._signal(owner, signal.SIGTERM)
+            forced = False
+            if not await self._wait_gone(owner, grace):
+                if ckpt.latest_complete(paths.checkpoints) is None and not _never_checkpointed(
+                    paths.checkpoints
+                ):
+                    log.error("specon.runtime.save_failed", container=container_id, left_running=True)
+                    raise SaveFailed(
+                        container_id,
+                        f"no checkpoint verified within {grace:g}s and every earlier one is corrupt;"
+                        " killing it would lose its progress, so it was left running",
+                    )
+                await self._kill(paths, owner)
+                forced = True
+            latest = ckpt.latest_complete(paths.checkpoints)
+            finished = paths.finished()
+            if latest is None and not finished and not _never_checkpointed(paths.checkpoints):
+                log.error("specon.runtime.save_failed", container=container_id, left_running=False)
+                raise SaveFailed(
+                    container_id,
+                    "it exited without a verifiable checkpoint and every earlier one is corrupt;"
+                    " it stays listed (failed) for inspection",
+                )
+            async with self._locked(paths):
+                self._clear_owner(paths, owner)
+        finally:
+            self._busy.pop(container_id, None)
+        key = _checkpoint_key(latest)
+        result = SaveResult(
+            container=container_id,
+            worker=self._worker,
+            step=None if latest is None else latest.step,
+            checkpoint=None if latest is None else latest.manifest,
+            seconds=time.monotonic() - t0,
+            forced=forced,
+            rolled_back=key is None or (before is not None and key <= before),
+            finished=finished,
+        )
+        log.info(
+            "specon.runtime.saved",
+            worker=self._worker,
+            container=container_id,
+            step=result.step,
+            seconds=round(result.seconds, 3),
+            forced=forced,
+            rolled_back=result.rolled_back,
+            finished=finished,
+        )
+        return result
+
+    async def stop(self, container_id: ContainerId, *, grace: float) -> ContainerInfo:
+        paths, owner = self._require(container_id)
+        if container_id in self._busy:
+            raise RuntimeFailure(container_id, f"a {self._busy[container_id].value} is in progress")
+        if self._alive(owner):
+            self._busy[container_id] = ContainerState.STOPPING
+            try:
+                self._signal(owner, signal.SIGTERM)
+                if not await self._wait_gone(owner, grace):
+                    await self._kill(paths, owner)
+            finally:
+                self._busy.pop(container_id, None)
+            log.info("specon.runtime.stopped", worker=self._worker, container=container_id)
+        info = self._info(paths, owner)
+        if info is None:
+            raise NoSuchContainer(container_id, "its records vanished while stopping")
+        return info
+
+    async def forget(self, container_id: ContainerId) -> None:
+        paths, owner = self._require(container_id)
+        async with self._locked(paths):
+            if container_id in self._busy or self._alive(owner):
+                raise StillRunning(container_id, "cannot forget a running container; stop or save it first")
+            self._clear_owner(paths, owner)
+        log.info("specon.runtime.forgotten", worker=self._worker, container=container_id)
+
+    # -- housekeeping ------------------------------------------------------------------------
+    async def stop_all(self, *, grace: float = 0.0) -> int:
+        """Terminate every live job of this worker (tests, demo teardown); returns how many."""
+        stopped = 0
+        for paths, owner in self._owned():
+            if paths.job in self._busy or owner.host != self._host or not self._alive(owner):
+                continue
+            self._busy[paths.job] = ContainerState.STOPPING
+            try:
+                self._signal(owner, signal.SIGTERM)
+                if not await self._wait_gone(owner, grace):
+                    await self._kill(paths, owner)
+            finally:
+                self._busy.pop(paths.job, None)
+            stopped += 1
+        return stopped
+
+    def set_cpus(self, cpus: float) -> None:
+        """Change the worker's CPU budget; with cgroups it applies to running jobs at once."""
+        self._budget.set_cpus(cpus)
+        self.capacity = Resources(cpu=cpus, memory=self.capacity.memory, gpu=self.capacity.gpu)
+
+    def close(self) -> bool:
+        """Release the worker's cgroup if no job is left in it; never kills a job.
+
+        True when nothing was left behind.
+        """
+        self._closed = True
+        clean = self._budget.close()
+        if not clean:
+            log.info("specon.runtime.cgroup_kept", worker=self._worker, reason="jobs still running")
+        return clean
+
+    # -- internals ---------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"LocalRuntime for {self._worker} is closed")
+
+    def _owned(self) -> list[tuple[JobPaths, Owner]]:
+        """Every job whose owner.json names this worker; unreadable records are skipped."""
+        out = []
+        for job in iter_job_ids(self.root):
+            paths = JobPaths(self.root, job)
+            try:
+                owner = paths.read_owner()
+            except CorruptRecordError as exc:
+                self._skip(paths.owner, exc)
+                continue
+            if owner is not None and owner.worker == self._worker:
+                out.append((paths, owner))
+        return out
+
+    def _require(self, container_id: ContainerId) -> tuple[JobPaths, Owner]:
+        try:
+            paths = JobPaths.of(self.root, container_id)
+        except ValueError as exc:
+            raise NoSuchContainer(container_id, str(exc)) from exc
+        try:
+            owner = paths.read_owner()
+        except CorruptRecordError as exc:
+            raise NoSuchContainer(container_id, str(exc)) from exc
+        if owner is None or owner.worker != self._worker:
+            where = "nowhere" if owner is None else f"on worker {owner.worker}"
+            raise NoSuchContainer(container_id, f"not on worker {self._worker} (it runs {where})")
+        if owner.host != self._host:
+            # Its pid means nothing here: signalling it could hit an unrelated process.
+            raise NoSuchContainer(container_id, f"recorded by another host (boot {owner.host})")
+        return paths, owner
+
+    def _skip(self, path: Path, exc: Exception) -> None:
+        self.skipped_records += 1
+        if path not in self._warned:
+            self._warned.add(path)
+            log.warning("specon.runtime.record_skipped", worker=self._worker, path=str(path), error=str(exc))
+
+    def _alive(self, owner: Owner) -> bool:
+        _reap()
+        if owner.host != self._host:
+            return True  # cannot be verified from this host: assume it runs (never run twice)
+        return process_alive(owner.pid, owner.start_ticks, proc=self._proc)
+
+    @staticmethod
+    def _groups(running: dict[ContainerId, Owner]) -> dict[ContainerId, int]:
+        return {job: o.pid for job, o in running.items() if o.pid is not None}
+
+    def _info(self, paths: JobPaths, owner: Owner) -> ContainerInfo | None:
+        try:
+            spec = paths.read_spec()
+        except CorruptRecordError as exc:
+            self._skip(paths.spec, exc)
+            return None
+        alive = self._alive(owner)
+        exit_code = None
+        if paths.job in self._busy:
+            state = self._busy[paths.job]
+        elif alive:
+            state = ContainerState.RUNNING
+        else:
+            record = paths.exit_of(owner.run_id)
+            if record is None:
+                # The launcher records every exit it lives to see; none means the group was
+                # killed from outside (OOM killer, reboot). Record that once.
+                record = self._exit_record(owner, REASON_LOST, None)
+                paths.append_exit(record)
+                log.warning("specon.runtime.exit_lost", worker=self._worker, container=paths.job)
+            exit_code = record.exit_code
+            state = ContainerState.EXITED if exit_code == 0 else ContainerState.FAILED
+        return ContainerInfo(
+            id=paths.job,
+            worker=self._worker,
+            spec=spec,
+            state=state,
+            progress_path=paths.progress,
+            checkpoint_dir=paths.checkpoints,
+            started_at=owner.started_at,
+            pid=owner.pid,
+            exit_code=exit_code,
+            finished=paths.finished(),
+        )
+
+    def _exit_record(self, owner: Owner, reason: str, sig: int | None) -> ExitRecord:
+        return ExitRecord(owner.run_id, self._worker, owner.pid or 0, None, sig, reason, time.time())
+
+    def _env(self, spec: JobSpec, paths: JobPaths) -> dict[str, str]:
+        env = dict(os.environ)
+        env["OMP_NUM_THREADS"] = "1"  # jobs share a small CPU budget; the job's env may override
+        env.update(spec.env)
+        env.update(
+            {
+                ENV_JOB_ID: spec.id,
+                ENV_WORKER: self._worker,
+                ENV_PROGRESS_FILE: str(paths.progress),
+                ENV_CHECKPOINT_DIR: str(paths.checkpoints),
+                ENV_DONE_FILE: str(paths.done),
+            }
+        )
+        return env
+
+    def _launch(self, spec: JobSpec, paths: JobPaths) -> Owner:
+        """Start the job detached, in the worker's budget, and record it as the owner."""
+        run_id = uuid.uuid4().hex
+        argv = [sys.executable, "-I", "-S", str(_LAUNCHER), str(paths.exits), run_id, self._worker, "--"]
+        try:
+            with open(paths.stdout, "ab") as out, open(paths.stderr, "ab") as err:
+                child = subprocess.Popen(
+                    [*argv, *spec.command],
+                    cwd=paths.dir,
+                    env=self._env(spec, paths),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,  # survives the agent; a process group to signal
+                    # Joins the budget before exec (race-free). Safe despite threads: the child only
+                    # makes raw syscalls (open/write/close/sched_setaffinity) and takes no lock.
+                    preexec_fn=self._budget.preexec(),  # noqa: PLW1509
+                    close_fds=True,
+                )
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise StartFailed(spec.id, f"cannot launch {spec.command[0]!r}: {exc}") from exc
+        _children[child.pid] = child
+        stat = read_stat(child.pid, proc=self._proc)  # an unreaped child is readable even if dead
+        owner = Owner(
+            worker=self._worker,
+            run_id=run_id,
+            started_at=self.now(),
+            host=self._host,
+            pid=child.pid,
+            start_ticks=None if stat is None else stat.start_ticks,
+        )
+        try:
+            paths.write_owner(owner)
+        except OSError as exc:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            raise StartFailed(spec.id, f"cannot record the owner, job killed: {exc}") from exc
+        return owner
+
+    def _signal(self, owner: Owner, sig: signal.Signals) -> None:
+        if owner.pid is None or not self._alive(owner):
+            return  # never signal a pid that is no longer the job's
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(owner.pid, sig)
+
+    def _gone(self, owner: Owner) -> bool:
+        return not self._alive(owner) and (owner.pid is None or not group_alive(owner.pid, proc=self._proc))
+
+    async def _wait_gone(self, owner: Owner, timeout: float) -> bool:
+        """Wait until the job's whole process group has exited; False on timeout."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        while not self._gone(owner):
+            if time.monotonic() >= deadline:
+                return False
+            await self.sleep(_POLL_S)
+        return True
+
+    async def _kill(self, paths: JobPaths, owner: Owner) -> None:
+        if owner.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(owner.pid, signal.SIGKILL)
+        if not await self._wait_gone(owner, _KILL_WAIT_S):
+            raise RuntimeFailure(paths.job, f"process group {owner.pid} survived SIGKILL")
+        if paths.exit_of(owner.run_id) is None:
+            paths.append_exit(self._exit_record(owner, REASON_KILLED, int(signal.SIGKILL)))
+        log.warning("specon.runtime.killed", worker=self._worker, container=paths.job, pid=owner.pid)
+
+    def _clear_owner(self, paths: JobPaths, owner: Owner) -> None:
+        """Remove owner.json if it still records *this* run (call with the lock held)."""
+        try:
+            current = paths.read_owner()
+        except CorruptRecordError:
+            current = None
+        if current is not None and current.run_id == owner.run_id:
+            paths.clear_owner()
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, paths: JobPaths) -> AsyncIterator[None]:
+        """The job's cross-process lock (flock; per open file, so it works in-process too)."""
+        fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            deadline = time.monotonic() + _LOCK_TIMEOUT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise RuntimeFailure(paths.job, f"{paths.lock} stayed locked") from None
+                    await self.sleep(0.01)
+            yield
+        finally:
+            os.close(fd)
+
+
+def checkpoint_step(directory: Path) -> int | None:
+    """The step a job started now would resume from (newest complete checkpoint)."""
+    info = ckpt.latest_complete(directory)
+    return None if info is None else info.step
+
+
+class LocalCluster:
+    """W local workers sharing one volume root: for the demo and tests.
+
+    ``teardown`` kills every job and removes every cgroup; use it in a ``finally`` (or as
+    ``async with``) so tests clean up after themselves even when they fail.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        cpus: Sequence[float],
+        *,
+        name: str | None = None,
+        budget: Mode = "auto",
+        cgroup_parent: str = "specon",
+        cgroup_root: Path = CGROUP_ROOT,
+    ) -> None:
+        self.root = root
+        self.name = name or f"c{os.getpid()}-{secrets.token_hex(3)}"
+        self.runtimes: dict[WorkerId, LocalRuntime] = {}
+        offset = 0
+        try:
+            for i, c in enumerate(cpus):
+                wid = WorkerId(f"w{i}")
+                self.runtimes[wid] = LocalRuntime(
+                    root,
+                    wid,
+                    c,
+                    cgroup_parent,
+                    cluster=self.name,
+                    budget=budget,
+                    cgroup_root=cgroup_root,
+                    affinity_offset=offset,
+                )
+                offset += max(1, math.ceil(c))
+        except BaseException:
+            for rt in self.runtimes.values():
+                rt.close()
+            raise
+
+    def __getitem__(self, worker: str) -> LocalRuntime:
+        return self.runtimes[WorkerId(worker)]
+
+    @property
+    def workers(self) -> list[WorkerId]:
+        return list(self.runtimes)
+
+    async def teardown(self) -> bool:
+        """Kill every job of every worker and remove every cgroup; True when all is gone."""
+        clean = True
+        for rt in self.runtimes.values():
+            try:
+                await rt.stop_all()
+            except RuntimeFailure as exc:
+                log.error("specon.runtime.teardown_failed", worker=rt.worker, error=str(exc))
+                clean = False
+            clean = rt.close() and clean
+        return clean
+
+    async def __aenter__(self) -> LocalCluster:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.teardown()
+
+
+def _implements_runtime(rt: LocalRuntime) -> Runtime:
+    return rt  # mypy proves LocalRuntime satisfies the Runtime protocol

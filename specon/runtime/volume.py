@@ -1,0 +1,223 @@
+"""The shared persistent volume: where a job's state lives, whichever worker runs it.
+
+Layout under a root directory (the same for every backend that mounts the volume)::
+
+    <root>/jobs/<job_id>/spec.json        the JobSpec, written at each start
+                        progress.jsonl   the job's progress log ($SPECON_PROGRESS_FILE)
+                        checkpoints/     specon.checkpoint files ($SPECON_CHECKPOINT_DIR)
+                        done             the job's done marker ($SPECON_DONE_FILE)
+                        owner.json       who runs it now; absent when it runs nowhere
+                        exits.jsonl      one ExitRecord per ended run
+                        owner.lock       flock serialising start/forget across agents
+                        stdout.log, stderr.log
+
+The progress log and checkpoints stay in place when a job moves between workers: that is
+the point of the volume. ``owner.json`` is replaced atomically (temp file, fsync, rename)
+and removed when the job stops running anywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from specon.checkpoint import _atomic_write, _fsync_dir
+from specon.model import ContainerId, WorkerId
+from specon.runtime.base import JobSpec, valid_job_id
+from specon.runtime.launcher import ExitRecord, append_exit
+
+__all__ = [
+    "CorruptRecordError",
+    "ExitRecord",
+    "JobPaths",
+    "Owner",
+    "append_exit",
+    "iter_job_ids",
+]
+
+# How much of the progress log's end is read to find the final record.
+_TAIL_BYTES = 4096
+
+
+class CorruptRecordError(ValueError):
+    """A record on the volume (owner.json, spec.json) cannot be read; says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """``owner.json``: which worker runs a job and how to recognise its process."""
+
+    worker: WorkerId
+    run_id: str
+    started_at: float
+    # The host's boot id: a pid and start time identify a process only on the host (and
+    # boot) that issued them, so a record from elsewhere can never be verified here.
+    host: str
+    pid: int | None = None
+    # Process start time in clock ticks since boot (/proc/<pid>/stat field 22); with the pid
+    # it is safe against pid reuse.
+    start_ticks: int | None = None
+    # An opaque backend handle (a Docker container id, a pod name) for non-local backends.
+    handle: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobPaths:
+    """Every path of one job on the volume."""
+
+    root: Path
+    job: ContainerId
+
+    @classmethod
+    def of(cls, root: Path, job: str) -> JobPaths:
+        """The paths of ``job``; ``ValueError`` if the id is not a safe path component."""
+        return cls(root, valid_job_id(job))
+
+    @property
+    def dir(self) -> Path:
+        return self.root / "jobs" / self.job
+
+    @property
+    def spec(self) -> Path:
+        return self.dir / "spec.json"
+
+    @property
+    def progress(self) -> Path:
+        return self.dir / "progress.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.dir / "checkpoints"
+
+    @property
+    def done(self) -> Path:
+        return self.dir / "done"
+
+    @property
+    def owner(self) -> Path:
+        return self.dir / "owner.json"
+
+    @property
+    def exits(self) -> Path:
+        return self.dir / "exits.jsonl"
+
+    @property
+    def lock(self) -> Path:
+        return self.dir / "owner.lock"
+
+    @property
+    def stdout(self) -> Path:
+        return self.dir / "stdout.log"
+
+    @property
+    def stderr(self) -> Path:
+        return self.dir / "stderr.log"
+
+    def create(self) -> None:
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+
+    # -- owner.json -------------------------------------------------------------------
+    def read_owner(self) -> Owner | None:
+        """The owner record, None when the job runs nowhere; ``CorruptRecordError`` if unreadable."""
+        try:
+            raw = json.loads(self.owner.read_bytes())
+            return Owner(
+                worker=WorkerId(str(raw["worker"])),
+                run_id=str(raw["run_id"]),
+                started_at=float(raw["started_at"]),
+                host=str(raw["host"]),
+                pid=None if raw.get("pid") is None else int(raw["pid"]),
+                start_ticks=None if raw.get("start_ticks") is None else int(raw["start_ticks"]),
+                handle=None if raw.get("handle") is None else str(raw["handle"]),
+            )
+        except FileNotFoundError:
+            return None
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise CorruptRecordError(f"{self.owner}: {exc}") from exc
+
+    def write_owner(self, owner: Owner) -> None:
+        _atomic_write(self.owner, json.dumps(asdict(owner), sort_keys=True).encode())
+        _fsync_dir(self.dir)
+
+    def clear_owner(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.owner.unlink()
+            _fsync_dir(self.dir)
+
+    # -- spec.json --------------------------------------------------------------------
+    def read_spec(self) -> JobSpec:
+        try:
+            return JobSpec.from_json(json.loads(self.spec.read_bytes()))
+        except FileNotFoundError as exc:
+            raise CorruptRecordError(f"{self.spec}: missing") from exc
+        except (json.JSONDecodeError, ValueError) as exc:
+            raise CorruptRecordError(f"{self.spec}: {exc}") from exc
+
+    def write_spec(self, spec: JobSpec) -> None:
+        _atomic_write(self.spec, json.dumps(spec.to_json(), sort_keys=True).encode())
+
+    # -- exits.jsonl ------------------------------------------------------------------
+    def read_exits(self) -> tuple[list[ExitRecord], int]:
+        """All exit records, oldest first, and the number of unreadable lines skipped."""
+        try:
+            lines = self.exits.read_bytes().splitlines()
+        except FileNotFoundError:
+            return [], 0
+        records: list[ExitRecord] = []
+        bad = 0
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                records.append(ExitRecord.decode(line))
+            except ValueError:
+                bad += 1
+        return records, bad
+
+    def exit_of(self, run_id: str) -> ExitRecord | None:
+        """The first record of one run: the launcher's own, when it wrote one, comes first."""
+        return next((r for r in self.read_exits()[0] if r.run_id == run_id), None)
+
+    def append_exit(self, record: ExitRecord) -> None:
+        append_exit(self.exits, record)
+
+    # -- completion -------------------------------------------------------------------
+    def finished(self) -> bool:
+        """The job completed its work: a done marker, or a final ``{"event": "finished"}``."""
+        return self.done.exists() or _last_event(self.progress) == "finished"
+
+
+def _last_event(progress: Path) -> str | None:
+    """The ``event`` of the last parseable JSON record near the log's end, if it has one."""
+    try:
+        with open(progress, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - _TAIL_BYTES))
+            tail = fh.read()
+    except FileNotFoundError:
+        return None
+    # The last line may be half-written; the first may be cut by the seek: skip both kinds.
+    for line in reversed(tail.splitlines()):
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(record, dict):
+            event = record.get("event")
+            return event if isinstance(event, str) else None
+    return None
+
+
+def iter_job_ids(root: Path) -> Iterator[ContainerId]:
+    """The ids of every job directory on the volume (names that are not ids are skipped)."""
+    try:
+        names = sorted(os.listdir(root / "jobs"))
+    except FileNotFoundError:
+        return
+    for name in names:
+        with contextlib.suppress(ValueError):
+            yield valid_job_id(name)

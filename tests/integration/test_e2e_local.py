@@ -1,0 +1,103 @@
+"""End to end on the embedded default: real manager and agent processes over loopback HTTP,
+real jobs in cgroup-budgeted workers, a real save/restore migration."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from specon.embedded import EmbeddedCluster
+from specon.model import ContainerId, WorkerId
+from specon.protocol import Status
+from specon.runtime.base import JobSpec
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+JOB = Path(__file__).parent / "jobs" / "curve_job.py"
+POLICY = """\
+apiVersion: specon/v1alpha1
+kind: Policy
+monitor: {interval: 1, alpha: 0.02}
+messaging: {heartbeat_interval: 0.5, worker_timeout: 4}
+migration: {grace_period: 10}
+rebalance: {mode: "off"}
+"""
+
+
+def job(jid: str, steps: int, curve: str, step_seconds: float = 0.05) -> JobSpec:
+    argv = (
+        sys.executable,
+        str(JOB),
+        "--steps",
+        str(steps),
+        "--curve",
+        curve,
+        "--step-seconds",
+        str(step_seconds),
+    )
+    return JobSpec(id=ContainerId(jid), command=argv, steps=steps, model=curve)
+
+
+def records(c: EmbeddedCluster, jid: str) -> list[dict[str, object]]:
+    path = c.volume / "jobs" / jid / "progress.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def trained_steps(c: EmbeddedCluster, jid: str) -> list[int]:
+    return [int(r["step"]) for r in records(c, jid) if "loss" in r]  # type: ignore[call-overload]
+
+
+async def wait_for(cond: Callable[[], object], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await cond() if asyncio.iscoroutinefunction(cond) else cond():
+            return
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[EmbeddedCluster]:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    async with EmbeddedCluster(tmp_path / "c", workers=2, cpus_per_worker=0.5, policy=policy) as c:
+        yield c
+
+
+async def test_converged_job_is_migrated_by_save_restore_and_finishes_with_exactly_its_steps(
+    cluster: EmbeddedCluster,
+) -> None:
+    w0 = WorkerId("w0")
+    await cluster.submit(job("fast", 400, "converge"), w0)
+    await cluster.submit(job("steady", 500, "linear"), w0)
+
+    async def migrated() -> bool:
+        st: Status = await cluster.status()
+        return any(m.container == "fast" and m.state.value == "done" for m in st.migrations)
+
+    await wait_for(migrated, "the converged job's migration to finish", timeout=90)
+    st = await cluster.status()
+    m = next(m for m in st.migrations if m.container == "fast")
+    assert (m.source, m.target, m.reason) == ("w0", "w1", "converged")
+    assert m.downtime is not None and m.downtime < 10
+    # The steady (still progressing) job was never moved.
+    assert all(m.container != "steady" for m in st.migrations)
+
+    def finished(jid: str) -> bool:
+        return any(r.get("event") == "finished" for r in records(cluster, jid))
+
+    await wait_for(lambda: finished("fast"), "the migrated job to finish", timeout=90)
+    steps = trained_steps(cluster, "fast")
+    # Exactly its steps: every step trained once (SIGTERM checkpoints, nothing is redone).
+    assert sorted(steps) == list(range(1, 401))
+    events = [r.get("event") for r in records(cluster, "fast") if "event" in r]
+    assert events.count("checkpointed") == 1 and events[-1] == "finished"
+    # It ran on w1 after the move; the manager saw it there, frozen in CC.
+    fast = next(c for c in st.containers if c.id == "fast")
+    assert fast.worker == "w1" and fast.migrated

@@ -1,0 +1,370 @@
+"""The local runtime against real processes and, where available, real cgroup-v1 budgets.
+
+The job is a tiny plain-Python loop written by the test (no dependency on specon.jobkit):
+it logs JSON lines, checkpoints with ``specon.checkpoint`` (every ``every`` steps up to
+``ckpt_until``, and on SIGTERM unless stubborn), resumes from the newest complete
+checkpoint, and ends with ``{"event": "finished"}`` plus the done marker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specon import checkpoint
+from specon.model import ContainerId, WorkerId
+from specon.runtime import (
+    AlreadyRunning,
+    ContainerState,
+    JobPaths,
+    JobSpec,
+    LocalCluster,
+    LocalRuntime,
+    NoSuchContainer,
+    SaveFailed,
+    StartFailed,
+)
+from specon.runtime.cgroups import CLK_TCK, detect, group_alive, read_stat
+from specon.runtime.volume import Owner
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+JOB = r"""
+import json, os, signal, sys, time
+from pathlib import Path
+from specon import checkpoint
+
+steps, every, ckpt_until = int(sys.argv[1]), int(sys.argv[3]), int(sys.argv[4])
+pause, mode = float(sys.argv[2]), sys.argv[5]
+progress = os.environ["SPECON_PROGRESS_FILE"]
+ckdir = Path(os.environ["SPECON_CHECKPOINT_DIR"])
+stop = False
+
+def on_term(signum, frame):
+    global stop
+    stop = True
+
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "stubborn" else on_term)
+
+def log(record):
+    with open(progress, "a") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+def save(step):
+    checkpoint.write(ckdir, step, json.dumps({"step": step}).encode())
+
+loaded = checkpoint.load(ckdir)
+step = json.loads(loaded[1])["step"] if loaded else 0
+log({"event": "resumed" if loaded else "started", "step": step, "worker": os.environ["SPECON_WORKER"]})
+while step < steps:
+    if stop:
+        save(step)
+        log({"event": "saved", "step": step})
+        sys.exit(0)
+    if mode == "busy":
+        t = time.process_time()
+        while time.process_time() - t < pause:
+            pass
+    else:
+        time.sleep(pause)
+    step += 1
+    log({"step": step, "loss": 1.0 / step})
+    if every and step % every == 0 and step <= ckpt_until:
+        save(step)
+log({"event": "finished", "step": step})
+Path(os.environ["SPECON_DONE_FILE"]).write_text("done")
+"""
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+    c = LocalCluster(tmp_path / "volume", [0.5, 1.0])
+    dirs = [d for rt in c.runtimes.values() if rt.budget.group for d in rt.budget.group._dirs()]
+    try:
+        yield c
+    finally:
+        clean = await c.teardown()
+    assert clean
+    assert [d for d in dirs if d.exists()] == []
+
+
+def spec(
+    tmp_path: Path,
+    job: str,
+    *,
+    steps: int = 40,
+    pause: float = 0.03,
+    every: int = 0,
+    ckpt_until: int = 10**9,
+    mode: str = "normal",
+) -> JobSpec:
+    script = tmp_path / "job.py"
+    if not script.exists():
+        script.write_text(JOB)
+    argv = (sys.executable, str(script), str(steps), str(pause), str(every), str(ckpt_until), mode)
+    return JobSpec(id=ContainerId(job), command=argv, steps=steps, model="loop")
+
+
+def records(rt: LocalRuntime, job: str) -> list[dict[str, Any]]:
+    path = JobPaths.of(rt.root, job).progress
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def last_step(rt: LocalRuntime, job: str) -> int:
+    return max((int(r["step"]) for r in records(rt, job) if "loss" in r), default=0)
+
+
+async def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def state_of(rt: LocalRuntime, job: str) -> ContainerState | None:
+    return next((c.state for c in await rt.list_containers() if c.id == job), None)
+
+
+async def test_job_runs_inside_its_worker_cgroup_and_usage_matches(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    rt = cluster["w0"]
+    if rt.enforcement != "cgroup":
+        pytest.skip(f"cgroup v1 CPU budgets unavailable here: {detect().reason}")
+    assert rt.budget.group is not None
+    info = await rt.start(spec(tmp_path, "busy", steps=10**6, pause=0.01, mode="busy"))
+    await wait_for(lambda: last_step(rt, "busy") >= 3, "the busy job to step")
+    assert info.pid in rt.budget.group.pids()
+    job_pid = next(p for p in rt.budget.group.pids() if p != info.pid)  # forked by the launcher
+
+    def job_cpu() -> float:
+        st = read_stat(job_pid)
+        assert st is not None
+        return st.cpu_ticks / CLK_TCK
+
+    acct0 = rt.budget.group.usage_ns()
+    await rt.usage()  # starts a fresh window
+    cpu0, t0 = job_cpu(), time.monotonic()
+    await asyncio.sleep(1.5)
+    cpu1, t1 = job_cpu(), time.monotonic()
+    usage = await rt.usage()
+    assert rt.budget.group.usage_ns() > acct0
+    measured = (cpu1 - cpu0) / ((t1 - t0) * 0.5)
+    assert usage.cpu_utilisation == pytest.approx(measured, abs=0.15)
+    # The quota holds: an unthrottled busy loop would use a whole core.
+    assert (cpu1 - cpu0) / (t1 - t0) < 0.65
+    assert usage.enforcement == "cgroup"
+    assert dict(usage.per_container)[ContainerId("busy")] > 0
+
+
+async def test_save_then_start_elsewhere_continues_and_finishes_with_exactly_n_steps(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    src, dst = cluster["w0"], cluster["w1"]
+    job = spec(tmp_path, "vae-1", steps=40)
+    info = await src.start(job)
+    await wait_for(lambda: last_step(src, "vae-1") >= 10, "ten steps")
+
+    saved = await src.save(job.id, grace=10)
+
+    assert (saved.forced, saved.rolled_back, saved.finished) == (False, False, False)
+    assert saved.step is not None and saved.step >= 10
+    assert saved.checkpoint is not None
+    assert checkpoint.verify(saved.checkpoint).step == saved.step
+    assert info.pid is not None and not group_alive(info.pid)
+    assert not JobPaths.of(src.root, "vae-1").owner.exists()
+    assert await src.list_containers() == []
+
+    await dst.start(job, checkpoint=saved.checkpoint)
+    await wait_for(JobPaths.of(dst.root, "vae-1").done.exists, "the job to finish")
+    recs = records(dst, "vae-1")
+    resumed = [r for r in recs if r.get("event") == "resumed"]
+    assert resumed == [{"event": "resumed", "step": saved.step, "worker": "w1"}]
+    assert [r["step"] for r in recs if "loss" in r] == list(range(1, 41))
+    assert recs[-1] == {"event": "finished", "step": 40}
+    await wait_for(lambda: not group_alive(dst_pid(dst, "vae-1")), "the launcher to exit")
+    [done] = await dst.list_containers()
+    assert (done.state, done.exit_code, done.finished) == (ContainerState.EXITED, 0, True)
+    await dst.forget(job.id)
+    assert await dst.list_containers() == []
+
+
+def dst_pid(rt: LocalRuntime, job: str) -> int:
+    owner = JobPaths.of(rt.root, job).read_owner()
+    assert owner is not None and owner.pid is not None
+    return owner.pid
+
+
+async def test_stubborn_job_is_killed_after_grace_and_rolled_back(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    rt = cluster["w0"]
+    # Checkpoints at steps 5 and 10 only, so none can appear during the grace period.
+    info = await rt.start(spec(tmp_path, "stubborn", steps=10**6, every=5, ckpt_until=10, mode="stubborn"))
+    await wait_for(lambda: last_step(rt, "stubborn") >= 12, "two periodic checkpoints")
+
+    saved = await rt.save(ContainerId("stubborn"), grace=0.3)
+
+    assert (saved.forced, saved.rolled_back, saved.step) == (True, True, 10)
+    assert saved.checkpoint is not None and checkpoint.verify(saved.checkpoint).step == saved.step
+    assert info.pid is not None and not group_alive(info.pid)
+    paths = JobPaths.of(rt.root, "stubborn")
+    assert not paths.owner.exists()
+    assert [r.reason for r in paths.read_exits()[0]] == ["killed"]
+
+
+async def test_corrupt_newest_checkpoint_rolls_back_to_the_previous_one(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    src, dst = cluster["w0"], cluster["w1"]
+    job = spec(tmp_path, "torn", steps=30, every=5, ckpt_until=10, mode="stubborn")
+    await src.start(job)
+    await wait_for(lambda: last_step(src, "torn") >= 12, "checkpoints 5 and 10")
+    newest = checkpoint.latest_complete(JobPaths.of(src.root, "torn").checkpoints)
+    assert newest is not None and newest.step == 10
+    newest.payload.write_bytes(b"torn")
+
+    saved = await src.save(job.id, grace=0.3)
+    assert (saved.forced, saved.step) == (True, 5)
+
+    # The torn checkpoint 10 is skipped: the job resumes from 5 and still ends at exactly 30.
+    await dst.start(job, checkpoint=saved.checkpoint)
+    await wait_for(JobPaths.of(dst.root, "torn").done.exists, "the job to finish")
+    recs = records(dst, "torn")
+    assert [r["step"] for r in recs if r.get("event") == "resumed"] == [5]
+    assert recs[-1] == {"event": "finished", "step": 30}
+
+
+async def test_job_that_never_checkpointed_restarts_from_step_zero(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    rt = cluster["w0"]
+    await rt.start(spec(tmp_path, "fresh", steps=10**6, mode="stubborn"))
+    await wait_for(lambda: last_step(rt, "fresh") >= 3, "some progress")
+    saved = await rt.save(ContainerId("fresh"), grace=0.2)
+    assert (saved.forced, saved.rolled_back, saved.step, saved.checkpoint) == (True, True, None, None)
+
+
+async def test_save_refuses_to_kill_a_job_whose_checkpoints_are_all_corrupt(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    rt = cluster["w0"]
+    info = await rt.start(spec(tmp_path, "doomed", steps=10**6, every=5, ckpt_until=10, mode="stubborn"))
+    await wait_for(lambda: last_step(rt, "doomed") >= 12, "checkpoints 5 and 10")
+    for payload in JobPaths.of(rt.root, "doomed").checkpoints.glob("*.bin"):
+        payload.write_bytes(b"rot")
+
+    with pytest.raises(SaveFailed, match="left running"):
+        await rt.save(ContainerId("doomed"), grace=0.2)
+
+    assert await state_of(rt, "doomed") is ContainerState.RUNNING
+    assert info.pid is not None and group_alive(info.pid)
+
+
+async def test_a_running_job_is_never_started_twice(cluster: LocalCluster, tmp_path: Path) -> None:
+    job = spec(tmp_path, "once", steps=10**6)
+    await cluster["w0"].start(job)
+    for worker in ("w0", "w1"):
+        with pytest.raises(AlreadyRunning, match="already running on worker w0"):
+            await cluster[worker].start(job)
+    assert await cluster["w1"].list_containers() == []
+    owner = JobPaths.of(cluster.root, "once").read_owner()
+    assert owner is not None and owner.worker == WorkerId("w0")
+
+
+async def test_a_restarted_agent_readopts_its_running_job(cluster: LocalCluster, tmp_path: Path) -> None:
+    first = cluster["w0"]
+    info = await first.start(spec(tmp_path, "adopt", steps=10**6))
+    restarted = LocalRuntime(first.root, WorkerId("w0"), 0.5, cluster=cluster.name)
+    try:
+        [seen] = await restarted.list_containers()
+        assert (seen.id, seen.state, seen.pid) == ("adopt", ContainerState.RUNNING, info.pid)
+        await wait_for(lambda: last_step(first, "adopt") >= 2, "progress")
+        saved = await restarted.save(ContainerId("adopt"), grace=10)
+        assert (saved.forced, saved.rolled_back) == (False, False)
+    finally:
+        restarted.close()
+
+
+async def test_a_crashing_job_is_listed_as_failed_with_its_exit_code(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    rt = cluster["w1"]
+    crash = JobSpec(id=ContainerId("crash"), command=(sys.executable, "-c", "raise SystemExit(3)"))
+    missing = JobSpec(id=ContainerId("missing"), command=(str(tmp_path / "no-such-binary"),))
+    await rt.start(crash)
+    await rt.start(missing)
+
+    async def ended() -> bool:
+        return all(not c.alive for c in await rt.list_containers())
+
+    deadline = time.monotonic() + 20
+    while not await ended():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    codes = {c.id: (c.state, c.exit_code, c.finished) for c in await rt.list_containers()}
+    assert codes == {
+        "crash": (ContainerState.FAILED, 3, False),
+        "missing": (ContainerState.FAILED, 127, False),
+    }
+
+
+async def test_without_cgroups_jobs_are_pinned_and_accounted_from_proc(tmp_path: Path) -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("CPU affinity cannot limit a worker on a single-CPU machine")
+    c = LocalCluster(tmp_path / "volume", [1.0, 1.0], budget="affinity")
+    try:
+        w0, w1 = c["w0"], c["w1"]
+        assert (w0.enforcement, w1.enforcement) == ("affinity", "affinity")
+        assert w0.budget.affinity is not None and w1.budget.affinity is not None
+        assert not w0.budget.affinity & w1.budget.affinity  # each worker its own CPU
+        info = await w0.start(spec(tmp_path, "pinned", steps=10**6, pause=0.01, mode="busy"))
+        await wait_for(lambda: last_step(w0, "pinned") >= 3, "the busy job to step")
+        assert info.pid is not None and os.sched_getaffinity(info.pid) == w0.budget.affinity
+        await w0.usage()
+        await asyncio.sleep(0.5)
+        usage = await w0.usage()
+        assert usage.enforcement == "affinity"
+        assert usage.cpu_utilisation > 0.2 and usage.cpu_seconds > 0
+        assert dict(usage.per_container)[ContainerId("pinned")] > 0
+    finally:
+        assert await c.teardown()
+
+
+async def test_records_from_another_host_are_never_acted_on(cluster: LocalCluster, tmp_path: Path) -> None:
+    job = spec(tmp_path, "remote", steps=5)
+    paths = JobPaths.of(cluster.root, "remote")
+    paths.create()
+    paths.write_spec(job)
+    paths.write_owner(Owner(WorkerId("w0"), "run-x", 1.0, "another-boot", pid=os.getpid(), start_ticks=1))
+    [seen] = await cluster["w0"].list_containers()
+    assert seen.state is ContainerState.RUNNING  # cannot be verified here: assume it runs
+    with pytest.raises(AlreadyRunning):
+        await cluster["w1"].start(job)
+    with pytest.raises(NoSuchContainer, match="another host"):
+        await cluster["w0"].save(job.id, grace=0)
+    assert await cluster["w0"].stop_all() == 0
+
+
+async def test_start_refuses_a_checkpoint_that_does_not_verify_or_belongs_elsewhere(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    rt = cluster["w0"]
+    other = checkpoint.write(tmp_path / "elsewhere", 3, b"x")
+    with pytest.raises(StartFailed, match="not in the job's checkpoint directory"):
+        await rt.start(spec(tmp_path, "picky"), checkpoint=other.manifest)
+    mine = checkpoint.write(JobPaths.of(rt.root, "picky").checkpoints, 3, b"x")
+    mine.payload.write_bytes(b"y")
+    with pytest.raises(StartFailed, match="does not verify"):
+        await rt.start(spec(tmp_path, "picky"), checkpoint=mine.payload)
+    assert await rt.list_containers() == []

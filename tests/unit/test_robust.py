@@ -1,0 +1,211 @@
+"""``classifier: robust``: smoothing, k-of-n hysteresis, the trend test, ``diverging``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specon.config import MonitorConfig, RobustConfig
+from specon.model import Category, ContainerId, Direction
+from specon.policy import monitor, robust
+from specon.policy.classifier import classifier_for, tick_worker
+from specon.policy.monitor import MonitorState
+
+PC, WC, CC, DV = Category.PROGRESSING, Category.WATCHING, Category.CONVERGED, Category.DIVERGING
+
+DEFAULT = MonitorConfig(classifier="robust")
+# No smoothing and absolute differences, so votes and slopes are easy to follow.
+PLAIN = MonitorConfig(
+    classifier="robust",
+    normalize="none",
+    alpha=0.5,
+    aggregate="last",
+    robust=RobustConfig(smoothing=1.0, k=3, n=4, trend_window=6, diverge_threshold=0.05),
+)
+
+
+def run(
+    values: Sequence[float | Sequence[float]],
+    cfg: MonitorConfig = PLAIN,
+    *,
+    direction: Direction = Direction.MINIMIZE,
+    state: MonitorState | None = None,
+) -> list[MonitorState]:
+    s = state or monitor.initial(direction=direction)
+    out = []
+    tick = classifier_for(cfg).tick
+    for m, v in enumerate(values):
+        s = tick(s, [v] if isinstance(v, int | float) else list(v), m * 30.0)
+        out.append(s)
+    return out
+
+
+def cats(states: Sequence[MonitorState]) -> list[Category]:
+    return [s.category for s in states]
+
+
+def test_a_step_needs_k_slow_votes_and_a_full_trend_window() -> None:
+    states = run([5.0] * 8)
+    # Votes from tick 1; k=3 slow by tick 3, but the trend window fills only at tick 5.
+    assert cats(states) == [PC] * 5 + [WC, CC, CC]
+    assert states[6].t_cc == 6 * 30.0
+    assert [s.wants_request for s in states] == [False] * 7 + [True]
+
+
+def test_fewer_than_k_fast_votes_do_not_reset() -> None:
+    cc = run([5.0] * 7)[-1]
+    assert cc.category is CC
+    # One fast tick (G = .5 >= alpha) among slow ones: 1 of 4 fast, k = 3.
+    after = run([4.5, 4.5, 4.5], state=cc)
+    assert cats(after) == [CC, CC, CC]
+    # Three fast ticks in a row reset.
+    reset = run([4.0, 3.5, 3.0], state=cc)
+    assert cats(reset) == [CC, CC, PC]
+
+
+def test_a_single_spike_resets_specon_but_not_robust() -> None:
+    """Loss 2.3 -> 1.0 plateau, then one 20 % spike: noise, not new progress."""
+    values = [2.3, 1.6, 1.2, *(1.0 + 0.01 * 0.5**i for i in range(12))]
+    spike = [1.2, 1.0, 1.0, 1.0]
+    rob = run([*values, *spike], DEFAULT)
+    assert rob[len(values) - 1].category is CC
+    assert cats(rob[len(values) :]) == [CC] * 4
+    spec = run([*values, *spike], replace(DEFAULT, classifier="specon"))
+    assert spec[len(values) - 1].category is CC
+    assert spec[len(values)].category is PC
+
+
+def test_the_trend_test_blocks_a_step_while_the_window_still_falls_steeply() -> None:
+    falling = [10.0, 8.0, 6.0, 4.0, 2.0, 1.9, 1.8, 1.7]
+    one_vote = replace(PLAIN, robust=replace(PLAIN.robust, k=1, n=1))
+    # The last votes are slow (|dE| = .1 < .5) but the fitted slope over 6 ticks is not.
+    assert cats(run(falling, one_vote))[-3:] == [PC, PC, PC]
+    short = replace(one_vote, robust=replace(one_vote.robust, trend_window=2))
+    assert cats(run(falling, short))[-3:] == [WC, CC, CC]
+
+
+@pytest.mark.parametrize(
+    ("direction", "values", "diverges"),
+    [
+        (Direction.MINIMIZE, [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6], True),
+        (Direction.MINIMIZE, [1.6, 1.5, 1.4, 1.3, 1.2, 1.1, 1.0], False),
+        (Direction.MAXIMIZE, [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6], False),
+        (Direction.MAXIMIZE, [1.6, 1.5, 1.4, 1.3, 1.2, 1.1, 1.0], True),
+    ],
+)
+def test_diverging_is_direction_aware(direction: Direction, values: list[float], diverges: bool) -> None:
+    assert (run(values, direction=direction)[-1].category is DV) is diverges
+
+
+def test_diverging_needs_more_than_the_threshold() -> None:
+    barely = [1.0, 1.008, 1.016, 1.024, 1.032, 1.04]  # 4 % over the window
+    assert run(barely)[-1].category is not DV
+    assert (
+        run(barely, replace(PLAIN, robust=replace(PLAIN.robust, diverge_threshold=0.03)))[-1].category is DV
+    )
+
+
+def test_a_spike_that_faded_from_the_newest_value_is_not_divergence() -> None:
+    states = run([1.0] * 5 + [1.5, 1.0])
+    assert states[-2].category is DV  # the newest value is 50 % up
+    # The fitted line still tilts up, but oldest -> newest no longer worsened.
+    assert states[-1].category is PC
+
+
+def test_non_finite_values_make_a_job_diverge_at_once_and_drop_its_request() -> None:
+    cc = monitor.raise_request(run([5.0] * 8)[-1])
+    assert cc.pending_request
+    for samples in ([5.0], []):
+        dv = robust.tick(cc, samples, 300.0, PLAIN, nonfinite=2)
+        assert dv.category is DV and not dv.pending_request and not dv.wants_request
+        assert dv.stale_run == 0  # a job logging NaN is not silent
+
+
+def test_diverging_never_requests_and_recovers_to_progressing() -> None:
+    dv = run([1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6])[-1]
+    assert dv.category is DV
+    # Flat again: it stays diverging while the rise is in the window, never wanting a
+    # request, then starts over as progressing.
+    states = run([1.6] * 12, state=dv)
+    first_pc = next(i for i, s in enumerate(states) if s.category is not DV)
+    assert first_pc > 0 and states[first_pc].category is PC
+    assert not any(s.wants_request for s in states[:first_pc])
+    # A stale tick does not end divergence.
+    assert robust.tick(dv, [], 999.0, PLAIN).category is DV
+
+
+def test_diverging_counts_as_active_for_its_neighbours_request() -> None:
+    cc = run([5.0] * 7)[-1]
+    dv = robust.tick(monitor.initial(), [1.0], 0.0, PLAIN, nonfinite=1)
+    a, b = ContainerId("cc"), ContainerId("dv")
+    res = tick_worker({a: cc, b: dv}, {a: [5.0]}, 240.0, PLAIN, nonfinite={b: 1})
+    assert res.requests == (a,)
+    assert res.states[b].category is DV and not res.states[b].pending_request
+
+
+def test_stale_ticks_skip_or_repeat_the_previous_value() -> None:
+    s = run([5.0, 5.0])[-1]
+    skipped = robust.tick(s, [], 60.0, PLAIN)
+    assert (skipped.smoothed, skipped.votes) == (s.smoothed, s.votes) and skipped.stale_run == 1
+    zero = robust.tick(s, [], 60.0, replace(PLAIN, stale="zero"))
+    assert len(zero.votes) == len(s.votes) + 1 and zero.last_g == 0.0
+
+
+def test_migrated_is_frozen_for_robust_too() -> None:
+    s = monitor.mark_migrated(run([5.0] * 3)[-1], 100.0)
+    assert robust.tick(s, [1e9], 130.0, PLAIN, nonfinite=3) is s
+
+
+def test_smoothing_damps_noise_into_a_smaller_g() -> None:
+    noisy = [1.0, 1.2, 1.0, 1.2]
+    raw = run(noisy, replace(PLAIN, alpha=0.01))[-1].last_g
+    smooth = run(noisy, replace(PLAIN, alpha=0.01, robust=replace(PLAIN.robust, smoothing=0.3)))[-1].last_g
+    assert raw is not None and smooth is not None and smooth < raw
+
+
+def test_state_with_memory_round_trips_and_dispatches_by_config() -> None:
+    clf = classifier_for(DEFAULT)
+    assert clf.name == "robust"
+    s = clf.tick(clf.tick(clf.initial(direction=Direction.MAXIMIZE), [0.5], 0.0), [0.6], 30.0)
+    assert s.smoothed and s.votes
+    assert clf.from_dict(json.loads(json.dumps(clf.to_dict(s)))) == s
+
+
+def test_slope_is_the_least_squares_slope() -> None:
+    assert robust.slope([1.0, 3.0, 5.0, 7.0]) == pytest.approx(2.0)
+    assert robust.slope([2.0, 0.0, 2.0, 0.0]) == pytest.approx(-0.4)
+    assert robust.slope([3.0]) == 0.0
+
+
+_STEP = {(PC, WC), (WC, CC)}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ticks=st.lists(
+        st.tuples(
+            st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32), max_size=3),
+            st.integers(0, 1),
+        ),
+        max_size=40,
+    ),
+    direction=st.sampled_from(list(Direction)),
+    normalize=st.sampled_from(["max", "previous", "none"]),
+)
+def test_robust_moves_at_most_one_step_per_tick(
+    ticks: list[tuple[list[float], int]], direction: Direction, normalize: str
+) -> None:
+    cfg = replace(DEFAULT, normalize=normalize)  # type: ignore[arg-type]
+    s = monitor.initial(direction=direction)
+    for m, (samples, bad) in enumerate(ticks):
+        new = robust.tick(s, samples, float(m), cfg, nonfinite=bad)
+        a, b = s.category, new.category
+        assert a == b or (a, b) in _STEP or b in (PC, DV), (a, b)
+        if b is DV:
+            assert not new.wants_request and not new.pending_request
+        s = new
