@@ -80,7 +80,11 @@ async def run(args: argparse.Namespace) -> int:
     except (PolicyError, OSError) as exc:
         print(f"specon-agent: {exc}", file=sys.stderr)
         return 2
-    token = read_token(args.token_file)
+    try:
+        token = read_token(args.token_file)
+    except OSError as exc:
+        print(f"specon-agent: cannot read the token file: {exc}", file=sys.stderr)
+        return 2
     if not token:
         print("specon-agent: no token: pass --token-file or set SPECON_TOKEN", file=sys.stderr)
         return 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -62,11 +63,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.dry_run:
         policy = dataclasses.replace(policy, migration=dataclasses.replace(policy.migration, dry_run=True))
-    token = read_token(args.token_file)
+    try:
+        token = read_token(args.token_file)
+    except (OSError, ValueError) as exc:  # missing, unreadable or not text
+        print(f"specon-manager: cannot read the token file: {exc}", file=sys.stderr)
+        return 2
     if not token:
         print("specon-manager: no token: pass --token-file or set SPECON_TOKEN", file=sys.stderr)
         return 2
-    journal = Journal(args.state_dir / "journal.db")
+    try:
+        journal = Journal(args.state_dir / "journal.db")
+    except (OSError, sqlite3.Error) as exc:  # state dir not creatable, file not a journal
+        print(f"specon-manager: cannot open the journal in {args.state_dir}: {exc}", file=sys.stderr)
+        return 2
     coord = Coordinator(policy=policy, journal=journal)
     app = create_app(coord, token=token)
     host, port = args.listen
@@ -80,6 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         web.run_app(app, host=host, port=port, print=None, handle_signals=True)
+    except OSError as exc:  # e.g. the address is in use
+        print(f"specon-manager: cannot serve on {host}:{port}: {exc}", file=sys.stderr)
+        return 1
     finally:
         journal.close()
         log.info("specon.manager.stopped")

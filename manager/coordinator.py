@@ -19,7 +19,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import structlog
@@ -64,6 +64,7 @@ class DryRunExecutor:
     """Journal the decision as a migration that never touched anything."""
 
     def begin(self, coord: Coordinator, move: Move, now: float) -> None:
+        coord.virtual[move.container] = move.target
         m = coord.new_migration(move, now)
         m = m.to(State.FAILED, at=now, error="dry-run: decided, not executed")
         m = m.to(State.ROLLED_BACK, at=now)
@@ -107,6 +108,16 @@ class Coordinator:
         self.migrations: dict[str, Migration] = {m.id: m for m in journal.in_flight()}
         self._ids = itertools.count(1)
         self._wakeups: dict[WorkerId, asyncio.Event] = {}
+        # Command ids each worker has already been sent (by a reply or a poll).
+        self._delivered: dict[WorkerId, set[str]] = {}
+        # Requests counted as deferred (once each, not once per pass).
+        self._deferred: set[ContainerId] = set()
+        # Dry-run only: where decided moves would have put containers, so the next
+        # decisions see the loads a live run would see.
+        self.virtual: dict[ContainerId, WorkerId] = {}
+        # A restarted manager has heard from nobody yet: until every worker had a
+        # worker_timeout to report, silence is not evidence that it is gone.
+        self.started_at = clock()
         self.decision_seconds: list[float] = []
         if self.migrations:
             log.info("specon.manager.recovered", in_flight=len(self.migrations), ids=sorted(self.migrations))
@@ -133,14 +144,25 @@ class Coordinator:
         self.step()
 
     def batch_for(self, worker: WorkerId, *, ack: int | None = None) -> CommandBatch:
-        cmds = tuple(self.outbox.get(worker, {}).values())
+        box = self.outbox.get(worker, {})
+        delivered = self._delivered.setdefault(worker, set())
+        delivered.intersection_update(box)
+        delivered.update(box)
         return CommandBatch(
-            manager_time=self.clock(), policy_generation=self.generation, commands=cmds, ack=ack
+            manager_time=self.clock(),
+            policy_generation=self.generation,
+            commands=tuple(box.values()),
+            ack=ack,
         )
 
     async def wait_for_commands(self, worker: WorkerId, timeout: float) -> CommandBatch:
-        """Long poll: return as soon as ``worker`` has commands, or after ``timeout``."""
-        if not self.outbox.get(worker):
+        """Long poll: return as soon as ``worker`` has a command no poll delivered yet.
+
+        Commands stay in the outbox until their result arrives (heartbeat replies repeat
+        them); a poll only wakes for ones not sent yet, so it does not spin during a save.
+        """
+        seen = self._delivered.setdefault(worker, set())
+        if all(cid in seen for cid in self.outbox.get(worker, {})):
             ev = self._wakeups.setdefault(worker, asyncio.Event())
             ev.clear()
             with contextlib.suppress(TimeoutError):
@@ -157,7 +179,11 @@ class Coordinator:
         if self.requests or self.policy.rebalance.mode != "off":
             t0 = time.perf_counter()
             snap = self.state.snapshot(
-                now, timeout=timeout, marks=self.marks, in_flight=self.migrations.values()
+                now,
+                timeout=timeout,
+                marks=self.marks,
+                in_flight=self.migrations.values(),
+                placed=self.virtual,
             )
             # One index per pass, shared by Algorithms 2 and 3 (building it dominates both).
             index = ClusterIndex.of(snap)
@@ -167,12 +193,17 @@ class Coordinator:
             del self.decision_seconds[:-1000]
 
     def _drive(self, now: float, alive: frozenset[WorkerId]) -> None:
+        warming_up = now - self.started_at < self.policy.messaging.worker_timeout
         for mid in list(self.migrations):
             for _ in range(8):  # a few Advances may chain in one pass; never loop forever
                 m = self.migrations[mid]
+                if warming_up and not {m.source, m.target} <= self.state.workers.keys():
+                    break  # recovered migration: wait until its workers could have reported
+                where = self.state.running_on(m.container)
                 step = next_step(
                     m,
-                    running_on=self.state.running_on(m.container),
+                    # A silent worker's last heartbeat is no evidence the job still runs there.
+                    running_on=where if where in alive else None,
                     finished=self.state.finished(m.container),
                     alive=alive,
                 )
@@ -184,15 +215,19 @@ class Coordinator:
                 if isinstance(step, IssueSave):
                     self._send(step.worker, self._command(m, Action.SAVE, step.worker, now))
                 elif isinstance(step, IssueStart):
-                    self._send(
-                        step.worker, self._command(m, Action.START, step.worker, now, rollback=step.rollback)
-                    )
+                    if not self._start_outstanding(m):  # never two starts of one job at once
+                        cmd = self._command(m, Action.START, step.worker, now, rollback=step.rollback)
+                        self._send(step.worker, cmd)
                 elif isinstance(step, Wait):
                     pass
                 break
 
     def _advance(self, m: Migration, state: State, now: float) -> None:
         changes: dict[str, object] = {}
+        if state is State.RUNNING and m.started_at is None:
+            # Seen running on the target before the start result arrived: the heartbeat
+            # time bounds the restart from above.
+            changes["started_at"] = now
         if state is State.FAILED and m.error is None:
             changes["error"] = _why_failed(
                 m, self.state.running_on(m.container), self.state.finished(m.container)
@@ -239,7 +274,7 @@ class Coordinator:
                 self.requests.pop(cid)
                 continue
             if not self._budget_allows(snap, cid):
-                self.emit(Event("request_deferred"))
+                self._defer(cid)
                 continue
             self.requests.pop(cid)
             decision = select_target(
@@ -259,6 +294,11 @@ class Coordinator:
                 )
                 self.emit(Event("request_refused", {"reason": decision.reason.value}))
                 continue
+            if isinstance(decision, Move) and not self._worker_free(decision.target):
+                self.requests[cid] = now  # the target is busy with another migration: later
+                self._defer(cid)
+                continue
+            self._deferred.discard(cid)
             self._mark(cid, now)
             scores = {str(k): round(v, 3) for k, v in decision.scores.items()}
             if isinstance(decision, Stay):
@@ -278,12 +318,20 @@ class Coordinator:
             return  # one decision per pass: the next sees this one's effect on scores
 
     def _budget_allows(self, snap: ClusterSnapshot, cid: ContainerId) -> bool:
-        cfg = self.policy.migration
-        if len(self.migrations) >= cfg.max_concurrent:
+        if len(self.migrations) >= self.policy.migration.max_concurrent:
             return False
-        involved = Counter(w for m in self.migrations.values() for w in (m.source, m.target))
         worker = next((c.worker for c in snap.containers if c.id == cid), None)
-        return worker is None or involved[worker] < cfg.max_concurrent_per_worker
+        return worker is None or self._worker_free(worker)
+
+    def _worker_free(self, worker: WorkerId) -> bool:
+        """Below ``max_concurrent_per_worker``, counting migrations from and to it."""
+        involved = Counter(w for m in self.migrations.values() for w in {m.source, m.target})
+        return involved[worker] < self.policy.migration.max_concurrent_per_worker
+
+    def _defer(self, cid: ContainerId) -> None:
+        if cid not in self._deferred:
+            self._deferred.add(cid)
+            self.emit(Event("request_deferred"))
 
     def _mark(self, cid: ContainerId, now: float, *, rebalanced: bool = False) -> None:
         mk = self.journal.mark(cid, migrated_at=None if rebalanced else now, rebalanced=rebalanced)
@@ -311,6 +359,10 @@ class Coordinator:
         if not moves:
             return
         move = moves[0]  # one at a time; the next pass re-plans on the new loads
+        if len(self.migrations) >= self.policy.migration.max_concurrent or not (
+            self._worker_free(move.source) and self._worker_free(move.target)
+        ):
+            return
         self._mark(move.container, now, rebalanced=True)
         log.info("specon.manager.rebalance", container=move.container, source=move.source, target=move.target)
         self.executor.begin(self, move, now)
@@ -342,7 +394,9 @@ class Coordinator:
         kind = "rollback" if rollback else action.value
         spec = json.loads(m.spec) if m.spec else {}
         return Command(
-            id=f"{m.id}:{kind}:{worker}",
+            # A retry after a failed result is a new command: the agent answers a repeated
+            # id from its memory instead of running it again.
+            id=f"{m.id}:{kind}:{worker}:{m.attempts}",
             action=action,
             container=m.container,
             deadline=now + grace + self.policy.messaging.worker_timeout,
@@ -364,6 +418,13 @@ class Coordinator:
             ev = self._wakeups.get(worker)
             if ev is not None:
                 ev.set()
+
+    def _start_outstanding(self, m: Migration) -> bool:
+        return any(
+            c.migration == m.id and c.action is Action.START
+            for box in self.outbox.values()
+            for c in box.values()
+        )
 
     def _retract(self, m: Migration) -> None:
         for box in self.outbox.values():
@@ -387,6 +448,13 @@ class Coordinator:
             if not rollback and m.state in (State.SAVING, State.RESTORING):
                 self.journal.put(new := m.to(State.FAILED, at=at, error=res.error, attempts=m.attempts + 1))
                 self.migrations[m.id] = new
+            elif rollback and m.state is State.FAILED:
+                # E.g. refused because a copy still runs somewhere: retry later, fresh id.
+                self.journal.put(new := replace(m, attempts=m.attempts + 1, updated_at=at))
+                self.migrations[m.id] = new
+            return
+        if cmd.action is Action.SAVE and m.state is State.SAVING and res.detail.get("finished"):
+            self._advance(m, State.FAILED, at)  # the job completed meanwhile: nothing to move
             return
         if cmd.action is Action.SAVE and m.state is State.SAVING:
             new = m.to(

@@ -136,8 +136,10 @@ class ClusterState:
         timeout: float,
         marks: Mapping[ContainerId, Marks],
         in_flight: Iterable[Migration] = (),
+        placed: Mapping[ContainerId, WorkerId] | None = None,
     ) -> ClusterSnapshot:
-        """The frozen view for the policies. Containers in a migration count on its target."""
+        """The frozen view for the policies. Containers in a migration count on its target;
+        ``placed`` overrides where containers count (dry-run's virtual moves)."""
         workers = tuple(
             WorkerSnapshot(
                 id=w.id,
@@ -161,7 +163,7 @@ class ClusterState:
             containers.append(
                 ContainerSnapshot(
                     id=rec.id,
-                    worker=m.target if m is not None else rec.worker,
+                    worker=m.target if m is not None else (placed or {}).get(rec.id, rec.worker),
                     category=Category.CONVERGED if migrated else rec.report.category,
                     t_cc=rec.t_cc,
                     migrated=migrated,

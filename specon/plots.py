@@ -1,4 +1,4 @@
-"""PNG plots of replayed logs: the metric with coloured category bands (``classify --plot``).
+"""PNG plots: replayed logs with category bands (``classify --plot``), demo timelines and JCTs.
 
 Uses matplotlib's object API with the Agg canvas directly, never ``pyplot``, so no
 global backend state is touched and no display is needed.
@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from specon.evaluation import JobResult, RunResult
 from specon.model import Category
 from specon.replay import ReplayResult
 
@@ -69,4 +70,90 @@ def plot_replays(
     if any(r.request_at is not None for _, r in results):
         handles.append(Line2D([], [], color=REQUEST_COLOUR, linestyle="--", label="request"))
     fig.legend(handles=handles, loc="outside upper right", ncols=len(handles), fontsize=8)
+    fig.savefig(out, format="png", dpi=dpi)
+
+
+MODEL_COLOURS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#666666")
+
+
+def _segments(job: JobResult, end: float) -> list[tuple[float, float, str]]:
+    """``(start, stop, worker)`` for each stay of a job on a worker."""
+    hist = list(job.worker_history)
+    stop = job.finish if job.finish is not None else end
+    return [(t, hist[i + 1][0] if i + 1 < len(hist) else stop, w) for i, (t, w) in enumerate(hist)]
+
+
+def plot_timelines(runs: Sequence[tuple[str, RunResult]], out: Path, *, dpi: int = 100) -> None:
+    """Per-worker container timelines, one panel per run (in the spirit of SpeCon Fig. 8/9).
+
+    Each job is a bar on the worker that hosts it, coloured by model; a job that moved
+    continues on its new worker's row, the move marked "M" (converged) or "R" (rebalance).
+    """
+    if not runs:
+        raise ValueError("nothing to plot")
+    workers = sorted({w for _, r in runs for j in r.jobs for _, w in j.worker_history})
+    models = sorted({j.model for _, r in runs for j in r.jobs})
+    colour = {m: MODEL_COLOURS[i % len(MODEL_COLOURS)] for i, m in enumerate(models)}
+    end = (
+        max((j.finish or j.submit) for _, r in runs for j in r.jobs) if any(r.jobs for _, r in runs) else 1.0
+    )
+    fig = Figure(figsize=(11.0, 1.2 + 0.9 * len(workers) * len(runs)), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(runs), 1, squeeze=False, sharex=True)[:, 0]
+    for ax, (label, run) in zip(axes, runs, strict=True):
+        lanes: dict[str, list[float]] = {w: [] for w in workers}  # per worker: lane end times
+        reasons = {(m.job, m.target): m.reason for m in run.migrations}
+        for job in sorted(run.jobs, key=lambda j: j.submit):
+            for start, stop, w in _segments(job, end):
+                ends = lanes[w]
+                lane = next((i for i, e in enumerate(ends) if e <= start), len(ends))
+                if lane == len(ends):
+                    ends.append(stop)
+                else:
+                    ends[lane] = stop
+                y = workers.index(w) + 0.08 + 0.84 * (lane % 8) / 8
+                ax.broken_barh([(start, max(stop - start, 0.5))], (y, 0.84 / 8), color=colour[job.model])
+                tag = job.id.removeprefix("job-")
+                mark = {"converged": "-M", "rebalance": "-R"}.get(reasons.get((job.id, w), ""), "")
+                ax.text(start + 1, y + 0.05, tag + mark, fontsize=6, va="bottom")
+        ax.set_yticks([i + 0.5 for i in range(len(workers))], labels=workers)
+        ax.set_ylim(0, len(workers))
+        ax.set_title(label, fontsize=10, loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1].set_xlabel("seconds since the first submission")
+    handles: list[Artist] = [Patch(color=colour[m], label=m) for m in models]
+    fig.legend(handles=handles, loc="outside upper right", ncols=len(handles), fontsize=8)
+    fig.savefig(out, format="png", dpi=dpi)
+
+
+def plot_jct_bars(
+    baseline: RunResult,
+    run: RunResult,
+    out: Path,
+    *,
+    labels: tuple[str, str] = ("DS", "specon"),
+    dpi: int = 100,
+) -> None:
+    """Per-job JCT, baseline beside specon (in the spirit of SpeCon Fig. 5)."""
+    ids = [j.id for j in baseline.jobs]
+    base = {j.id: j.jct for j in baseline.jobs}
+    ours = {j.id: j.jct for j in run.jobs}
+    fig = Figure(figsize=(max(6.0, 0.55 * len(ids) + 2), 3.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    xs = list(range(len(ids)))
+    ax.bar([x - 0.2 for x in xs], [base[i] or 0.0 for i in ids], width=0.4, label=labels[0], color="#9e9e9e")
+    ax.bar(
+        [x + 0.2 for x in xs], [ours.get(i) or 0.0 for i in ids], width=0.4, label=labels[1], color="#1565c0"
+    )
+    ax.set_xticks(xs, labels=[i.removeprefix("job-") for i in ids], fontsize=8)
+    ax.set_xlabel("job")
+    ax.set_ylabel("JCT (s)")
+    avg_b, avg_o = baseline.avg_jct, run.avg_jct
+    if avg_b is not None and avg_o is not None:
+        ax.set_title(
+            f"average JCT {labels[0]} {avg_b:.0f}s, {labels[1]} {avg_o:.0f}s", fontsize=10, loc="left"
+        )
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
     fig.savefig(out, format="png", dpi=dpi)

@@ -1,0 +1,193 @@
+"""``specon demo``: DS vs specon on the embedded default, with real training jobs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+
+from specon.demo import MODELS, make_workload, run_once
+from specon.evaluation import Comparison, RunResult, compare
+
+# Sizes: the default finishes within 15 minutes on 2 cores, --quick within 5.
+DEFAULTS = {"workers": 4, "cpus_per_worker": 0.5, "jobs": 8, "window": 60.0}
+QUICK = {"workers": 2, "cpus_per_worker": 0.5, "jobs": 4, "window": 20.0}
+STEP_SCALE = {False: 1.0, True: 0.35}
+# Wall-clock cap of one run (seconds); a run past it reports its unfinished jobs.
+RUN_DEADLINE = {False: 390.0, True: 130.0}
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="run a workload twice, as DS and with specon, and compare",
+        description="Run one training workload twice on this machine - first as the default scheduler "
+        "(DS: round-robin placement, no migrations), then with the specon manager and agents - on the "
+        "same arrivals, and print per-job JCT, average JCT, makespan, share of jobs improved, "
+        "migrations and rebalances. Writes results JSON and PNG plots. Needs root for cgroup CPU "
+        "budgets (falls back to CPU affinity with a warning).",
+    )
+    p.add_argument(
+        "--workers", type=int, help=f"workers (default {DEFAULTS['workers']}, quick {QUICK['workers']})"
+    )
+    p.add_argument(
+        "--cpus-per-worker", type=float, help=f"CPU budget per worker (default {DEFAULTS['cpus_per_worker']})"
+    )
+    p.add_argument(
+        "--jobs", type=int, help=f"training jobs (default {DEFAULTS['jobs']}, quick {QUICK['jobs']})"
+    )
+    p.add_argument(
+        "--window", type=float, help="arrivals uniform in [0, WINDOW] seconds (default 60, quick 20)"
+    )
+    p.add_argument("--seed", type=int, default=1, help="seed of the workload (models, arrivals, job seeds)")
+    p.add_argument(
+        "--models", default=",".join(MODELS), help=f"comma-separated models (default {','.join(MODELS)})"
+    )
+    p.add_argument("--quick", action="store_true", help="a smaller run (about 5 minutes on 2 cores)")
+    p.add_argument("--policy", type=Path, help="policy YAML for the specon run (default: the demo policy)")
+    p.add_argument(
+        "--json", type=Path, dest="json_path", help="write the results JSON here (default OUT/results.json)"
+    )
+    p.add_argument("--out", type=Path, default=Path("specon-demo"), help="directory for results and plots")
+    p.add_argument(
+        "--keep", action="store_true", help="keep the runs' volumes and daemon logs under OUT/runs"
+    )
+    p.set_defaults(func=main)
+
+
+def _pct(x: float | None) -> str:
+    return "   n/a" if x is None else f"{100 * x:+6.1f}%"
+
+
+def _s(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f}"
+
+
+def _table(base: RunResult, ours: RunResult, cmp: Comparison) -> str:
+    lines = [f"{'job':<8} {'model':<7} {'submit':>7} {'DS JCT':>8} {'specon JCT':>11} {'change':>8}  moves"]
+    by_id = {j.id: j for j in ours.jobs}
+    for b in base.jobs:
+        o = by_id[b.id]
+        change = None if b.jct is None or o.jct is None or b.jct <= 0 else (b.jct - o.jct) / b.jct
+        moves = " -> ".join(w for _, w in o.worker_history)
+        jcts = f"{_s(b.jct):>8} {_s(o.jct):>11} {_pct(change):>8}"
+        lines.append(f"{b.id:<8} {b.model:<7} {b.submit:7.1f} {jcts}  {moves}")
+    lines += [
+        "",
+        f"average JCT   DS {_s(base.avg_jct)} s   specon {_s(ours.avg_jct)} s   reduction "
+        f"{_pct(cmp.avg_jct_reduction)}",
+        f"makespan      DS {_s(base.makespan)} s   specon {_s(ours.makespan)} s   reduction "
+        f"{_pct(cmp.makespan_reduction)}",
+        f"jobs improved {_pct(cmp.jobs_improved).strip()}   "
+        f"best single-job reduction {_pct(cmp.best_reduction).strip()}",
+        f"migrations    {cmp.migrations} (converged)   rebalances {cmp.rebalances}",
+    ]
+    downs = [m.downtime for m in ours.migrations if m.downtime is not None]
+    if downs:
+        lines.append(f"downtime      median {sorted(downs)[len(downs) // 2]:.2f} s   max {max(downs):.2f} s")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    # Heavy imports (matplotlib, torch) only when the demo really runs, not for --help.
+    from specon.plots import plot_jct_bars, plot_timelines  # noqa: PLC0415
+    from specon.workloads.registry import WORKLOADS  # noqa: PLC0415
+
+    size = QUICK if args.quick else DEFAULTS
+    workers = args.workers or int(size["workers"])
+    cpus = args.cpus_per_worker or float(size["cpus_per_worker"])
+    n_jobs = args.jobs or int(size["jobs"])
+    window = args.window if args.window is not None else float(size["window"])
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in WORKLOADS]
+    if unknown or not models or workers < 1 or cpus <= 0 or n_jobs < 1 or window < 0:
+        print(
+            f"specon demo: bad options (unknown models: {unknown})" if unknown else "specon demo: bad sizes",
+            file=sys.stderr,
+        )
+        return 2
+    scale = STEP_SCALE[args.quick]
+    jobs = make_workload(
+        jobs=n_jobs, window=window, seed=args.seed, models=models,
+        steps=lambda m: max(50, int(WORKLOADS[m].steps * scale)),
+    )  # fmt: skip
+    policy = args.policy
+    if policy is None:
+        policy = Path(str(resources.files("specon") / "data" / "demo-policy.yaml"))
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "runs" if args.keep else Path(tempfile.mkdtemp(prefix="specon-demo-"))
+    deadline = RUN_DEADLINE[args.quick]
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    say(
+        f"specon demo: {n_jobs} jobs ({', '.join(sorted({j.model for j in jobs}))}) on {workers} workers x "
+        f"{cpus:g} CPU, arrivals in [0, {window:g}] s, seed {args.seed}, policy {policy}"
+    )
+    started = time.monotonic()
+    try:
+        base = asyncio.run(
+            run_once(
+                jobs,
+                root=work / "ds",
+                workers=workers,
+                cpus_per_worker=cpus,
+                with_specon=False,
+                policy=None,
+                say=say,
+                deadline=deadline,
+                label="DS",
+            )
+        )
+        ours = asyncio.run(
+            run_once(
+                jobs,
+                root=work / "specon",
+                workers=workers,
+                cpus_per_worker=cpus,
+                with_specon=True,
+                policy=policy,
+                say=say,
+                deadline=deadline,
+                label="specon",
+            )
+        )
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    cmp = compare(base, ours)
+    doc = {
+        "baseline": base.to_json(),
+        "specon": ours.to_json(),
+        "summary": {
+            "avg_jct_reduction": cmp.avg_jct_reduction,
+            "makespan_reduction": cmp.makespan_reduction,
+            "jobs_improved": cmp.jobs_improved,
+            "best_reduction": cmp.best_reduction,
+            "migrations": cmp.migrations,
+            "rebalances": cmp.rebalances,
+        },
+        "config": {"workers": workers, "cpus_per_worker": cpus, "jobs": n_jobs, "window": window,
+                   "seed": args.seed, "quick": args.quick, "policy": str(policy),
+                   "seconds": round(time.monotonic() - started, 1)},
+    }  # fmt: skip
+    json_path = args.json_path or out / "results.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(doc, indent=2) + "\n")
+    plot_timelines([("DS (default scheduler)", base), ("specon", ours)], out / "timeline.png")
+    plot_jct_bars(base, ours, out / "jct.png")
+    say("")
+    say(_table(base, ours, cmp))
+    say(
+        f"\nresults: {json_path}   plots: {out / 'timeline.png'}, {out / 'jct.png'}   "
+        f"({time.monotonic() - started:.0f} s)"
+    )
+    return 0 if all(j.finish is not None for j in (*base.jobs, *ours.jobs)) else 1

@@ -1,0 +1,184 @@
+"""``specon demo``: the default scheduler (DS) against specon on the same arrivals, for real.
+
+Both runs use the embedded default (``specon.embedded``): W workers with a CPU budget each,
+real PyTorch training jobs, the paper's fixed initial placement (round-robin by
+submission order). The DS run has no specon daemons at all; the specon run adds the
+manager and one agent per worker, which classify the jobs and move converged ones by
+save/restore. A job's JCT is read from its own progress log (submit -> its
+``finished`` record), so both runs are measured the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from specon.embedded import EmbeddedCluster
+from specon.evaluation import JobResult, MigrationRecord, RunResult
+from specon.model import ContainerId, Resources, WorkerId
+from specon.runtime.base import ContainerInfo, JobSpec
+
+Say = Callable[[str], None]
+MODELS = ("vae", "gru", "birnn", "rnn", "dynrnn")
+
+
+@dataclass(frozen=True, slots=True)
+class DemoJob:
+    id: str
+    model: str
+    submit: float  # seconds after the run starts
+    steps: int
+    seed: int
+
+
+def make_workload(
+    *, jobs: int, window: float, seed: int, steps: Callable[[str], int], models: Sequence[str] = MODELS
+) -> list[DemoJob]:
+    """``jobs`` random-model jobs arriving uniformly in [0, window] (sorted), seeded."""
+    rng = random.Random(seed)
+    arrivals = sorted(rng.uniform(0.0, window) for _ in range(jobs))
+    if arrivals:
+        arrivals[0] = 0.0  # the run starts with its first job
+    out = []
+    for i, t in enumerate(arrivals):
+        model = rng.choice(list(models))
+        out.append(DemoJob(f"job-{i + 1:02d}", model, round(t, 3), steps(model), rng.randrange(1 << 30)))
+    return out
+
+
+def job_spec(job: DemoJob, *, python: str = sys.executable, log_every: int = 5) -> JobSpec:
+    argv = (
+        python, "-m", "specon.workloads",
+        "--model", job.model,
+        "--steps", str(job.steps),
+        "--seed", str(job.seed),
+        "--log-every", str(log_every),
+    )  # fmt: skip
+    return JobSpec(
+        id=ContainerId(job.id),
+        command=argv,
+        requests=Resources(cpu=0.0),
+        labels=(("model", job.model),),
+        steps=job.steps,
+        model=job.model,
+    )
+
+
+def _finished_record(progress: Path) -> dict[str, object] | None:
+    """The job's ``finished`` progress record, if it has written one."""
+    try:
+        with open(progress, "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - 4096))
+            tail = fh.read().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(tail):
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            if isinstance(rec, dict) and rec.get("event") == "finished":
+                return rec
+    return None
+
+
+async def run_once(
+    jobs: Sequence[DemoJob],
+    *,
+    root: Path,
+    workers: int,
+    cpus_per_worker: float,
+    with_specon: bool,
+    policy: Path | None,
+    say: Say,
+    deadline: float,
+    label: str,
+) -> RunResult:
+    """One run: submit at the arrival times, watch until every job finished (or the deadline)."""
+    wids = [WorkerId(f"w{i}") for i in range(workers)]
+    async with EmbeddedCluster(
+        root, workers=workers, cpus_per_worker=cpus_per_worker, policy=policy, with_specon=with_specon
+    ) as cluster:
+        t0 = time.time()
+        pending = list(jobs)
+        where: dict[str, list[tuple[float, str]]] = {}
+        finish: dict[str, tuple[float, int]] = {}
+        infos: dict[str, ContainerInfo] = {}
+        seen_migrations: set[str] = set()
+        next_report = 0.0
+        while len(finish) < len(jobs):
+            now = time.time() - t0
+            if now > deadline:
+                say(
+                    f"[{label} {now:6.1f}s] deadline reached with {len(jobs) - len(finish)} job(s) unfinished"
+                )
+                break
+            while pending and pending[0].submit <= now:
+                job = pending.pop(0)
+                i = jobs.index(job)
+                worker = wids[i % workers]  # the paper's fixed round-robin placement
+                info = await cluster.submit(job_spec(job), worker)
+                infos[job.id] = info
+                where[job.id] = [(round(job.submit, 3), worker)]
+                say(f"[{label} {now:6.1f}s] submit {job.id} ({job.model}, {job.steps} steps) -> {worker}")
+            running: dict[str, int] = dict.fromkeys(wids, 0)
+            for c in await cluster.containers():
+                if c.alive:
+                    running[c.worker] += 1
+                    hist = where.setdefault(c.id, [])
+                    if hist and hist[-1][1] != c.worker:
+                        hist.append((round(now, 3), c.worker))
+                if c.id in finish or c.id not in infos:
+                    continue
+                rec = _finished_record(c.progress_path)
+                if rec is not None and not c.alive:
+                    ts = float(rec.get("ts", time.time()))  # type: ignore[arg-type]
+                    done = int(rec.get("steps", rec.get("step", 0)))  # type: ignore[call-overload]
+                    finish[c.id] = (ts - t0, done)
+                    jct = ts - t0 - next(j.submit for j in jobs if j.id == c.id)
+                    say(f"[{label} {now:6.1f}s] {c.id} finished on {c.worker}: JCT {jct:.1f}s")
+            if with_specon:
+                with contextlib.suppress(Exception):
+                    st = await cluster.status()
+                    for m in st.migrations:
+                        if m.id not in seen_migrations and m.state.value in ("done", "rolled_back"):
+                            seen_migrations.add(m.id)
+                            down = "" if m.downtime is None else f", downtime {m.downtime:.1f}s"
+                            say(
+                                f"[{label} {now:6.1f}s] {m.reason} migration of {m.container}: "
+                                f"{m.source} -> {m.target} {m.state.value}{down}"
+                            )
+            if now >= next_report:
+                load = " ".join(f"{w}:{n}" for w, n in running.items())
+                say(f"[{label} {now:6.1f}s] finished {len(finish)}/{len(jobs)}; running per worker {load}")
+                next_report = now + 30.0
+            await asyncio.sleep(0.5)
+        migrations: list[MigrationRecord] = []
+        if with_specon:
+            st = await cluster.status()
+            for m in st.migrations:
+                if m.state.value == "done":
+                    migrations.append(
+                        MigrationRecord(
+                            m.container, m.source, m.target, m.reason, round(m.decided_at - t0, 3), m.downtime
+                        )
+                    )
+    results = tuple(
+        JobResult(
+            id=j.id,
+            model=j.model,
+            submit=j.submit,
+            finish=finish[j.id][0] if j.id in finish else None,
+            steps=j.steps,
+            steps_done=finish[j.id][1] if j.id in finish else 0,
+            worker_history=tuple(where.get(j.id, ())),
+        )
+        for j in jobs
+    )
+    return RunResult(jobs=results, migrations=tuple(migrations))

@@ -1,0 +1,155 @@
+"""The real ``specon-manager`` process: CLI errors, HTTP on 127.0.0.1, clean exit on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from specon import protocol
+from specon.model import Category, ContainerId, Resources, WorkerId
+from specon.protocol import CommandBatch, ContainerReport, ErrorReply, Heartbeat, Status
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
+
+MANAGER = Path(sys.executable).with_name("specon-manager")
+TOKEN = "integration-token"
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "SPECON_TOKEN"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Running:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+    state_dir: Path
+
+
+@pytest.fixture
+def manager(tmp_path: Path) -> Iterator[Running]:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    log = tmp_path / "manager.log"
+    port = _free_port()
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [
+                str(MANAGER),
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--token-file",
+                str(token_file),
+                "--state-dir",
+                str(tmp_path / "state"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=_env(),
+        )
+    try:
+        yield Running(proc, f"http://127.0.0.1:{port}", log, tmp_path / "state")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def _wait_healthy(m: Running, session: aiohttp.ClientSession) -> None:
+    for _ in range(200):
+        if m.proc.poll() is not None:
+            pytest.fail(f"specon-manager exited with {m.proc.returncode}:\n{m.log.read_text()}")
+        try:
+            async with session.get(f"{m.url}/healthz") as resp:
+                if resp.status == 200 and (await resp.json())["ok"]:
+                    return
+        except aiohttp.ClientConnectionError:
+            pass
+        await asyncio.sleep(0.1)
+    pytest.fail(f"specon-manager never became healthy:\n{m.log.read_text()}")
+
+
+def _heartbeat() -> Heartbeat:
+    return Heartbeat(
+        worker=WorkerId("worker-1"),
+        address="127.0.0.1:7701",
+        seq=1,
+        sent_at=1_700_000_000.0,
+        capacity=Resources(cpu=4.0, memory=8 << 30),
+        usage=0.3,
+        containers=(ContainerReport(id=ContainerId("job-1"), category=Category.PROGRESSING),),
+    )
+
+
+async def test_serves_the_protocol_status_and_metrics_then_exits_cleanly_on_sigterm(manager: Running) -> None:
+    auth = {protocol.AUTH_HEADER: f"Bearer {TOKEN}", "Content-Type": protocol.CONTENT_TYPE}
+    async with aiohttp.ClientSession() as session:
+        await _wait_healthy(manager, session)
+        body = protocol.encode(_heartbeat())
+        async with session.post(f"{manager.url}{protocol.HEARTBEAT_PATH}", data=body, headers=auth) as resp:
+            assert resp.status == 200
+            assert protocol.decode(await resp.read(), CommandBatch).ack == 1
+        async with session.post(f"{manager.url}{protocol.HEARTBEAT_PATH}", data=body) as resp:
+            assert resp.status == 401
+            protocol.decode(await resp.read(), ErrorReply)
+        async with session.get(f"{manager.url}{protocol.STATUS_PATH}") as resp:
+            status = protocol.decode(await resp.read(), Status)
+        async with session.get(f"{manager.url}/metrics") as resp:
+            metrics = await resp.text()
+    assert [w.id for w in status.workers] == ["worker-1"]
+    assert [c.id for c in status.containers] == ["job-1"]
+    assert 'specon_manager_heartbeats_total{worker="worker-1"} 1.0' in metrics
+    assert (manager.state_dir / "journal.db").exists()
+
+    manager.proc.send_signal(signal.SIGTERM)
+    assert manager.proc.wait(15) == 0
+    log = manager.log.read_text()
+    assert "specon.manager.stopped" in log
+    assert "Traceback" not in log
+
+
+def test_help_describes_the_options() -> None:
+    out = subprocess.run([str(MANAGER), "--help"], capture_output=True, text=True, timeout=30, check=True)
+    assert "usage: specon-manager" in out.stdout
+    for option in ("--listen", "--token-file", "--state-dir", "--policy", "--dry-run"):
+        assert option in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [([], "no token"), (["--token-file", "/nonexistent/specon-token"], "cannot read the token file")],
+    ids=["no-token", "missing-token-file"],
+)
+def test_without_a_token_it_exits_2_with_a_message(tmp_path: Path, extra: list[str], message: str) -> None:
+    out = subprocess.run(
+        [str(MANAGER), "--listen", f"127.0.0.1:{_free_port()}", "--state-dir", str(tmp_path), *extra],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=_env(),
+        check=False,
+    )
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
