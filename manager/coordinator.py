@@ -17,7 +17,6 @@ import contextlib
 import itertools
 import json
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -29,9 +28,9 @@ from manager.state import ClusterState, Marks
 from specon.config import Policy
 from specon.migration import Advance, IssueSave, IssueStart, Migration, Reason, State, Wait, next_step
 from specon.model import ClusterSnapshot, ContainerId, WorkerId
-from specon.policy.decisions import Move, Refuse, Stay
-from specon.policy.placement import ClusterIndex, select_target
-from specon.policy.rebalance import plan_rebalance, should_rebalance
+from specon.policy.decisions import Move, RefusalReason, Stay
+from specon.policy.placement import ClusterIndex
+from specon.policy.scheduler import InFlight, decide_pass
 from specon.protocol import Action, Command, CommandBatch, CommandResult, Heartbeat, ReallocationRequest
 
 log = structlog.get_logger()
@@ -187,8 +186,7 @@ class Coordinator:
             )
             # One index per pass, shared by Algorithms 2 and 3 (building it dominates both).
             index = ClusterIndex.of(snap)
-            self._answer_requests(snap, index, now)
-            self._rebalance(snap, index, now)
+            self._decide(snap, index, now)
             self.decision_seconds.append(time.perf_counter() - t0)
             del self.decision_seconds[:-1000]
 
@@ -261,77 +259,46 @@ class Coordinator:
             )
 
     # -- Algorithm 2 -------------------------------------------------------------------
-    def _answer_requests(self, snap: ClusterSnapshot, index: ClusterIndex, now: float) -> None:
-        busy = {m.container for m in self.migrations.values()}
-        for cid in sorted(self.requests, key=self.requests.__getitem__):
-            if cid in busy:
-                self.requests.pop(cid)
-                continue
-            mk = self.marks.get(cid, Marks())
-            if mk.migrations >= self.policy.placement.max_migrations_per_container:
-                # Already answered (e.g. the agent missed our mark): answer again.
-                self._mark_command(cid, now)
-                self.requests.pop(cid)
-                continue
-            if not self._budget_allows(snap, cid):
-                self._defer(cid)
-                continue
-            self.requests.pop(cid)
-            decision = select_target(
-                snap,
-                cid,
-                cfg=self.policy.placement,
-                worker_timeout=self.policy.messaging.worker_timeout,
-                index=index,
-            )
-            self.emit(Event("decision", {"kind": type(decision).__name__.lower()}))
-            if isinstance(decision, Refuse):
-                log.warning(
-                    "specon.manager.request_refused",
-                    container=cid,
-                    reason=decision.reason.value,
-                    detail=decision.detail,
-                )
-                self.emit(Event("request_refused", {"reason": decision.reason.value}))
-                continue
-            if isinstance(decision, Move) and not self._worker_free(decision.target):
-                self.requests[cid] = now  # the target is busy with another migration: later
-                self._defer(cid)
-                continue
+    def _decide(self, snap: ClusterSnapshot, index: ClusterIndex, now: float) -> None:
+        """Act on one ``decide_pass``: answer a request, defer, or start a rebalancing move."""
+        queue = sorted(self.requests, key=self.requests.__getitem__)
+        flights = [InFlight(m.container, m.source, m.target) for m in self.migrations.values()]
+        p = decide_pass(snap, requests=queue, in_flight=flights, policy=self.policy, index=index)
+        for cid in (*p.dropped, *p.answered):
+            self.requests.pop(cid, None)
             self._deferred.discard(cid)
-            self._mark(cid, now)
-            scores = {str(k): round(v, 3) for k, v in decision.scores.items()}
-            if isinstance(decision, Stay):
-                log.info("specon.manager.stay", container=cid, worker=decision.worker, scores=scores)
-                self._mark_command(cid, now)
-            else:
-                log.info(
-                    "specon.manager.move",
-                    container=cid,
-                    source=decision.source,
-                    target=decision.target,
-                    scores=scores,
-                )
-                self.executor.begin(self, decision, now)
+        for cid in p.deferred:
+            if cid not in self._deferred:  # count a request once, not once per pass
+                self._deferred.add(cid)
+                self.emit(Event("request_deferred"))
+        for r in p.refused:
+            self.emit(Event("decision", {"kind": "refuse"}))
+            if r.reason is RefusalReason.MIGRATION_LIMIT:
+                # Already answered (e.g. the agent missed our mark): answer again.
+                self._mark_command(r.container, now)
+                continue
+            log.warning("specon.manager.request_refused", container=r.container, reason=r.reason.value,
+                        detail=r.detail)  # fmt: skip
+            self.emit(Event("request_refused", {"reason": r.reason.value}))
+        d = p.decision
+        if d is not None:
+            self.emit(Event("decision", {"kind": type(d).__name__.lower()}))
+            self._mark(d.container, now)
+            scores = {str(k): round(v, 3) for k, v in d.scores.items()}
+            if isinstance(d, Stay):
+                log.info("specon.manager.stay", container=d.container, worker=d.worker, scores=scores)
+                self._mark_command(d.container, now)
+            elif isinstance(d, Move):
+                log.info("specon.manager.move", container=d.container, source=d.source, target=d.target,
+                         scores=scores)  # fmt: skip
+                self.executor.begin(self, d, now)
                 if isinstance(self.executor, DryRunExecutor):
-                    self._mark_command(cid, now)
-            return  # one decision per pass: the next sees this one's effect on scores
-
-    def _budget_allows(self, snap: ClusterSnapshot, cid: ContainerId) -> bool:
-        if len(self.migrations) >= self.policy.migration.max_concurrent:
-            return False
-        worker = next((c.worker for c in snap.containers if c.id == cid), None)
-        return worker is None or self._worker_free(worker)
-
-    def _worker_free(self, worker: WorkerId) -> bool:
-        """Below ``max_concurrent_per_worker``, counting migrations from and to it."""
-        involved = Counter(w for m in self.migrations.values() for w in {m.source, m.target})
-        return involved[worker] < self.policy.migration.max_concurrent_per_worker
-
-    def _defer(self, cid: ContainerId) -> None:
-        if cid not in self._deferred:
-            self._deferred.add(cid)
-            self.emit(Event("request_deferred"))
+                    self._mark_command(d.container, now)
+        if p.rebalance is not None:
+            mv = p.rebalance
+            self._mark(mv.container, now, rebalanced=True)
+            log.info("specon.manager.rebalance", container=mv.container, source=mv.source, target=mv.target)
+            self.executor.begin(self, mv, now)
 
     def _mark(self, cid: ContainerId, now: float, *, rebalanced: bool = False) -> None:
         mk = self.journal.mark(cid, migrated_at=None if rebalanced else now, rebalanced=rebalanced)
@@ -348,24 +315,6 @@ class Coordinator:
             deadline=now + self.policy.messaging.worker_timeout,
         )
         self._send(worker, cmd)
-
-    # -- Algorithm 3 -------------------------------------------------------------------
-    def _rebalance(self, snap: ClusterSnapshot, index: ClusterIndex, now: float) -> None:
-        if self.migrations or self.requests or not should_rebalance(snap, self.policy.rebalance):
-            return
-        moves = plan_rebalance(
-            snap, cfg=self.policy.rebalance, worker_timeout=self.policy.messaging.worker_timeout, index=index
-        )
-        if not moves:
-            return
-        move = moves[0]  # one at a time; the next pass re-plans on the new loads
-        if len(self.migrations) >= self.policy.migration.max_concurrent or not (
-            self._worker_free(move.source) and self._worker_free(move.target)
-        ):
-            return
-        self._mark(move.container, now, rebalanced=True)
-        log.info("specon.manager.rebalance", container=move.container, source=move.source, target=move.target)
-        self.executor.begin(self, move, now)
 
     # -- migrations and commands -------------------------------------------------------
     def new_migration(self, move: Move, now: float) -> Migration:

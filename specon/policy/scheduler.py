@@ -1,0 +1,116 @@
+"""One decision pass of the manager, pure: which request to answer, what to defer, whether to rebalance.
+
+The manager's coordinator and the simulator both call ``decide_pass`` with a snapshot and
+the migrations in flight, and act on the ``Pass`` it returns; neither has its own copy of
+these rules:
+
+* requests are taken oldest first; a container already in a migration is dropped; one
+  that would exceed the migration budget (``max_concurrent`` cluster-wide,
+  ``max_concurrent_per_worker`` counting migrations from *and* to a worker) is deferred;
+* Algorithm 2 decides the first request that can go; refusals are reported and the pass
+  moves on; a move whose target is busy is deferred; then the pass ends, so the next one
+  sees this decision's effect on the scores;
+* Algorithm 3 runs only when nothing is in flight and no request waits, its trigger holds
+  and the budget allows; it starts its first move (the next pass re-plans on new loads).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from specon.config import Policy
+from specon.model import ClusterSnapshot, ContainerId, WorkerId
+from specon.policy.decisions import Move, Refuse, Stay
+from specon.policy.placement import ClusterIndex, index_for, select_target
+from specon.policy.rebalance import plan_rebalance, should_rebalance
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """A migration that has been decided and has not finished."""
+
+    container: ContainerId
+    source: WorkerId
+    target: WorkerId
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    # Requests of containers already being migrated: nothing to decide, forget them.
+    dropped: tuple[ContainerId, ...] = ()
+    # Requests held back by the migration budget: keep them for a later pass.
+    deferred: tuple[ContainerId, ...] = ()
+    refused: tuple[Refuse, ...] = ()
+    # At most one Algorithm 2 decision (Stay or Move) per pass.
+    decision: Stay | Move | None = None
+    # At most one Algorithm 3 move per pass.
+    rebalance: Move | None = None
+
+    @property
+    def answered(self) -> tuple[ContainerId, ...]:
+        """Requests this pass settled (decided or refused): remove them from the queue."""
+        out = [r.container for r in self.refused]
+        if self.decision is not None:
+            out.append(self.decision.container)
+        return tuple(out)
+
+
+class _Budget:
+    def __init__(self, in_flight: Iterable[InFlight], policy: Policy) -> None:
+        flights = list(in_flight)
+        self.total = len(flights)
+        self.per_worker = Counter(w for f in flights for w in {f.source, f.target})
+        self.max_total = policy.migration.max_concurrent
+        self.max_worker = policy.migration.max_concurrent_per_worker
+
+    def room(self) -> bool:
+        return self.total < self.max_total
+
+    def free(self, worker: WorkerId) -> bool:
+        return self.per_worker[worker] < self.max_worker
+
+
+def decide_pass(
+    snapshot: ClusterSnapshot,
+    *,
+    requests: Sequence[ContainerId],
+    in_flight: Sequence[InFlight],
+    policy: Policy,
+    index: ClusterIndex | None = None,
+) -> Pass:
+    """One pass over the pending ``requests`` (oldest first) and the rebalancing trigger."""
+    idx = index_for(snapshot, index)
+    budget = _Budget(in_flight, policy)
+    busy = {f.container for f in in_flight}
+    timeout = policy.messaging.worker_timeout
+    dropped: list[ContainerId] = []
+    deferred: list[ContainerId] = []
+    refused: list[Refuse] = []
+    decision: Stay | Move | None = None
+    for pos, cid in enumerate(requests):
+        if cid in busy:
+            dropped.append(cid)
+            continue
+        c = idx.containers.get(cid)
+        if not budget.room() or (c is not None and not budget.free(c.worker)):
+            deferred.append(cid)
+            continue
+        d = select_target(snapshot, cid, cfg=policy.placement, worker_timeout=timeout, index=idx)
+        if isinstance(d, Refuse):
+            refused.append(d)
+            continue
+        if isinstance(d, Move) and not budget.free(d.target):
+            deferred.append(cid)
+            continue
+        decision = d
+        deferred.extend(r for r in requests[pos + 1 :] if r not in busy)
+        break
+    waiting = bool(deferred) or decision is not None
+    rebalance = None
+    if not in_flight and not waiting and should_rebalance(snapshot, policy.rebalance):
+        moves = plan_rebalance(snapshot, cfg=policy.rebalance, worker_timeout=timeout, index=idx)
+        if moves and budget.room() and budget.free(moves[0].source) and budget.free(moves[0].target):
+            rebalance = moves[0]
+    return Pass(tuple(dropped), tuple(deferred), tuple(refused), decision, rebalance)
