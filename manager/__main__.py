@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         journal=str(journal.path),
     )
     try:
-        web.run_app(app, host=host, port=port, print=None, handle_signals=True)
+        web.run_app(app, host=host, port=port, print=None, handle_signals=True, access_log=None)
     except OSError as exc:  # e.g. the address is in use
         print(f"specon-manager: cannot serve on {host}:{port}: {exc}", file=sys.stderr)
         return 1

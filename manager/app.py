@@ -169,7 +169,7 @@ async def _ticker(app: web.Application) -> AsyncIterator[None]:
         while True:
             await asyncio.sleep(1.0)
             try:
-                coord.step()
+                coord.step(rebalance=True)
             except Exception:
                 log.exception("specon.manager.tick_failed")
 

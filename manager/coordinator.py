@@ -169,26 +169,41 @@ class Coordinator:
         return self.batch_for(worker)
 
     # -- the loop ----------------------------------------------------------------------
-    def step(self) -> None:
-        """One pass: drive migrations, answer requests, rebalance. Cheap when idle."""
+    def step(self, *, rebalance: bool = False) -> None:
+        """One pass: drive migrations, answer requests and, if asked, consider Algorithm 3.
+
+        Heartbeats call it without ``rebalance`` (cheap: nothing is built unless a request
+        waits); the manager's 1 s ticker calls it with ``rebalance=True``, which catches
+        job completions within a second as well.
+        """
         now = self.clock()
         timeout = self.policy.messaging.worker_timeout
-        alive = self.state.alive(now, timeout)
-        self._drive(now, alive)
-        if self.requests or self.policy.rebalance.mode != "off":
-            t0 = time.perf_counter()
-            snap = self.state.snapshot(
-                now,
-                timeout=timeout,
-                marks=self.marks,
-                in_flight=self.migrations.values(),
-                placed=self.virtual,
-            )
-            # One index per pass, shared by Algorithms 2 and 3 (building it dominates both).
-            index = ClusterIndex.of(snap)
-            self._decide(snap, index, now)
-            self.decision_seconds.append(time.perf_counter() - t0)
-            del self.decision_seconds[:-1000]
+        if self.migrations:
+            self._drive(now, self.state.alive(now, timeout))
+        rebalance = rebalance and self._rebalance_may_trigger()
+        if not (self.requests or rebalance):
+            return
+        t0 = time.perf_counter()
+        snap = self.state.snapshot(
+            now, timeout=timeout, marks=self.marks, in_flight=self.migrations.values(), placed=self.virtual
+        )
+        # One index per pass, shared by Algorithms 2 and 3 (building it dominates both).
+        index = ClusterIndex.of(snap)
+        self._decide(snap, index, now, rebalance=rebalance)
+        self.decision_seconds.append(time.perf_counter() - t0)
+        del self.decision_seconds[:-1000]
+
+    def _rebalance_may_trigger(self) -> bool:
+        """A cheap pre-check of Algorithm 3's trigger, before any snapshot is built."""
+        cfg = self.policy.rebalance
+        if cfg.mode == "off" or self.migrations:
+            return False
+        if cfg.when == "always":
+            return True
+        running = [r for r in self.state.containers.values() if r.report.phase == "running"]
+        return bool(running) and all(
+            r.report.migrated or self.marks.get(r.id, Marks()).migrations > 0 for r in running
+        )
 
     def _drive(self, now: float, alive: frozenset[WorkerId]) -> None:
         warming_up = now - self.started_at < self.policy.messaging.worker_timeout
@@ -259,11 +274,13 @@ class Coordinator:
             )
 
     # -- Algorithm 2 -------------------------------------------------------------------
-    def _decide(self, snap: ClusterSnapshot, index: ClusterIndex, now: float) -> None:
+    def _decide(self, snap: ClusterSnapshot, index: ClusterIndex, now: float, *, rebalance: bool) -> None:
         """Act on one ``decide_pass``: answer a request, defer, or start a rebalancing move."""
         queue = sorted(self.requests, key=self.requests.__getitem__)
         flights = [InFlight(m.container, m.source, m.target) for m in self.migrations.values()]
-        p = decide_pass(snap, requests=queue, in_flight=flights, policy=self.policy, index=index)
+        p = decide_pass(
+            snap, requests=queue, in_flight=flights, policy=self.policy, index=index, rebalance=rebalance
+        )
         for cid in (*p.dropped, *p.answered):
             self.requests.pop(cid, None)
             self._deferred.discard(cid)

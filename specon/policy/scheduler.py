@@ -79,8 +79,9 @@ def decide_pass(
     in_flight: Sequence[InFlight],
     policy: Policy,
     index: ClusterIndex | None = None,
+    rebalance: bool = True,
 ) -> Pass:
-    """One pass over the pending ``requests`` (oldest first) and the rebalancing trigger."""
+    """One pass over the pending ``requests`` (oldest first) and, if ``rebalance``, Algorithm 3."""
     idx = index_for(snapshot, index)
     budget = _Budget(in_flight, policy)
     busy = {f.container for f in in_flight}
@@ -108,9 +109,9 @@ def decide_pass(
         deferred.extend(r for r in requests[pos + 1 :] if r not in busy)
         break
     waiting = bool(deferred) or decision is not None
-    rebalance = None
-    if not in_flight and not waiting and should_rebalance(snapshot, policy.rebalance):
+    move = None
+    if rebalance and not in_flight and not waiting and should_rebalance(snapshot, policy.rebalance):
         moves = plan_rebalance(snapshot, cfg=policy.rebalance, worker_timeout=timeout, index=idx)
         if moves and budget.room() and budget.free(moves[0].source) and budget.free(moves[0].target):
-            rebalance = moves[0]
-    return Pass(tuple(dropped), tuple(deferred), tuple(refused), decision, rebalance)
+            move = moves[0]
+    return Pass(tuple(dropped), tuple(deferred), tuple(refused), decision, move)

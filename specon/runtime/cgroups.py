@@ -398,13 +398,22 @@ class CpuBudget:
             self.group.set_cpus(cpus)
         self.cpus = cpus
 
-    def cpu_seconds(self, groups: Mapping[ContainerId, int]) -> tuple[float, dict[ContainerId, float]]:
-        """The worker's cumulative CPU seconds and each running job's (``groups``: pgids)."""
-        per_job = self.meter.sample(groups)
+    def cpu_seconds(
+        self, groups: Mapping[ContainerId, int], *, per_job: bool = True
+    ) -> tuple[float, dict[ContainerId, float]]:
+        """The worker's cumulative CPU seconds and each running job's (``groups``: pgids).
+
+        ``per_job=False`` skips the per-job figures where the cgroup gives the total: they
+        cost a scan of every process on the host.
+        """
+        if self.group is not None and not per_job:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                return self.group.usage_ns() / 1e9, {}
+        per_job_seconds = self.meter.sample(groups)
         if self.group is not None:
             with contextlib.suppress(OSError, ValueError, IndexError):
-                return self.group.usage_ns() / 1e9, per_job
-        return self.meter.total, per_job
+                return self.group.usage_ns() / 1e9, per_job_seconds
+        return self.meter.total, per_job_seconds
 
     def close(self) -> bool:
         """Remove the cgroup when empty; True when nothing is left behind."""

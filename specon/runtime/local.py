@@ -123,6 +123,7 @@ class LocalRuntime:
         cgroup_root: Path = CGROUP_ROOT,
         proc: Path = PROC,
         affinity_offset: int = 0,
+        per_container_usage: bool = True,
     ) -> None:
         try:
             valid_job_id(worker)
@@ -131,6 +132,9 @@ class LocalRuntime:
             raise ValueError(f"invalid worker or cluster name: {exc}") from exc
         self.root = root
         self._worker = worker
+        # Per-job CPU seconds in usage(): an agent that reads only the worker total turns
+        # them off (they cost a scan of every process on the host).
+        self.per_container_usage = per_container_usage
         self._proc = proc
         self.capacity = Resources(cpu=cpus, memory=memory)
         self._budget = CpuBudget.establish(
@@ -198,7 +202,7 @@ class LocalRuntime:
     async def usage(self) -> WorkerUsage:
         """CPU use since the previous call, as a share of this worker's budget."""
         running = {p.job: o for p, o in self._owned() if self._alive(o)}
-        total, per_job = self._budget.cpu_seconds(self._groups(running))
+        total, per_job = self._budget.cpu_seconds(self._groups(running), per_job=self.per_container_usage)
         now = time.monotonic()
         last_t, last_cpu = self._last
         self._last = (now, total)
@@ -453,7 +457,8 @@ class LocalRuntime:
             started_at=owner.started_at,
             pid=owner.pid,
             exit_code=exit_code,
-            finished=paths.finished(),
+            # Reading the log's tail is the costly part of a listing: only ended jobs need it.
+            finished=state in (ContainerState.EXITED, ContainerState.FAILED) and paths.finished(),
         )
 
     def _exit_record(self, owner: Owner, reason: str, sig: int | None) -> ExitRecord:

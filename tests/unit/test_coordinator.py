@@ -344,7 +344,9 @@ def test_rebalance_always_moves_one_container_off_the_loaded_worker(tmp_path: Pa
     coord = _three_on_a(clock, tmp_path)
     a, b = FakeAgent("a", clock), FakeAgent("b", clock)
     coord.on_heartbeat(b.heartbeat())
-    reply = coord.on_heartbeat(a.heartbeat(*_frozen("r1", "r2", "r3")))
+    coord.on_heartbeat(a.heartbeat(*_frozen("r1", "r2", "r3")))
+    coord.step(rebalance=True)  # Algorithm 3 runs from the manager's ticker, not per heartbeat
+    reply = coord.batch_for(a.worker)
     m = _one_migration(coord)
     assert (m.container, m.source, m.target, m.reason) == ("r2", "a", "b", "rebalance")
     save = only(reply, Action.SAVE)
@@ -362,6 +364,7 @@ def test_rebalance_always_moves_one_container_off_the_loaded_worker(tmp_path: Pa
     for _ in range(3):
         clock.advance(5.0)
         coord.on_heartbeat(a.heartbeat(*_frozen("r1", "r3")))
+        coord.step(rebalance=True)
     assert len(coord.journal.all()) == 1
 
 
@@ -373,6 +376,7 @@ def test_dry_run_rebalance_records_only_the_moves_a_live_run_would_make(
     coord.on_heartbeat(b.heartbeat())
     for _ in range(4):
         coord.on_heartbeat(a.heartbeat(*_frozen("r1", "r2", "r3")))
+        coord.step(rebalance=True)
         clock.advance(5.0)
     assert [m.container for m in coord.journal.all()] == ["r2"]
     assert [c for c, mk in coord.marks.items() if mk.rebalances] == ["r2"]
