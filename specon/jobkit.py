@@ -40,7 +40,10 @@ Event records carry no metric, so a reader looking for ``loss`` skips them.
 
 Exit codes: 0 = finished (``done.json`` exists); ``EXIT_CHECKPOINTED`` (75, sysexits'
 EX_TEMPFAIL: "try again later") = stopped on request after a complete checkpoint; anything
-else = the job failed (a restart resumes from its newest complete checkpoint).
+else = the job failed (a restart resumes from its newest complete checkpoint). The signal
+handlers live only inside ``with Job(...)``: a SIGTERM before it (interpreter start, imports)
+or after it (on the way out) kills the process with the default action. So a runtime asks
+``read_done(checkpoint_dir)`` first: a job killed after it finished is still finished.
 
 Guarantee: however often a job is stopped and restarted, it trains step ``k`` for every
 ``k`` in ``1..steps`` and finishes with exactly ``steps`` completed; steps after its last
@@ -61,7 +64,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from specon import checkpoint
 
@@ -155,6 +158,8 @@ class Job:
     ``save()`` returns the payload to checkpoint; ``restore(payload)`` loads it back
     (optional when the script calls ``resume()`` itself and restores the payload).
     ``steps`` is the configured number of training steps; steps are numbered ``1..steps``.
+    ``progress`` (a path or a ``ProgressLog``, default ``$SPECON_PROGRESS_FILE``) is closed
+    when the ``with`` block ends. ``keep`` complete checkpoints are kept.
     """
 
     def __init__(
@@ -177,6 +182,8 @@ class Job:
             raise ValueError(f"checkpoint_every must be >= 1 or None, got {checkpoint_every}")
         if checkpoint_interval is not None and checkpoint_interval <= 0:
             raise ValueError(f"checkpoint_interval must be > 0 or None, got {checkpoint_interval}")
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
         self.total = steps
         self._save = save
         self._restore = restore
@@ -190,7 +197,7 @@ class Job:
         self.keep = keep
         self.exit_on_stop = exit_on_stop
         self.completed = 0  # steps done so far, counting those restored from the checkpoint
-        self.outcome: str | None = None  # "finished" | "checkpointed" once the loop ends
+        self.outcome: Literal["finished", "checkpointed"] | None = None  # once the loop ends
         self._stop_signal: int | None = None
         self._resumed: tuple[int, bytes | None] | None = None
         self._last_checkpoint_step: int | None = None

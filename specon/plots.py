@@ -157,3 +157,28 @@ def plot_jct_bars(
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.savefig(out, format="png", dpi=dpi)
+
+
+def plot_jct_cdfs(
+    series: Sequence[tuple[str, Sequence[float]]], out: Path, *, title: str = "", dpi: int = 100
+) -> None:
+    """Empirical CDFs of job completion times, one line per label (the simulator's policies)."""
+    if not series:
+        raise ValueError("nothing to plot")
+    fig = Figure(figsize=(7.0, 4.0), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for i, (label, values) in enumerate(series):
+        xs = sorted(values)
+        if not xs:
+            continue
+        ys = [(k + 1) / len(xs) for k in range(len(xs))]
+        ax.step(xs, ys, where="post", label=label, color=MODEL_COLOURS[i % len(MODEL_COLOURS)], linewidth=1.2)
+    ax.set_xlabel("JCT (s)")
+    ax.set_ylabel("share of jobs")
+    ax.set_ylim(0.0, 1.0)
+    if title:
+        ax.set_title(title, fontsize=10, loc="left")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(out, format="png", dpi=dpi)

@@ -1,0 +1,123 @@
+"""Simulator: scenarios A1-A5 side by side with the paper, and 10,000 jobs on 1,000 workers.
+
+Prints each scenario's markdown table (DS / specon-paper / specon / balancer / bound
+beside the paper's numbers; also written to bench/results/bench_sim.md) and reports, as
+figures, each policy's average-JCT and makespan change against DS, DS's makespan beside
+the paper's (the calibration), and the CPU time of one large run.
+
+Scale run: 1,000 one-core workers, 10,000 jobs of the five recorded models (synthetic
+Optimus curves fitted to the stored traces, ``specon.sim.curves``), Poisson arrivals at
+90 % of the cluster's capacity, the ``specon`` policy (the most expensive: Algorithm 1
+on every job every Δ and a decision pass per request). Target: under 60 s of CPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from bench.figures import Figure
+from specon.sim.curves import fit_models, synthetic_set
+from specon.sim.experiment import run_scenario
+from specon.sim.policies import make_policy
+from specon.sim.report import markdown
+from specon.sim.runner import simulate
+from specon.sim.scenarios import PAPER_MODELS, SCENARIOS, Poisson, Scenario
+from specon.sim.trace import Trace, load_traces
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SEEDS = {False: 10, True: 3}
+SCALE = {False: (10_000, 1_000), True: (2_000, 200)}
+SCALE_LOAD = 0.9
+SCALE_WORK = 300.0  # mean CPU-seconds per job
+
+
+def _scale_traces(traces: Mapping[str, Sequence[Trace]]) -> dict[str, list[Trace]]:
+    pool: dict[str, list[Trace]] = {}
+    for t in synthetic_set(fit_models(traces), 100, seed=0):
+        pool.setdefault(t.model, []).append(t)
+    return pool
+
+
+def scale_run(
+    traces: Mapping[str, Sequence[Trace]], *, jobs: int, workers: int, policy: str = "specon"
+) -> Figure:
+    sc = Scenario(
+        "scale",
+        f"{jobs} jobs, {workers} workers",
+        workers=workers,
+        jobs=jobs,
+        arrivals=Poisson(SCALE_LOAD * workers / SCALE_WORK),
+        models=PAPER_MODELS,
+        work=SCALE_WORK,
+    )
+    workload = sc.workload(0, _scale_traces(traces))
+    t0 = time.process_time()
+    run = simulate(workload, make_policy(policy))
+    cpu = time.process_time() - t0
+    m = run.meta
+    full = (jobs, workers) == SCALE[False]
+    return Figure(
+        f"scale: {jobs:,} jobs on {workers:,} workers, {policy} (one run)",
+        cpu,
+        "s CPU",
+        target=60.0 if full else None,
+        better="max",
+        detail=(
+            f"{m['events']:,} events, {m['ticks']} ticks, {m['passes']:,} passes, "
+            f"{m['requests']:,} requests, {len(run.migrations):,} moves; "
+            f"avg JCT {run.avg_jct or 0:.0f} s, makespan {run.makespan or 0:.0f} s"
+        ),
+    )
+
+
+def run(quick: bool, traces_dir: Path | None = None) -> list[Figure]:
+    traces = load_traces(traces_dir)
+    if not any(traces.values()):
+        raise SystemExit(
+            f"bench_sim: no traces under {traces_dir or 'specon/data/traces'}; run `specon trace record`"
+        )
+    figures: list[Figure] = []
+    tables: list[str] = []
+    seeds = SEEDS[quick]
+    for name, sc in SCENARIOS.items():
+        result = run_scenario(sc, traces, seeds=seeds)
+        table = markdown(result)
+        print(table, flush=True)
+        tables.append(table)
+        s = result.main.summaries
+        ds = s["ds"].mean
+        paper = sc.paper
+        if paper.ds_makespan is not None:
+            figures.append(
+                Figure(
+                    f"{name}: DS makespan (paper {paper.ds_makespan:g} s)",
+                    ds["makespan"],
+                    "s",
+                    detail=f"DS avg JCT {ds['avg_jct']:.0f} s (paper {paper.ds_avg_jct or '-'}); "
+                    f"{seeds} seeds",
+                )
+            )
+        for policy in ("specon-paper", "specon", "balancer", "bound"):
+            m = s[policy].mean
+            ci = s[policy].ci95
+            figures.append(
+                Figure(
+                    f"{name}: {policy} avg JCT change vs DS",
+                    0.0 - 100 * m["avg_jct_reduction"],  # 0.0 - : no "-0.000 %" for no change
+                    "%",
+                    detail=(
+                        f"± {100 * ci['avg_jct_reduction']:.1f}; "
+                        f"makespan {-100 * m['makespan_reduction']:+.1f} % "
+                        f"± {100 * ci['makespan_reduction']:.1f}; "
+                        f"paper {-100 * (paper.avg_jct_reduction or 0):+.1f} % / "
+                        f"{-100 * (paper.makespan_reduction or 0):+.1f} %"
+                    ),
+                )
+            )
+    jobs, workers = SCALE[quick]
+    figures.append(scale_run(traces, jobs=jobs, workers=workers))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "bench_sim.md").write_text("\n".join(tables), encoding="utf-8")
+    return figures

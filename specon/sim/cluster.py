@@ -1,0 +1,344 @@
+"""The simulated runtime: workers with CPU capacity, jobs that train on them, migrations.
+
+Contention model (processor sharing). A job is single-threaded: it uses at most
+``job_cores`` (default 1) cores. A worker's capacity is split evenly among the jobs
+running on it, so each gets ``min(job_cores, capacity / n)`` cores. When the worker is
+oversubscribed (``n * job_cores > capacity``), every step also costs ``interference``
+times as much (cache and context-switch losses of time-sharing; 1.0 = ideal sharing,
+the default until the calibration benchmark measures it). A job alone at full speed does
+``1 / step_cost`` steps per second.
+
+Jobs progress continuously between events: each worker keeps one completion event (the
+earliest finish among its jobs), recomputed whenever its set of jobs changes.
+
+Samples: a job "logs" its loss at its trace's stride (job steps are mapped onto the
+trace's, so a job with more steps than its trace stretches it). What it logged since the
+previous tick is what Algorithm 1 reads on the next tick. Both classifiers see a tick's
+samples only through ``specon.policy.monitor.aggregate_samples`` (their mean, or the last
+one), so when more than ``max_samples_per_tick`` were logged they are handed over as two
+values with the same mean and the same last value (computed from prefix sums in O(1)).
+
+Migration cost: a moved job stops when the move is decided (saved on the source) and
+runs again on the target ``migration_downtime`` seconds later; no progress is lost (the
+job contract checkpoints on SIGTERM). The default, 4.0 s, is the measured save + resume
+overhead of the VAE workload on the local runtime (``python -m bench bench_workloads``);
+the paper reports under 5 s.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import accumulate
+
+from specon.model import WorkerId
+from specon.policy.monitor import MonitorState
+from specon.sim.engine import COMPLETE, Engine, Handle
+from specon.sim.trace import Trace
+
+# A remaining run time below this (seconds) counts as finished: float round-off.
+_FINISH_EPS = 1e-7
+
+
+@dataclass(frozen=True, slots=True)
+class SimParams:
+    job_cores: float = 1.0
+    interference: float = 1.0
+    migration_downtime: float = 4.0
+    max_samples_per_tick: int = 64
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not (math.isfinite(self.job_cores) and self.job_cores > 0):
+            problems.append(f"job_cores must be > 0, got {self.job_cores}")
+        if not (math.isfinite(self.interference) and self.interference >= 1.0):
+            problems.append(f"interference must be >= 1 (1 = ideal sharing), got {self.interference}")
+        if not (math.isfinite(self.migration_downtime) and self.migration_downtime >= 0):
+            problems.append(f"migration_downtime must be >= 0, got {self.migration_downtime}")
+        if self.max_samples_per_tick < 2:
+            problems.append(f"max_samples_per_tick must be >= 2, got {self.max_samples_per_tick}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+DEFAULT_PARAMS = SimParams()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    id: WorkerId
+    cpu: float = 1.0  # cores
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.cpu) and self.cpu > 0):
+            raise ValueError(f"worker {self.id}: cpu must be > 0, got {self.cpu}")
+
+
+@dataclass(frozen=True, slots=True)
+class JobPlan:
+    """One job of a workload: when it arrives, what it trains and how much work it is."""
+
+    id: str
+    model: str
+    submit: float
+    trace: Trace
+    steps: int
+    step_cost: float  # CPU-seconds per step on one full core
+    # Initial placement; None = the workload's round-robin by submission order.
+    worker: WorkerId | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"job {self.id}: steps must be >= 1, got {self.steps}")
+        if not (math.isfinite(self.step_cost) and self.step_cost > 0):
+            raise ValueError(f"job {self.id}: step_cost must be > 0, got {self.step_cost}")
+        if not (math.isfinite(self.submit) and self.submit >= 0):
+            raise ValueError(f"job {self.id}: submit must be a finite time >= 0, got {self.submit}")
+
+    @property
+    def work(self) -> float:
+        """CPU-seconds of the whole job on one full core."""
+        return self.steps * self.step_cost
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Workers and jobs; jobs are kept in submission order (ties by id)."""
+
+    workers: tuple[WorkerSpec, ...]
+    jobs: tuple[JobPlan, ...]
+
+    def __post_init__(self) -> None:
+        if not self.workers:
+            raise ValueError("a workload needs at least one worker")
+        wids = [w.id for w in self.workers]
+        if len(set(wids)) != len(wids):
+            raise ValueError("duplicate worker ids")
+        jids = [j.id for j in self.jobs]
+        if len(set(jids)) != len(jids):
+            raise ValueError("duplicate job ids")
+        unknown = {j.worker for j in self.jobs if j.worker is not None} - set(wids)
+        if unknown:
+            raise ValueError(f"jobs placed on unknown workers: {sorted(unknown)}")
+        object.__setattr__(self, "jobs", tuple(sorted(self.jobs, key=lambda j: (j.submit, j.id))))
+
+    def placement(self) -> dict[str, WorkerId]:
+        """Initial worker per job: the job's own, else round-robin by submission order
+        (SPEC §8: the paper's fixed initial placement, the same for every policy)."""
+        out: dict[str, WorkerId] = {}
+        n = len(self.workers)
+        for i, job in enumerate(self.jobs):
+            out[job.id] = job.worker if job.worker is not None else self.workers[i % n].id
+        return out
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"  # not submitted yet
+    RUNNING = "running"
+    MOVING = "moving"  # saved on the source, not yet running on the target
+    DONE = "done"
+
+
+class _TraceData:
+    """A trace's losses with prefix sums, shared by every job of that trace in a run."""
+
+    __slots__ = ("losses", "prefix")
+
+    def __init__(self, trace: Trace) -> None:
+        self.losses = trace.losses
+        self.prefix = (0.0, *accumulate(trace.losses))
+
+
+@dataclass(slots=True, eq=False)
+class SimJob:
+    """A job's mutable state during one run (never leaves the simulator)."""
+
+    plan: JobPlan
+    data: _TraceData
+    log_every: float  # job steps between two logged samples
+    phase: Phase = Phase.WAITING
+    worker: WorkerId | None = None  # host while running; the target while moving
+    done: float = 0.0  # steps done as of ``updated``
+    rate: float = 0.0  # steps per second now
+    updated: float = 0.0
+    logged: float = 0.0  # steps done at the previous Algorithm 1 tick
+    state: MonitorState | None = None
+    started: float | None = None
+    finish: float | None = None
+    migrations: int = 0  # Algorithm 2 decisions (Stay or Move) for it
+    rebalances: int = 0
+    t_migrated: float | None = None
+    history: list[tuple[float, str]] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return self.plan.id
+
+
+@dataclass(slots=True, eq=False)
+class SimWorker:
+    spec: WorkerSpec
+    jobs: dict[str, SimJob] = field(default_factory=dict)  # insertion order: deterministic
+    event: Handle | None = None
+
+    @property
+    def id(self) -> WorkerId:
+        return self.spec.id
+
+
+class Cluster:
+    """Workers and jobs under the contention model; schedules its own completion events."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        workload: Workload,
+        params: SimParams,
+        *,
+        on_finish: Callable[[SimJob], None] | None = None,
+        on_change: Callable[[WorkerId], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.params = params
+        self.on_finish = on_finish
+        # Called whenever a worker's set of running jobs changes (its usage may change).
+        self.on_change = on_change
+        self.workers = {w.id: SimWorker(w) for w in workload.workers}
+        cache: dict[int, _TraceData] = {}
+        self.jobs: dict[str, SimJob] = {}
+        for plan in workload.jobs:
+            data = cache.get(id(plan.trace))
+            if data is None:
+                data = cache[id(plan.trace)] = _TraceData(plan.trace)
+            log_every = plan.trace.stride * plan.steps / plan.trace.steps
+            self.jobs[plan.id] = SimJob(plan, data, log_every)
+        self.unfinished = len(self.jobs)
+        self._live: dict[str, SimJob] = {}  # running or moving
+
+    # -- contention --------------------------------------------------------------------
+    def _settle(self, w: SimWorker) -> None:
+        """Bring every job on ``w`` up to now at its current rate."""
+        now = self.engine.now
+        for job in w.jobs.values():
+            job.done = min(job.plan.steps, job.done + job.rate * (now - job.updated))
+            job.updated = now
+
+    def _rerate(self, w: SimWorker) -> None:
+        """New rates for ``w``'s jobs after its set changed; reschedule its completion."""
+        if w.event is not None:
+            w.event.cancel()
+            w.event = None
+        if self.on_change is not None:
+            self.on_change(w.id)
+        n = len(w.jobs)
+        if n == 0:
+            return
+        p = self.params
+        cores = min(p.job_cores, w.spec.cpu / n)
+        slowdown = p.interference if n * p.job_cores > w.spec.cpu + 1e-12 else 1.0
+        first = math.inf
+        for job in w.jobs.values():
+            job.rate = cores / (job.plan.step_cost * slowdown)
+            first = min(first, (job.plan.steps - job.done) / job.rate)
+        w.event = self.engine.at(
+            self.engine.now + max(first, 0.0), lambda: self._complete(w), priority=COMPLETE
+        )
+
+    def _complete(self, w: SimWorker) -> None:
+        w.event = None
+        self._settle(w)
+        now = self.engine.now
+        finished = [j for j in w.jobs.values() if (j.plan.steps - j.done) <= j.rate * _FINISH_EPS]
+        for job in finished:
+            del w.jobs[job.id]
+            job.done = job.plan.steps
+            job.rate = 0.0
+            job.phase = Phase.DONE
+            job.finish = now
+            self.unfinished -= 1
+            del self._live[job.id]
+        self._rerate(w)
+        if self.on_finish is not None:
+            for job in finished:
+                self.on_finish(job)
+
+    # -- placement ---------------------------------------------------------------------
+    def start(self, job: SimJob, worker: WorkerId) -> None:
+        """Run ``job`` on ``worker`` from its current step."""
+        w = self.workers[worker]
+        self._settle(w)
+        now = self.engine.now
+        job.phase = Phase.RUNNING
+        job.worker = worker
+        job.updated = now
+        job.rate = 0.0
+        if job.started is None:
+            job.started = now
+            self._live[job.id] = job
+        job.history.append((now, worker))
+        w.jobs[job.id] = job
+        self._rerate(w)
+
+    def suspend(self, job: SimJob) -> None:
+        """Stop ``job`` (saved on its worker); it keeps the steps it has done."""
+        if job.phase is not Phase.RUNNING or job.worker is None:
+            raise ValueError(f"job {job.id} is not running")
+        w = self.workers[job.worker]
+        self._settle(w)
+        del w.jobs[job.id]
+        job.rate = 0.0
+        job.phase = Phase.MOVING
+        self._rerate(w)
+
+    def move(self, job: SimJob, target: WorkerId, on_arrived: Callable[[SimJob], None]) -> None:
+        """Save ``job`` now; it runs on ``target`` after the migration downtime."""
+        if target not in self.workers:
+            raise ValueError(f"unknown worker {target}")
+        self.suspend(job)
+        job.worker = target
+
+        def arrive() -> None:
+            self.start(job, target)
+            on_arrived(job)
+
+        self.engine.after(self.params.migration_downtime, arrive, priority=COMPLETE)
+
+    # -- observation -------------------------------------------------------------------
+    def steps_now(self, job: SimJob) -> float:
+        if job.phase is not Phase.RUNNING:
+            return job.done
+        return min(job.plan.steps, job.done + job.rate * (self.engine.now - job.updated))
+
+    def take_samples(self, job: SimJob) -> list[float]:
+        """The losses ``job`` logged since the previous call (see the module docstring)."""
+        now_steps = self.steps_now(job)
+        every = job.log_every
+        first = math.floor(job.logged / every) + 1
+        last = math.floor(now_steps / every + 1e-9)
+        job.logged = now_steps
+        if last < first:
+            return []
+        data = job.data
+        top = len(data.losses)
+        count = last - first + 1
+        if count <= self.params.max_samples_per_tick:
+            return [data.losses[min(i, top) - 1] for i in range(first, last + 1)]
+        # Records past the end of the trace repeat its last value.
+        real_hi = min(last, top)
+        n_real = max(0, real_hi - first + 1)
+        total = (data.prefix[real_hi] - data.prefix[first - 1] if n_real else 0.0) + (
+            count - n_real
+        ) * data.losses[top - 1]
+        final = data.losses[real_hi - 1]
+        return [2.0 * total / count - final, final]
+
+    def usage(self, worker: WorkerId) -> float:
+        """R(w, t): the share of the worker's CPU its running jobs use, in [0, 1]."""
+        w = self.workers[worker]
+        return min(1.0, len(w.jobs) * self.params.job_cores / w.spec.cpu)
+
+    def live(self) -> list[SimJob]:
+        """Running or moving jobs, in the order they first started."""
+        return list(self._live.values())

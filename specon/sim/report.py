@@ -1,0 +1,243 @@
+"""Scenario results as a markdown table beside the paper's numbers, as JSON, and as PNGs.
+
+Sign convention in the tables: "vs DS" is the change against DS on the same seed
+(negative = faster), the paper's reductions shown the same way. ``bound`` rows are lower
+bounds (its "vs DS" the most any policy could gain; its jobs-improved and best-job
+figures upper bounds on what any policy could reach).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from specon.sim.experiment import METRICS, PointResult, ScenarioResult, Summary
+from specon.sim.scenarios import PaperNumbers
+
+_NA = "-"
+ALPHA, DELTA = "\N{GREEK SMALL LETTER ALPHA}", "\N{GREEK CAPITAL LETTER DELTA}"
+
+
+def _num(x: float | None, digits: int = 0) -> str:
+    return _NA if x is None or not math.isfinite(x) else f"{x:,.{digits}f}"
+
+
+def _pm(s: Summary, key: str, digits: int = 0) -> str:
+    m, ci = s.mean.get(key, math.nan), s.ci95.get(key, math.nan)
+    if not math.isfinite(m):
+        return _NA
+    return f"{m:,.{digits}f} ± {ci:,.{digits}f}" if math.isfinite(ci) and s.seeds > 1 else f"{m:,.{digits}f}"
+
+
+def _change(s: Summary, key: str) -> str:
+    """A reduction as a signed change in percent, with its CI."""
+    m, ci = s.mean.get(key, math.nan), s.ci95.get(key, math.nan)
+    if not math.isfinite(m):
+        return _NA
+    text = _signed(-100 * m)
+    return f"{text} ± {100 * ci:.1f}" if math.isfinite(ci) and s.seeds > 1 else text
+
+
+def _share(s: Summary, key: str) -> str:
+    m = s.mean.get(key, math.nan)
+    return _NA if not math.isfinite(m) else f"{100 * m:.0f} %"
+
+
+def _signed(percent: float) -> str:
+    # Rounds to 0.0 without a sign: "-0.0 %" reads as a gain that is not there.
+    return f"{percent:+.1f} %" if round(percent, 1) != 0 else "0.0 %"
+
+
+def _paper_change(x: float | None) -> str:
+    return _NA if x is None else _signed(-100 * x)
+
+
+def _paper_share(x: float | None) -> str:
+    return _NA if x is None else f"{100 * x:.0f} %"
+
+
+_HEADER = (
+    "| policy | avg JCT (s) | vs DS | makespan (s) | vs DS | jobs improved | best job | moves |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|",
+)
+
+
+def point_table(point: PointResult, *, policies: tuple[str, ...]) -> list[str]:
+    lines = list(_HEADER)
+    for name in policies:
+        s = point.summaries.get(name)
+        if s is None:
+            continue
+        label = f"{name} (lower bound)" if name == "bound" else name
+        if name == "ds":
+            row = [label, _pm(s, "avg_jct"), _NA, _pm(s, "makespan"), _NA, _NA, _NA, "0"]
+        else:
+            moves = _NA if name == "bound" else _num(s.mean.get("migrations"), 1)
+            row = [
+                label,
+                _pm(s, "avg_jct"),
+                _change(s, "avg_jct_reduction"),
+                _pm(s, "makespan"),
+                _change(s, "makespan_reduction"),
+                _share(s, "jobs_improved"),
+                _change(s, "best_reduction"),
+                moves,
+            ]
+        lines.append("| " + " | ".join(row) + " |")
+    p = point.paper
+    if p is not None:
+        if p.ds_avg_jct is not None or p.ds_makespan is not None:
+            cells = [_num(p.ds_avg_jct, 1), _NA, _num(p.ds_makespan), _NA, _NA, _NA, _NA]
+            lines.append("| *paper: DS* | " + " | ".join(cells) + " |")
+        lines.append(
+            "| *paper: SpeCon* | "
+            + " | ".join(
+                [
+                    _num(p.specon_avg_jct, 1),
+                    _paper_change(p.avg_jct_reduction),
+                    _num(p.specon_makespan),
+                    _paper_change(p.makespan_reduction),
+                    _paper_share(p.jobs_improved),
+                    _paper_change(p.best_reduction),
+                    _NA,
+                ]
+            )
+            + " |"
+        )
+    return lines
+
+
+def sweep_table(result: ScenarioResult) -> list[str]:
+    """Table III: ours beside the paper's, per (alpha, interval) and specon policy (the
+    other policies do not depend on alpha or the interval: see the main table)."""
+    names = [p for p in result.policies if p in ("specon-paper", "specon")]
+    lines = [
+        f"| {ALPHA}, {DELTA} | policy | jobs improved | avg JCT | best job | makespan |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for point in result.sweep:
+        where = f"{point.alpha:g}, {point.interval:g} s"
+        for name in names:
+            s = point.summaries[name]
+            lines.append(
+                f"| {where} | {name} | {_share(s, 'jobs_improved')} | {_change(s, 'avg_jct_reduction')} | "
+                f"{_change(s, 'best_reduction')} | {_change(s, 'makespan_reduction')} |"
+            )
+        p = point.paper
+        if p is not None:
+            cells = [
+                _paper_share(p.jobs_improved),
+                _paper_change(p.avg_jct_reduction),
+                _paper_change(p.best_reduction),
+                _paper_change(p.makespan_reduction),
+            ]
+            lines.append(f"| {where} | *paper* | " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(result: ScenarioResult) -> str:
+    sc = result.scenario
+    n = len(result.seeds)
+    weights = "" if result.weights is None else f", weights {','.join(f'{w:g}' for w in result.weights)}"
+    pr = result.params
+    lines = [
+        f"### {sc.name}: {sc.title}",
+        "",
+        f"{ALPHA} {result.main.alpha:g}, {DELTA} {result.main.interval:g} s{weights}; "
+        f"{n} seed{'s' if n != 1 else ''} (mean ± 95 % CI); "
+        f"migration downtime {pr.migration_downtime:g} s, interference {pr.interference:g}. "
+        "“vs DS”: change against DS on the same seed (negative = faster).",
+        "",
+        *point_table(result.main, policies=result.policies),
+    ]
+    if result.sweep:
+        lines += ["", f"Table III sweep ({sc.name}): change against DS, ours beside the paper's.", ""]
+        lines += sweep_table(result)
+    return "\n".join(lines) + "\n"
+
+
+def _summary_json(s: Summary) -> dict[str, Any]:
+    def clean(x: float) -> float | None:
+        return None if not math.isfinite(x) else round(x, 6)
+
+    out: dict[str, Any] = {k: clean(s.mean[k]) for k in METRICS}
+    out["ci95"] = {k: clean(s.ci95[k]) for k in METRICS}
+    out["seeds"] = s.seeds
+    return out
+
+
+def _paper_json(p: PaperNumbers | None) -> dict[str, Any] | None:
+    if p is None:
+        return None
+    return asdict(p)
+
+
+def _point_json(point: PointResult) -> dict[str, Any]:
+    return {
+        "alpha": point.alpha,
+        "interval": point.interval,
+        "policies": {name: _summary_json(s) for name, s in point.summaries.items()},
+        "paper": _paper_json(point.paper),
+    }
+
+
+def to_json(result: ScenarioResult) -> dict[str, Any]:
+    """``{"scenario", "policies": {NAME: {"avg_jct", "makespan", "jobs_improved",
+    "best_reduction", "migrations", "ci95": {...}, ...}}, ...}``: seconds and fractions,
+    means over the seeds; reductions, jobs_improved and best_reduction against DS on the
+    same seed; ``migrations`` counts every move (``rebalances`` those by rebalancing)."""
+    sc = result.scenario
+    main = _point_json(result.main)
+    out: dict[str, Any] = {
+        "scenario": sc.name,
+        "title": sc.title,
+        "seeds": len(result.seeds),
+        "alpha": result.main.alpha,
+        "interval": result.main.interval,
+        "weights": list(result.weights) if result.weights is not None else None,
+        "params": {
+            "job_cores": result.params.job_cores,
+            "interference": result.params.interference,
+            "migration_downtime": result.params.migration_downtime,
+        },
+        "policies": main["policies"],
+        "paper": main["paper"],
+        "cpu_seconds": round(result.seconds, 3),
+    }
+    if result.sweep:
+        out["sweep"] = [_point_json(p) for p in result.sweep]
+    return out
+
+
+def write_plots(result: ScenarioResult, directory: Path) -> list[Path]:
+    """``jct_cdf.png`` (every simulated policy, all seeds pooled) and ``timelines.png``
+    (seed 0: DS and each simulated policy). Returns the files written."""
+    from specon.plots import plot_jct_cdfs, plot_timelines  # noqa: PLC0415  (matplotlib: only for --plot)
+
+    directory.mkdir(parents=True, exist_ok=True)
+    runs = result.main.runs
+    order = [p for p in result.policies if p in runs]
+    cdf: list[tuple[str, list[float]]] = []
+    for name in order:
+        cdf.append((name, [j.jct for r in runs[name] for j in r.jobs if j.jct is not None]))
+    out = []
+    path = directory / "jct_cdf.png"
+    plot_jct_cdfs(cdf, path, title=f"{result.scenario.name}: JCT over {len(result.seeds)} seed(s)")
+    out.append(path)
+    path = directory / "timelines.png"
+    plot_timelines([(f"{name} (seed 0)", runs[name][0]) for name in order], path)
+    out.append(path)
+    return out
+
+
+def summary_line(name: str, summaries: Mapping[str, Summary]) -> str:
+    """A one-line digest: avg JCT and makespan change of each policy against DS."""
+    parts = []
+    for policy, s in summaries.items():
+        if policy == "ds":
+            continue
+        parts.append(f"{policy} {_change(s, 'avg_jct_reduction')} / {_change(s, 'makespan_reduction')}")
+    return f"{name}: " + "; ".join(parts)

@@ -1,0 +1,109 @@
+"""``specon sim``: the JSON contract, the table, bad input, and run-to-run determinism."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specon.cli.main import main
+from specon.sim.curves import CurveParams, synthetic_trace
+from specon.sim.scenarios import PAPER_MODELS
+from specon.sim.trace import write_trace_file
+
+
+@pytest.fixture
+def traces(tmp_path: Path) -> Path:
+    d = tmp_path / "traces"
+    d.mkdir()
+    params = CurveParams(beta0=2e-4, beta1=1.0, beta2=0.2)
+    for m in PAPER_MODELS:
+        t = synthetic_trace(model=m, steps=1000, step_cost=0.02, params=params, noise=0.01, seed=1)
+        write_trace_file(d / f"{m}.json", t)
+    return d
+
+
+def test_json_has_the_contracted_shape(
+    traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "a1.json"
+    code = main(
+        ["sim", "--scenario", "a1", "--seeds", "2", "--traces", str(traces), "--json", str(out), "--quiet"]
+    )
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data["scenario"] == "A1"
+    assert set(data["policies"]) == {"ds", "specon-paper", "specon", "balancer", "bound"}
+    for figures in data["policies"].values():
+        for key in ("avg_jct", "makespan", "jobs_improved", "best_reduction", "migrations", "ci95"):
+            assert key in figures
+        assert isinstance(figures["ci95"], dict) and "avg_jct" in figures["ci95"]
+        assert figures["avg_jct"] > 0 and figures["makespan"] > 0
+        assert 0.0 <= figures["jobs_improved"] <= 1.0
+    table = capsys.readouterr().out
+    assert "| specon |" in table and "*paper: SpeCon*" in table and "-14.7 %" in table
+
+
+def test_selected_policies_and_overrides(traces: Path, tmp_path: Path) -> None:
+    out = tmp_path / "a.json"
+    md = tmp_path / "a.md"
+    args = ["sim", "--scenario", "A2", "--policy", "specon", "--seeds", "1", "--alpha", "0.05",
+            "--interval", "20", "--weights", "3,2,1", "--traces", str(traces), "--json", str(out),
+            "--markdown", str(md), "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    data = json.loads(out.read_text())
+    assert set(data["policies"]) == {"ds", "specon"}
+    assert (data["alpha"], data["interval"], data["weights"]) == (0.05, 20.0, [3.0, 2.0, 1.0])
+    assert "sweep" not in data
+    assert data["paper"]["avg_jct_reduction"] == 0.057  # Table III, alpha 0.05, 20 s
+    assert md.read_text().startswith("### A2")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--weights", "1,2,3"], "progressing > watching > converged"),
+        (["--weights", "1,2"], "three numbers"),
+        (["--alpha", "-1"], "monitor.alpha"),
+        (["--seeds", "0"], "seeds"),
+        (["--interference", "0.5"], "interference"),
+    ],
+)
+def test_bad_input_exits_2_with_a_reason(
+    traces: Path, extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["sim", "--scenario", "A1", "--seeds", "1", "--traces", str(traces), "--quiet", *extra])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_no_traces_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sim", "--scenario", "A1", "--traces", str(tmp_path), "--quiet"]) == 2
+    assert "no traces" in capsys.readouterr().err
+
+
+def test_plots_are_written(traces: Path, tmp_path: Path) -> None:
+    plots = tmp_path / "plots"
+    args = ["sim", "--scenario", "A1", "--seeds", "1", "--policy", "specon", "--traces", str(traces),
+            "--plot", str(plots), "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    for name in ("jct_cdf.png", "timelines.png"):
+        assert (plots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_results_do_not_depend_on_the_process_hash_seed(traces: Path, tmp_path: Path) -> None:
+    outputs = []
+    for hash_seed in ("1", "2"):
+        out = tmp_path / f"run{hash_seed}.json"
+        args = [sys.executable, "-m", "specon.cli.main", "sim", "--scenario", "A3", "--seeds", "1",
+                "--traces", str(traces), "--json", str(out), "--quiet"]  # fmt: skip
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        subprocess.run(args, check=True, env=env, capture_output=True)
+        data = json.loads(out.read_text())
+        data.pop("cpu_seconds")
+        outputs.append(data)
+    assert outputs[0] == outputs[1]

@@ -1,0 +1,166 @@
+"""The simulated runtime: processor sharing, interference, migration downtime, samples."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from specon.model import WorkerId
+from specon.sim.cluster import (
+    DEFAULT_PARAMS,
+    Cluster,
+    JobPlan,
+    Phase,
+    SimJob,
+    SimParams,
+    WorkerSpec,
+    Workload,
+)
+from specon.sim.engine import Engine
+from specon.sim.trace import Trace
+
+
+def _trace(n: int = 100, stride: int = 1) -> Trace:
+    return Trace("m", n * stride, 1.0, tuple(float(n - i) for i in range(n)), "test", stride)
+
+
+def _job(
+    jid: str, *, submit: float = 0.0, steps: int = 100, cost: float = 1.0, worker: str = "w1"
+) -> JobPlan:
+    return JobPlan(jid, "m", submit, _trace(steps), steps, cost, WorkerId(worker))
+
+
+def _run(
+    workers: list[tuple[str, float]], jobs: list[JobPlan], params: SimParams = DEFAULT_PARAMS
+) -> Cluster:
+    """Start every job at its submit time on its own worker; run to the end."""
+    engine = Engine()
+    wl = Workload(tuple(WorkerSpec(WorkerId(w), c) for w, c in workers), tuple(jobs))
+    cluster = Cluster(engine, wl, params)
+    for plan in wl.jobs:
+        job = cluster.jobs[plan.id]
+        assert plan.worker is not None
+        engine.at(plan.submit, lambda job=job, w=plan.worker: cluster.start(job, w))  # type: ignore[misc]
+    engine.run()
+    return cluster
+
+
+def test_a_job_alone_runs_at_one_core() -> None:
+    c = _run([("w1", 1.0)], [_job("a", steps=100, cost=2.0)])
+    assert c.jobs["a"].finish == pytest.approx(200.0)
+    assert c.unfinished == 0
+
+
+def test_two_jobs_on_a_one_core_worker_take_twice_as_long() -> None:
+    c = _run([("w1", 1.0)], [_job("a"), _job("b")])
+    assert c.jobs["a"].finish == pytest.approx(200.0)
+    assert c.jobs["b"].finish == pytest.approx(200.0)
+
+
+def test_a_single_threaded_job_cannot_use_a_second_core() -> None:
+    c = _run([("w1", 2.0)], [_job("a"), _job("b")])
+    assert c.jobs["a"].finish == pytest.approx(100.0)  # each has its own core
+    c = _run([("w1", 2.0)], [_job("a"), _job("b"), _job("c")])
+    assert c.jobs["a"].finish == pytest.approx(150.0)  # 2 cores / 3 jobs
+
+
+def test_a_job_speeds_up_when_its_neighbour_finishes() -> None:
+    # a: 100 s of work; b: 50 s. Shared until b finishes at 100 s (50 s of work each done),
+    # then a does its last 50 s alone.
+    c = _run([("w1", 1.0)], [_job("a"), _job("b", steps=50)])
+    assert c.jobs["b"].finish == pytest.approx(100.0)
+    assert c.jobs["a"].finish == pytest.approx(150.0)
+
+
+def test_interference_slows_oversubscribed_workers_only() -> None:
+    params = SimParams(interference=1.25)
+    c = _run([("w1", 1.0)], [_job("a"), _job("b")], params)
+    assert c.jobs["a"].finish == pytest.approx(250.0)
+    c = _run([("w1", 1.0)], [_job("a")], params)
+    assert c.jobs["a"].finish == pytest.approx(100.0)
+
+
+def test_a_move_costs_the_downtime_and_keeps_progress() -> None:
+    engine = Engine()
+    wl = Workload((WorkerSpec(WorkerId("w1")), WorkerSpec(WorkerId("w2"))), (_job("a"),))
+    cluster = Cluster(engine, wl, SimParams(migration_downtime=4.0))
+    job = cluster.jobs["a"]
+    arrived: list[float] = []
+    engine.at(0.0, lambda: cluster.start(job, WorkerId("w1")))
+    engine.at(30.0, lambda: cluster.move(job, WorkerId("w2"), lambda j: arrived.append(engine.now)))
+    engine.run(until=31.0)
+    assert job.phase is Phase.MOVING
+    assert cluster.steps_now(job) == pytest.approx(30.0)
+    engine.run()
+    assert arrived == [pytest.approx(34.0)]
+    assert job.finish == pytest.approx(104.0)
+    assert [w for _, w in job.history] == ["w1", "w2"]
+
+
+def _sampled(job: SimJob, cluster: Cluster, engine: Engine, at: float) -> list[float]:
+    out: list[float] = []
+    engine.at(at, lambda: out.extend(cluster.take_samples(job)))
+    engine.run(until=at)
+    return out
+
+
+def test_samples_are_the_trace_records_passed_since_the_last_tick() -> None:
+    engine = Engine()
+    plan = JobPlan("a", "m", 0.0, _trace(100, stride=5), 500, 0.2, WorkerId("w1"))  # 25 s of work
+    wl = Workload((WorkerSpec(WorkerId("w1")),), (plan,))
+    cluster = Cluster(engine, wl, SimParams(max_samples_per_tick=64))
+    job = cluster.jobs["a"]
+    engine.at(0.0, lambda: cluster.start(job, WorkerId("w1")))
+    # 10 s -> 50 steps -> records 1..10 (loss after steps 5, 10, ..., 50).
+    assert _sampled(job, cluster, engine, 10.0) == [100.0 - i for i in range(10)]
+    assert _sampled(job, cluster, engine, 10.5) == []  # 2.5 steps: no record passed
+    assert _sampled(job, cluster, engine, 12.0) == [90.0, 89.0]  # steps 52.5 -> 60: records 11, 12
+
+
+def test_many_samples_are_compressed_keeping_their_mean_and_last_value() -> None:
+    engine = Engine()
+    plan = JobPlan("a", "m", 0.0, _trace(100), 100, 1.0, WorkerId("w1"))
+    wl = Workload((WorkerSpec(WorkerId("w1")),), (plan,))
+    small = Cluster(engine, wl, SimParams(max_samples_per_tick=4))
+    job = small.jobs["a"]
+    engine.at(0.0, lambda: small.start(job, WorkerId("w1")))
+    got = _sampled(job, small, engine, 37.0)
+    expected = [100.0 - i for i in range(37)]
+    assert len(got) == 2
+    assert statistics.fmean(got) == pytest.approx(statistics.fmean(expected))
+    assert got[-1] == expected[-1]
+
+
+def test_bad_parameters_are_rejected_with_a_reason() -> None:
+    with pytest.raises(ValueError, match="interference"):
+        SimParams(interference=0.5)
+    with pytest.raises(ValueError, match="cpu"):
+        WorkerSpec(WorkerId("w"), cpu=0.0)
+    with pytest.raises(ValueError, match="step_cost"):
+        JobPlan("a", "m", 0.0, _trace(), 10, math.nan)
+    with pytest.raises(ValueError, match="unknown workers"):
+        Workload((WorkerSpec(WorkerId("w1")),), (_job("a", worker="w9"),))
+
+
+def test_round_robin_placement_by_submission_order() -> None:
+    jobs = tuple(JobPlan(f"j{i}", "m", 10.0 - i, _trace(), 100, 1.0) for i in range(5))
+    wl = Workload((WorkerSpec(WorkerId("w1")), WorkerSpec(WorkerId("w2"))), jobs)
+    # Submitted j4 (t=6), j3, j2, j1, j0 (t=10).
+    assert wl.placement() == {"j4": "w1", "j3": "w2", "j2": "w1", "j1": "w2", "j0": "w1"}
+
+
+def test_records_past_the_end_of_a_trace_repeat_its_last_loss() -> None:
+    trace = Trace("m", 110, 1.0, tuple(float(100 - i) for i in range(100)), "test")  # 100 records, 110 steps
+    plan = JobPlan("a", "m", 0.0, trace, 110, 1.0, WorkerId("w1"))
+    wl = Workload((WorkerSpec(WorkerId("w1")),), (plan,))
+    for cap in (4, 1000):
+        engine = Engine()
+        cluster = Cluster(engine, wl, SimParams(max_samples_per_tick=cap))
+        job = cluster.jobs["a"]
+        engine.at(0.0, lambda job=job, cluster=cluster: cluster.start(job, WorkerId("w1")))  # type: ignore[misc]
+        got = _sampled(job, cluster, engine, 109.9)
+        expected = [100.0 - i for i in range(100)] + [1.0] * 9
+        assert statistics.fmean(got) == pytest.approx(statistics.fmean(expected))
+        assert got[-1] == 1.0

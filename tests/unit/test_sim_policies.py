@@ -1,0 +1,171 @@
+"""Simulated runs of the policies on tiny hand-made workloads, and the lower bound."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import specon.policy
+import specon.sim
+from specon.model import WorkerId
+from specon.policy import classifier, scheduler
+from specon.sim import runner
+from specon.sim.cluster import JobPlan, SimParams, WorkerSpec, Workload
+from specon.sim.policies import SIMULATED, lower_bound, make_policy
+from specon.sim.runner import simulate
+from specon.sim.trace import Trace
+
+STEPS = 300
+
+
+def _falling(tau: float, n: int = STEPS) -> Trace:
+    """Loss decaying with time constant ``tau`` (a share of the run) to a floor of 0.1."""
+    return Trace("fast", n, 1.0, tuple(0.1 + 0.9 * math.exp(-i / (tau * n)) for i in range(n)), "test")
+
+
+def _linear(n: int = STEPS) -> Trace:
+    """Loss falling by the same amount every step: never converges before the end."""
+    return Trace("linear", n, 1.0, tuple(1.0 - i / n for i in range(n)), "test")
+
+
+def _workers(n: int, cpu: float = 1.0) -> tuple[WorkerSpec, ...]:
+    return tuple(WorkerSpec(WorkerId(f"w{i + 1}"), cpu) for i in range(n))
+
+
+def _job(
+    jid: str, trace: Trace, *, submit: float = 0.0, worker: str | None = "w1", cost: float = 1.0
+) -> JobPlan:
+    return JobPlan(
+        jid, trace.model, submit, trace, trace.steps, cost, None if worker is None else WorkerId(worker)
+    )
+
+
+def _moves(policy: str, workload: Workload) -> list[tuple[str, str, str, str]]:
+    run = simulate(workload, make_policy(policy))
+    return [(m.job, m.source, m.target, m.reason) for m in run.migrations]
+
+
+def _moved(policy: str, workload: Workload) -> list[tuple[str, str, str]]:
+    return [(job, source, reason) for job, source, _, reason in _moves(policy, workload)]
+
+
+def test_specon_moves_a_converged_job_off_a_crowded_worker_and_both_jobs_gain() -> None:
+    wl = Workload(_workers(2), (_job("a", _falling(0.05)), _job("b", _linear())))
+    ds = simulate(wl, make_policy("ds"))
+    run = simulate(wl, make_policy("specon"))
+    assert [(m.job, m.source, m.target, m.reason) for m in run.migrations] == [("a", "w1", "w2", "converged")]
+    by_id = {j.id: j for j in ds.jobs}
+    for job in run.jobs:
+        jct, base = job.jct, by_id[job.id].jct
+        assert jct is not None and base is not None
+        assert jct < base
+    assert ds.makespan == 600.0
+
+
+def test_ds_never_migrates() -> None:
+    wl = Workload(_workers(4), tuple(_job(f"j{i}", _falling(0.05)) for i in range(6)))
+    run = simulate(wl, make_policy("ds"))
+    assert run.migrations == ()
+    assert all(len(j.worker_history) == 1 for j in run.jobs)
+
+
+def test_paper_mode_and_defaults_differ_on_a_crowded_worker() -> None:
+    # Loads [3, 0, 0, 0]: a converges first, then b, while c keeps training. Both modes
+    # move a (two jobs still train beside it); only the defaults move b, which has one
+    # training neighbour left (paper mode needs |PC| + |WC| > 1, SPEC §3.3).
+    jobs = (_job("a", _falling(0.03)), _job("b", _falling(0.15)), _job("c", _linear()))
+    wl = Workload(_workers(4), jobs)
+    assert _moved("specon", wl) == [("a", "w1", "converged"), ("b", "w1", "converged")]
+    assert _moved("specon-paper", wl) == [("a", "w1", "converged")]
+
+
+def test_the_balancer_moves_the_most_recently_started_job_to_the_least_loaded_worker() -> None:
+    # All on w1: at 10 s loads are [2, 0, 0] -> b moves; at 20 s c arrives: [2, 1, 0] -> c
+    # (started last) moves; then [1, 1, 1].
+    jobs = (_job("a", _linear()), _job("b", _linear(), submit=10.0), _job("c", _linear(), submit=20.0))
+    wl = Workload(_workers(3), jobs)
+    assert _moves("balancer", wl) == [("b", "w1", "w2", "rebalance"), ("c", "w1", "w3", "rebalance")]
+
+
+def test_same_workload_same_result() -> None:
+    jobs = tuple(_job(f"j{i}", _falling(0.05 + 0.05 * i), submit=15.0 * i, worker=None) for i in range(8))
+    wl = Workload(_workers(3), jobs)
+    for policy in SIMULATED:
+        first = simulate(wl, make_policy(policy)).to_json()
+        assert simulate(wl, make_policy(policy)).to_json() == first
+
+
+_curves = st.sampled_from([0.02, 0.1, 0.4, None])  # None: linear
+
+
+@st.composite
+def _workloads(draw: st.DrawFn) -> Workload:
+    workers = tuple(
+        WorkerSpec(WorkerId(f"w{i + 1}"), draw(st.sampled_from([1.0, 2.0])))
+        for i in range(draw(st.integers(1, 3)))
+    )
+    jobs = []
+    for i in range(draw(st.integers(1, 6))):
+        tau = draw(_curves)
+        trace = _linear(100) if tau is None else _falling(tau, 100)
+        submit = draw(st.floats(0.0, 200.0, allow_nan=False))
+        cost = draw(st.floats(0.3, 3.0, allow_nan=False))
+        jobs.append(_job(f"j{i}", trace, submit=round(submit, 1), worker=None, cost=cost))
+    return Workload(workers, tuple(jobs))
+
+
+@settings(max_examples=30, deadline=None)
+@given(_workloads())
+def test_no_policy_beats_the_lower_bound(wl: Workload) -> None:
+    params = SimParams(migration_downtime=1.0)
+    bound = lower_bound(wl, params)
+    for policy in SIMULATED:
+        run = simulate(wl, make_policy(policy, interval=10.0), params=params)
+        assert run.avg_jct is not None and run.makespan is not None
+        assert bound.avg_jct <= run.avg_jct * (1 + 1e-9)
+        assert bound.makespan <= run.makespan * (1 + 1e-9)
+        for job in run.jobs:
+            assert job.jct is not None
+            assert bound.job_min[job.id] <= job.jct * (1 + 1e-9)
+
+
+def test_the_bound_of_one_job_alone_is_its_run_time() -> None:
+    wl = Workload(_workers(2), (_job("a", _linear(), submit=5.0, cost=2.0),))
+    b = lower_bound(wl)
+    assert (b.avg_jct, b.makespan) == (600.0, 600.0)
+
+
+def test_the_bound_pools_the_cluster_when_it_is_full() -> None:
+    # Four 100 s jobs at once on one one-core worker: makespan >= 400 s; SRPT on the
+    # pooled machine finishes them at 100, 200, 300, 400 -> mean 250 s.
+    wl = Workload(_workers(1), tuple(_job(f"j{i}", _linear(100)) for i in range(4)))
+    b = lower_bound(wl)
+    assert b.makespan == 400.0
+    assert b.avg_jct == 250.0
+    assert simulate(wl, make_policy("ds")).avg_jct == 400.0
+
+
+def test_the_simulator_calls_the_shared_decision_code_and_copies_none_of_it() -> None:
+    assert vars(runner)["decide_pass"] is scheduler.decide_pass
+    assert vars(runner)["classifier_for"] is classifier.classifier_for
+    shared = {"decide_pass", "select_target", "plan_rebalance", "should_rebalance", "tick_worker",
+              "apply_request_rule", "mark_migrated", "normalised_change"}  # fmt: skip
+    for path in Path(specon.sim.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+        assert not defined & shared, f"{path.name} defines {sorted(defined & shared)}"
+
+
+def test_no_simulation_branches_in_the_policy_code() -> None:
+    for path in Path(specon.policy.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        names |= {
+            a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs
+        }
+        assert not [n for n in names if "simulat" in n.lower()], path.name
