@@ -221,7 +221,7 @@ def test_containers_on_unknown_workers_are_ignored() -> None:
 
 def test_should_rebalance_triggers() -> None:
     s = cluster([2, 1])
-    cfg = RebalanceConfig()
+    cfg = RebalanceConfig(when="all_migrated")
     assert should_rebalance(s, cfg)  # all migrated
     not_all = replace(s, containers=(replace(s.containers[0], migrated=False), *s.containers[1:]))
     assert not should_rebalance(not_all, cfg)
