@@ -20,6 +20,7 @@ from pathlib import Path
 
 import structlog
 
+from specon import checkpoint as ckpt  # the name `checkpoint` is a command's field
 from specon.config import Policy, ProgressConfig
 from specon.model import ContainerId, Direction, Resources, WorkerId
 from specon.policy.classifier import classifier_for
@@ -32,6 +33,7 @@ from specon.runtime.base import (
     JobSpec,
     Runtime,
     RuntimeFailure,
+    StartFailed,
 )
 
 log = structlog.get_logger()
@@ -307,6 +309,7 @@ class Agent:
         w = self.watched.get(cmd.container)
         spec = w.info.spec if w else self.runtime.job_spec(cmd.container)
         self.leaving.add(cmd.container)
+        began = self.runtime.now()  # the job stops training at the SIGTERM: downtime starts here
         try:
             res = await self.runtime.save(cmd.container, grace=grace)
         except RuntimeFailure as exc:
@@ -327,6 +330,7 @@ class Agent:
             finished_at=now,
             spec=spec.to_json() if spec else {},
             detail={
+                "began_at": began,
                 "seconds": round(res.seconds, 3),
                 "forced": res.forced,
                 "rolled_back": res.rolled_back,
@@ -348,8 +352,9 @@ class Agent:
         if cmd.migrated:
             base = self.saved_states.get(cmd.container) or self.classifier.initial()
             self.saved_states[cmd.container] = self.classifier.mark_migrated(base, self.runtime.now())
+        starting = self.runtime.now()
         try:
-            info = await self.runtime.start(spec, checkpoint=checkpoint)
+            info = await self._start_from(spec, checkpoint)
         except AlreadyRunning as exc:
             here = {i.id for i in await self.runtime.list_containers() if i.alive}
             if cmd.container in here:  # a repeated start: it is running here, as asked
@@ -359,7 +364,50 @@ class Agent:
             return CommandResult(command=cmd.id, ok=False, error=str(exc))
         self._watch(info)
         self._save_states()
-        return CommandResult(command=cmd.id, ok=True, finished_at=self.runtime.now())
+        resumed = await self._first_record_after(info, starting)
+        return CommandResult(command=cmd.id, ok=True, finished_at=resumed)
+
+    async def _first_record_after(self, info: ContainerInfo, since: float, timeout: float = 120.0) -> float:
+        """When the restarted job wrote its first progress record (it is training again).
+
+        A process that exists is not yet a job that runs: the interpreter, the framework and
+        the checkpoint load come first, and they are part of a migration's downtime. Falls
+        back to now if the job writes nothing timestamped within ``timeout``.
+        """
+        deadline = self.runtime.now() + timeout
+        while self.runtime.now() < deadline:
+            ts = _record_after(info.progress_path, since)
+            if ts is not None:
+                return ts
+            alive = {i.id for i in await self.runtime.list_containers() if i.alive}
+            if info.id not in alive:
+                break
+            await self.runtime.sleep(0.05)
+        return self.runtime.now()
+
+    async def _start_from(self, spec: JobSpec, checkpoint: Path | None) -> ContainerInfo:
+        """Start ``spec`` from ``checkpoint``, or, if that no longer verifies, from the newest
+        complete checkpoint beside it.
+
+        A checkpoint can rot between the save and the restore. The job resumes from its
+        newest complete checkpoint anyway (SPEC §6), so starting from the previous one only
+        redoes the steps after it, where refusing would leave the job running nowhere.
+        """
+        try:
+            return await self.runtime.start(spec, checkpoint=checkpoint)
+        except AlreadyRunning:
+            raise
+        except StartFailed:
+            fallback = None if checkpoint is None else _fallback_checkpoint(checkpoint)
+            if fallback is None:
+                raise
+            log.warning(
+                "specon.agent.checkpoint_fallback",
+                container=spec.id,
+                checkpoint=str(checkpoint),
+                fallback=str(fallback),
+            )
+            return await self.runtime.start(spec, checkpoint=fallback)
 
     def _mark(self, cmd: Command) -> CommandResult:
         w = self.watched.get(cmd.container)
@@ -405,3 +453,33 @@ def _job_labels(spec: JobSpec) -> dict[str, str]:
     if spec.steps is not None:
         out.setdefault("steps", str(spec.steps))
     return out
+
+
+def _fallback_checkpoint(named: Path) -> Path | None:
+    """The newest complete checkpoint beside ``named`` if ``named`` fails verification;
+    None if it verifies (a start failed for another reason) or nothing there verifies."""
+    try:
+        ckpt.verify(named.with_suffix(".json"))
+    except ckpt.CheckpointError:
+        info = ckpt.latest_complete(named.parent)
+        return None if info is None else info.manifest
+    return None
+
+
+def _record_after(progress: Path, since: float) -> float | None:
+    """The timestamp of the last record in the log's tail if it is newer than ``since``."""
+    try:
+        with open(progress, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 2048))
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            ts = json.loads(line).get("ts")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(ts, int | float) and math.isfinite(ts):
+            return float(ts) if ts > since else None
+    return None

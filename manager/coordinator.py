@@ -423,12 +423,15 @@ class Coordinator:
             self._advance(m, State.FAILED, at)  # the job completed meanwhile: nothing to move
             return
         if cmd.action is Action.SAVE and m.state is State.SAVING:
+            # The job stopped training at the SIGTERM, before the checkpoint was written.
+            began = res.detail.get("began_at")
+            stopped = at - (res.finished_at - began) if isinstance(began, float) and res.finished_at else at
             new = m.to(
                 State.SAVED,
                 at=at,
                 checkpoint=res.checkpoint,
                 checkpoint_step=res.checkpoint_step,
-                stopped_at=at,
+                stopped_at=stopped,
                 spec=json.dumps(res.spec) if res.spec else m.spec,
             )
             self.journal.put(new)

@@ -39,9 +39,19 @@ class DemoJob:
 
 
 def make_workload(
-    *, jobs: int, window: float, seed: int, steps: Callable[[str], int], models: Sequence[str] = MODELS
+    *,
+    jobs: int,
+    window: float,
+    seed: int,
+    steps: Callable[[str], int],
+    models: Sequence[str] = MODELS,
+    spread: float = 0.0,
 ) -> list[DemoJob]:
-    """``jobs`` random-model jobs arriving uniformly in [0, window] (sorted), seeded."""
+    """``jobs`` random-model jobs arriving uniformly in [0, window] (sorted), seeded.
+
+    Each job trains ``steps(model)`` steps times a factor uniform in [1 - spread, 1 + spread]
+    (jobs of one size finish together, which leaves a scheduler nothing to improve).
+    """
     rng = random.Random(seed)
     arrivals = sorted(rng.uniform(0.0, window) for _ in range(jobs))
     if arrivals:
@@ -49,7 +59,8 @@ def make_workload(
     out = []
     for i, t in enumerate(arrivals):
         model = rng.choice(list(models))
-        out.append(DemoJob(f"job-{i + 1:02d}", model, round(t, 3), steps(model), rng.randrange(1 << 30)))
+        n = max(1, round(steps(model) * rng.uniform(1.0 - spread, 1.0 + spread)))
+        out.append(DemoJob(f"job-{i + 1:02d}", model, round(t, 3), n, rng.randrange(1 << 30)))
     return out
 
 
