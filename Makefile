@@ -4,7 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-CACHE ?= $(CURDIR)/.cache
+# Expensive builds (kube-apiserver) are cached per user, outside the clone, so a fresh
+# clone on a warm machine reuses them.
+CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/specon
 export SPECON_CACHE := $(CACHE)
 
 .PHONY: install run test lint typecheck unit bench clean help
@@ -42,3 +44,36 @@ bench: install ## Benchmarks: print figures and write bench/results/*.json
 
 clean: ## Remove build products (keeps .venv and the cache)
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+# The real control plane for tests/k8s (the test fixtures run the same script).
+KUBE_BUILD := tests/k8s/build-apiserver.sh
+.PHONY: kube-apiserver
+kube-apiserver: install ## Build once and cache kube-apiserver v1.20.2 + etcd (tests/k8s)
+	PYTHON=$(CURDIR)/$(BIN)/python bash $(KUBE_BUILD)
+
+# -- Kubernetes (see manifests/ and the README's "Deploying to Kubernetes") ----------------
+IMAGE ?= specon:0.1.0
+KUBECTL ?= kubectl
+DEPLOY_DIR := $(CACHE)/deploy
+
+.PHONY: image deploy undeploy
+
+image: ## Build the container image $(IMAGE) (docker build)
+	docker build -t $(IMAGE) .
+
+# The base ships a placeholder token: deploy applies it through an overlay in .cache/deploy
+# that swaps in a random token, made once and kept there (never in git).
+deploy: image ## Build the image and apply manifests/ to the current kube context
+	@mkdir -p $(DEPLOY_DIR)
+	@test -s $(DEPLOY_DIR)/token || (umask 077; openssl rand -hex 24 > $(DEPLOY_DIR)/token)
+	@printf '%s\n' \
+	  'apiVersion: kustomize.config.k8s.io/v1beta1' 'kind: Kustomization' \
+	  'resources: [$(shell realpath -m --relative-to=$(DEPLOY_DIR) manifests)]' \
+	  'images: [{name: specon, newName: $(firstword $(subst :, ,$(IMAGE))), newTag: "$(or $(word 2,$(subst :, ,$(IMAGE))),latest)"}]' \
+	  'secretGenerator: [{name: specon-token, namespace: specon, behavior: replace, files: [token]}]' \
+	  > $(DEPLOY_DIR)/kustomization.yaml
+	$(KUBECTL) apply -k $(DEPLOY_DIR)
+	$(KUBECTL) -n specon rollout status deployment/specon-manager --timeout=120s
+
+undeploy: ## Remove what manifests/ created (training pods and PersistentVolumes stay)
+	$(KUBECTL) delete -k manifests/ --ignore-not-found

