@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from specon import logs
 from specon.config import PolicyError, default_policy, load_policy
 from specon.daemon_cli import read_token, split_listen
 from specon.model import WorkerId
+from specon.runtime.base import Runtime
 from specon.runtime.local import LocalRuntime
 
 log = structlog.get_logger()
@@ -35,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
         "commands. Serves /healthz and /metrics.",
     )
     p.add_argument("--manager", default="http://127.0.0.1:7700", help="manager base URL")
-    p.add_argument("--worker", required=True, help="this worker's id (e.g. the node name)")
+    p.add_argument(
+        "--worker", help="this worker's id (required with --runtime local; kubernetes: the node name)"
+    )
     p.add_argument(
         "--listen",
         type=split_listen,
@@ -46,9 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--runtime",
-        choices=("local",),
+        choices=("local", "kubernetes"),
         default="local",
-        help="container backend: local = processes in a CPU-budgeted cgroup (default)",
+        help="container backend: local = processes in a CPU-budgeted cgroup (default); kubernetes = "
+        "the managed pods bound to --node",
     )
     p.add_argument(
         "--volume",
@@ -60,6 +65,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--cpus", type=float, default=1.0, help="this worker's CPU budget in cores (local runtime)"
     )
     p.add_argument("--cluster", default="default", help="cgroup namespace for this cluster's workers")
+    k8s = p.add_argument_group("kubernetes runtime")
+    k8s.add_argument(
+        "--node", default=os.environ.get("NODE_NAME"), help="this node's name (default $NODE_NAME)"
+    )
+    k8s.add_argument("--namespace", help="watch managed pods in this namespace only (default: all)")
+    k8s.add_argument("--selector", default="specon.io/managed=true", help="label selector of managed pods")
+    k8s.add_argument(
+        "--claim", default="specon-data", help="PVC name of the shared volume that --volume mounts"
+    )
+    k8s.add_argument(
+        "--host-path", help="or: a hostPath directory that is the shared volume's root (single-node setups)"
+    )
+    k8s.add_argument("--include-owned", action="store_true", help="also save pods owned by a controller")
+    k8s.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
     p.add_argument(
         "--policy", type=Path, help="policy YAML (apiVersion specon/v1alpha1); default: SPEC defaults"
     )
@@ -89,8 +108,37 @@ async def run(args: argparse.Namespace) -> int:
         print("specon-agent: no token: pass --token-file or set SPECON_TOKEN", file=sys.stderr)
         return 2
     host, port = args.listen
-    worker = WorkerId(args.worker)
-    runtime = LocalRuntime(args.volume, worker, args.cpus, cluster=args.cluster)
+    runtime: Runtime
+    if args.runtime == "kubernetes":
+        if not args.node:
+            print("specon-agent: --runtime kubernetes needs --node or $NODE_NAME", file=sys.stderr)
+            return 2
+        # Imported here only: the client is heavy and only this backend needs it.
+        from specon.runtime.kubernetes import KubernetesRuntime, load_api_client  # noqa: PLC0415
+
+        try:
+            api = load_api_client(args.kubeconfig)
+        except Exception as exc:  # the client raises several unrelated types for a bad config
+            print(f"specon-agent: no Kubernetes configuration: {exc}", file=sys.stderr)
+            return 2
+        runtime = KubernetesRuntime(
+            api,
+            args.node,
+            volume_root=args.volume,
+            namespace=args.namespace,
+            selector=args.selector,
+            claim=args.claim,
+            host_path=args.host_path,
+            include_owned=args.include_owned,
+        )
+    elif args.worker:
+        runtime = LocalRuntime(
+            args.volume, WorkerId(args.worker), args.cpus, cluster=args.cluster, per_container_usage=False
+        )
+    else:
+        print("specon-agent: --runtime local needs --worker", file=sys.stderr)
+        return 2
+    worker = runtime.worker
     state_dir = args.state_dir or args.volume / "agents" / worker
     state_dir.mkdir(parents=True, exist_ok=True)
     agent = Agent(
@@ -110,7 +158,8 @@ async def run(args: argparse.Namespace) -> int:
         worker=worker,
         listen=f"{host}:{port}",
         manager=args.manager,
-        enforcement=runtime.enforcement,
+        runtime=args.runtime,
+        enforcement=getattr(runtime, "enforcement", args.runtime),
         cpus=args.cpus,
     )
     daemon.start()

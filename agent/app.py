@@ -30,11 +30,7 @@ class AgentCollector(Collector):
         skipped = CounterMetricFamily(
             "specon_agent_skipped_lines", "Log lines skipped, by reason", labels=["reason"]
         )
-        totals: dict[str, int] = {}
-        for watched in a.watched.values():
-            for reason, n in watched.tailer.stats.skipped.items():
-                totals[reason.value] = totals.get(reason.value, 0) + n
-        for name, n in sorted(totals.items()):
+        for name, n in sorted(a.counters.skipped.items()):
             skipped.add_metric([name], n)
         yield skipped
         cats = GaugeMetricFamily(

@@ -22,10 +22,12 @@ import structlog
 
 from specon import checkpoint as ckpt  # the name `checkpoint` is a command's field
 from specon.config import Policy, ProgressConfig
+from specon.jobkit import EXIT_CHECKPOINTED
 from specon.model import ContainerId, Direction, Resources, WorkerId
 from specon.policy.classifier import classifier_for
 from specon.policy.monitor import MonitorState, StateError
 from specon.progress import SkipReason, Tailer
+from specon.progress.fields import TS_KEYS
 from specon.protocol import Action, Command, CommandBatch, CommandResult, ContainerReport, Heartbeat, Phase
 from specon.runtime.base import (
     AlreadyRunning,
@@ -56,6 +58,8 @@ class Watched:
     step: int | None = None
     last_sample_at: float | None = None
     nonfinite_seen: int = 0
+    # Skipped lines per reason already added to the agent's counters.
+    skipped_seen: dict[SkipReason, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -66,6 +70,7 @@ class AgentCounters:
     requests_sent: int = 0
     commands: dict[str, int] = field(default_factory=dict)
     command_failures: int = 0
+    state_write_failures: int = 0
 
 
 class Agent:
@@ -96,6 +101,8 @@ class Agent:
         self.running: dict[str, asyncio.Task[CommandResult]] = {}
         self.unacked: dict[str, tuple[int | None, CommandResult]] = {}
         self.counters = AgentCounters()
+        # Containers whose category changed since their state was last published.
+        self.changed: set[ContainerId] = set()
         self._seq = 0
         # R(w, t) and capacity, refreshed by ``sample_usage`` each tick.
         self.usage = 0.0
@@ -121,10 +128,11 @@ class Agent:
                 else:
                     w.info = info
             elif info.id in self.watched or info.id not in self.ended:
-                phase: Phase = (
-                    "finished" if info.finished else ("stopped" if info.exit_code == 0 else "failed")
-                )
-                self.watched.pop(info.id, None)
+                stopped = info.exit_code in (0, EXIT_CHECKPOINTED)  # 75: stopped after a checkpoint
+                phase: Phase = "finished" if info.finished else ("stopped" if stopped else "failed")
+                gone = self.watched.pop(info.id, None)
+                if gone is not None:
+                    gone.tailer.close()
                 self.ended[info.id] = (info, phase)
                 log.info(
                     "specon.agent.container_ended", container=info.id, phase=phase, exit_code=info.exit_code
@@ -154,6 +162,9 @@ class Agent:
         tailer = Tailer(info.progress_path, cfg)
         # A restored job appends to the log it had: classify only what it writes from now.
         tailer.poll()
+        old = self.watched.get(info.id)
+        if old is not None:
+            old.tailer.close()
         self.watched[info.id] = Watched(info, tailer, state)
         self.ended.pop(info.id, None)
         log.info("specon.agent.container_adopted", container=info.id, category=state.display.value)
@@ -164,6 +175,13 @@ class Agent:
         nonfinite: dict[ContainerId, int] = {}
         for cid, w in self.watched.items():
             got = w.tailer.poll()
+            for reason, n in w.tailer.stats.skipped.items():
+                new_skips = n - w.skipped_seen.get(reason, 0)
+                if new_skips > 0:
+                    self.counters.skipped[reason.value] = (
+                        self.counters.skipped.get(reason.value, 0) + new_skips
+                    )
+                    w.skipped_seen[reason] = n
             bad = w.tailer.stats.skipped[SkipReason.NONFINITE]
             if bad > w.nonfinite_seen:
                 nonfinite[cid] = bad - w.nonfinite_seen
@@ -187,10 +205,26 @@ class Agent:
                     new=st.display.value,
                     g=st.last_g,
                 )
+                self.changed.add(cid)
             self.watched[cid].state = st
         self.counters.ticks += 1
         self._save_states()
         return list(result.requests)
+
+    async def publish_changes(self) -> None:
+        """Show changed categories where the platform has a place for them (pod annotations)."""
+        for cid in sorted(self.changed):
+            w = self.watched.get(cid)
+            if w is None:
+                continue
+            st = w.state
+            notes = {
+                "specon.io/category": st.display.value,
+                "specon.io/migrated": "true" if st.migrated else "false",
+                **({"specon.io/t-cc": f"{st.t_cc:.3f}"} if st.t_cc is not None else {}),
+            }
+            await self.runtime.publish_state(cid, notes)
+        self.changed.clear()
 
     async def sample_usage(self) -> None:
         u = await self.runtime.usage()
@@ -232,7 +266,9 @@ class Agent:
             usage=self.usage,
             containers=tuple(reports),
             results=tuple(results),
-            labels=self.labels,
+            labels={**self.runtime.node_labels, **self.labels},
+            # Taints stay out until reports carry each container's tolerations: without them
+            # every tainted node would look infeasible to every container.
         )
 
     def _report(self, w: Watched) -> ContainerReport:
@@ -358,6 +394,11 @@ class Agent:
         except AlreadyRunning as exc:
             here = {i.id for i in await self.runtime.list_containers() if i.alive}
             if cmd.container in here:  # a repeated start: it is running here, as asked
+                w = self.watched.get(cmd.container)
+                if cmd.migrated and w is not None and not w.state.migrated:
+                    w.state = self.classifier.mark_migrated(w.state, self.runtime.now())
+                    self.changed.add(cmd.container)
+                    self._save_states()
                 return CommandResult(command=cmd.id, ok=True, finished_at=self.runtime.now())
             return CommandResult(command=cmd.id, ok=False, error=str(exc))
         except RuntimeFailure as exc:
@@ -414,6 +455,7 @@ class Agent:
         if w is None:
             return CommandResult(command=cmd.id, ok=False, error=f"{cmd.container}: not on {self.worker}")
         w.state = self.classifier.mark_migrated(w.state, self.runtime.now())
+        self.changed.add(cmd.container)
         self._save_states()
         return CommandResult(command=cmd.id, ok=True, finished_at=self.runtime.now())
 
@@ -442,8 +484,13 @@ class Agent:
             return
         data = {cid: self.classifier.to_dict(st) for cid, st in self.saved_states.items()}
         tmp = self.state_file.with_name(self.state_file.name + ".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.state_file)
+        try:
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self.state_file)
+        except OSError as exc:
+            # Classification and commands go on; only a restart would lose the latest states.
+            self.counters.state_write_failures += 1
+            log.warning("specon.agent.state_unwritable", path=str(self.state_file), error=str(exc))
 
 
 def _job_labels(spec: JobSpec) -> dict[str, str]:
@@ -477,9 +524,12 @@ def _record_after(progress: Path, since: float) -> float | None:
         return None
     for line in reversed(lines):
         try:
-            ts = json.loads(line).get("ts")
-        except (ValueError, AttributeError):
+            rec = json.loads(line)
+        except ValueError:
             continue
-        if isinstance(ts, int | float) and math.isfinite(ts):
+        if not isinstance(rec, dict):
+            continue
+        ts = next((rec[k] for k in TS_KEYS if rec.get(k) is not None), None)
+        if isinstance(ts, int | float) and not isinstance(ts, bool) and math.isfinite(ts):
             return float(ts) if ts > since else None
     return None

@@ -82,6 +82,11 @@ class AgentDaemon:
             await asyncio.wait(
                 list(self.agent.running.values()), timeout=self.agent.policy.migration.grace_period
             )
+        if self.agent.unacked:
+            # Results of the commands just waited for: the manager must not redo a save.
+            hb = self.agent.heartbeat(self.agent.runtime.now())
+            with contextlib.suppress(ManagerUnavailable, ManagerRejected):
+                await self.client.send(protocol.HEARTBEAT_PATH, hb, timeout=3.0)
         if goodbye:
             with contextlib.suppress(ManagerUnavailable, ManagerRejected):
                 msg = Goodbye(worker=self.agent.worker, sent_at=self.agent.runtime.now())
@@ -106,7 +111,9 @@ class AgentDaemon:
         while not self._stopping.is_set():
             await self.agent.refresh()
             await self.agent.sample_usage()
-            for cid in self.agent.tick(rt.now()):
+            requests = self.agent.tick(rt.now())
+            await self.agent.publish_changes()
+            for cid in requests:
                 st = self.agent.watched[cid].state
                 req = ReallocationRequest(
                     worker=self.agent.worker,
@@ -118,8 +125,11 @@ class AgentDaemon:
                 log.info("specon.agent.request", container=cid, g=req.g)
                 self.agent.counters.requests_sent += 1
                 await self._exchange(protocol.REQUEST_PATH, req)
-            next_tick += self.policy_interval
-            await asyncio.sleep(max(0.0, next_tick - rt.now()))
+            interval = self.policy_interval
+            next_tick += interval
+            if rt.now() - next_tick > interval:
+                next_tick = rt.now()  # fell behind (or the clock jumped): skip, don't burst
+            await rt.sleep(max(0.0, min(interval, next_tick - rt.now())))
 
     async def _heartbeat(self) -> None:
         backoff = Backoff()

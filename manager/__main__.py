@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sqlite3
 import sys
 from collections.abc import Sequence
@@ -14,7 +15,7 @@ from aiohttp import web
 
 from manager.app import create_app
 from manager.coordinator import Coordinator
-from manager.journal import Journal
+from manager.journal import Journal, JournalStore
 from specon import logs
 from specon.config import PolicyError, default_policy, load_policy
 from specon.daemon_cli import read_token, split_listen
@@ -45,6 +46,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=Path("specon-state"),
         help="directory for the migration journal (default ./specon-state)",
     )
+    p.add_argument(
+        "--journal",
+        choices=("sqlite", "kubernetes"),
+        default="sqlite",
+        help="where migrations and marks are journaled: sqlite = <state-dir>/journal.db (default); "
+        "kubernetes = ConfigMaps in --journal-namespace, so a manager restarted on any node recovers",
+    )
+    p.add_argument(
+        "--journal-namespace",
+        default=os.environ.get("POD_NAMESPACE", "specon"),
+        help="namespace of the kubernetes journal (default $POD_NAMESPACE, else specon)",
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig for the kubernetes journal (default: in-cluster)")
     p.add_argument("--dry-run", action="store_true", help="decide and record, but never touch a container")
     p.add_argument("--log-level", default="info", help="debug, info, warning, error (default info)")
     p.add_argument(
@@ -71,11 +85,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not token:
         print("specon-manager: no token: pass --token-file or set SPECON_TOKEN", file=sys.stderr)
         return 2
-    try:
-        journal = Journal(args.state_dir / "journal.db")
-    except (OSError, sqlite3.Error) as exc:  # state dir not creatable, file not a journal
-        print(f"specon-manager: cannot open the journal in {args.state_dir}: {exc}", file=sys.stderr)
-        return 2
+    journal: JournalStore
+    if args.journal == "kubernetes":
+        # Imported here only: the client is heavy and only this journal needs it.
+        from specon.runtime.k8s_journal import KubeJournal  # noqa: PLC0415
+        from specon.runtime.kubernetes import load_api_client  # noqa: PLC0415
+
+        try:
+            journal = KubeJournal(load_api_client(args.kubeconfig), args.journal_namespace)
+            journal.marks()  # fail fast: the API is reachable and the role allows it
+        except Exception as exc:  # JournalError, or what the client raises for a bad config
+            print(f"specon-manager: cannot use the kubernetes journal: {exc}", file=sys.stderr)
+            return 2
+    else:
+        try:
+            journal = Journal(args.state_dir / "journal.db")
+        except (OSError, sqlite3.Error) as exc:  # state dir not creatable, file not a journal
+            print(f"specon-manager: cannot open the journal in {args.state_dir}: {exc}", file=sys.stderr)
+            return 2
     coord = Coordinator(policy=policy, journal=journal)
     app = create_app(coord, token=token)
     host, port = args.listen
@@ -88,7 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         journal=str(journal.path),
     )
     try:
-        web.run_app(app, host=host, port=port, print=None, handle_signals=True, access_log=None)
+        web.run_app(
+            app, host=host, port=port, print=None, handle_signals=True, access_log=None, shutdown_timeout=5.0
+        )
     except OSError as exc:  # e.g. the address is in use
         print(f"specon-manager: cannot serve on {host}:{port}: {exc}", file=sys.stderr)
         return 1

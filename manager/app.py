@@ -201,4 +201,9 @@ def create_app(coord: Coordinator, *, token: str, tick: bool = True) -> web.Appl
     app.router.add_get("/healthz", healthz)
     if tick:
         app.cleanup_ctx.append(_ticker)
+    app.on_shutdown.append(_release_polls)
     return app
+
+
+async def _release_polls(app: web.Application) -> None:
+    app[COORD].wake_all()

@@ -23,7 +23,7 @@ from typing import Protocol
 
 import structlog
 
-from manager.journal import Journal
+from manager.journal import JournalStore
 from manager.state import ClusterState, Marks
 from specon.config import Policy
 from specon.migration import Advance, IssueSave, IssueStart, Migration, Reason, State, Wait, next_step
@@ -83,7 +83,7 @@ class Coordinator:
         self,
         *,
         policy: Policy,
-        journal: Journal,
+        journal: JournalStore,
         state: ClusterState | None = None,
         clock: Clock = time.time,
         executor: Executor | None = None,
@@ -105,6 +105,16 @@ class Coordinator:
             c: Marks(m.migrated_at, m.migrations, m.rebalances) for c, m in journal.marks().items()
         }
         self.migrations: dict[str, Migration] = {m.id: m for m in journal.in_flight()}
+        # A restarted manager has heard from nobody yet: until every worker had a
+        # worker_timeout to report, silence is not evidence that it is gone.
+        self.started_at = clock()
+        # Refused restarts per migration, for the retry backoff (not journaled: a restarted
+        # manager simply retries at once).
+        self._refusals: dict[str, int] = {}
+        # A journal that a manager has opened before means a restart into a running
+        # cluster: decisions wait until every worker could have reported (see ``step``).
+        self.restarted = journal.get_meta("started_at") is not None
+        journal.set_meta("started_at", repr(self.started_at))
         self._ids = itertools.count(1)
         self._wakeups: dict[WorkerId, asyncio.Event] = {}
         # Command ids each worker has already been sent (by a reply or a poll).
@@ -114,9 +124,7 @@ class Coordinator:
         # Dry-run only: where decided moves would have put containers, so the next
         # decisions see the loads a live run would see.
         self.virtual: dict[ContainerId, WorkerId] = {}
-        # A restarted manager has heard from nobody yet: until every worker had a
-        # worker_timeout to report, silence is not evidence that it is gone.
-        self.started_at = clock()
+
         self.decision_seconds: list[float] = []
         if self.migrations:
             log.info("specon.manager.recovered", in_flight=len(self.migrations), ids=sorted(self.migrations))
@@ -124,14 +132,16 @@ class Coordinator:
     # -- inputs ------------------------------------------------------------------------
     def on_heartbeat(self, hb: Heartbeat) -> CommandBatch:
         now = self.clock()
-        if self.state.ingest(hb, now):
+        ingested = self.state.ingest(hb, now)
+        if ingested:
             for res in hb.results:
                 self.on_result(hb.worker, res, now - (hb.sent_at - (res.finished_at or hb.sent_at)))
             for rep in hb.containers:
                 if rep.pending_request and rep.phase == "running":
                     self.requests.setdefault(rep.id, now)
             self.step()
-        return self.batch_for(hb.worker, ack=hb.seq)
+        # Only an applied heartbeat's results may be forgotten by the agent.
+        return self.batch_for(hb.worker, ack=hb.seq if ingested else None)
 
     def on_request(self, req: ReallocationRequest) -> CommandBatch:
         self.requests.setdefault(req.container, self.clock())
@@ -180,6 +190,8 @@ class Coordinator:
         timeout = self.policy.messaging.worker_timeout
         if self.migrations:
             self._drive(now, self.state.alive(now, timeout))
+        if self.restarted and now - self.started_at < timeout:
+            return  # a restarted manager decides only once every worker could have reported
         rebalance = rebalance and self._rebalance_may_trigger()
         if not (self.requests or rebalance):
             return
@@ -228,7 +240,9 @@ class Coordinator:
                 if isinstance(step, IssueSave):
                     self._send(step.worker, self._command(m, Action.SAVE, step.worker, now))
                 elif isinstance(step, IssueStart):
-                    if not self._start_outstanding(m):  # never two starts of one job at once
+                    if step.rollback and not self._retry_due(m, now):
+                        pass  # a refused restart is retried with backoff, by the ticker
+                    elif not self._start_outstanding(m):  # never two starts of one job at once
                         cmd = self._command(m, Action.START, step.worker, now, rollback=step.rollback)
                         self._send(step.worker, cmd)
                 elif isinstance(step, Wait):
@@ -385,6 +399,20 @@ class Coordinator:
             if ev is not None:
                 ev.set()
 
+    def _retry_due(self, m: Migration, now: float) -> bool:
+        """After n refused restarts, wait heartbeat_interval * 2^(n-1), at most worker_timeout."""
+        n = self._refusals.get(m.id, 0)
+        if n == 0:
+            return True
+        msg = self.policy.messaging
+        wait = min(msg.worker_timeout, msg.heartbeat_interval * float(2 ** min(n - 1, 16)))
+        return now - m.updated_at >= wait
+
+    def wake_all(self) -> None:
+        """Release every parked long poll (shutdown must not wait for them)."""
+        for ev in self._wakeups.values():
+            ev.set()
+
     def _start_outstanding(self, m: Migration) -> bool:
         return any(
             c.migration == m.id and c.action is Action.START
@@ -416,6 +444,7 @@ class Coordinator:
                 self.migrations[m.id] = new
             elif rollback and m.state is State.FAILED:
                 # E.g. refused because a copy still runs somewhere: retry later, fresh id.
+                self._refusals[m.id] = self._refusals.get(m.id, 0) + 1
                 self.journal.put(new := replace(m, attempts=m.attempts + 1, updated_at=at))
                 self.migrations[m.id] = new
             return

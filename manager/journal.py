@@ -10,10 +10,11 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
+from typing import Protocol
 
-from specon.migration import Migration, State
+from specon.migration import Mark, Migration, State
 from specon.model import ContainerId, WorkerId
 
 _SCHEMA = """
@@ -47,12 +48,21 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 _COLUMNS = tuple(f.name for f in fields(Migration))
 
 
-@dataclass(frozen=True, slots=True)
-class Mark:
-    container: ContainerId
-    migrated_at: float | None
-    migrations: int
-    rebalances: int
+class JournalStore(Protocol):
+    """What the coordinator needs of a journal: this SQLite one, or
+    ``specon.runtime.k8s_journal.KubeJournal`` (ConfigMaps in the Kubernetes API)."""
+
+    def put(self, m: Migration) -> None: ...
+    def get(self, migration_id: str) -> Migration | None: ...
+    def in_flight(self) -> list[Migration]: ...
+    def all(self) -> list[Migration]: ...
+    def mark(
+        self, container: ContainerId, *, migrated_at: float | None = None, rebalanced: bool = False
+    ) -> Mark: ...
+    def marks(self) -> dict[ContainerId, Mark]: ...
+    def get_meta(self, key: str) -> str | None: ...
+    def set_meta(self, key: str, value: str) -> None: ...
+    def close(self) -> None: ...
 
 
 class Journal:

@@ -24,6 +24,8 @@ from specon.model import (
 )
 from specon.protocol import ContainerReport, ContainerStatus, Heartbeat, Phase, WorkerStatus
 
+# A job's opt-out from moves, carried in its report's job labels.
+MIGRATABLE_LABEL = "specon.io/migratable"
 # Category history kept per container (oldest dropped first): enough for any plot.
 HISTORY_LIMIT = 500
 
@@ -171,6 +173,7 @@ class ClusterState:
                     migrations=mk.migrations,
                     rebalances=mk.rebalances,
                     requests=rec.report.requests,
+                    movable=rec.report.job.get(MIGRATABLE_LABEL, "true") != "false",
                 )
             )
         containers.sort(key=lambda c: c.id)

@@ -94,6 +94,17 @@ class Migration:
         return replace(self, state=state, updated_at=at, **changes)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """A container's manager-side marks: Algorithm 2 decided for it (``migrated_at``, how
+    often) and Algorithm 3 moved it (how often). Every journal backend returns these."""
+
+    container: ContainerId
+    migrated_at: float | None
+    migrations: int
+    rebalances: int
+
+
 # What the coordinator should do next for one migration.
 @dataclass(frozen=True, slots=True)
 class IssueSave:

@@ -88,6 +88,9 @@ class ContainerSnapshot:
     selector: tuple[tuple[str, str], ...] = ()
     # Taint keys this container tolerates.
     tolerations: tuple[str, ...] = ()
+    # False for a job that opted out of moves (``specon.io/migratable: "false"``): it is
+    # classified and scored, but Algorithm 2 answers it "stay" and Algorithm 3 skips it.
+    movable: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -206,6 +206,8 @@ def select_target(
     if container.migrations >= cfg.max_migrations_per_container:
         detail = f"already decided {container.migrations} time(s); limit {cfg.max_migrations_per_container}"
         return Refuse(container_id, RefusalReason.MIGRATION_LIMIT, detail)
+    if not container.movable:
+        return Stay(container_id, container.worker)
     source = idx.position.get(container.worker)
     if source is None:
         return Refuse(

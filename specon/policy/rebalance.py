@@ -73,7 +73,8 @@ def _movable(index: ClusterIndex, cfg: RebalanceConfig, eligible: BoolArray) -> 
     d = index.snapshot.now - np.array(list(map(attrgetter(stamp), containers)), dtype=np.float64)
     rebalances = np.fromiter(map(attrgetter("rebalances"), containers), np.int64)
     pos = index.container_pos
-    ok = (pos >= 0) & np.isfinite(d) & (rebalances < cfg.max_rebalances_per_container)
+    movable = np.fromiter(map(attrgetter("movable"), containers), np.bool_, len(containers))
+    ok = (pos >= 0) & np.isfinite(d) & (rebalances < cfg.max_rebalances_per_container) & movable
     ok[ok] = eligible[pos[ok]]
     chosen = np.flatnonzero(ok)
     chosen = chosen[np.lexsort((d[chosen], pos[chosen]))]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -61,6 +62,10 @@ class JobSpec:
     labels: tuple[tuple[str, str], ...] = ()
     steps: int | None = None
     model: str | None = None
+    # Backend-specific recipe for re-creating the container elsewhere, as JSON text (the
+    # Kubernetes backend: the pod manifest without status, uid, resourceVersion, nodeName).
+    # Text, not a dict, so the spec stays hashable and is carried through unchanged.
+    template: str | None = None
 
     def __post_init__(self) -> None:
         valid_job_id(self.id)
@@ -78,6 +83,8 @@ class JobSpec:
             "labels": [list(p) for p in self.labels],
             "steps": self.steps,
             "model": self.model,
+            # Only when set: specs of the other backends serialise exactly as before.
+            **({"template": self.template} if self.template is not None else {}),
         }
 
     @classmethod
@@ -96,6 +103,7 @@ class JobSpec:
                 labels=tuple((str(k), str(v)) for k, v in raw.get("labels", ())),
                 steps=None if raw.get("steps") is None else int(raw["steps"]),
                 model=None if raw.get("model") is None else str(raw["model"]),
+                template=None if raw.get("template") is None else str(raw["template"]),
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"bad job spec: {exc}") from exc
@@ -236,6 +244,21 @@ class Runtime(Protocol):
         Lets an agent restart a job on a rollback even when the save result that carried
         the spec was lost.
         """
+        ...
+
+    @property
+    def node_labels(self) -> dict[str, str]:
+        """Labels of this worker for placement (Kubernetes node labels; empty elsewhere)."""
+        ...
+
+    @property
+    def node_taints(self) -> tuple[str, ...]:
+        """Taint keys that keep containers off this worker (empty where there are none)."""
+        ...
+
+    async def publish_state(self, container_id: ContainerId, annotations: Mapping[str, str]) -> bool:
+        """Publish a container's monitor state where the platform shows it (pod annotations);
+        False where there is no such place. Best effort: the agent's state file rules."""
         ...
 
     def now(self) -> float:

@@ -18,7 +18,7 @@ import heapq
 import itertools
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -289,6 +289,17 @@ class FakeRuntime:
             per_container=tuple(sorted((j.spec.id, j.cpu_seconds) for j in mine if j.running)),
             enforcement="simulated",
         )
+
+    @property
+    def node_labels(self) -> dict[str, str]:
+        return {}
+
+    @property
+    def node_taints(self) -> tuple[str, ...]:
+        return ()
+
+    async def publish_state(self, container_id: ContainerId, annotations: Mapping[str, str]) -> bool:
+        return False  # the agent's state file on the volume is the record here
 
     def job_spec(self, container_id: ContainerId) -> JobSpec | None:
         job = self.volume.jobs.get(container_id)

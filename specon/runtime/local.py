@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -183,6 +183,17 @@ class LocalRuntime:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+    @property
+    def node_labels(self) -> dict[str, str]:
+        return {}
+
+    @property
+    def node_taints(self) -> tuple[str, ...]:
+        return ()
+
+    async def publish_state(self, container_id: ContainerId, annotations: Mapping[str, str]) -> bool:
+        return False  # the agent's state file on the volume is the record here
 
     def job_spec(self, container_id: ContainerId) -> JobSpec | None:
         try:

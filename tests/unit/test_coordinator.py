@@ -329,7 +329,10 @@ def _three_on_a(clock: FakeClock, tmp_path: Path, **sections: dict[str, object])
     for cid in ("r1", "r2", "r3"):
         journal.mark(ContainerId(cid), migrated_at=clock() - 100.0)
     pol = policy(rebalance={"mode": "balanced", "when": "always"}, **sections)
-    return Coordinator(policy=pol, journal=journal, clock=clock)
+    coord = Coordinator(policy=pol, journal=journal, clock=clock)
+    # A journal with marks is a restart: decisions wait until every worker could report.
+    coord.started_at -= pol.messaging.worker_timeout
+    return coord
 
 
 # r2 converged last, so it has the smallest converged duration d and is the one to move.

@@ -352,3 +352,11 @@ def test_select_target_never_returns_an_infeasible_or_unready_target(s: ClusterS
         else:
             assert d.reason is RefusalReason.NO_CANDIDATE
             assert c.worker not in eligible
+
+
+def test_a_job_that_opted_out_of_moves_is_told_to_stay() -> None:
+    w0, w1 = WorkerId("w0"), WorkerId("w1")
+    c = ContainerSnapshot(ContainerId("c"), w0, Category.CONVERGED, t_cc=1.0, movable=False)
+    busy = ContainerSnapshot(ContainerId("p"), w0, Category.PROGRESSING)
+    snap = ClusterSnapshot(10.0, (WorkerSnapshot(w0), WorkerSnapshot(w1)), (c, busy))
+    assert isinstance(select_target(snap, c.id, cfg=PlacementConfig(), worker_timeout=20.0), Stay)

@@ -313,3 +313,9 @@ def test_balanced_reaches_spread_one_when_everything_can_move(loads: list[int]) 
     after = loads_after(s, plan(s))
     assert max(after) - min(after) <= 1
     assert sum(after) == sum(loads)
+
+
+def test_a_job_that_opted_out_of_moves_is_never_rebalanced() -> None:
+    s = cluster([3, 0])
+    pinned = tuple(replace(c, movable=False) for c in s.containers)
+    assert plan(replace(s, containers=pinned)) == []

@@ -2,12 +2,21 @@
 
 ``converge``: loss = 1 / (1 + 0.2·step) (steep, then flat: converges in seconds);
 ``linear``: loss = 10 - 0.015·step (keeps progressing at a constant rate).
+
+Each sample also records ``trained``, the number of steps the job's (checkpointed) state
+has counted: equal to ``step`` unless the job was restored from the wrong state.
+
+Fault knobs for the fault-injection tests (all off by default):
+``--save-seconds S`` makes the checkpoint written on SIGTERM take S seconds (a slow save,
+announced by a ``{"event": "saving"}`` record when it begins); ``--ignore-sigterm`` makes
+the job deaf to SIGTERM, so a save can only end by the grace period's SIGKILL.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import time
 
 from specon import jobkit
@@ -23,19 +32,32 @@ def main() -> None:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--curve", choices=sorted(CURVES), default="converge")
     p.add_argument("--step-seconds", type=float, default=0.05)
+    p.add_argument("--checkpoint-every", type=int, default=50)
+    p.add_argument("--save-seconds", type=float, default=0.0)
+    p.add_argument("--ignore-sigterm", action="store_true")
     args = p.parse_args()
     curve = CURVES[args.curve]
     state = {"trained": 0}
+
+    def save() -> bytes:
+        payload = json.dumps(state).encode()
+        if job.should_stop and args.save_seconds > 0:
+            job.progress.event("saving", step=job.completed)
+            time.sleep(args.save_seconds)
+        return payload
+
     with jobkit.Job(
         steps=args.steps,
-        save=lambda: json.dumps(state).encode(),
+        save=save,
         restore=lambda b: state.update(json.loads(b)),
-        checkpoint_every=50,
+        checkpoint_every=args.checkpoint_every,
     ) as job:
+        if args.ignore_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # after jobkit installed its handler
         for step in job.steps():
             time.sleep(args.step_seconds)
             state["trained"] += 1
-            job.log(step, curve(step))
+            job.log(step, curve(step), trained=state["trained"])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,699 @@
+"""Fault injection on the embedded cluster: real manager, agent and job processes (SPEC §6).
+
+"Nothing lost": whatever crashes (the manager, an agent, a job that will not stop, a
+checkpoint on the volume), a container is never left without a running copy, never runs
+twice at once, and finishes with exactly its steps, redoing at most the steps after its
+last complete checkpoint.
+
+Every test watches the job's processes in ``/proc`` all along (``Watchdog``), judges the
+job's progress log run by run (``runs``), and waits on conditions, never on fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+import pytest
+
+from specon import checkpoint, protocol
+from specon.embedded import Daemon, EmbeddedCluster
+from specon.model import ContainerId, WorkerId
+from specon.protocol import MigrationStatus, Status
+from specon.runtime.base import JobSpec
+from specon.runtime.volume import JobPaths
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(120)]
+
+JOB = Path(__file__).parent / "jobs" / "curve_job.py"
+W0, W1 = WorkerId("w0"), WorkerId("w1")
+HEARTBEAT = 0.5
+CHECKPOINT_EVERY = 50
+STEPS = 500  # of the converging job: it runs for ~25 s, long enough to be moved mid-run
+# A job may legitimately run nowhere while it is being moved or while the worker that
+# must restart it is down; longer than this, it has been lost.
+LOST_AFTER = 15.0
+
+
+def policy(tmp_path: Path, *, worker_timeout: float = 4.0, grace: float = 10.0) -> Path:
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        "apiVersion: specon/v1alpha1\n"
+        "kind: Policy\n"
+        "monitor: {interval: 1, alpha: 0.02}\n"
+        f"messaging: {{heartbeat_interval: {HEARTBEAT}, worker_timeout: {worker_timeout}}}\n"
+        f"migration: {{grace_period: {grace}}}\n"
+        'rebalance: {mode: "off"}\n'
+    )
+    return path
+
+
+@contextlib.asynccontextmanager
+async def embedded(tmp_path: Path, **knobs: float) -> AsyncIterator[EmbeddedCluster]:
+    async with EmbeddedCluster(
+        tmp_path / "c", workers=2, cpus_per_worker=0.5, policy=policy(tmp_path, **knobs)
+    ) as c:
+        try:
+            yield c
+        finally:
+            # Crash the manager first: a SIGTERMed manager waits out the agents' open long
+            # polls (see the xfail test below), which would add up to 20 s to every test.
+            # Its journal is write-ahead, so a kill loses nothing.
+            if c.manager is not None:
+                c.kill(c.manager)
+
+
+def spec(
+    jid: str,
+    steps: int,
+    curve: str,
+    *,
+    step_seconds: float = 0.05,
+    save_seconds: float = 0.0,
+    ignore_sigterm: bool = False,
+) -> JobSpec:
+    argv = [sys.executable, str(JOB), "--steps", str(steps), "--curve", curve]
+    argv += ["--step-seconds", str(step_seconds), "--checkpoint-every", str(CHECKPOINT_EVERY)]
+    argv += ["--save-seconds", str(save_seconds)] + (["--ignore-sigterm"] if ignore_sigterm else [])
+    return JobSpec(id=ContainerId(jid), command=tuple(argv), steps=steps, model=curve)
+
+
+async def submit_converging_pair(
+    c: EmbeddedCluster, *, steps: int = STEPS, save_seconds: float = 0.0, ignore_sigterm: bool = False
+) -> None:
+    """On w0: ``conv`` (converges in seconds, so it asks to move to the empty w1) and
+    ``steady`` (keeps progressing, so w0 stays the busier worker and ``conv`` may ask)."""
+    await c.submit(spec("steady", 4000, "linear"), W0)
+    await c.submit(
+        spec("conv", steps, "converge", save_seconds=save_seconds, ignore_sigterm=ignore_sigterm), W0
+    )
+
+
+# -- the job's progress log ----------------------------------------------------------------
+def records(c: EmbeddedCluster, jid: str) -> list[dict[str, Any]]:
+    path = JobPaths(c.volume, ContainerId(jid)).progress
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    # Only whole lines: the job may be halfway through appending the last one.
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
+
+def has_event(c: EmbeddedCluster, jid: str, event: str) -> bool:
+    return any(r.get("event") == event for r in records(c, jid))
+
+
+def finished(c: EmbeddedCluster, jid: str) -> bool:
+    return has_event(c, jid, "finished")
+
+
+@dataclass
+class Run:
+    """One process lifetime of a job, as its progress log tells it."""
+
+    resumed_from: int
+    trained: list[int] = field(default_factory=list)
+    # Steps of the checkpoints it recorded (periodic, and the one written on SIGTERM).
+    checkpoints: list[int] = field(default_factory=list)
+    ending: str | None = None  # "checkpointed" | "finished" | None (killed)
+
+
+def runs(c: EmbeddedCluster, jid: str) -> list[Run]:
+    out: list[Run] = []
+    for r in records(c, jid):
+        event = r.get("event")
+        if event == "started":
+            out.append(Run(int(r["step"])))
+        elif event in ("checkpoint", "checkpointed"):
+            out[-1].checkpoints.append(int(r["step"]))
+            if event == "checkpointed":
+                out[-1].ending = "checkpointed"
+        elif event == "finished":
+            out[-1].ending = "finished"
+        elif "loss" in r:
+            # The job's own state counts the steps it trained: a run restored from garbage
+            # (or from the wrong checkpoint) would disagree with the step number.
+            assert r["trained"] == r["step"], f"{jid}: state says {r['trained']} at step {r['step']}"
+            out[-1].trained.append(int(r["step"]))
+    return out
+
+
+def assert_exactly_its_steps(
+    c: EmbeddedCluster, jid: str, steps: int, *, corrupt: frozenset[int] = frozenset()
+) -> list[Run]:
+    """Every step 1..steps trained, in order within each run, and each restart resumes from
+    the newest checkpoint the previous run completed: exactly where it stopped after a clean
+    stop, else (killed, or its last checkpoint is in ``corrupt``) from its newest good one
+    or later. So only steps after the last good checkpoint are ever redone."""
+    rs = runs(c, jid)
+    assert rs and rs[0].resumed_from == 0, f"{jid}: no first run from step 0"
+    for prev, run in itertools.pairwise(rs):
+        newest = max((s for s in prev.checkpoints if s not in corrupt), default=prev.resumed_from)
+        last = prev.trained[-1] if prev.trained else prev.resumed_from
+        # A killed run may have completed a checkpoint without living to record it.
+        lo = last if prev.ending == "checkpointed" and last not in corrupt else newest
+        assert lo <= run.resumed_from <= last, f"{jid}: resumed at {run.resumed_from}, not in [{lo}, {last}]"
+    for run in rs:
+        assert run.trained == list(range(run.resumed_from + 1, run.resumed_from + 1 + len(run.trained)))
+    assert rs[-1].ending == "finished" and rs[-1].trained[-1:] == [steps], f"{jid}: did not finish"
+    assert sorted(set().union(*(r.trained for r in rs))) == list(range(1, steps + 1))
+    return rs
+
+
+async def assert_finished_once(
+    c: EmbeddedCluster, dog: Watchdog, steps: int, *, corrupt: frozenset[int] = frozenset()
+) -> list[Run]:
+    """The job finished with exactly its steps, never ran twice at once, and the volume
+    names the worker of its last run as its owner (one container record, ended)."""
+    rs = assert_exactly_its_steps(c, dog.jid, steps, corrupt=corrupt)
+
+    async def records_of_its_run() -> list[tuple[str, bool, bool]]:
+        return [(ci.worker, ci.alive, ci.finished) for ci in await c.containers() if ci.id == dog.jid]
+
+    async def exited() -> bool:  # it logs "finished" a moment before its process ends
+        return not any(alive for _, alive, _ in await records_of_its_run())
+
+    await wait_for(exited, f"{dog.jid} to exit", timeout=10)
+    dog.check()
+    mine = await records_of_its_run()
+    assert mine == [(dog.workers[-1], False, True)], f"{dog.jid}: {mine}, last ran on {dog.workers[-1]}"
+    return rs
+
+
+# -- processes -------------------------------------------------------------------------------
+def job_processes(c: EmbeddedCluster, jid: str) -> dict[int, str]:
+    """pid -> worker of every live process running ``jid`` (the job itself, not its launcher),
+    found in /proc by the progress file its environment names (unique to this cluster)."""
+    marker = f"SPECON_PROGRESS_FILE={JobPaths(c.volume, ContainerId(jid)).progress}".encode()
+    out: dict[int, str] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            if JOB.name.encode() not in cmdline or b"launcher.py" in cmdline:
+                continue
+            env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours
+            continue
+        if marker in env:
+            worker = next((e.split(b"=", 1)[1] for e in env if e.startswith(b"SPECON_WORKER=")), b"?")
+            out[int(name)] = worker.decode()
+    return out
+
+
+class Watchdog:
+    """Samples a job's processes every 0.1 s for the whole test: never two copies at once,
+    and never running nowhere for longer than ``LOST_AFTER`` (unless it has finished).
+
+    (Two copies overlapping between samples would still show in the progress log: their
+    records would interleave, which ``assert_exactly_its_steps`` rejects.)"""
+
+    def __init__(self, c: EmbeddedCluster, jid: str) -> None:
+        self.c, self.jid = c, jid
+        self.max_copies = 0
+        self.workers: list[str] = []  # the worker of each run seen, in order
+        self.down_since: float | None = None
+        self.longest_down = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def sample(self) -> None:
+        procs = job_processes(self.c, self.jid)
+        now = time.monotonic()
+        self.max_copies = max(self.max_copies, len(procs))
+        for worker in procs.values():
+            if not self.workers or self.workers[-1] != worker:
+                self.workers.append(worker)
+        if procs or not self.workers or finished(self.c, self.jid):
+            self.down_since = None  # running, not submitted yet, or done
+        elif self.down_since is None:
+            self.down_since = now
+        else:
+            self.longest_down = max(self.longest_down, now - self.down_since)
+
+    def check(self) -> None:
+        assert self.max_copies <= 1, f"{self.jid} ran {self.max_copies} times at once"
+        assert self.longest_down < LOST_AFTER, f"{self.jid} ran nowhere for {self.longest_down:.1f}s"
+
+    async def _loop(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(0.1)
+
+    async def __aenter__(self) -> Watchdog:
+        self.sample()
+        self._task = asyncio.create_task(self._loop())
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        if exc is None:
+            self.check()
+
+
+# -- waiting -----------------------------------------------------------------------------------
+async def wait_for(
+    cond: Callable[[], Awaitable[bool]] | Callable[[], bool],
+    what: str,
+    *,
+    timeout: float,
+    watchdog: Watchdog | None = None,
+) -> None:
+    """Poll ``cond`` until true; fail at ``timeout`` or as soon as the watchdog objects."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if await got if asyncio.iscoroutine(got) else got:
+            return
+        if watchdog is not None:
+            watchdog.check()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def status(c: EmbeddedCluster) -> Status | None:
+    """The manager's status, or None while it is down or not answering."""
+    if c.manager is None or c.manager.proc.poll() is not None:
+        return None
+    try:
+        return await c.status()
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        return None
+
+
+async def migration_of(c: EmbeddedCluster, jid: str) -> MigrationStatus | None:
+    st = await status(c)
+    ms = [m for m in (st.migrations if st else ()) if m.container == jid]
+    return max(ms, key=lambda m: m.decided_at) if ms else None
+
+
+def in_state(c: EmbeddedCluster, jid: str, *states: str) -> Callable[[], Awaitable[bool]]:
+    async def cond() -> bool:
+        m = await migration_of(c, jid)
+        return m is not None and m.state.value in states
+
+    return cond
+
+
+async def worker_reachable(c: EmbeddedCluster, worker: WorkerId) -> bool | None:
+    st = await status(c)
+    w = next((w for w in st.workers if w.id == worker), None) if st else None
+    return None if w is None else w.reachable
+
+
+async def agent_health(d: Daemon) -> dict[str, Any] | None:
+    try:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(d.url + "/healthz", timeout=aiohttp.ClientTimeout(total=2)) as r,
+        ):
+            return dict(await r.json())
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        return None
+
+
+SAVES = 'specon_agent_commands_total{action="save"}'
+STARTS = 'specon_agent_commands_total{action="start"}'
+
+
+async def agent_metric(d: Daemon, name: str, *, default: float | None = None) -> float:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(d.url + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as r,
+    ):
+        text = await r.text()
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == name:
+            return float(value)
+    if default is not None:
+        return default
+    raise AssertionError(f"{d.name} has no metric {name}")
+
+
+def address(d: Daemon) -> tuple[str, int]:
+    host, port = d.url.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
+def manager_port(c: EmbeddedCluster) -> int:
+    assert c.manager is not None
+    return address(c.manager)[1]
+
+
+async def restart_agent(c: EmbeddedCluster, worker: WorkerId) -> Daemon:
+    """Start ``worker``'s agent again on the address it had (after a kill)."""
+    host, port = address(c.agents[worker])
+    return await c.start_agent(worker, host, port)
+
+
+def pending_request(c: EmbeddedCluster, worker: WorkerId, jid: str) -> bool:
+    """Whether ``worker``'s agent holds an unanswered reallocation request for ``jid`` (its
+    persisted monitor state, written after every tick)."""
+    with contextlib.suppress(OSError, ValueError):  # not written yet
+        states = json.loads((c.volume / "agents" / worker / "monitor.json").read_text())
+        return bool(states.get(jid, {}).get("pending_request"))
+    return False
+
+
+async def marked_migrated(c: EmbeddedCluster, jid: str) -> bool:
+    st = await status(c)
+    return st is not None and any(ci.id == jid and ci.migrated for ci in st.containers)
+
+
+@contextlib.contextmanager
+def frozen(d: Daemon) -> Iterator[None]:
+    """SIGSTOP a daemon for the block (a hung process, not a dead one); SIGCONT however it ends."""
+    d.proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        d.proc.send_signal(signal.SIGCONT)
+
+
+# -- 1. the manager crashes during a migration ------------------------------------------------
+@pytest.mark.parametrize("journaled", ["saving", "restoring"])
+async def test_manager_killed_during_a_migration_resumes_or_rolls_it_back_and_loses_nothing(
+    tmp_path: Path, journaled: str
+) -> None:
+    # worker_timeout 6: the target's agent is frozen for a moment in the "restoring" case.
+    async with embedded(tmp_path, worker_timeout=6.0) as c, Watchdog(c, "conv") as dog:
+        await submit_converging_pair(c, save_seconds=3.0 if journaled == "saving" else 1.0)
+        await wait_for(lambda: has_event(c, "conv", "saving"), "conv to start saving", timeout=45)
+        async with contextlib.AsyncExitStack() as stack:
+            if journaled == "restoring":
+                # Hold the target back so the manager dies with the restore ordered, not done.
+                stack.enter_context(frozen(c.agents[W1]))
+            await wait_for(in_state(c, "conv", journaled), f"the migration {journaled}", timeout=20)
+            before = await migration_of(c, "conv")
+            port = manager_port(c)
+            assert c.manager is not None
+            c.kill(c.manager)
+            await c.start_manager(port)
+        await wait_for(
+            in_state(c, "conv", "done", "rolled_back"), "the migration to end", timeout=30, watchdog=dog
+        )
+        await wait_for(lambda: finished(c, "conv"), "conv to finish", timeout=40, watchdog=dog)
+        assert before is not None and before.state.value == journaled
+        m = await migration_of(c, "conv")
+        assert m is not None and m.id == before.id  # resumed, not decided anew
+        rs = await assert_finished_once(c, dog, STEPS)
+        assert sum(run.ending == "checkpointed" for run in rs) == 1
+        # It ended where the migration says: on the target if done, back on the source if not.
+        assert dog.workers[-1] == (m.target if m.state.value == "done" else m.source)
+        assert "steady" in {ci.id for ci in await c.containers() if ci.alive}
+
+
+# -- 2. an agent crashes ------------------------------------------------------------------------
+async def test_idle_agent_killed_its_job_keeps_running_and_is_readopted_on_restart(
+    tmp_path: Path,
+) -> None:
+    steps = 400
+    async with embedded(tmp_path) as c, Watchdog(c, "solo") as dog:
+        await c.submit(spec("solo", steps, "linear"), W1)
+
+        async def seen_on_w1() -> bool:
+            st = await status(c)
+            return st is not None and any(
+                ci.id == "solo" and ci.worker == W1 and ci.phase == "running" for ci in st.containers
+            )
+
+        await wait_for(seen_on_w1, "the manager to see solo on w1", timeout=20)
+        c.kill(c.agents[W1])
+        # The job is detached from its agent: it keeps training while the agent is down.
+        trained = len(runs(c, "solo")[-1].trained)
+        await wait_for(
+            lambda: len(runs(c, "solo")[-1].trained) >= trained + 20, "solo to keep training", timeout=20
+        )
+
+        async def w1_unreachable() -> bool:
+            return await worker_reachable(c, W1) is False
+
+        await wait_for(w1_unreachable, "the manager to mark w1 unreachable", timeout=20, watchdog=dog)
+        assert job_processes(c, "solo"), "the job died with its agent"
+        agent = await restart_agent(c, W1)
+
+        async def readopted() -> bool:
+            h = await agent_health(agent)
+            return h is not None and h["containers"] == 1 and await worker_reachable(c, W1) is True
+
+        await wait_for(readopted, "the restarted agent to re-adopt solo", timeout=20, watchdog=dog)
+        await wait_for(seen_on_w1, "the manager to see solo on w1 again", timeout=20, watchdog=dog)
+        await wait_for(lambda: finished(c, "solo"), "solo to finish", timeout=40, watchdog=dog)
+        rs = await assert_finished_once(c, dog, steps)
+        assert len(rs) == 1, "the job was restarted although it never stopped"
+        assert dog.workers == ["w1"]
+
+
+async def kill_source_agent_mid_save(c: EmbeddedCluster, *, stubborn: bool) -> None:
+    """Submit the converging pair, kill -9 w0's agent while it saves ``conv``, and wait until
+    the manager has given w0 up. A cooperative ``conv`` finishes its checkpoint and exits
+    meanwhile; a stubborn one (deaf to SIGTERM) keeps running on w0."""
+    await submit_converging_pair(c, save_seconds=2.0, ignore_sigterm=stubborn)
+    if stubborn:  # it never announces the save: ask the agent
+
+        async def saving() -> bool:
+            return await agent_metric(c.agents[W0], SAVES, default=0) >= 1
+
+        await wait_for(saving, "w0 to start saving conv", timeout=45)
+    else:
+        await wait_for(lambda: has_event(c, "conv", "saving"), "conv to start saving", timeout=45)
+    c.kill(c.agents[W0])
+
+    async def w0_unreachable() -> bool:
+        return await worker_reachable(c, W0) is False
+
+    await wait_for(w0_unreachable, "the manager to mark w0 unreachable", timeout=20)
+
+
+async def refused_on_w1(c: EmbeddedCluster) -> bool:
+    return await agent_metric(c.agents[W1], "specon_agent_command_failures_total") >= 1
+
+
+@pytest.mark.parametrize("job", ["cooperative", "stubborn"])
+async def test_source_agent_killed_during_a_save_the_migration_ends_and_nothing_is_lost(
+    tmp_path: Path, job: str
+) -> None:
+    """``stubborn``: the job still runs on the source when its agent dies mid-save (the
+    grace period is long), so a restart elsewhere must be refused until the source is back
+    and the job is found still running there."""
+    stubborn = job == "stubborn"
+    async with (
+        embedded(tmp_path, grace=30.0 if stubborn else 10.0) as c,
+        Watchdog(c, "conv") as dog,
+        Watchdog(c, "steady") as steady,
+    ):
+        await kill_source_agent_mid_save(c, stubborn=stubborn)
+        # The other job on w0 never noticed.
+        assert "w0" in job_processes(c, "steady").values()
+        if stubborn:
+            # The manager tries to restart conv on w1, which refuses: it still runs on w0.
+            await wait_for(lambda: refused_on_w1(c), "w1 to refuse a second copy", timeout=20, watchdog=dog)
+            assert dog.workers == ["w0"]
+        await restart_agent(c, W0)
+        await wait_for(
+            in_state(c, "conv", "done", "rolled_back"), "the migration to end", timeout=30, watchdog=dog
+        )
+        await wait_for(lambda: finished(c, "conv"), "conv to finish", timeout=40, watchdog=dog)
+        rs = await assert_finished_once(c, dog, STEPS)
+        if stubborn:  # never stopped, never moved
+            m = await migration_of(c, "conv")
+            assert len(rs) == 1 and dog.workers == ["w0"]
+            assert m is not None and m.state.value == "rolled_back"
+        assert len(runs(c, "steady")) == 1 and steady.workers == ["w0"]
+
+
+async def test_a_refused_rollback_start_is_retried_at_a_bounded_pace(tmp_path: Path) -> None:
+    async with embedded(tmp_path, grace=30.0) as c:
+        await kill_source_agent_mid_save(c, stubborn=True)
+        await wait_for(lambda: refused_on_w1(c), "w1 to refuse a second copy", timeout=20)
+        before = await agent_metric(c.agents[W1], STARTS)
+        window = 4 * HEARTBEAT
+        await asyncio.sleep(window)  # a rate needs a window of time
+        tries = await agent_metric(c.agents[W1], STARTS) - before
+        # One retry per heartbeat would be plenty; a busy loop makes hundreds.
+        assert tries <= 2 * window / HEARTBEAT, f"{tries:g} start attempts in {window:g}s"
+
+
+# -- 3. a job that ignores SIGTERM -------------------------------------------------------------
+async def test_job_ignoring_sigterm_is_killed_after_the_grace_period_and_resumes_from_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    async with embedded(tmp_path, grace=2.0) as c, Watchdog(c, "conv") as dog:
+        await submit_converging_pair(c, ignore_sigterm=True)
+        await wait_for(
+            in_state(c, "conv", "done", "rolled_back"), "the migration to end", timeout=50, watchdog=dog
+        )
+        await wait_for(lambda: finished(c, "conv"), "conv to finish", timeout=40, watchdog=dog)
+        m = await migration_of(c, "conv")
+        assert m is not None and m.state.value == "done" and dog.workers == ["w0", "w1"]
+        rs = await assert_finished_once(c, dog, STEPS)
+        assert len(rs) == 2 and rs[0].ending is None, "the first run should have been killed"
+        # It resumed from the checkpoint the forced save reported: its newest complete one
+        # (newer than the last one it recorded only if killed between writing and recording).
+        assert rs[1].resumed_from == m.checkpoint_step
+        assert m.checkpoint_step >= max(rs[0].checkpoints)
+        redone = set(rs[0].trained) & set(rs[1].trained)
+        assert redone == set(range(rs[1].resumed_from + 1, rs[0].trained[-1] + 1))
+        exits, _ = JobPaths(c.volume, ContainerId("conv")).read_exits()
+        assert exits[0].reason == "killed" and exits[0].signal == signal.SIGKILL
+
+
+# -- 4. a corrupt checkpoint ---------------------------------------------------------------------
+async def test_corrupt_saved_checkpoint_restores_from_the_previous_complete_one(tmp_path: Path) -> None:
+    # A long worker_timeout: the target's agent is frozen for a moment without being given up.
+    async with embedded(tmp_path, worker_timeout=10.0) as c, Watchdog(c, "conv") as dog:
+        await submit_converging_pair(c, save_seconds=2.0)
+        await wait_for(lambda: has_event(c, "conv", "saving"), "conv to start saving", timeout=45)
+        # Freeze the target's agent so the checkpoint can be corrupted between the save and
+        # the restore (as bit rot or a torn copy on the volume would).
+        with frozen(c.agents[W1]):
+            await wait_for(in_state(c, "conv", "restoring"), "the restore to be ordered", timeout=20)
+            m = await migration_of(c, "conv")
+            assert m is not None and m.checkpoint is not None and m.checkpoint_step is not None
+            saved = checkpoint.verify(Path(m.checkpoint))
+            data = bytearray(saved.payload.read_bytes())
+            data[0] ^= 0xFF  # same size, wrong checksum
+            saved.payload.write_bytes(bytes(data))
+        await wait_for(
+            in_state(c, "conv", "done", "rolled_back"), "the migration to end", timeout=30, watchdog=dog
+        )
+        await wait_for(lambda: finished(c, "conv"), "conv to finish", timeout=40, watchdog=dog)
+        rs = await assert_finished_once(c, dog, STEPS, corrupt=frozenset({m.checkpoint_step}))
+        assert len(rs) == 2 and rs[0].ending == "checkpointed"
+        # Not from the corrupt one: from the previous complete checkpoint, redoing the rest once.
+        assert rs[1].resumed_from == sorted(rs[0].checkpoints)[-2] < m.checkpoint_step
+        redone = set(rs[0].trained) & set(rs[1].trained)
+        assert redone == set(range(rs[1].resumed_from + 1, m.checkpoint_step + 1))
+
+
+# -- 5. the manager is away for a while ---------------------------------------------------------
+async def test_agents_ride_out_a_manager_outage_and_their_pending_request_is_answered(
+    tmp_path: Path,
+) -> None:
+    steps = 700
+    async with embedded(tmp_path) as c, Watchdog(c, "conv") as dog:
+        port = manager_port(c)
+        agents = dict(c.agents)
+        await submit_converging_pair(c, steps=steps)
+        assert c.manager is not None
+        # In a thread: the manager may take a while to stop, and the watchdog keeps sampling.
+        stopped = asyncio.create_task(asyncio.to_thread(c.kill, c.manager, signal.SIGTERM))
+
+        async def disconnected() -> bool:
+            hs = [await agent_health(d) for d in agents.values()]
+            return all(h is not None and h["manager_connected"] is False for h in hs)
+
+        await wait_for(disconnected, "the agents to lose the manager", timeout=20, watchdog=dog)
+        # Several heartbeat intervals without a manager, during which conv converges: the
+        # agents back off, keep classifying, stay up, and hold conv's request.
+        w0 = agents[W0]
+        ticks = await agent_metric(w0, "specon_agent_ticks_total")
+        failures = await agent_metric(w0, "specon_agent_manager_failures_total")
+
+        async def rode_it_out() -> bool:
+            return (
+                pending_request(c, W0, "conv")
+                and await agent_metric(w0, "specon_agent_ticks_total") >= ticks + 4
+                and await agent_metric(w0, "specon_agent_manager_failures_total") >= failures + 4
+            )
+
+        await wait_for(rode_it_out, "a pending request, more ticks, more failures", timeout=40, watchdog=dog)
+        await stopped
+        # (A long poll the stopping manager still answered may have flipped the link up.)
+        await wait_for(disconnected, "the agents to see the manager gone", timeout=10, watchdog=dog)
+        for d in agents.values():
+            assert d.proc.poll() is None, f"{d.name} died without its manager"
+            h = await agent_health(d)
+            assert h is not None and h["ok"]
+        assert pending_request(c, W0, "conv") and dog.workers == ["w0"]
+
+        await c.start_manager(port)
+
+        async def reconnected() -> bool:
+            hs = [await agent_health(d) for d in agents.values()]
+            return all(h is not None and h["manager_connected"] is True for h in hs)
+
+        await wait_for(reconnected, "the agents to reconnect", timeout=20, watchdog=dog)
+        # The request made while the manager was away is answered: conv is marked migrated
+        # (moved, or told to stay) and its agent stops asking.
+        await wait_for(lambda: marked_migrated(c, "conv"), "an answer to conv's request", timeout=20)
+        await wait_for(lambda: finished(c, "conv"), "conv to finish", timeout=40, watchdog=dog)
+        await assert_finished_once(c, dog, steps)
+        m = await migration_of(c, "conv")
+        assert dog.workers == (["w0"] if m is None else ["w0", "w1"])
+        assert m is None or m.state.value == "done"
+        assert not pending_request(c, WorkerId(dog.workers[-1]), "conv")
+
+
+async def test_a_restarted_manager_decides_a_pending_request_with_every_worker_in_view(
+    tmp_path: Path,
+) -> None:
+    async with embedded(tmp_path) as c, Watchdog(c, "conv"):
+        port = manager_port(c)
+        await submit_converging_pair(c, steps=700)
+        assert c.manager is not None
+        c.kill(c.manager)
+        await wait_for(lambda: pending_request(c, W0, "conv"), "conv's reallocation request", timeout=40)
+        # w1's first heartbeat to the new manager comes a moment after w0's, well within
+        # worker_timeout: w1 is alive and idle, so conv belongs there.
+        with frozen(c.agents[W1]):
+            await c.start_manager(port)
+
+            async def heard_from_w0() -> bool:
+                return await worker_reachable(c, W0) is True
+
+            await wait_for(heard_from_w0, "the manager to hear from w0", timeout=10)
+        await wait_for(lambda: marked_migrated(c, "conv"), "an answer to conv's request", timeout=20)
+        m = await migration_of(c, "conv")
+        assert m is not None and m.target == W1, "conv was told to stay on the busier worker"
+
+
+async def test_an_open_long_poll_does_not_hold_up_the_managers_shutdown(tmp_path: Path) -> None:
+    async with embedded(tmp_path) as c:
+        manager = c.manager
+        assert manager is not None
+        poll = protocol.Poll(worker=WorkerId("w9"), sent_at=time.time(), wait=60.0)
+
+        async def park() -> int:
+            async with (
+                aiohttp.ClientSession() as s,
+                s.post(
+                    manager.url + protocol.POLL_PATH,
+                    data=protocol.encode(poll),
+                    headers={protocol.AUTH_HEADER: f"Bearer {c.token}"},
+                ) as r,
+            ):
+                return r.status
+
+        held = asyncio.create_task(park())
+        await asyncio.sleep(1.0)  # nothing to observe: the poll is parked inside the manager
+        assert not held.done()
+        manager.proc.send_signal(signal.SIGTERM)
+        try:
+            await wait_for(lambda: manager.proc.poll() is not None, "the manager to exit", timeout=10)
+        finally:
+            if manager.proc.poll() is None:
+                manager.proc.kill()  # keep the teardown short when this fails
+            held.cancel()
+            with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError, OSError):
+                await held

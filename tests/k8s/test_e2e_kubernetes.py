@@ -1,0 +1,265 @@
+"""End to end through Kubernetes: the manager (journal in the API), one agent process per
+node (``--runtime kubernetes``), the kubelet stand-in running the training pods as local
+processes. A converged training pod is migrated to another node by eviction + restore and
+finishes with exactly its steps; a manager restarted mid-migration recovers from the API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from specon import protocol
+from specon.migration import State
+from specon.protocol import Status
+from specon.runtime.k8s_journal import KubeJournal
+from specon.runtime.kubernetes import KubeApi
+from tests.k8s.cluster import KubeCluster, free_ports
+from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
+from tests.k8s.kubelet import FakeKubelet
+from tests.k8s.test_runtime_kubernetes import records, shared_volume, trained, training_pod, until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
+
+TOKEN = "e2e-token"
+POLICY = """\
+apiVersion: specon/v1alpha1
+kind: Policy
+monitor: {interval: 1, alpha: 0.02}
+messaging: {heartbeat_interval: 0.5, worker_timeout: 4}
+migration: {grace_period: 10}
+rebalance: {mode: "off"}
+"""
+
+
+# The manager with its journal in the API. (Once `specon-manager --journal kubernetes` exists,
+# this is `python -m manager --journal kubernetes ...`.) A process, so a test can SIGKILL it.
+MANAGER = """
+import sys
+from aiohttp import web
+from manager.app import create_app
+from manager.coordinator import Coordinator
+from specon import logs
+from specon.config import load_policy
+from specon.runtime.k8s_journal import KubeJournal
+from specon.runtime.kubernetes import load_api_client
+
+kubeconfig, namespace, policy, port, token = sys.argv[1:6]
+logs.configure(level="info", fmt="console")
+journal = KubeJournal(load_api_client(kubeconfig), namespace)
+coordinator = Coordinator(policy=load_policy(policy), journal=journal)
+web.run_app(create_app(coordinator, token=token), host="127.0.0.1", port=int(port), print=None)
+"""
+
+
+@dataclass
+class Deployment:
+    """The manager and one agent per node, as processes, against the test cluster."""
+
+    cluster: KubeCluster
+    namespace: str
+    volume: Path
+    work: Path
+    policy_file: Path
+    kubeconfig: Path
+    port: int
+    manager: subprocess.Popen[bytes] | None = None
+    agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def journal(self) -> KubeJournal:
+        return KubeJournal(KubeApi(self.cluster.api_client()), self.namespace)
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.work / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
+        env = {**os.environ, "SPECON_TOKEN": TOKEN}
+        try:
+            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        finally:
+            log.close()
+
+    async def start_manager(self) -> None:
+        argv = [sys.executable, "-c", MANAGER, str(self.kubeconfig), self.namespace, str(self.policy_file)]
+        self.manager = self._spawn("manager", [*argv, str(self.port), TOKEN])
+
+        async def healthy() -> bool:
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with aiohttp.ClientSession() as s, s.get(self.url + "/healthz") as r:
+                    return r.status == 200
+            return False
+
+        await until(healthy, "the manager to serve /healthz", timeout=30)
+
+    def kill_manager(self) -> None:
+        """A crash: SIGKILL, nothing flushed, nothing said to the agents."""
+        assert self.manager is not None
+        self.manager.kill()
+        self.manager.wait()
+
+    def start_agent(self, node: str, host: str) -> None:
+        (port,) = free_ports(1, host)
+        argv = [
+            sys.executable, "-m", "agent",
+            "--runtime", "kubernetes",
+            "--node", node,
+            "--namespace", self.namespace,
+            "--kubeconfig", str(self.kubeconfig),
+            "--volume", str(self.volume),
+            "--manager", self.url,
+            "--listen", f"{host}:{port}",
+            "--policy", str(self.policy_file),
+            "--log-format", "console",
+        ]  # fmt: skip
+        self.agents[node] = self._spawn(f"agent-{node}", argv)
+
+    async def status(self) -> Status:
+        async with aiohttp.ClientSession() as s, s.get(self.url + protocol.STATUS_PATH) as r:
+            return protocol.decode(await r.read(), Status)
+
+    async def stop(self) -> None:
+        procs = [*self.agents.values(), *([self.manager] if self.manager else [])]
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                await asyncio.to_thread(proc.wait, 15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.fixture
+async def deployment(
+    kube_cluster: KubeCluster, kube_namespace: str, fake_kubelet: FakeKubelet, tmp_path: Path
+) -> AsyncIterator[Deployment]:
+    admin = KubeApi(kube_cluster.api_client())
+    volume = tmp_path / "shared"
+    shared_volume(admin, kube_namespace, volume)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    (port,) = free_ports(1)
+    d = Deployment(
+        kube_cluster,
+        kube_namespace,
+        volume,
+        tmp_path,
+        policy,
+        kube_cluster.kubeconfig(tmp_path / "kubeconfig", namespace=kube_namespace),
+        port,
+    )
+    await d.start_manager()
+    d.start_agent("node-1", "127.0.0.2")
+    d.start_agent("node-2", "127.0.0.3")
+    try:
+        yield d
+    finally:
+        await d.stop()
+        for f in sorted(tmp_path.glob("*.log")):  # shown when a test fails
+            print(f"== {f.name} ==\n{f.read_text(errors='replace')[-3000:]}")
+        admin.request("DELETE", f"/api/v1/persistentvolumes/specon-data-{kube_namespace}")
+
+
+def finished(volume: Path, job: str) -> bool:
+    return any(r.get("event") == "finished" for r in records(volume, job))
+
+
+def job_downtime(volume: Path, job: str) -> tuple[float, float]:
+    """From the job's own records: (checkpoint on SIGTERM -> restart record, last training
+    sample before the stop -> first sample after the restart). The second is the training
+    time lost to the migration, pod teardown, creation and the interpreter's start included."""
+    recs = records(volume, job)
+    i = next(i for i, r in enumerate(recs) if r.get("event") == "checkpointed")
+    j = next(j for j in range(i, len(recs)) if recs[j].get("event") == "started")
+    last = max(r["ts"] for r in recs[:i] if "loss" in r)
+    first = next(r["ts"] for r in recs[j:] if "loss" in r)
+    return float(recs[j]["ts"] - recs[i]["ts"]), float(first - last)
+
+
+async def submit(d: Deployment, pod: dict[str, Any]) -> None:
+    admin = KubeApi(d.cluster.api_client())
+    await asyncio.to_thread(admin.request, "POST", f"/api/v1/namespaces/{d.namespace}/pods", body=pod)
+
+
+def converging(name: str, steps: int, **kw: Any) -> dict[str, Any]:
+    return training_pod(name, "node-1", steps=steps, step_seconds=0.05, **kw)
+
+
+def steady(name: str, steps: int) -> dict[str, Any]:
+    pod = training_pod(name, "node-1", steps=steps, step_seconds=0.05)
+    pod["spec"]["containers"][0]["command"] += ["--curve", "linear"]
+    return pod
+
+
+def migration_of(d: Deployment, job: str, pred: Callable[[Any], bool]) -> Callable[[], Any]:
+    """A probe for ``until``: the job's migration in the manager's status once ``pred`` holds."""
+
+    async def probe() -> Any:
+        return next((m for m in (await d.status()).migrations if m.container == job and pred(m)), None)
+
+    return probe
+
+
+async def test_a_converged_pod_moves_to_another_node_and_finishes_exactly(deployment: Deployment) -> None:
+    d = deployment
+    await submit(d, converging("fast", 400))
+    await submit(d, steady("steady", 600))
+    probe = migration_of(d, "fast", lambda m: m.state.value == "done")
+    m = await until(probe, "the converged pod's migration to finish", timeout=120)
+    assert (m.source, m.target, m.reason) == ("node-1", "node-2", "converged")
+    await until(lambda: finished(d.volume, "fast"), "the migrated job to finish", timeout=90)
+    assert sorted(trained(d.volume, "fast")) == list(range(1, 401))  # every step exactly once
+    events = [r.get("event") for r in records(d.volume, "fast") if "event" in r]
+    assert events.count("checkpointed") == 1 and events[-1] == "finished"
+    admin = KubeApi(d.cluster.api_client())
+    pod = admin.request("GET", f"/api/v1/namespaces/{d.namespace}/pods/fast-g2")
+    assert pod["spec"]["nodeName"] == "node-2"
+    assert pod["metadata"]["annotations"]["specon.io/restored-from"] == "fast"
+    st = await d.status()
+    assert all(x.container != "steady" for x in st.migrations)  # still progressing: never moved
+    # The journal lives in the API: the migration is a ConfigMap of the namespace.
+    (record,) = d.journal().all()
+    assert record.state is State.DONE and record.target == "node-2"
+    restart, gap = job_downtime(d.volume, "fast")
+    print(
+        f"\nKUBERNETES MIGRATION DOWNTIME: manager {m.downtime:.2f} s (save result -> start result); "
+        f"job {restart:.2f} s (checkpointed -> started), training gap {gap:.2f} s "
+        "(last step on node-1 -> first step on node-2)"
+    )
+
+
+async def test_a_manager_restarted_mid_migration_recovers_from_the_api(deployment: Deployment) -> None:
+    d = deployment
+    # A slow checkpoint on SIGTERM keeps the migration in `saving` long enough to crash.
+    await submit(d, converging("slow", 500, extra=("--save-seconds", "4")))
+    await submit(d, steady("steady", 800))
+    await until(
+        lambda: any(m.state is State.SAVING for m in d.journal().in_flight()),
+        "the save to begin",
+        timeout=120,
+    )
+    d.kill_manager()
+    await d.start_manager()  # a fresh manager: all it knows comes from the API
+    st = await d.status()
+    assert [(m.container, m.state.value) for m in st.migrations if m.state.value != "done"] == [
+        ("slow", "saving")
+    ]
+    probe = migration_of(d, "slow", lambda m: m.state.value in ("done", "rolled_back"))
+    m = await until(probe, "the recovered migration to end", timeout=120)
+    assert (m.state.value, m.target) == ("done", "node-2")
+    await until(lambda: finished(d.volume, "slow"), "the job to finish", timeout=120)
+    assert sorted(trained(d.volume, "slow")) == list(range(1, 501))
+    events = [r.get("event") for r in records(d.volume, "slow") if "event" in r]
+    assert events.count("checkpointed") == 1  # saved once, despite the crash

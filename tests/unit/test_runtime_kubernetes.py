@@ -1,0 +1,303 @@
+"""KubernetesRuntime against kmock (an in-process HTTP Kubernetes emulator): fast checks of
+what the runtime asks the API for. The real API server tests are in tests/k8s/."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from agent.__main__ import build_parser, run
+from specon import checkpoint as ckpt
+from specon.model import ContainerId
+from specon.runtime.base import AlreadyRunning, ContainerState, JobSpec, SaveFailed, StartFailed
+from specon.runtime.k8s_pods import ANN_GENERATION, ANN_RESTORED_FROM, LABEL_JOB, job_spec
+from specon.runtime.kubernetes import Informer, KubeApi, KubeError, KubernetesRuntime
+
+# kmock's pytest plugin provides the `kmock` fixture (dev dependency).
+pytest.importorskip("kmock")
+
+NS = "ml"
+
+
+def manifest(
+    name: str,
+    *,
+    node: str = "node-1",
+    job: str | None = None,
+    managed: bool = True,
+    annotations: dict[str, str] | None = None,
+    owned: bool = False,
+    phase: str = "Running",
+    mount: str = "/data",
+) -> dict[str, Any]:
+    job = job or name
+    labels = {LABEL_JOB: job}
+    if managed:
+        labels["specon.io/managed"] = "true"
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": NS,
+        "uid": f"uid-{name}",
+        "labels": labels,
+        "annotations": dict(annotations or {}),
+    }
+    if owned:
+        meta["ownerReferences"] = [
+            {"kind": "ReplicaSet", "name": "rs", "uid": "rs-1", "apiVersion": "apps/v1"}
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "train",
+                    "image": "specon:0.1.0",
+                    "command": ["python", "train.py"],
+                    "env": [
+                        {"name": "SPECON_PROGRESS_FILE", "value": f"{mount}/jobs/{job}/progress.jsonl"},
+                        {"name": "SPECON_CHECKPOINT_DIR", "value": f"{mount}/jobs/{job}/checkpoints"},
+                    ],
+                    "volumeMounts": [{"name": "data", "mountPath": mount}],
+                }
+            ],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "specon-data"}}],
+        },
+        "status": {"phase": phase},
+    }
+
+
+@pytest.fixture
+async def api(kmock: Any) -> AsyncIterator[KubeApi]:
+    kmock.resources["v1/pods"] = {"namespaced": True}  # known before any pod exists
+    api = KubeApi(client.ApiClient(client.Configuration(host=str(kmock.url).rstrip("/"))))
+    yield api
+    api.client.close()
+
+
+async def create(api: KubeApi, pod: dict[str, Any]) -> None:
+    await asyncio.to_thread(api.request, "POST", f"/api/v1/namespaces/{NS}/pods", body=pod)
+
+
+async def pods(api: KubeApi) -> dict[str, dict[str, Any]]:
+    data = await asyncio.to_thread(api.request, "GET", "/api/v1/pods")
+    return {p["metadata"]["name"]: p for p in data["items"]}
+
+
+def runtime(api: KubeApi, tmp_path: Path, node: str = "node-1", **kw: Any) -> KubernetesRuntime:
+    kw.setdefault("watch", False)
+    return KubernetesRuntime(api, node, volume_root=tmp_path, metrics=False, kill_slack=2.0, **kw)
+
+
+def evictions(kmock: Any, name: str, status: int = 201) -> list[dict[str, Any]]:
+    """Answer the eviction subresource (kmock has none) and record each request body."""
+    seen: list[dict[str, Any]] = []
+
+    def react(request: Any) -> dict[str, Any]:
+        seen.append(request.data)
+        return {"kind": "Status", "status": "Success" if status < 300 else "Failure", "code": status}
+
+    kmock[f"post /api/v1/namespaces/{NS}/pods/{name}/eviction"] << status << react
+    return seen
+
+
+async def test_lists_only_managed_pods_bound_to_its_node(api: KubeApi, tmp_path: Path) -> None:
+    await create(api, manifest("a"))
+    await create(api, manifest("b", node="node-2"))
+    await create(api, manifest("c", managed=False))
+    await create(api, manifest("d", mount="/elsewhere") | {"spec": {**manifest("d")["spec"], "volumes": []}})
+    await create(api, manifest("e", phase="Succeeded"))
+    rt = runtime(api, tmp_path)
+    found = {c.id: c for c in await rt.list_containers()}
+    # b runs elsewhere, c is not managed, d's files are not on the shared volume (counted).
+    assert sorted(found) == ["a", "e"]
+    assert rt.skipped == {"unmanageable": 1}
+    a = found[ContainerId("a")]
+    assert a.state is ContainerState.RUNNING and a.worker == "node-1" and a.handle == f"{NS}/a"
+    assert a.progress_path == tmp_path / "jobs" / "a" / "progress.jsonl"
+    assert a.checkpoint_dir == tmp_path / "jobs" / "a" / "checkpoints"
+    assert found[ContainerId("e")].state is ContainerState.EXITED
+
+
+async def test_watch_cache_serves_the_same_view(api: KubeApi, tmp_path: Path) -> None:
+    await create(api, manifest("a"))
+    await create(api, manifest("b", node="node-2"))
+    rt = runtime(api, tmp_path, watch=True)
+    try:
+        assert [c.id for c in await rt.list_containers()] == ["a"]
+    finally:
+        rt.close()
+
+
+async def test_save_evicts_with_the_grace_period_and_returns_the_new_checkpoint(
+    api: KubeApi, kmock: Any, tmp_path: Path
+) -> None:
+    await create(api, manifest("a"))
+    ckpt_dir = tmp_path / "jobs" / "a" / "checkpoints"
+    ckpt.write(ckpt_dir, 10, b"old")
+    seen = evictions(kmock, "a")
+
+    async def kubelet() -> None:  # what the kubelet and the job do on an eviction
+        while not seen:
+            await asyncio.sleep(0.01)
+        ckpt.write(ckpt_dir, 25, b"new")
+        await asyncio.to_thread(api.request, "DELETE", f"/api/v1/namespaces/{NS}/pods/a")
+
+    rt = runtime(api, tmp_path)
+    task = asyncio.create_task(kubelet())
+    res = await rt.save(ContainerId("a"), grace=7.2)
+    await task
+    assert seen[0]["deleteOptions"] == {"gracePeriodSeconds": 8, "preconditions": {"uid": "uid-a"}}
+    assert seen[0]["kind"] == "Eviction" and seen[0]["metadata"] == {"name": "a", "namespace": NS}
+    assert (res.step, res.rolled_back, res.forced, res.finished) == (25, False, False, False)
+    assert res.checkpoint == ckpt_dir / "ckpt-000000000025.json"
+    # The restore recipe is on the volume too, for a rollback whose save result was lost.
+    stored = rt.job_spec(ContainerId("a"))
+    assert stored is not None and stored.template is not None
+    assert await rt.list_containers() == []
+
+
+async def test_eviction_blocked_by_a_disruption_budget_fails_the_save(
+    api: KubeApi, kmock: Any, tmp_path: Path
+) -> None:
+    await create(api, manifest("a"))
+    evictions(kmock, "a", status=429)
+    rt = runtime(api, tmp_path)
+    with pytest.raises(SaveFailed, match="PodDisruptionBudget"):
+        await rt.save(ContainerId("a"), grace=5)
+    assert [c.id for c in await rt.list_containers()] == ["a"]  # still running
+
+
+async def test_opted_out_and_owned_pods_are_never_saved(api: KubeApi, kmock: Any, tmp_path: Path) -> None:
+    await create(api, manifest("out", annotations={"specon.io/migratable": "false"}))
+    await create(api, manifest("owned", owned=True))
+    seen = evictions(kmock, "out") + evictions(kmock, "owned")
+    rt = runtime(api, tmp_path)
+    # Both are still classified (listed) ...
+    assert sorted(c.id for c in await rt.list_containers()) == ["out", "owned"]
+    # ... but never saved.
+    with pytest.raises(SaveFailed, match="opted out"):
+        await rt.save(ContainerId("out"), grace=5)
+    with pytest.raises(SaveFailed, match="owned by ReplicaSet/rs"):
+        await rt.save(ContainerId("owned"), grace=5)
+    assert seen == []
+
+
+async def test_include_owned_saves_owned_pods(api: KubeApi, kmock: Any, tmp_path: Path) -> None:
+    await create(api, manifest("owned", owned=True))
+    seen = evictions(kmock, "owned", status=429)
+    with pytest.raises(SaveFailed, match="PodDisruptionBudget"):
+        await runtime(api, tmp_path, include_owned=True).save(ContainerId("owned"), grace=5)
+    assert len(seen) == 1
+
+
+async def test_start_creates_a_pinned_copy_with_lineage(api: KubeApi, tmp_path: Path) -> None:
+    spec = job_spec(manifest("train", job="j1", annotations={ANN_GENERATION: "1"}))
+    ckpt_dir = tmp_path / "jobs" / "j1" / "checkpoints"
+    saved = ckpt.write(ckpt_dir, 40, b"state")
+    rt = runtime(api, tmp_path, node="node-2")
+    info = await rt.start(spec, checkpoint=saved.manifest)
+    created = (await pods(api))["train-g2"]
+    assert info.id == "j1" and info.worker == "node-2" and info.handle == f"{NS}/train-g2"
+    assert created["spec"]["nodeName"] == "node-2"
+    assert created["metadata"]["labels"][LABEL_JOB] == "j1"
+    assert created["metadata"]["annotations"][ANN_RESTORED_FROM] == "train"
+    assert created["metadata"]["annotations"][ANN_GENERATION] == "2"
+    env = {e["name"]: e["value"] for e in created["spec"]["containers"][0]["env"]}
+    # The agent's mount of the volume, mapped back to the pod's own mount path.
+    assert env["SPECON_RESTORE_CHECKPOINT"] == "/data/jobs/j1/checkpoints/ckpt-000000000040.json"
+    assert created["spec"]["volumes"] == spec_template(spec)["spec"]["volumes"]
+
+
+def spec_template(spec: JobSpec) -> dict[str, Any]:
+    assert spec.template is not None
+    return dict(json.loads(spec.template))
+
+
+async def test_start_refuses_while_a_pod_of_the_job_lives_anywhere(api: KubeApi, tmp_path: Path) -> None:
+    live = manifest("train", job="j1", node="node-1")
+    await create(api, live)
+    rt = runtime(api, tmp_path, node="node-2")
+    with pytest.raises(AlreadyRunning, match="node-1"):
+        await rt.start(job_spec(live))
+    assert sorted(await pods(api)) == ["train"]
+
+
+async def test_start_replaces_ended_pods_of_the_job(api: KubeApi, tmp_path: Path) -> None:
+    ended = manifest("train", job="j1", node="node-1", phase="Failed")
+    await create(api, ended)
+    await runtime(api, tmp_path, node="node-2").start(job_spec(ended))
+    assert sorted(await pods(api)) == ["train-g2"]
+
+
+async def test_start_checks_the_checkpoint(api: KubeApi, tmp_path: Path) -> None:
+    spec = job_spec(manifest("train", job="j1"))
+    rt = runtime(api, tmp_path)
+    foreign = ckpt.write(tmp_path / "jobs" / "other" / "checkpoints", 5, b"x")
+    with pytest.raises(StartFailed, match="not in the job's checkpoint directory"):
+        await rt.start(spec, checkpoint=foreign.manifest)
+    bad = ckpt.write(tmp_path / "jobs" / "j1" / "checkpoints", 5, b"x")
+    bad.payload.write_bytes(b"rot")
+    with pytest.raises(StartFailed, match="does not verify"):
+        await rt.start(spec, checkpoint=bad.manifest)
+    assert await pods(api) == {}
+
+
+async def test_start_without_a_template_anywhere_fails(api: KubeApi, tmp_path: Path) -> None:
+    spec = JobSpec(id=ContainerId("j9"), command=("python",))
+    with pytest.raises(StartFailed, match="no pod template"):
+        await runtime(api, tmp_path).start(spec)
+
+
+class ScriptedWatch:
+    """A KubeApi stand-in whose watch replays scripted events (the 410 path, without a
+    server old enough to produce one)."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.events = events
+
+    def watch(self, path: str, query: dict[str, str], *, seconds: int, on_open: Any) -> Any:
+        assert query["resourceVersion"] == "7"
+        yield from self.events
+
+
+def test_watch_asks_for_a_relist_on_410_gone_and_fails_on_other_errors() -> None:
+    pod = manifest("a") | {"metadata": {**manifest("a")["metadata"], "resourceVersion": "9"}}
+    gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
+    inf = Informer(ScriptedWatch([{"type": "ADDED", "object": pod}, gone]), "/api/v1/pods", name="t")  # type: ignore[arg-type]
+    assert inf._watch("7") is None
+    assert [o["metadata"]["name"] for o in inf.items()] == ["a"]
+    denied = {"type": "ERROR", "object": {"kind": "Status", "code": 403, "reason": "Forbidden"}}
+    inf = Informer(ScriptedWatch([denied]), "/api/v1/pods", name="t")  # type: ignore[arg-type]
+    with pytest.raises(KubeError, match="403"):
+        inf._watch("7")
+    ok = Informer(ScriptedWatch([{"type": "DELETED", "object": pod}]), "/api/v1/pods", name="t")  # type: ignore[arg-type]
+    assert ok._watch("7") == "9"
+
+
+async def test_agent_cli_needs_a_node_and_a_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SPECON_TOKEN", "t")
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    args = build_parser().parse_args(["--runtime", "kubernetes", "--volume", str(tmp_path)])
+    assert await run(args) == 2
+    assert "--node or $NODE_NAME" in capsys.readouterr().err
+    monkeypatch.setenv("NODE_NAME", "node-1")  # the DaemonSet's downward API
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("not: a kubeconfig")
+    args = build_parser().parse_args(
+        ["--runtime", "kubernetes", "--volume", str(tmp_path), "--kubeconfig", str(bad)]
+    )
+    assert args.node == "node-1"
+    assert await run(args) == 2
+    assert "no Kubernetes configuration" in capsys.readouterr().err
