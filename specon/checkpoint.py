@@ -146,3 +146,13 @@ def prune(directory: Path, *, keep: int = 2) -> None:
         for path in (info.manifest, info.payload):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+
+
+def key(info: CheckpointInfo | None) -> tuple[int, float] | None:
+    """What makes one checkpoint newer than another (step, then write time)."""
+    return None if info is None else (info.step, info.created)
+
+
+def never_written(directory: Path) -> bool:
+    """No checkpoint manifest at all, complete or not: the job never checkpointed."""
+    return next(iter_complete(directory), None) is None

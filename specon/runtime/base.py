@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from specon.checkpoint import CheckpointInfo
+from specon.checkpoint import key as checkpoint_key
 from specon.model import ContainerId, Resources, WorkerId
 
 # Job ids name directories on the shared volume, cgroups and Kubernetes objects: keep them
@@ -153,6 +155,32 @@ class SaveResult:
     rolled_back: bool = False
     # The job completed its work meanwhile; there is nothing to restart.
     finished: bool = False
+
+    @classmethod
+    def after(
+        cls,
+        container: ContainerId,
+        worker: WorkerId,
+        *,
+        latest: CheckpointInfo | None,
+        before: tuple[int, float] | None,
+        seconds: float,
+        forced: bool,
+        finished: bool,
+    ) -> SaveResult:
+        """The result of a save whose newest complete checkpoint is now ``latest`` and was
+        ``before`` (``checkpoint.key``) when the save began: every backend judges alike."""
+        now = checkpoint_key(latest)
+        return cls(
+            container=container,
+            worker=worker,
+            step=None if latest is None else latest.step,
+            checkpoint=None if latest is None else latest.manifest,
+            seconds=seconds,
+            forced=forced,
+            rolled_back=now is None or (before is not None and now <= before),
+            finished=finished,
+        )
 
 
 @dataclass(frozen=True, slots=True)

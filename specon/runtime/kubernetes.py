@@ -472,7 +472,7 @@ class KubernetesRuntime:
         self._busy[container_id] = ContainerState.SAVING
         t0 = time.monotonic()
         try:
-            before = _checkpoint_key(ckpt.latest_complete(p.checkpoints))
+            before = ckpt.key(ckpt.latest_complete(p.checkpoints))
             # The recipe for the restore, on the volume too: a rollback that lost the save
             # result still finds it (``job_spec``).
             self._write_spec(p.spec)
@@ -493,7 +493,7 @@ class KubernetesRuntime:
             forced = code in (_SIGKILL_EXIT, -9) or (code is None and seconds >= grace)
             latest = ckpt.latest_complete(p.checkpoints)
             finished = self._finished(p)
-            if latest is None and not finished and not _never_checkpointed(p.checkpoints):
+            if latest is None and not finished and not ckpt.never_written(p.checkpoints):
                 log.error("specon.k8s.save_failed", container=container_id, pod=p.name)
                 raise SaveFailed(
                     container_id,
@@ -501,15 +501,13 @@ class KubernetesRuntime:
                 )
         finally:
             self._busy.pop(container_id, None)
-        key = _checkpoint_key(latest)
-        result = SaveResult(
-            container=container_id,
-            worker=self._worker,
-            step=None if latest is None else latest.step,
-            checkpoint=None if latest is None else latest.manifest,
+        result = SaveResult.after(
+            container_id,
+            self._worker,
+            latest=latest,
+            before=before,
             seconds=time.monotonic() - t0,
             forced=forced,
-            rolled_back=key is None or (before is not None and key <= before),
             finished=finished,
         )
         log.info(
@@ -913,14 +911,6 @@ class KubernetesRuntime:
             return 0.0
         d_busy, d_total = busy - self._last_cpu[0], total - self._last_cpu[1]
         return d_busy / d_total if d_total > 0 else 0.0
-
-
-def _checkpoint_key(info: ckpt.CheckpointInfo | None) -> tuple[int, float] | None:
-    return None if info is None else (info.step, info.created)
-
-
-def _never_checkpointed(directory: Path) -> bool:
-    return next(ckpt.iter_complete(directory), None) is None
 
 
 def _finished(progress: Path, checkpoints: Path) -> bool:

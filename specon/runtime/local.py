@@ -98,15 +98,6 @@ def _reap() -> None:
             del _children[pid]
 
 
-def _checkpoint_key(info: ckpt.CheckpointInfo | None) -> tuple[int, float] | None:
-    return None if info is None else (info.step, info.created)
-
-
-def _never_checkpointed(directory: Path) -> bool:
-    """No checkpoint manifest at all, complete or not."""
-    return next(ckpt.iter_complete(directory), None) is None
-
-
 class LocalRuntime:
     """One worker on this machine: a CPU budget and the jobs the volume says it owns."""
 
@@ -273,12 +264,12 @@ class LocalRuntime:
         self._busy[container_id] = ContainerState.SAVING
         t0 = time.monotonic()
         try:
-            before = _checkpoint_key(ckpt.latest_complete(paths.checkpoints))
+            before = ckpt.key(ckpt.latest_complete(paths.checkpoints))
             log.info("specon.runtime.saving", worker=self._worker, container=container_id, grace=grace)
             self._signal(owner, signal.SIGTERM)
             forced = False
             if not await self._wait_gone(owner, grace):
-                if ckpt.latest_complete(paths.checkpoints) is None and not _never_checkpointed(
+                if ckpt.latest_complete(paths.checkpoints) is None and not ckpt.never_written(
                     paths.checkpoints
                 ):
                     log.error("specon.runtime.save_failed", container=container_id, left_running=True)
@@ -291,7 +282,7 @@ class LocalRuntime:
                 forced = True
             latest = ckpt.latest_complete(paths.checkpoints)
             finished = paths.finished()
-            if latest is None and not finished and not _never_checkpointed(paths.checkpoints):
+            if latest is None and not finished and not ckpt.never_written(paths.checkpoints):
                 log.error("specon.runtime.save_failed", container=container_id, left_running=False)
                 raise SaveFailed(
                     container_id,
@@ -302,15 +293,13 @@ class LocalRuntime:
                 self._clear_owner(paths, owner)
         finally:
             self._busy.pop(container_id, None)
-        key = _checkpoint_key(latest)
-        result = SaveResult(
-            container=container_id,
-            worker=self._worker,
-            step=None if latest is None else latest.step,
-            checkpoint=None if latest is None else latest.manifest,
+        result = SaveResult.after(
+            container_id,
+            self._worker,
+            latest=latest,
+            before=before,
             seconds=time.monotonic() - t0,
             forced=forced,
-            rolled_back=key is None or (before is not None and key <= before),
             finished=finished,
         )
         log.info(
