@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -62,6 +63,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--keep", action="store_true", help="keep the runs' volumes and daemon logs under OUT/runs"
     )
     p.set_defaults(func=main)
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _pct(x: float | None) -> str:
@@ -133,6 +138,8 @@ def main(args: argparse.Namespace) -> int:
         print(line, flush=True)
 
     logs.configure(level="warning", fmt="console")  # the runtime's info events would drown the progress
+    # SIGTERM unwinds like Ctrl-C, so the runs' daemons, jobs and cgroups are torn down.
+    signal.signal(signal.SIGTERM, _interrupt)
     say(
         f"specon demo: {n_jobs} jobs ({', '.join(sorted({j.model for j in jobs}))}) on {workers} workers x "
         f"{cpus:g} CPU, arrivals in [0, {window:g}] s, seed {args.seed}, policy {policy}"
