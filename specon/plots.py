@@ -104,7 +104,7 @@ def plot_timelines(runs: Sequence[tuple[str, RunResult]], out: Path, *, dpi: int
         lanes: dict[str, list[float]] = {w: [] for w in workers}  # per worker: lane end times
         reasons = {(m.job, m.target): m.reason for m in run.migrations}
         for job in sorted(run.jobs, key=lambda j: j.submit):
-            for start, stop, w in _segments(job, end):
+            for seg, (start, stop, w) in enumerate(_segments(job, end)):
                 ends = lanes[w]
                 lane = next((i for i, e in enumerate(ends) if e <= start), len(ends))
                 if lane == len(ends):
@@ -114,7 +114,9 @@ def plot_timelines(runs: Sequence[tuple[str, RunResult]], out: Path, *, dpi: int
                 y = workers.index(w) + 0.08 + 0.84 * (lane % 8) / 8
                 ax.broken_barh([(start, max(stop - start, 0.5))], (y, 0.84 / 8), color=colour[job.model])
                 tag = job.id.removeprefix("job-")
-                mark = {"converged": "-M", "rebalance": "-R"}.get(reasons.get((job.id, w), ""), "")
+                # The first segment is the initial placement; later ones arrived by a move.
+                reason = reasons.get((job.id, w), "") if seg > 0 else ""
+                mark = {"converged": "-M", "rebalance": "-R"}.get(reason, "")
                 ax.text(start + 1, y + 0.05, tag + mark, fontsize=6, va="bottom")
         ax.set_yticks([i + 0.5 for i in range(len(workers))], labels=workers)
         ax.set_ylim(0, len(workers))
