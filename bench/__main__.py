@@ -31,12 +31,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = args.names or _modules()
     args.out.mkdir(parents=True, exist_ok=True)
-    missed = 0
+    missed = failed = 0
     for name in names:
         mod = importlib.import_module(f"bench.{name}")
         print(f"== {name}: {(mod.__doc__ or '').strip().splitlines()[0]}", flush=True)
         t0 = time.perf_counter()
-        figures: list[Figure] = mod.run(quick=args.quick)
+        try:
+            figures: list[Figure] = mod.run(quick=args.quick)
+        except Exception as exc:  # one broken benchmark must not hide the others' figures
+            print(f"  FAILED: {type(exc).__name__}: {exc}", flush=True)
+            failed += 1
+            continue
         for fig in figures:
             print(fig.line(), flush=True)
             missed += fig.met is False
@@ -49,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
             "figures": [f.as_dict() for f in figures],
         }
         (args.out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"results written to {args.out}/ ({missed} target(s) missed)")
-    return 0
+    print(f"results written to {args.out}/ ({missed} target(s) missed, {failed} benchmark(s) failed)")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

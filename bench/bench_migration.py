@@ -31,7 +31,9 @@ MODELS = ("vae", "gru", "birnn", "rnn", "dynrnn")
 
 
 def _records(path: Path) -> list[dict[str, object]]:
-    out = []
+    out: list[dict[str, object]] = []
+    if not path.exists():  # the job has not written its first record yet
+        return out
     for line in path.read_text().splitlines():
         try:
             rec = json.loads(line)
