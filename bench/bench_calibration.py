@@ -135,21 +135,28 @@ def _cpu(rt: LocalRuntime) -> float:
     return rt.budget.cpu_seconds({}, per_job=False)[0]
 
 
-async def measure_sharing(root: Path, *, k: int, cpus: float, window: float) -> RateSample:
-    """k jobs of ``SHARE_MODEL`` on one worker with budget ``cpus``: rates over ``window``."""
-    async with LocalCluster(root, [cpus], name=f"cal{os.getpid()}k{k}") as cluster:
-        rt = cluster.runtimes[WorkerId("w0")]
-        infos = [await rt.start(_spec(f"share-{i}", SHARE_MODEL, seed=i)) for i in range(k)]
-        for info in infos:
+async def measure_sharing(
+    root: Path, *, k: int, cpus: float, window: float, workers: int = 1, model: str = SHARE_MODEL
+) -> RateSample:
+    """k jobs of ``model`` on a worker with budget ``cpus``: rates over ``window``. With
+    ``workers`` > 1, as many workers with as many jobs run beside it, as a local cluster's
+    workers share this machine; the sample is the first worker's."""
+    name = f"cal{os.getpid()}k{k}x{workers}"
+    async with LocalCluster(root, [cpus] * workers, name=name) as cluster:
+        infos = []
+        for w, rt in enumerate(cluster.runtimes.values()):
+            infos.append([await rt.start(_spec(f"share-{w}-{i}", model, seed=i)) for i in range(k)])
+        for info in (i for per_worker in infos for i in per_worker):
             await _wait(lambda p=info.progress_path: _logged(p, 0.0, event=None) is not None)
         await asyncio.sleep(WARMUP)
+        rt = cluster.runtimes[WorkerId("w0")]
         t_a, cpu_a = time.time(), _cpu(rt)
         await asyncio.sleep(window)
         t_b, cpu_b = time.time(), _cpu(rt)
-        for info in infos:  # a record after t_b for each job
+        for info in infos[0]:  # a record after t_b for each job
             await _wait(lambda p=info.progress_path: _logged(p, t_b, event=None) is not None)
         rates = tuple(
-            (_step_at(i.progress_path, t_b) - _step_at(i.progress_path, t_a)) / (t_b - t_a) for i in infos
+            (_step_at(i.progress_path, t_b) - _step_at(i.progress_path, t_a)) / (t_b - t_a) for i in infos[0]
         )
     return RateSample(k=k, cpus=cpus, rates=rates, cpu_seconds=cpu_b - cpu_a, seconds=t_b - t_a)
 

@@ -2,20 +2,25 @@
 
 Prints a markdown table of DS, specon-paper, specon, balancer and the lower bound beside
 the paper's numbers; optionally writes JSON (``--json``), the table (``--markdown``) and
-PNG plots (``--plot``). Progress goes to stderr. Bad input (an unknown policy, invalid
-alpha/interval/weights, unreadable traces or arrivals) is reported on stderr with exit status 2.
+PNG plots (``--plot``). Progress goes to stderr. ``--policy`` takes a policy name or a
+policy file (simulated as ``specon`` on top of that file); ``--params`` and the
+individual options override the simulator's measured parameters. Bad input (an unknown
+policy, an invalid policy or parameter file, invalid alpha/interval/weights, unreadable
+traces or arrivals) is reported on stderr with exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 
-from specon.config import PolicyError
-from specon.sim.cluster import SimParams
+from specon.config import Policy, PolicyError, load_policy
+from specon.sim.calibration import load_params, params_from_dict
+from specon.sim.cluster import DEFAULT_PARAMS, SimParams
 from specon.sim.experiment import run_scenario
 from specon.sim.policies import POLICIES
 from specon.sim.report import markdown, to_json, write_plots
@@ -23,7 +28,6 @@ from specon.sim.scenarios import SCENARIOS, ArrivalError, read_arrivals, scenari
 from specon.sim.trace import DEFAULT_TRACE_DIR, TraceError, load_traces
 
 EXIT_BAD_INPUT = 2
-_DEFAULTS = SimParams()
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,9 +46,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--policy",
         action="append",
-        choices=POLICIES,
-        metavar="NAME",
-        help=f"a policy to run (repeatable; default all: {', '.join(POLICIES)}); ds always runs",
+        metavar="NAME|FILE",
+        help=f"a policy to run (repeatable; default all: {', '.join(POLICIES)}); ds always runs. "
+        "A policy FILE (YAML, as the daemons read) is simulated as 'specon' with the file in place "
+        "of the shipped defaults; its alpha and interval are used unless --alpha/--interval are given, "
+        "and --weights still overrides it",
     )
     p.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1, one workload each (default 10)")
     p.add_argument("--alpha", type=float, help="alpha of the specon policies (default: the scenario's)")
@@ -60,16 +66,36 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--arrivals", type=Path, help="CSV/JSON of submit times (and models) replacing the scenario's"
     )
     p.add_argument(
+        "--params",
+        type=Path,
+        metavar="FILE",
+        help="simulator parameters, a JSON or YAML mapping of "
+        f"{', '.join(f.name for f in dataclasses.fields(SimParams))} (as `python -m bench "
+        "bench_calibration` writes to bench/results/calibration_params.json); unset ones keep "
+        "their defaults",
+    )
+    p.add_argument(
+        "--migration-downtime",
         "--downtime",
         type=float,
-        default=_DEFAULTS.migration_downtime,
-        help=f"migration downtime, save + restore, seconds (default {_DEFAULTS.migration_downtime:g})",
+        dest="downtime",
+        metavar="S",
+        help="migration downtime, save + restore, seconds "
+        f"(default {DEFAULT_PARAMS.migration_downtime:g}, measured; overrides --params)",
     )
     p.add_argument(
         "--interference",
         type=float,
-        default=_DEFAULTS.interference,
-        help="slowdown factor of time-shared steps on an oversubscribed worker (default 1 = ideal)",
+        metavar="X",
+        help="per-step cost multiplier of jobs on an oversubscribed worker, >= 1 "
+        f"(default {DEFAULT_PARAMS.interference:g}; 1 = ideal sharing; overrides --params)",
+    )
+    p.add_argument(
+        "--interference-exponent",
+        type=float,
+        metavar="G",
+        help="the multiplier grows as r ** G with r = jobs per core on the worker, G >= 0 "
+        f"(default {DEFAULT_PARAMS.interference_exponent:g}, measured; 0 = constant; overrides --params)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=main)
@@ -93,22 +119,53 @@ def _weights(text: str | None) -> tuple[float, float, float] | None:
     return a, b, c
 
 
+def _policies(values: list[str] | None) -> tuple[tuple[str, ...], Path | None]:
+    """The policy names to run, and the policy file ``specon`` runs on (a FILE counts as
+    selecting ``specon``)."""
+    if not values:
+        return POLICIES, None
+    files = [v for v in values if v not in POLICIES]
+    if len(files) > 1:
+        raise ValueError(f"--policy: at most one policy file, got {', '.join(files)}")
+    if files and not Path(files[0]).is_file():
+        raise ValueError(f"--policy: {files[0]!r} is neither a policy ({', '.join(POLICIES)}) nor a file")
+    names = ("specon" if v in files else v for v in values)
+    return tuple(dict.fromkeys(names)), Path(files[0]) if files else None
+
+
+def _params(args: argparse.Namespace) -> SimParams:
+    """DEFAULT_PARAMS, then --params, then the individual options."""
+    params = DEFAULT_PARAMS if args.params is None else load_params(args.params)
+    options = {
+        "migration_downtime": args.downtime,
+        "interference": args.interference,
+        "interference_exponent": args.interference_exponent,
+    }
+    return params_from_dict(
+        {k: v for k, v in options.items() if v is not None}, base=params, source="options"
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         weights = _weights(args.weights)
-        params = SimParams(migration_downtime=args.downtime, interference=args.interference)
+        params = _params(args)
+        policies, policy_file = _policies(args.policy)
+        base: Policy | None = None if policy_file is None else load_policy(policy_file)
+        # A policy file's alpha and interval are the run's own, unless overridden.
+        alpha = args.alpha if args.alpha is not None or base is None else base.monitor.alpha
+        interval = args.interval if args.interval is not None or base is None else base.monitor.interval
         if args.seeds < 1:
             raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
         sc = scenario(args.scenario)
         if args.arrivals is not None:
             sc = sc.with_arrivals(read_arrivals(args.arrivals))
         traces = load_traces(args.traces)
-    except (ValueError, ArrivalError, TraceError) as exc:
+    except (ValueError, ArrivalError, TraceError) as exc:  # a PolicyError is a ValueError
         return _fail(str(exc))
     if not any(traces.values()):
         where = args.traces or DEFAULT_TRACE_DIR
         return _fail(f"no traces under {where}; record some with `specon trace record`")
-    policies = tuple(dict.fromkeys(args.policy or POLICIES))
     started = time.monotonic()
 
     def progress(msg: str) -> None:
@@ -121,11 +178,12 @@ def main(args: argparse.Namespace) -> int:
             traces,
             policies=policies,
             seeds=args.seeds,
-            alpha=args.alpha,
-            interval=args.interval,
+            alpha=alpha,
+            interval=interval,
             weights=weights,
             params=params,
             progress=progress,
+            base=base,
         )
     except PolicyError as exc:
         return _fail(str(exc))
@@ -138,7 +196,10 @@ def main(args: argparse.Namespace) -> int:
         args.markdown.write_text(table, encoding="utf-8")
     if args.json_path is not None:
         args.json_path.parent.mkdir(parents=True, exist_ok=True)
-        args.json_path.write_text(json.dumps(to_json(result), indent=2) + "\n", encoding="utf-8")
+        doc = to_json(result)
+        if policy_file is not None:
+            doc["policy_file"] = str(policy_file)
+        args.json_path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     if args.plot is not None:
         for path in write_plots(result, args.plot):
             progress(f"wrote {path}")

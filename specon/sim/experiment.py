@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from specon.config import Policy
 from specon.evaluation import RunResult, compare
 from specon.sim.cluster import DEFAULT_PARAMS, SimParams, Workload
 from specon.sim.policies import POLICIES, Bound, lower_bound, make_policy
@@ -153,14 +154,15 @@ def run_point(
     paper: PaperNumbers | None = None,
     label: str = "",
     progress: Progress | None = None,
+    base: Policy | None = None,
 ) -> PointResult:
     """Every policy of ``policies`` (DS always runs: the others are compared with it) on
-    every workload."""
+    every workload; ``base`` replaces the ``specon`` policy's defaults (``make_policy``)."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ValueError(f"unknown policies {unknown} (known: {', '.join(POLICIES)})")
     sims = {
-        name: make_policy(name, alpha=alpha, interval=interval, weights=weights)
+        name: make_policy(name, alpha=alpha, interval=interval, weights=weights, base=base)
         for name in policies
         if name != "bound"
     }
@@ -199,10 +201,11 @@ def run_scenario(
     params: SimParams = DEFAULT_PARAMS,
     sweep: bool | None = None,
     progress: Progress | None = None,
+    base: Policy | None = None,
 ) -> ScenarioResult:
     """``scenario`` over seeds 0..seeds-1. The main point uses ``alpha``/``interval`` (or the
     scenario's); a scenario with a sweep (A2) also runs every point of it unless alpha or interval
-    was given (``sweep`` forces either way)."""
+    was given (``sweep`` forces either way). ``base``: see ``run_point``."""
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
     started = time.process_time()
@@ -226,6 +229,7 @@ def run_scenario(
                 paper=TABLE_III.get((pa, pd)),
                 label=f"[{scenario.name} alpha={pa:g} interval={pd:g}s] ",
                 progress=progress,
+                base=base,
             )
             points.append(point)
             if (pa, pd) == (a, d):
@@ -241,6 +245,7 @@ def run_scenario(
             paper=TABLE_III.get((a, d)) if scenario.sweep else scenario.paper,
             label=f"[{scenario.name}] ",
             progress=progress,
+            base=base,
         )
     return ScenarioResult(
         scenario=scenario,

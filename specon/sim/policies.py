@@ -80,13 +80,16 @@ def make_policy(
     alpha: float | None = None,
     interval: float | None = None,
     weights: Sequence[float] | None = None,
+    base: Policy | None = None,
 ) -> SimPolicy:
     """The simulated policy ``name`` (one of ``SIMULATED``); alpha, interval and weights apply to
-    the two specon policies."""
+    the two specon policies. ``base`` (e.g. a user's policy file) replaces the shipped defaults
+    under ``specon``; the overrides still apply on top of it."""
     if name == "ds":
         return SimPolicy(name, None, classify=False)
     if name in ("specon", "specon-paper"):
-        base = default_policy("paper" if name == "specon-paper" else "default")
+        if base is None or name == "specon-paper":
+            base = default_policy("paper" if name == "specon-paper" else "default")
         return SimPolicy(name, with_overrides(base, alpha=alpha, interval=interval, weights=weights), True)
     if name == "balancer":
         base = default_policy()

@@ -148,7 +148,8 @@ def markdown(result: ScenarioResult) -> str:
         "",
         f"{ALPHA} {result.main.alpha:g}, {DELTA} {result.main.interval:g} s{weights}; "
         f"{n} seed{'s' if n != 1 else ''} (mean ± 95 % CI); "
-        f"migration downtime {pr.migration_downtime:g} s, interference {pr.interference:g}. "
+        f"migration downtime {pr.migration_downtime:g} s, interference {pr.interference:g}"
+        f"{f' x r^{pr.interference_exponent:.3g}' if pr.interference_exponent else ''}. "
         "“vs DS”: change against DS on the same seed (negative = faster).",
         "",
         *point_table(result.main, policies=result.policies),
@@ -201,6 +202,7 @@ def to_json(result: ScenarioResult) -> dict[str, Any]:
         "params": {
             "job_cores": result.params.job_cores,
             "interference": result.params.interference,
+            "interference_exponent": result.params.interference_exponent,
             "migration_downtime": result.params.migration_downtime,
         },
         "policies": main["policies"],

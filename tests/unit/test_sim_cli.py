@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,6 +72,7 @@ def test_selected_policies_and_overrides(traces: Path, tmp_path: Path) -> None:
         (["--alpha", "-1"], "monitor.alpha"),
         (["--seeds", "0"], "seeds"),
         (["--interference", "0.5"], "interference"),
+        (["--interference-exponent", "-1"], "interference_exponent must be >= 0"),
     ],
 )
 def test_bad_input_exits_2_with_a_reason(
@@ -107,3 +109,79 @@ def test_results_do_not_depend_on_the_process_hash_seed(traces: Path, tmp_path: 
         data.pop("cpu_seconds")
         outputs.append(data)
     assert outputs[0] == outputs[1]
+
+
+def _sim_json(traces: Path, out: Path, *extra: str) -> dict[str, Any]:
+    args = ["sim", "--scenario", "A1", "--seeds", "1", "--traces", str(traces), "--json", str(out), "--quiet"]
+    assert main([*args, *extra]) == 0
+    data: dict[str, Any] = json.loads(out.read_text())
+    return data
+
+
+def test_a_policy_file_replaces_the_specon_defaults(traces: Path, tmp_path: Path) -> None:
+    # A policy that never sees convergence and never rebalances: specon must not move anything.
+    still = tmp_path / "still.yaml"
+    still.write_text("apiVersion: specon/v1alpha1\nkind: Policy\nmonitor:\n  alpha: 1.0e-9\n"
+                     "  interval: 20\nrebalance:\n  mode: 'off'\n")  # fmt: skip
+    default = _sim_json(traces, tmp_path / "default.json", "--policy", "specon")
+    assert default["policies"]["specon"]["migrations"] > 0
+    data = _sim_json(traces, tmp_path / "file.json", "--policy", str(still))
+    assert set(data["policies"]) == {"ds", "specon"}
+    assert data["policies"]["specon"]["migrations"] == 0
+    assert (data["alpha"], data["interval"], data["policy_file"]) == (1e-9, 20.0, str(still))
+    # The options still override the file.
+    over = _sim_json(traces, tmp_path / "over.json", "--policy", str(still), "--alpha", "0.05",
+                     "--policy", "balancer")  # fmt: skip
+    assert set(over["policies"]) == {"ds", "specon", "balancer"}
+    assert (over["alpha"], over["interval"]) == (0.05, 20.0)
+
+
+@pytest.mark.parametrize(
+    ("policy_files", "message"),
+    [
+        (["a.yaml", "b.yaml"], "at most one policy file"),
+        (["nope"], "neither a policy"),
+        (["bad.yaml"], "monitor.alpha"),
+    ],
+)
+def test_bad_policy_files_exit_2_with_a_reason(
+    traces: Path, tmp_path: Path, policy_files: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("a.yaml", "b.yaml"):
+        (tmp_path / name).write_text("apiVersion: specon/v1alpha1\nkind: Policy\n")
+    (tmp_path / "bad.yaml").write_text("apiVersion: specon/v1alpha1\nkind: Policy\nmonitor:\n  alpha: -1\n")
+    args = ["sim", "--scenario", "A1", "--seeds", "1", "--traces", str(traces), "--quiet"]
+    for name in policy_files:
+        args += ["--policy", str(tmp_path / name)]
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_params_file_then_options(traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps({"interference": 1.2, "migration_downtime": 9}))
+    data = _sim_json(traces, tmp_path / "p.json", "--params", str(params))
+    assert (data["params"]["interference"], data["params"]["migration_downtime"]) == (1.2, 9.0)
+    data = _sim_json(traces, tmp_path / "q.json", "--params", str(params), "--interference", "1.3")
+    assert (data["params"]["interference"], data["params"]["migration_downtime"]) == (1.3, 9.0)
+    data = _sim_json(
+        traces, tmp_path / "r.json", "--migration-downtime", "2.5", "--interference-exponent", "0"
+    )
+    assert (data["params"]["migration_downtime"], data["params"]["interference_exponent"]) == (2.5, 0.0)
+    slower = _sim_json(traces, tmp_path / "s.json", "--interference-exponent", "0.5", "--policy", "ds")
+    assert slower["policies"]["ds"]["avg_jct"] > data["policies"]["ds"]["avg_jct"]
+    params.write_text(json.dumps({"speed": 2}))
+    args = [
+        "sim",
+        "--scenario",
+        "A1",
+        "--seeds",
+        "1",
+        "--traces",
+        str(traces),
+        "--quiet",
+        "--params",
+        str(params),
+    ]
+    assert main(args) == 2
+    assert "unknown parameter 'speed'" in capsys.readouterr().err

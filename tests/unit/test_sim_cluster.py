@@ -9,7 +9,6 @@ import pytest
 
 from specon.model import WorkerId
 from specon.sim.cluster import (
-    DEFAULT_PARAMS,
     Cluster,
     JobPlan,
     Phase,
@@ -32,9 +31,10 @@ def _job(
     return JobPlan(jid, "m", submit, _trace(steps), steps, cost, WorkerId(worker))
 
 
-def _run(
-    workers: list[tuple[str, float]], jobs: list[JobPlan], params: SimParams = DEFAULT_PARAMS
-) -> Cluster:
+IDEAL = SimParams()  # processor sharing without interference: the arithmetic below
+
+
+def _run(workers: list[tuple[str, float]], jobs: list[JobPlan], params: SimParams = IDEAL) -> Cluster:
     """Start every job at its submit time on its own worker; run to the end."""
     engine = Engine()
     wl = Workload(tuple(WorkerSpec(WorkerId(w), c) for w, c in workers), tuple(jobs))

@@ -1,0 +1,298 @@
+"""Calibrating the simulator against the local runtime: the arithmetic, no measuring.
+
+``bench/bench_calibration.py`` measures; this module turns its measurements into
+simulator parameters and compares real runs with simulated ones:
+
+* sharing: k jobs on one worker with a CPU budget of ``cpus`` should each run at
+  ``solo_rate * min(1, cpus / k)`` under ideal processor sharing (a job is
+  single-threaded; ``solo_rate`` is its rate alone on a full core). The measured
+  shortfall, ``predicted / measured``, is a per-step cost multiplier (1 = ideal). It
+  grows with the oversubscription r = k / cpus; ``fit_exponent`` fits
+  ``r ** interference_exponent`` (``specon.sim.cluster.SimParams``) to the samples.
+* mapping: a workload of real jobs (``specon.demo.make_workload``) becomes a simulator
+  ``Workload`` with the same workers, arrivals, models, steps and round-robin placement
+  (``specon.demo.run_once``'s rule: the i-th job in submission order goes to worker
+  ``w{i mod W}``). A real job that trains only ``steps`` steps logs the first ``steps``
+  steps of its model's curve, so its trace is truncated, not stretched. Traces hold raw
+  mini-batch losses; a real job logs the mean of the ``log_every`` mini-batches since
+  its previous record, so the trace is smoothed by a centred mean over ``log_every``
+  records, which gives its records about the real ones' noise. Its start-up
+  (interpreter, torch import, data generation; a few CPU-seconds that compete for the
+  worker like training does) is spread over its steps as extra per-step cost.
+* gaps: the relative difference of the simulated average JCT and makespan from the
+  real ones, per policy.
+* parameter files: the measured ``SimParams`` as JSON/YAML, for ``specon sim --params``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from specon.evaluation import RunResult
+from specon.model import WorkerId
+from specon.sim.cluster import DEFAULT_PARAMS, JobPlan, SimParams, WorkerSpec, Workload
+from specon.sim.trace import Trace
+
+
+class PlannedJob(Protocol):
+    """What the mapping needs of a real job (``specon.demo.DemoJob`` has it)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def submit(self) -> float: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+
+
+# --- sharing -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RateSample:
+    """One measurement: ``k`` jobs on one worker with a CPU budget of ``cpus``."""
+
+    k: int
+    cpus: float
+    rates: tuple[float, ...]  # steps per second of each job over the window
+    cpu_seconds: float = math.nan  # CPU the worker used over the window (nan: not measured)
+    seconds: float = math.nan  # the window
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or len(self.rates) != self.k:
+            raise ValueError(f"a sample of k={self.k} jobs needs k rates, got {len(self.rates)}")
+        if not (math.isfinite(self.cpus) and self.cpus > 0):
+            raise ValueError(f"cpus must be > 0, got {self.cpus}")
+        if not all(math.isfinite(r) and r > 0 for r in self.rates):
+            raise ValueError(f"rates must be > 0, got {self.rates}")
+
+    @property
+    def mean_rate(self) -> float:
+        return statistics.fmean(self.rates)
+
+    @property
+    def cpu_per_step(self) -> float:
+        """CPU-seconds per training step on this worker (nan when CPU was not measured)."""
+        return self.cpu_seconds / (sum(self.rates) * self.seconds)
+
+    @property
+    def utilisation(self) -> float:
+        """The share of the budget the jobs got: below 1 when the machine could not give it."""
+        return self.cpu_seconds / (self.cpus * self.seconds)
+
+
+def predicted_rate(solo_rate: float, *, k: int, cpus: float) -> float:
+    """Each job's rate under ideal processor sharing: min(1, cpus / k) of a core."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    return solo_rate * min(1.0, cpus / k)
+
+
+def slowdown(solo_rate: float, sample: RateSample) -> float:
+    """``predicted / measured`` per-job rate: 1 = ideal sharing, 1.1 = steps cost 10 % more."""
+    return predicted_rate(solo_rate, k=sample.k, cpus=sample.cpus) / sample.mean_rate
+
+
+def cpu_slowdown(solo: RateSample, sample: RateSample) -> float:
+    """The same multiplier from CPU accounting: CPU per step at ``sample`` over CPU per step
+    alone. Unlike wall-clock rates it does not count CPU the machine's other work took from
+    the budget, only what time-sharing itself costs."""
+    return sample.cpu_per_step / solo.cpu_per_step
+
+
+def oversubscription(sample: RateSample) -> float:
+    """Jobs per core of the sample's worker (one core per job at most)."""
+    return sample.k / sample.cpus
+
+
+def fit_exponent(points: Sequence[tuple[float, float]]) -> float:
+    """The gamma of ``factor = r ** gamma`` that fits ``(r, factor)`` points best in log space
+    (least squares through r = 1, factor = 1); points with r <= 1 say nothing and are skipped.
+    Never negative: a measured speed-up from sharing is noise, not a model."""
+    usable = [(math.log(r), math.log(f)) for r, f in points if r > 1 and f > 0]
+    if not usable:
+        raise ValueError("no oversubscribed sample to fit")
+    return max(0.0, sum(x * y for x, y in usable) / sum(x * x for x, _ in usable))
+
+
+# --- mapping a real workload ---------------------------------------------------------
+
+
+def truncated(trace: Trace, steps: int) -> Trace:
+    """The first ``steps`` steps of ``trace``: what a job that trains ``steps`` steps logs
+    (records past the trace's end repeat its last loss, as ``Trace.loss_at`` reads them)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    records = max(1, steps // trace.stride)
+    losses = trace.losses[:records]
+    losses += (trace.losses[-1],) * (records - len(losses))
+    source = f"{trace.source} (first {steps} steps)"
+    return Trace(trace.model, steps, trace.step_cost, losses, source, trace.stride)
+
+
+def smoothed(trace: Trace, window: int) -> Trace:
+    """``trace`` with each loss replaced by the mean of the ``window`` records centred on it
+    (fewer at the ends): the noise of a record that averages ``window`` mini-batches."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    if window == 1:
+        return trace
+    xs = trace.losses
+    lo_off, hi_off = (window - 1) // 2, window // 2
+    out = []
+    for i in range(len(xs)):
+        part = xs[max(0, i - lo_off) : i + hi_off + 1]
+        out.append(sum(part) / len(part))
+    source = f"{trace.source} (mean of {window} records)"
+    return Trace(trace.model, trace.steps, trace.step_cost, tuple(out), source, trace.stride)
+
+
+def pick_trace(traces: Mapping[str, Sequence[Trace]], model: str, seed: int) -> Trace:
+    """One recorded trace of ``model``, chosen by the job's seed (deterministic)."""
+    have = traces.get(model)
+    if not have:
+        known = ", ".join(sorted(m for m, ts in traces.items() if ts)) or "none"
+        raise ValueError(f"no trace of model {model!r} (have: {known})")
+    return have[seed % len(have)]
+
+
+def sim_workload(
+    jobs: Sequence[PlannedJob],
+    *,
+    workers: int,
+    cpus_per_worker: float,
+    traces: Mapping[str, Sequence[Trace]],
+    startup_cpu: Mapping[str, float] | float = 0.0,
+    log_every: int = 1,
+) -> Workload:
+    """The simulator's twin of a real run of ``jobs`` (see the module docstring).
+
+    ``startup_cpu``: CPU-seconds a job spends before its first step, per model or one
+    figure for all. ``log_every``: mini-batches each real progress record averages.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    wids = [WorkerId(f"w{i}") for i in range(workers)]
+    plans = []
+    for i, job in enumerate(jobs):
+        trace = smoothed(truncated(pick_trace(traces, job.model, job.seed), job.steps), log_every)
+        start = startup_cpu if isinstance(startup_cpu, int | float) else startup_cpu.get(job.model, 0.0)
+        if not (math.isfinite(start) and start >= 0):
+            raise ValueError(f"startup_cpu of {job.model} must be >= 0, got {start}")
+        plans.append(
+            JobPlan(
+                id=job.id,
+                model=job.model,
+                submit=job.submit,
+                trace=trace,
+                steps=job.steps,
+                step_cost=trace.step_cost + start / job.steps,
+                worker=wids[i % workers],
+            )
+        )
+    return Workload(tuple(WorkerSpec(w, cpus_per_worker) for w in wids), tuple(plans))
+
+
+# --- gaps ----------------------------------------------------------------------------
+
+
+def relative_gap(real: float | None, sim: float | None) -> float | None:
+    """``(sim - real) / real``: + = the simulator is slower; None when either is missing."""
+    if real is None or sim is None or not real > 0:
+        return None
+    return (sim - real) / real
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """One policy's real and simulated figures (seconds) and their relative gaps."""
+
+    policy: str
+    real_avg_jct: float | None
+    sim_avg_jct: float | None
+    real_makespan: float | None
+    sim_makespan: float | None
+    # Mean over jobs of |sim JCT - real JCT| / real JCT (None if a job did not finish).
+    job_gap: float | None
+    real_moves: int
+    sim_moves: int
+
+    @property
+    def avg_jct_gap(self) -> float | None:
+        return relative_gap(self.real_avg_jct, self.sim_avg_jct)
+
+    @property
+    def makespan_gap(self) -> float | None:
+        return relative_gap(self.real_makespan, self.sim_makespan)
+
+
+def gap(policy: str, real: RunResult, sim: RunResult) -> Gap:
+    """Compare a real run with its simulated twin (jobs matched by id)."""
+    sim_jct = {j.id: j.jct for j in sim.jobs}
+    per_job = [relative_gap(j.jct, sim_jct.get(j.id)) for j in real.jobs]
+    known = [abs(g) for g in per_job if g is not None]
+    return Gap(
+        policy=policy,
+        real_avg_jct=real.avg_jct,
+        sim_avg_jct=sim.avg_jct,
+        real_makespan=real.makespan,
+        sim_makespan=sim.makespan,
+        job_gap=statistics.fmean(known) if known and len(known) == len(per_job) else None,
+        real_moves=len(real.migrations),
+        sim_moves=len(sim.migrations),
+    )
+
+
+# --- parameter files -----------------------------------------------------------------
+
+
+def params_to_dict(params: SimParams) -> dict[str, Any]:
+    return dataclasses.asdict(params)
+
+
+def params_from_dict(
+    data: object, *, base: SimParams = DEFAULT_PARAMS, source: str = "<params>"
+) -> SimParams:
+    """``base`` with the fields ``data`` names replaced; every problem is reported at once."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{source}: expected a mapping of simulator parameters, got {type(data).__name__}")
+    kinds = {f.name: f.type for f in dataclasses.fields(SimParams)}
+    problems = []
+    values: dict[str, float | int] = {}
+    for key, value in data.items():
+        if key not in kinds:
+            problems.append(f"unknown parameter {key!r} (known: {', '.join(kinds)})")
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            problems.append(f"{key} must be a number, got {value!r}")
+        elif kinds[key] in (int, "int") and value != int(value):
+            problems.append(f"{key} must be an integer, got {value!r}")
+        else:
+            values[key] = int(value) if kinds[key] in (int, "int") else float(value)
+    if not problems:
+        try:
+            return dataclasses.replace(base, **values)  # type: ignore[arg-type]
+        except ValueError as exc:
+            problems.append(str(exc))
+    raise ValueError(f"{source}: " + "; ".join(problems))
+
+
+def load_params(path: Path | str, *, base: SimParams = DEFAULT_PARAMS) -> SimParams:
+    """Simulator parameters from a JSON or YAML file (a mapping of ``SimParams`` fields)."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{p}: {exc}") from exc
+    return params_from_dict(data, base=base, source=str(p))
