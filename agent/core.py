@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,6 +27,7 @@ from specon.policy.classifier import classifier_for
 from specon.policy.monitor import MonitorState, StateError
 from specon.progress import SkipReason, Tailer
 from specon.progress.fields import TS_KEYS
+from specon.progress.last import last_record
 from specon.protocol import Action, Command, CommandBatch, CommandResult, ContainerReport, Heartbeat, Phase
 from specon.runtime.base import (
     AlreadyRunning,
@@ -483,10 +483,8 @@ class Agent:
         if self.state_file is None:
             return
         data = {cid: self.classifier.to_dict(st) for cid, st in self.saved_states.items()}
-        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
         try:
-            tmp.write_text(json.dumps(data))
-            os.replace(tmp, self.state_file)
+            ckpt.atomic_write(self.state_file, json.dumps(data).encode())
         except OSError as exc:
             # Classification and commands go on; only a restart would lose the latest states.
             self.counters.state_write_failures += 1
@@ -514,22 +512,11 @@ def _fallback_checkpoint(named: Path) -> Path | None:
 
 
 def _record_after(progress: Path, since: float) -> float | None:
-    """The timestamp of the last record in the log's tail if it is newer than ``since``."""
-    try:
-        with open(progress, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 2048))
-            lines = fh.read().splitlines()
-    except OSError:
+    """The timestamp of the log's last record if it is newer than ``since``."""
+    record = last_record(progress, tail_bytes=2048)
+    if record is None:
         return None
-    for line in reversed(lines):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(rec, dict):
-            continue
-        ts = next((rec[k] for k in TS_KEYS if rec.get(k) is not None), None)
-        if isinstance(ts, int | float) and not isinstance(ts, bool) and math.isfinite(ts):
-            return float(ts) if ts > since else None
+    ts = next((record[k] for k in TS_KEYS if record.get(k) is not None), None)
+    if isinstance(ts, int | float) and not isinstance(ts, bool) and math.isfinite(ts) and ts > since:
+        return float(ts)
     return None

@@ -45,7 +45,7 @@ def _stem(step: int) -> str:
     return f"ckpt-{step:012d}"
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -53,7 +53,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "wb") as fh:
         fh.write(data)
@@ -72,10 +72,10 @@ def write(directory: Path, step: int, payload: bytes, *, keep: int = 2) -> Check
     manifest_path = directory / f"{stem}.json"
     digest = hashlib.sha256(payload).hexdigest()
     created = time.time()
-    _atomic_write(payload_path, payload)
+    atomic_write(payload_path, payload)
     manifest = {"format": FORMAT, "step": step, "size": len(payload), "sha256": digest, "created": created}
-    _atomic_write(manifest_path, json.dumps(manifest).encode())
-    _fsync_dir(directory)
+    atomic_write(manifest_path, json.dumps(manifest).encode())
+    fsync_dir(directory)
     info = CheckpointInfo(step, payload_path, manifest_path, len(payload), digest, created)
     prune(directory, keep=keep)
     return info

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 from specon.embedded import EmbeddedCluster
 from specon.evaluation import JobResult, MigrationRecord, RunResult
 from specon.model import ContainerId, Resources, WorkerId
+from specon.progress.last import last_record
 from specon.runtime.base import ContainerInfo, JobSpec
 
 Say = Callable[[str], None]
@@ -83,20 +83,9 @@ def job_spec(job: DemoJob, *, python: str = sys.executable, log_every: int = 5) 
 
 
 def _finished_record(progress: Path) -> dict[str, object] | None:
-    """The job's ``finished`` progress record, if it has written one."""
-    try:
-        with open(progress, "rb") as fh:
-            fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - 4096))
-            tail = fh.read().splitlines()
-    except FileNotFoundError:
-        return None
-    for line in reversed(tail):
-        with contextlib.suppress(ValueError):
-            rec = json.loads(line)
-            if isinstance(rec, dict) and rec.get("event") == "finished":
-                return rec
-    return None
+    """The job's ``finished`` progress record, if that is its last record."""
+    record = last_record(progress)
+    return record if record is not None and record.get("event") == "finished" else None
 
 
 async def run_once(

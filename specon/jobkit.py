@@ -343,12 +343,7 @@ class Job:
 
 def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    checkpoint.atomic_write(path, json.dumps(data).encode())
 
 
 # -- PyTorch helpers (torch imported lazily) -----------------------------------------------

@@ -51,6 +51,7 @@ from kubernetes.client.exceptions import ApiException
 from specon import checkpoint as ckpt
 from specon import jobkit
 from specon.model import ContainerId, Resources, WorkerId
+from specon.progress.last import last_event
 from specon.runtime import k8s_pods as pods
 from specon.runtime.base import (
     AlreadyRunning,
@@ -68,7 +69,7 @@ from specon.runtime.base import (
     valid_job_id,
 )
 from specon.runtime.k8s_pods import DEFAULT_CLAIM, DEFAULT_SELECTOR, Manifest, PodError, SharedVolume
-from specon.runtime.volume import CorruptRecordError, JobPaths, _last_event
+from specon.runtime.volume import CorruptRecordError, JobPaths
 
 log = structlog.get_logger()
 
@@ -915,7 +916,7 @@ class KubernetesRuntime:
 
 def _finished(progress: Path, checkpoints: Path) -> bool:
     """The job completed its work: jobkit's done marker, or a final ``finished`` record."""
-    return jobkit.read_done(checkpoints) is not None or _last_event(progress) == "finished"
+    return jobkit.read_done(checkpoints) is not None or last_event(progress) == "finished"
 
 
 def _clock_ticks() -> int:

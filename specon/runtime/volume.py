@@ -25,8 +25,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specon.checkpoint import _atomic_write, _fsync_dir
+from specon.checkpoint import atomic_write, fsync_dir
 from specon.model import ContainerId, WorkerId
+from specon.progress.last import last_event
 from specon.runtime.base import JobSpec, valid_job_id
 from specon.runtime.launcher import ExitRecord, append_exit
 
@@ -40,7 +41,6 @@ __all__ = [
 ]
 
 # How much of the progress log's end is read to find the final record.
-_TAIL_BYTES = 4096
 
 
 class CorruptRecordError(ValueError):
@@ -140,13 +140,13 @@ class JobPaths:
             raise CorruptRecordError(f"{self.owner}: {exc}") from exc
 
     def write_owner(self, owner: Owner) -> None:
-        _atomic_write(self.owner, json.dumps(asdict(owner), sort_keys=True).encode())
-        _fsync_dir(self.dir)
+        atomic_write(self.owner, json.dumps(asdict(owner), sort_keys=True).encode())
+        fsync_dir(self.dir)
 
     def clear_owner(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.owner.unlink()
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
 
     # -- spec.json --------------------------------------------------------------------
     def read_spec(self) -> JobSpec:
@@ -158,7 +158,7 @@ class JobPaths:
             raise CorruptRecordError(f"{self.spec}: {exc}") from exc
 
     def write_spec(self, spec: JobSpec) -> None:
-        _atomic_write(self.spec, json.dumps(spec.to_json(), sort_keys=True).encode())
+        atomic_write(self.spec, json.dumps(spec.to_json(), sort_keys=True).encode())
 
     # -- exits.jsonl ------------------------------------------------------------------
     def read_exits(self) -> tuple[list[ExitRecord], int]:
@@ -188,28 +188,7 @@ class JobPaths:
     # -- completion -------------------------------------------------------------------
     def finished(self) -> bool:
         """The job completed its work: a done marker, or a final ``{"event": "finished"}``."""
-        return self.done.exists() or _last_event(self.progress) == "finished"
-
-
-def _last_event(progress: Path) -> str | None:
-    """The ``event`` of the last parseable JSON record near the log's end, if it has one."""
-    try:
-        with open(progress, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - _TAIL_BYTES))
-            tail = fh.read()
-    except FileNotFoundError:
-        return None
-    # The last line may be half-written; the first may be cut by the seek: skip both kinds.
-    for line in reversed(tail.splitlines()):
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue
-        if isinstance(record, dict):
-            event = record.get("event")
-            return event if isinstance(event, str) else None
-    return None
+        return self.done.exists() or last_event(self.progress) == "finished"
 
 
 def iter_job_ids(root: Path) -> Iterator[ContainerId]:
