@@ -16,6 +16,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import assert_never
 
 import structlog
 
@@ -338,12 +339,13 @@ class Agent:
             return await self._start(cmd)
         if cmd.action is Action.MARK_MIGRATED:
             return self._mark(cmd)
-        return await self._stop(cmd)
+        if cmd.action is Action.STOP:
+            return await self._stop(cmd)
+        assert_never(cmd.action)  # an unknown action is an error (reported by _run), never a stop
 
     async def _save(self, cmd: Command, remaining: float) -> CommandResult:
         grace = max(1.0, min(self.policy.migration.grace_period, remaining))
         w = self.watched.get(cmd.container)
-        spec = w.info.spec if w else self.runtime.job_spec(cmd.container)
         self.leaving.add(cmd.container)
         began = self.runtime.now()  # the job stops training at the SIGTERM: downtime starts here
         try:
@@ -364,7 +366,6 @@ class Agent:
             checkpoint=str(res.checkpoint) if res.checkpoint else None,
             checkpoint_step=res.step,
             finished_at=now,
-            spec=spec.to_json() if spec else {},
             detail={
                 "began_at": began,
                 "seconds": round(res.seconds, 3),
@@ -375,14 +376,18 @@ class Agent:
         )
 
     async def _start(self, cmd: Command) -> CommandResult:
-        try:
-            spec = JobSpec.from_json(cmd.spec) if cmd.spec else None
-        except ValueError as exc:
-            return CommandResult(command=cmd.id, ok=False, error=f"bad spec: {exc}")
+        # What runs is the job as submitted, from this runtime's own record (the spec on
+        # the volume, the original pod in the API server), never a recipe that came over
+        # the wire: a forged save result must not choose what this host executes.
+        if cmd.spec:
+            log.warning("specon.agent.command_spec_ignored", command=cmd.id, container=cmd.container)
+        spec = self.runtime.job_spec(cmd.container)
         if spec is None:
-            spec = self.runtime.job_spec(cmd.container)
-            if spec is None:
-                return CommandResult(command=cmd.id, ok=False, error="start without a job spec")
+            return CommandResult(command=cmd.id, ok=False, error=f"{cmd.container}: no job spec on record")
+        if spec.id != cmd.container:
+            return CommandResult(
+                command=cmd.id, ok=False, error=f"{cmd.container}: the recorded spec is for job {spec.id}"
+            )
         checkpoint = Path(cmd.checkpoint) if cmd.checkpoint else None
         self.leaving.discard(cmd.container)
         if cmd.migrated:

@@ -1,15 +1,18 @@
 """The manager's HTTP face: protocol endpoints, status JSON and page, /metrics, /healthz.
 
-Every POST needs ``Authorization: Bearer <token>`` (401 otherwise); a body that does not
-decode as the expected message gets 400 with an ``ErrorReply`` naming the problem; a
-body over ``messaging.max_body_bytes`` gets 413. GETs are read-only and open.
+Every POST needs ``Authorization: Bearer <token>`` (401 otherwise). The token's identity
+(``manager.auth``) must speak for the worker the message names: a per-agent token that
+names another worker gets 403. A body that does not decode as the expected message, or
+breaks a range rule (``specon.protocol_checks``), gets 400 with an ``ErrorReply`` naming
+the problem; a body over ``messaging.max_body_bytes`` gets 413. Status (JSON and page)
+is paged and, with a read token configured, needs it (or the shared token);
+``/metrics``, ``/healthz`` and ``/openapi.json`` are open.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -17,28 +20,31 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from manager.coordinator import Coordinator
+from manager.auth import READER, SHARED, Authenticator, Identity, StaticTokens
+from manager.coordinator import Coordinator, NotHostedError
 from manager.metrics import ManagerMetrics
 from manager.page import render_status_page
+from manager.status import BadPageError, Page, build_status
 from specon import protocol
 from specon.protocol import (
     CommandBatch,
     ErrorReply,
     Goodbye,
     Heartbeat,
-    MigrationStatus,
     Poll,
     ProtocolError,
     ReallocationRequest,
-    Status,
 )
 
 log = structlog.get_logger()
 
 COORD = web.AppKey("coordinator", Coordinator)
 METRICS = web.AppKey("metrics", ManagerMetrics)
-TOKEN = web.AppKey("token", str)
+AUTH = web.AppKey("authenticator", Authenticator)
+# Whether GET of status and the page needs a token (a read token was configured).
+GUARD_READS = web.AppKey("guard_reads", bool)
 STARTED = web.AppKey("started", float)
+IDENTITY = web.RequestKey("identity", Identity)  # the caller, set by _guard
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -51,21 +57,50 @@ def _error(status: int, error: str, path: str | None = None) -> web.Response:
     return _reply(ErrorReply(error=error, path=path), status)
 
 
+def _bearer(request: web.Request) -> str | None:
+    header = request.headers.get(protocol.AUTH_HEADER, "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given or not given.isascii():
+        return None  # a token is ASCII: anything else cannot match, whatever it decodes to
+    return given.strip()
+
+
+_GUARDED_READS = frozenset({protocol.STATUS_PATH, "/"})
+
+
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     metrics = request.app[METRICS]
-    if request.method == "POST":
-        header = request.headers.get(protocol.AUTH_HEADER, "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), request.app[TOKEN].encode()):
+    guarded = request.method == "POST" or (request.app[GUARD_READS] and request.path in _GUARDED_READS)
+    if guarded:
+        token = _bearer(request)
+        who = None if token is None else await request.app[AUTH].authenticate(token)
+        if who is None:
             metrics.rejected.labels(reason="unauthorized").inc()
             log.warning("specon.manager.unauthorized", path=request.path, peer=request.remote)
             return _error(401, "missing or wrong bearer token")
+        if request.method != "POST" and who.name not in (READER, SHARED):
+            metrics.rejected.labels(reason="forbidden").inc()
+            return _error(403, f"{who.name} may not read the status: use the read token")
+        if request.method == "POST" and not who.agent:
+            metrics.rejected.labels(reason="forbidden").inc()
+            return _error(403, f"{who.name} is read-only")
+        request[IDENTITY] = who
     try:
         return await handler(request)
     except web.HTTPRequestEntityTooLarge as exc:
         metrics.rejected.labels(reason="too_large").inc()
         return _error(413, f"body too large: {exc.text}")
+
+
+def _forbidden(request: web.Request, worker: str) -> web.Response | None:
+    """403 unless the caller's token speaks for ``worker``."""
+    who: Identity = request[IDENTITY]
+    if who.may_speak_for(worker):
+        return None
+    request.app[METRICS].rejected.labels(reason="forbidden").inc()
+    log.warning("specon.manager.forbidden", identity=who.name, worker=worker, path=request.path)
+    return _error(403, f"{who.name} may not speak for worker {worker}", "worker")
 
 
 async def _decode(request: web.Request, kind: type[protocol.M]) -> protocol.M | web.Response:
@@ -82,7 +117,17 @@ async def heartbeat(request: web.Request) -> web.Response:
     msg = await _decode(request, Heartbeat)
     if isinstance(msg, web.Response):
         return msg
+    if (denied := _forbidden(request, msg.worker)) is not None:
+        return denied
     coord = request.app[COORD]
+    cap = coord.policy.messaging.max_containers_per_heartbeat
+    if len(msg.containers) > cap:
+        request.app[METRICS].rejected.labels(reason="malformed").inc()
+        return _error(400, f"containers: {len(msg.containers)} in one heartbeat, at most {cap}", "containers")
+    if not coord.state.seq_plausible(msg, coord.clock()):
+        request.app[METRICS].rejected.labels(reason="malformed").inc()
+        log.warning("specon.manager.seq_implausible", worker=msg.worker, seq=msg.seq)
+        return _error(400, "seq: implausibly far ahead of the manager's clock (expected microseconds)", "seq")
     t0 = time.perf_counter()
     seen = coord.state.heartbeats
     batch = coord.on_heartbeat(msg)
@@ -98,14 +143,23 @@ async def reallocation_request(request: web.Request) -> web.Response:
     msg = await _decode(request, ReallocationRequest)
     if isinstance(msg, web.Response):
         return msg
+    if (denied := _forbidden(request, msg.worker)) is not None:
+        return denied
     log.info("specon.manager.request_received", worker=msg.worker, container=msg.container, g=msg.g)
-    return _reply(request.app[COORD].on_request(msg))
+    try:
+        return _reply(request.app[COORD].on_request(msg))
+    except NotHostedError as exc:
+        request.app[METRICS].rejected.labels(reason="forbidden").inc()
+        log.warning("specon.manager.request_not_hosted", worker=msg.worker, container=msg.container)
+        return _error(403, str(exc), "container")
 
 
 async def poll(request: web.Request) -> web.Response:
     msg = await _decode(request, Poll)
     if isinstance(msg, web.Response):
         return msg
+    if (denied := _forbidden(request, msg.worker)) is not None:
+        return denied
     wait = min(max(msg.wait, 0.0), 60.0)
     batch: CommandBatch = await request.app[COORD].wait_for_commands(msg.worker, wait)
     return _reply(batch)
@@ -115,33 +169,32 @@ async def goodbye(request: web.Request) -> web.Response:
     msg = await _decode(request, Goodbye)
     if isinstance(msg, web.Response):
         return msg
+    if (denied := _forbidden(request, msg.worker)) is not None:
+        return denied
     log.info("specon.manager.goodbye", worker=msg.worker)
     request.app[COORD].on_goodbye(msg.worker)
     return _reply(request.app[COORD].batch_for(msg.worker))
 
 
-def build_status(coord: Coordinator) -> Status:
-    now = coord.clock()
-    timeout = coord.policy.messaging.worker_timeout
-    finished = [m for m in coord.journal.all() if not m.in_flight]
-    in_flight = sorted(coord.migrations.values(), key=lambda m: m.decided_at)
-    return Status(
-        now=now,
-        mode=coord.policy.mode,
-        policy_generation=coord.generation,
-        dry_run=coord.policy.migration.dry_run,
-        workers=coord.state.worker_status(now, timeout),
-        containers=coord.state.container_status(coord.marks),
-        migrations=tuple(MigrationStatus.of(m) for m in [*finished, *in_flight]),
-    )
+def _page(request: web.Request) -> Page | web.Response:
+    try:
+        return Page.parse(request.query.get("limit"), request.query.get("after"))
+    except BadPageError as exc:
+        return _error(400, str(exc), "query")
 
 
 async def status_json(request: web.Request) -> web.Response:
-    return _reply(build_status(request.app[COORD]))
+    page = _page(request)
+    if isinstance(page, web.Response):
+        return page
+    return _reply(build_status(request.app[COORD], page))
 
 
 async def status_page(request: web.Request) -> web.Response:
-    html = render_status_page(build_status(request.app[COORD]))
+    page = _page(request)
+    if isinstance(page, web.Response):
+        return page
+    html = render_status_page(build_status(request.app[COORD], page))
     return web.Response(text=html, content_type="text/html")
 
 
@@ -180,12 +233,24 @@ async def _ticker(app: web.Application) -> AsyncIterator[None]:
         await task
 
 
-def create_app(coord: Coordinator, *, token: str, tick: bool = True) -> web.Application:
-    if not token:
-        raise ValueError("the manager needs a non-empty bearer token")
+def create_app(
+    coord: Coordinator,
+    *,
+    token: str | None = None,
+    auth: Authenticator | None = None,
+    guard_reads: bool = False,
+    tick: bool = True,
+) -> web.Application:
+    """The manager app. ``auth`` decides who may call; ``token`` alone is a shared token
+    (every worker). ``guard_reads``: status and the page need a read or shared token."""
+    if auth is None:
+        if not token:
+            raise ValueError("the manager needs a bearer token or an authenticator")
+        auth = StaticTokens(shared=token)
     app = web.Application(middlewares=[_guard], client_max_size=coord.policy.messaging.max_body_bytes)
     app[COORD] = coord
-    app[TOKEN] = token
+    app[AUTH] = auth
+    app[GUARD_READS] = guard_reads
     app[STARTED] = time.time()
     m = ManagerMetrics()
     m.watch(coord)

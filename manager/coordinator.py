@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -67,7 +67,7 @@ class DryRunExecutor:
         m = coord.new_migration(move, now)
         m = m.to(State.FAILED, at=now, error="dry-run: decided, not executed")
         m = m.to(State.ROLLED_BACK, at=now)
-        coord.journal.put(m)
+        coord.record(m)
         coord.emit(Event("migration_finished", {"result": "dry_run", "reason": m.reason}))
         log.info(
             "specon.manager.dry_run_move",
@@ -76,6 +76,14 @@ class DryRunExecutor:
             target=move.target,
             reason=move.reason,
         )
+
+
+class NotHostedError(ValueError):
+    """A worker asked about a container it does not run."""
+
+
+# Finished migrations the status keeps in memory (the journal keeps them all).
+RECENT_MIGRATIONS = 1000
 
 
 class Coordinator:
@@ -105,6 +113,14 @@ class Coordinator:
             c: Marks(m.migrated_at, m.migrations, m.rebalances) for c, m in journal.marks().items()
         }
         self.migrations: dict[str, Migration] = {m.id: m for m in journal.in_flight()}
+        # The newest finished migrations, oldest first, for the status (never the whole journal).
+        self.recent: deque[Migration] = deque(
+            sorted((m for m in journal.all() if not m.in_flight), key=lambda m: m.updated_at)[
+                -RECENT_MIGRATIONS:
+            ],
+            maxlen=RECENT_MIGRATIONS,
+        )
+        self._pruned_at = clock()
         # A restarted manager has heard from nobody yet: until every worker had a
         # worker_timeout to report, silence is not evidence that it is gone.
         self.started_at = clock()
@@ -144,6 +160,10 @@ class Coordinator:
         return self.batch_for(hb.worker, ack=hb.seq if ingested else None)
 
     def on_request(self, req: ReallocationRequest) -> CommandBatch:
+        """Queue ``req`` for Algorithm 2; ``NotHostedError`` unless the container runs on the
+        worker that asks (a worker may only ask to move its own containers)."""
+        if self.state.running_on(req.container) != req.worker:
+            raise NotHostedError(f"container {req.container} is not running on worker {req.worker}")
         self.requests.setdefault(req.container, self.clock())
         self.step()
         return self.batch_for(req.worker)
@@ -188,6 +208,8 @@ class Coordinator:
         """
         now = self.clock()
         timeout = self.policy.messaging.worker_timeout
+        if rebalance and now - self._pruned_at >= self.policy.messaging.heartbeat_interval:
+            self.prune(now)
         if self.migrations:
             self._drive(now, self.state.alive(now, timeout))
         if self.restarted and now - self.started_at < timeout:
@@ -204,6 +226,33 @@ class Coordinator:
         self._decide(snap, index, now, rebalance=rebalance)
         self.decision_seconds.append(time.perf_counter() - t0)
         del self.decision_seconds[:-1000]
+
+    def prune(self, now: float) -> int:
+        """Forget workers and containers unseen for ``prune_after`` worker timeouts, with
+        what the coordinator holds for them; ids a migration in flight names stay."""
+        self._pruned_at = now
+        msg = self.policy.messaging
+        keep = {x for m in self.migrations.values() for x in (m.container, m.source, m.target)}
+        before_w = set(self.state.workers)
+        n = self.state.prune(now, msg.prune_after * msg.worker_timeout, keep)
+        if n:
+            for w in before_w - self.state.workers.keys():
+                self.outbox.pop(w, None)
+                self._delivered.pop(w, None)
+                ev = self._wakeups.pop(w, None)
+                if ev is not None:
+                    ev.set()
+            for cid in [c for c in self.requests if c not in self.state.containers]:
+                del self.requests[cid]
+                self._deferred.discard(cid)
+            log.info("specon.manager.pruned", forgotten=n)
+        return n
+
+    def record(self, m: Migration) -> None:
+        """Journal ``m`` (write-ahead: durable before anything acts on it)."""
+        self.journal.put(m)
+        if m.state.terminal:
+            self.recent.append(m)
 
     def _rebalance_may_trigger(self) -> bool:
         """A cheap pre-check of Algorithm 3's trigger, before any snapshot is built."""
@@ -260,7 +309,7 @@ class Coordinator:
                 m, self.state.running_on(m.container), self.state.finished(m.container)
             )
         new = m.to(state, at=now, **changes)
-        self.journal.put(new)  # write-ahead: durable before anything acts on it
+        self.record(new)
         self._retract(m)
         if new.state.terminal:
             del self.migrations[m.id]
@@ -355,7 +404,7 @@ class Coordinator:
 
     def open_migration(self, move: Move, now: float) -> None:
         m = self.new_migration(move, now)
-        self.journal.put(m)
+        self.record(m)
         self.migrations[m.id] = m
         log.info(
             "specon.manager.migration_decided",
@@ -372,7 +421,6 @@ class Coordinator:
     ) -> Command:
         grace = self.policy.migration.grace_period
         kind = "rollback" if rollback else action.value
-        spec = json.loads(m.spec) if m.spec else {}
         return Command(
             # A retry after a failed result is a new command: the agent answers a repeated
             # id from its memory instead of running it again.
@@ -387,7 +435,8 @@ class Coordinator:
             # The container arrives frozen in CC only if Algorithm 2 has decided for it; a
             # rebalanced container that never requested keeps being classified.
             migrated=action is Action.START and self.marks.get(m.container, Marks()).migrations > 0,
-            spec=spec,
+            # No spec: the target starts the job as it was submitted (its own runtime's
+            # record), never as a save result reported it (SPEC §6, security model).
         )
 
     def _send(self, worker: WorkerId, cmd: Command) -> None:
@@ -440,12 +489,12 @@ class Coordinator:
         if not res.ok:
             log.warning("specon.manager.command_failed", command=res.command, worker=worker, error=res.error)
             if not rollback and m.state in (State.SAVING, State.RESTORING):
-                self.journal.put(new := m.to(State.FAILED, at=at, error=res.error, attempts=m.attempts + 1))
+                self.record(new := m.to(State.FAILED, at=at, error=res.error, attempts=m.attempts + 1))
                 self.migrations[m.id] = new
             elif rollback and m.state is State.FAILED:
                 # E.g. refused because a copy still runs somewhere: retry later, fresh id.
                 self._refusals[m.id] = self._refusals.get(m.id, 0) + 1
-                self.journal.put(new := replace(m, attempts=m.attempts + 1, updated_at=at))
+                self.record(new := replace(m, attempts=m.attempts + 1, updated_at=at))
                 self.migrations[m.id] = new
             return
         if cmd.action is Action.SAVE and m.state is State.SAVING and res.detail.get("finished"):
@@ -461,15 +510,14 @@ class Coordinator:
                 checkpoint=res.checkpoint,
                 checkpoint_step=res.checkpoint_step,
                 stopped_at=stopped,
-                spec=json.dumps(res.spec) if res.spec else m.spec,
             )
-            self.journal.put(new)
+            self.record(new)
             self.migrations[m.id] = new
         elif cmd.action is Action.START and not rollback and m.state is State.RESTORING:
-            self.journal.put(new := m.to(State.RUNNING, at=at, started_at=at))
+            self.record(new := m.to(State.RUNNING, at=at, started_at=at))
             self.migrations[m.id] = new
         elif cmd.action is Action.START and rollback and m.state is State.FAILED:
-            self.journal.put(new := m.to(State.ROLLED_BACK, at=at, started_at=at))
+            self.record(new := m.to(State.ROLLED_BACK, at=at, started_at=at))
             del self.migrations[m.id]
             self.emit(Event("migration_finished", {"result": "rolled_back", "reason": m.reason}))
         self.step()

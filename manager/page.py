@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from html import escape
+from urllib.parse import quote
 
 from specon.model import Category
 from specon.protocol import ContainerStatus, Status
@@ -36,7 +37,10 @@ def _badge(cat: Category) -> str:
 def _time(t: float | None) -> str:
     if t is None:
         return '<span class="muted">-</span>'
-    return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%H:%M:%S")
+    try:
+        return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%H:%M:%S")
+    except (OverflowError, OSError, ValueError):  # a time no clock shows: never a 500
+        return '<span class="muted">?</span>'
 
 
 def _timeline(c: ContainerStatus, now: float) -> str:
@@ -81,19 +85,21 @@ def render_status_page(s: Status) -> str:
         for m in reversed(s.migrations)
     )
     mode = f"mode {escape(s.mode)}" + (" · <b>dry-run</b>" if s.dry_run else "")
+    more = f' · <a href="/?after={quote(s.next)}">next page</a>' if s.next is not None else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="{REFRESH_SECONDS}">
 <title>specon manager</title><style>{_CSS}</style></head><body>
 <h1>specon manager</h1>
 <div class="muted">{mode} · policy generation {s.policy_generation} · {_time(s.now)} UTC ·
-refreshes every {REFRESH_SECONDS}s · <a href="/v1/status">JSON</a> · <a href="/metrics">metrics</a></div>
-<h2>Workers ({len(s.workers)})</h2>
+refreshes every {REFRESH_SECONDS}s · <a href="/v1/status">JSON</a> ·
+<a href="/metrics">metrics</a>{more}</div>
+<h2>Workers ({len(s.workers)} of {s.total_workers})</h2>
 <table><tr><th>worker</th><th>agent</th><th>reachable</th><th>heartbeat</th><th>CPUs</th><th>R(w,t)</th>
 <th>containers</th></tr>{rows_w}</table>
-<h2>Containers ({len(s.containers)})</h2>
+<h2>Containers ({len(s.containers)} of {s.total_containers})</h2>
 <table><tr><th>container</th><th>worker</th><th>category</th><th>phase</th><th>step</th><th>last G</th>
 <th>migrated</th><th>moves/rebal.</th><th>history</th></tr>{rows_c}</table>
-<h2>Migrations ({len(s.migrations)})</h2>
+<h2>Migrations ({len(s.migrations)} of {s.total_migrations})</h2>
 <table><tr><th>id</th><th>container</th><th>move</th><th>reason</th><th>state</th><th>decided</th>
 <th>downtime</th><th>error</th></tr>{rows_m}</table>
 </body></html>

@@ -28,6 +28,10 @@ from specon.protocol import ContainerReport, ContainerStatus, Heartbeat, Phase, 
 MIGRATABLE_LABEL = "specon.io/migratable"
 # Category history kept per container (oldest dropped first): enough for any plot.
 HISTORY_LIMIT = 500
+# Agents send their wall clock in microseconds as ``seq``. One further ahead of the
+# manager's clock than this is forged or broken: applying it would make every honest
+# heartbeat after it look stale.
+MAX_SEQ_AHEAD_US = 86_400 * 10**6
 
 
 @dataclass(slots=True)
@@ -71,6 +75,17 @@ class ClusterState:
         self.containers: dict[ContainerId, ContainerRecord] = {}
         self.heartbeats = 0
         self.stale_heartbeats = 0
+        self.pruned = 0
+        # Ids in order, rebuilt only after an id came or went (status pages bisect them).
+        self._worker_order: list[WorkerId] | None = None
+        self._container_order: list[ContainerId] | None = None
+
+    def seq_plausible(self, hb: Heartbeat, now: float) -> bool:
+        """False for a ``seq`` implausibly far ahead of the manager's clock (microseconds)
+        and of this worker's last one: it would lock the real agent out."""
+        w = self.workers.get(hb.worker)
+        base = max(now * 1e6, w.seq if w is not None else 0)
+        return hb.seq <= base + MAX_SEQ_AHEAD_US
 
     # -- ingest ------------------------------------------------------------------------
     def ingest(self, hb: Heartbeat, now: float) -> bool:
@@ -84,6 +99,7 @@ class ClusterState:
         if w is None:
             w = WorkerRecord(hb.worker, hb.address, hb.capacity, hb.usage, now, hb.seq)
             self.workers[hb.worker] = w
+            self._worker_order = None
         w.address, w.capacity, w.usage, w.last_seen, w.seq = hb.address, hb.capacity, hb.usage, now, hb.seq
         w.labels, w.taints, w.said_goodbye = dict(hb.labels), hb.taints, False
         # Containers this worker stopped listing are no longer running there.
@@ -102,6 +118,7 @@ class ClusterState:
         if rec is None:
             rec = ContainerRecord(rep.id, worker, rep, now)
             self.containers[rep.id] = rec
+            self._container_order = None
         elif rec.worker != worker and rep.phase != "running" and rec.report.phase == "running":
             # A stale "stopped" entry from the old host must not hide the new, running one.
             return
@@ -118,6 +135,34 @@ class ClusterState:
         w = self.workers.get(worker)
         if w is not None:
             w.said_goodbye = True
+
+    def prune(self, now: float, older_than: float, keep: Iterable[str] = ()) -> int:
+        """Forget workers and containers unseen for ``older_than`` seconds, except ids in
+        ``keep`` (those a migration in flight still names); how many were forgotten."""
+        kept = set(keep)
+        cut = now - older_than
+        workers = [w for w, r in self.workers.items() if r.last_seen < cut and w not in kept]
+        containers = [c for c, r in self.containers.items() if r.last_seen < cut and c not in kept]
+        for w in workers:
+            del self.workers[w]
+        for c in containers:
+            del self.containers[c]
+        if workers:
+            self._worker_order = None
+        if containers:
+            self._container_order = None
+        self.pruned += len(workers) + len(containers)
+        return len(workers) + len(containers)
+
+    def worker_order(self) -> list[WorkerId]:
+        if self._worker_order is None:
+            self._worker_order = sorted(self.workers)
+        return self._worker_order
+
+    def container_order(self) -> list[ContainerId]:
+        if self._container_order is None:
+            self._container_order = sorted(self.containers)
+        return self._container_order
 
     # -- queries -------------------------------------------------------------------------
     def alive(self, now: float, timeout: float) -> frozenset[WorkerId]:
@@ -179,12 +224,20 @@ class ClusterState:
         containers.sort(key=lambda c: c.id)
         return ClusterSnapshot(now=now, workers=workers, containers=tuple(containers))
 
-    def worker_status(self, now: float, timeout: float) -> tuple[WorkerStatus, ...]:
+    def worker_status(
+        self, now: float, timeout: float, ids: Iterable[WorkerId] | None = None
+    ) -> tuple[WorkerStatus, ...]:
+        """Status of the workers ``ids`` (default: all, by id)."""
         out = []
-        for w in sorted(self.workers.values(), key=lambda w: w.id):
+        for wid in self.worker_order() if ids is None else ids:
+            w = self.workers[wid]
             here = tuple(
                 sorted(
-                    c.id for c in self.containers.values() if c.worker == w.id and c.report.phase == "running"
+                    c
+                    for c in w.reported
+                    if (rec := self.containers.get(c)) is not None
+                    and rec.worker == w.id
+                    and rec.report.phase == "running"
                 )
             )
             out.append(
@@ -203,9 +256,13 @@ class ClusterState:
             )
         return tuple(out)
 
-    def container_status(self, marks: Mapping[ContainerId, Marks]) -> tuple[ContainerStatus, ...]:
+    def container_status(
+        self, marks: Mapping[ContainerId, Marks], ids: Iterable[ContainerId] | None = None
+    ) -> tuple[ContainerStatus, ...]:
+        """Status of the containers ``ids`` (default: all, by id)."""
         out = []
-        for rec in sorted(self.containers.values(), key=lambda r: r.id):
+        for cid in self.container_order() if ids is None else ids:
+            rec = self.containers[cid]
             mk = marks.get(rec.id, Marks())
             rep = rec.report
             out.append(

@@ -135,6 +135,12 @@ class MessagingConfig:
     heartbeat_interval: float = 5.0
     worker_timeout: float = 20.0
     max_body_bytes: int = 1 << 20
+    # More containers than a node can hold: a heartbeat over it is refused (400), so one
+    # agent cannot grow the manager's memory at will.
+    max_containers_per_heartbeat: int = 1000
+    # Workers and containers unseen for this many worker_timeouts are forgotten (unless
+    # a migration in flight still names them); the journal keeps their marks.
+    prune_after: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +225,8 @@ DOCS: dict[str, str] = {
     "messaging.heartbeat_interval": "seconds between an agent's heartbeats",
     "messaging.worker_timeout": "a worker without a heartbeat this long is unreachable",
     "messaging.max_body_bytes": "largest message the manager accepts",
+    "messaging.max_containers_per_heartbeat": "containers one heartbeat may report",
+    "messaging.prune_after": "forget workers and containers unseen for this many worker_timeouts",
 }
 
 
@@ -429,6 +437,8 @@ def _semantic_problems(p: Policy) -> list[codec.Problem]:
     )
     # Smaller than this cannot even hold a heartbeat of an empty worker.
     at_least("messaging.max_body_bytes", ms.max_body_bytes, 1024)
+    at_least("messaging.max_containers_per_heartbeat", ms.max_containers_per_heartbeat, 1)
+    need(ms.prune_after >= 2, "messaging.prune_after", f"must be >= 2, got {ms.prune_after}")
     return out
 
 

@@ -45,8 +45,9 @@ from specon import codec
 from specon.config import Mode
 from specon.migration import Migration, Reason, State
 from specon.model import Category, ContainerId, Resources, WorkerId
+from specon.protocol_checks import check
 
-VERSION = "1.0"
+VERSION = "1.1"
 MAJOR, MINOR = (int(part) for part in VERSION.split("."))
 
 CONTENT_TYPE = "application/json"
@@ -305,6 +306,12 @@ class Status:
     workers: tuple[WorkerStatus, ...] = ()
     containers: tuple[ContainerStatus, ...] = ()
     migrations: tuple[MigrationStatus, ...] = ()
+    # Paging (protocol 1.1): the cursor of the next page (``?after=``), None on the last;
+    # the totals count every entry, not only this page's.
+    next: str | None = None
+    total_workers: int = 0
+    total_containers: int = 0
+    total_migrations: int = 0
 
 
 Message = (
@@ -378,11 +385,17 @@ def decode(data: bytes | bytearray | str, expected: type[Any] | None = None) -> 
     if expected is not None and cls is not expected:
         raise ProtocolError(f"kind: expected {expected.__name__}, got {kind}", path="kind")
     try:
-        return codec.from_data(cls, obj, strict=strict)
+        msg = codec.from_data(cls, obj, strict=strict)
     except codec.SchemaError as e:
         raise _invalid(kind, "invalid", e) from None
     except RecursionError:
         raise ProtocolError(f"invalid {kind}: nested too deeply") from None
+    problems = check(msg)
+    if problems:
+        path = problems[0][0]
+        listed = "; ".join(f"{p}: {w}" for p, w in problems[:20])
+        raise ProtocolError(f"invalid {kind}: {listed}", path=path)
+    return msg
 
 
 def _invalid(kind: str, what: str, e: codec.SchemaError) -> ProtocolError:
@@ -434,10 +447,34 @@ def _parse(data: object) -> Any:
     else:
         raise ProtocolError(f"expected bytes or str, got {type(data).__name__}")
     try:
-        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        obj = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except ProtocolError:
         raise
     except RecursionError:
         raise ProtocolError("not valid JSON: nested too deeply") from None
     except ValueError as e:  # JSONDecodeError (with line and column) or an int too long
         raise ProtocolError(f"not valid JSON: {e}") from None
+    # A lone surrogate escape (\ud800) decodes to a str that no UTF-8 writer accepts: it
+    # would poison every page, log line and journal row it reached. Only texts with such an
+    # escape pay for the walk.
+    if _SURROGATE_ESCAPE.search(text) is not None:
+        _reject_surrogates(obj)
+    return obj
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _reject_surrogates(obj: object, depth: int = 0) -> None:
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ProtocolError(f"invalid string {ascii(obj)[:60]}: a lone surrogate is not text") from None
+    elif isinstance(obj, list):
+        for item in obj:
+            _reject_surrogates(item)
+    elif isinstance(obj, dict):
+        for key, item in obj.items():
+            _reject_surrogates(key)
+            _reject_surrogates(item)

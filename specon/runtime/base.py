@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import enum
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,11 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 from specon.checkpoint import CheckpointInfo
 from specon.checkpoint import key as checkpoint_key
 from specon.model import ContainerId, Resources, WorkerId
-
-# Job ids name directories on the shared volume, cgroups and Kubernetes objects: keep them
-# to a safe, portable alphabet.
-_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
+from specon.validate import valid_id
 
 # The job contract's environment (SPEC §6): what every backend sets for a job.
 ENV_JOB_ID = "SPECON_JOB_ID"
@@ -36,9 +31,7 @@ ENV_DONE_FILE = "SPECON_DONE_FILE"
 
 def valid_job_id(value: str) -> ContainerId:
     """``value`` as a ContainerId; ``ValueError`` unless it is a safe path component."""
-    if not isinstance(value, str) or not _JOB_ID.match(value) or value in {".", ".."}:
-        raise ValueError(f"invalid job id {value!r}: use 1-128 of [A-Za-z0-9._-], starting alphanumeric")
-    return ContainerId(value)
+    return valid_id(value, what="job id")
 
 
 class ContainerState(enum.StrEnum):

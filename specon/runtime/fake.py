@@ -153,6 +153,11 @@ class FakeVolume:
     def paths(self, job: ContainerId) -> JobPaths:
         return JobPaths(self.root or Path("/fake-volume"), job)
 
+    def submit(self, spec: JobSpec) -> None:
+        """Record ``spec`` as submitted, not yet running (what a start then runs)."""
+        if spec.id not in self.jobs:
+            self.jobs[spec.id] = _Job(spec, self.scripts.get(spec.id, JobScript()))
+
     def script(self, job: str, script: JobScript) -> None:
         """Set how ``job`` behaves from its next start on."""
         self.scripts[ContainerId(job)] = script

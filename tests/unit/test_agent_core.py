@@ -318,7 +318,7 @@ async def test_save_checkpoints_the_job_and_stops_watching_it(world: World) -> N
     assert world.w0.calls.count(("save", ContainerId("a"))) == 1
     assert res.ok and res.error is None
     assert res.checkpoint_step == 10 and res.checkpoint is not None and "a" in res.checkpoint
-    assert res.spec == spec("a", model="vae").to_json()
+    assert res.spec == {}, "a save result carries no recipe: a start reads its own record"
     assert res.detail["began_at"] == saved_at and res.finished_at == saved_at
     assert "a" not in agent.watched
     assert "a" not in reports(agent, world.clock)
@@ -418,7 +418,7 @@ async def test_start_restores_from_the_checkpoint_and_watches_the_job(world: Wor
     res = await execute(
         target,
         world.clock,
-        command("start-a", Action.START, "a", checkpoint=saved.checkpoint, spec=saved.spec),
+        command("start-a", Action.START, "a", checkpoint=saved.checkpoint),
     )
 
     assert res.ok and res.finished_at is not None
@@ -436,7 +436,8 @@ async def test_a_start_reports_when_the_job_wrote_its_first_record(world: World)
     agent = world.agent()
     began = world.clock.now()
 
-    res = await execute(agent, world.clock, command("start-a", Action.START, "a", spec=spec("a").to_json()))
+    world.volume.submit(spec("a"))
+    res = await execute(agent, world.clock, command("start-a", Action.START, "a"))
 
     assert res.ok and res.finished_at == began + 0.5  # the first step's record, not a timeout
 
@@ -444,12 +445,9 @@ async def test_a_start_reports_when_the_job_wrote_its_first_record(world: World)
 async def test_a_migrated_start_arrives_frozen_in_cc(world: World) -> None:
     world.volume.script("a", JobScript(loss=steady))  # progressing: would be PC if classified
     agent = world.agent(world.w1)
+    world.volume.submit(spec("a"))
 
-    res = await execute(
-        agent,
-        world.clock,
-        command("start-a", Action.START, "a", migrated=True, spec=spec("a").to_json()),
-    )
+    res = await execute(agent, world.clock, command("start-a", Action.START, "a", migrated=True))
     raised = await tick(agent, world.clock, 5)
 
     assert res.ok
@@ -465,7 +463,7 @@ async def test_start_of_a_container_already_running_here_succeeds(world: World) 
     agent = world.agent()
     await agent.refresh()
 
-    res = await execute(agent, world.clock, command("start-a", Action.START, "a", spec=spec("a").to_json()))
+    res = await execute(agent, world.clock, command("start-a", Action.START, "a"))
 
     assert res.ok
     assert [r["worker"] for r in world.volume.records("a") if r.get("event") == "resumed"] == ["w0"]
@@ -480,7 +478,7 @@ async def test_a_migrated_start_of_a_container_already_running_here_freezes_it(w
     await agent.refresh()
     await tick(agent, world.clock, 6)
 
-    start = command("rollback", Action.START, "conv", migrated=True, spec=spec("conv").to_json())
+    start = command("rollback", Action.START, "conv", migrated=True)
     res = await execute(agent, world.clock, start)
     raised = await tick(agent, world.clock, 3)
 
@@ -493,7 +491,7 @@ async def test_start_of_a_container_running_elsewhere_fails(world: World) -> Non
     await world.run("a")
     agent = world.agent(world.w1)
 
-    res = await execute(agent, world.clock, command("start-a", Action.START, "a", spec=spec("a").to_json()))
+    res = await execute(agent, world.clock, command("start-a", Action.START, "a"))
 
     assert not res.ok and res.error is not None and "already running on worker w0" in res.error
     assert "a" not in agent.watched
@@ -524,10 +522,9 @@ async def test_mark_migrated_freezes_the_container_and_answers_its_request(world
         (command("m", Action.MARK_MIGRATED, "ghost"), "ghost: not on w0"),
         (command("s", Action.SAVE, "ghost"), "ghost: not on worker w0"),
         (command("x", Action.STOP, "ghost"), "ghost: not on worker w0"),
-        (command("t", Action.START, "ghost"), "start without a job spec"),
-        (command("b", Action.START, "ghost", spec={"id": "ghost"}), "bad spec"),
+        (command("t", Action.START, "ghost"), "ghost: no job spec on record"),
     ],
-    ids=["mark", "save", "stop", "start-without-spec", "start-bad-spec"],
+    ids=["mark", "save", "stop", "start-without-spec"],
 )
 async def test_a_command_for_an_unknown_container_fails_clearly(
     world: World, cmd: Command, says: str

@@ -92,7 +92,7 @@ def test_move_runs_save_then_start_and_measures_downtime_across_skewed_clocks(
     assert start.container == C1 and start.migration == m.id
     assert (start.checkpoint, start.checkpoint_step) == (CKPT, 100)
     assert start.migrated, "Algorithm 2 decided for c1: it must arrive frozen in CC"
-    assert start.spec == {"image": "train:1"}
+    assert start.spec == {}, "a start never carries a recipe: the target reads its own"
 
     clock.advance(3.0)  # the start finishes at t0 + 6 ...
     started = CommandResult(command=start.id, ok=True, finished_at=b.now())

@@ -7,6 +7,7 @@ with a fake clock; the ticker is off so nothing moves between requests.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -116,7 +117,9 @@ async def test_every_post_needs_the_bearer_token(tmp_path: Path, path: str, head
         assert "token" in error_of(body).error
         assert coord_of(client).state.heartbeats == 0 and not coord_of(client).state.workers
         assert await metric(client, "specon_manager_rejected_messages_total", reason="unauthorized") == 1.0
-        # With the token the same body is accepted.
+        # With the token the same body is accepted (a request after the heartbeat that
+        # shows the container running there).
+        await post(client, protocol.HEARTBEAT_PATH, valid_bodies(clock)[protocol.HEARTBEAT_PATH])
         status, body = await post(client, path, valid_bodies(clock)[path])
         assert status == 200
         protocol.decode(body, CommandBatch)
@@ -140,7 +143,7 @@ def _heartbeat_json(clock: FakeClock) -> dict[str, object]:
 @pytest.mark.parametrize(
     ("mutate", "path", "words"),
     [
-        (lambda d: d.update(version="2.0"), "version", ["'2.0'", "1.0"]),
+        (lambda d: d.update(version="2.0"), "version", ["'2.0'", protocol.VERSION]),
         (lambda d: d.pop("version"), "version", ["missing"]),
         (lambda d: d.pop("capacity"), "capacity", ["missing"]),
         (lambda d: d["containers"][0].pop("category"), "containers[0].category", ["missing"]),
@@ -266,7 +269,8 @@ async def test_status_lists_workers_containers_history_and_migrations(tmp_path: 
 async def test_status_page_renders_ids_escaped_and_refreshes_itself(tmp_path: Path) -> None:
     clock = FakeClock()
     async with serve(tmp_path, clock) as client:
-        hb = FakeAgent("worker-a", clock).heartbeat(report("job-1", CC), report("<b>x</b>", PC))
+        hb = FakeAgent("worker-a", clock).heartbeat(report("job-1", CC), report("job-2", PC))
+        hb = dataclasses.replace(hb, address="<b>x</b>")
         await post(client, protocol.HEARTBEAT_PATH, protocol.encode(hb))
         await post(client, protocol.HEARTBEAT_PATH, protocol.encode(FakeAgent("worker-b", clock).heartbeat()))
         resp = await client.get("/")

@@ -11,7 +11,7 @@ import typing
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from specon import protocol
@@ -34,6 +34,7 @@ from specon.protocol import (
     decode,
     encode,
 )
+from specon.protocol_checks import check
 
 # --- strategies, derived from the type hints like the codec itself -----------------------
 
@@ -52,14 +53,15 @@ def strategy(tp: Any) -> st.SearchStrategy[Any]:
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         hints = typing.get_type_hints(tp)
         return st.builds(tp, **{f.name: strategy(hints[f.name]) for f in dataclasses.fields(tp)})
-    if hasattr(tp, "__supertype__"):
-        return strategy(tp.__supertype__)
+    if hasattr(tp, "__supertype__"):  # worker and container ids: the one id rule
+        return st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,20}", fullmatch=True)
     if tp is bool:
         return st.booleans()
+    # Within the protocol's ranges (protocol_checks): usage is a share, counts are >= 0.
     if tp is int:
-        return st.integers(-(2**63), 2**63)
+        return st.integers(0, 10**6)
     if tp is float:
-        return st.floats(allow_nan=False, allow_infinity=False)
+        return st.floats(0.0, 1.0)
     if tp is str:
         return st.text(max_size=12)
     if tp is object:
@@ -77,7 +79,8 @@ def strategy(tp: Any) -> st.SearchStrategy[Any]:
     if origin is tuple:
         return st.tuples(*(strategy(a) for a in args))
     if origin is dict:
-        return st.dictionaries(st.text(max_size=6), strategy(args[1]), max_size=3)
+        key = st.text(st.characters(categories=["L", "N"]), min_size=1, max_size=6)
+        return st.dictionaries(key, strategy(args[1]), max_size=3)
     raise TypeError(f"no strategy for {tp!r}")
 
 
@@ -120,6 +123,7 @@ def error_of(data: bytes | str | dict[str, Any], expected: type[Any] | None = No
 @settings(max_examples=200, deadline=None)
 @given(any_message)
 def test_every_message_round_trips(msg: protocol.Message) -> None:
+    assume(not check(msg))  # e.g. a container reported twice: decode refuses it
     data = encode(msg)
     assert isinstance(data, bytes)
     assert decode(data) == msg
@@ -129,6 +133,7 @@ def test_every_message_round_trips(msg: protocol.Message) -> None:
 @settings(max_examples=100, deadline=None)
 @given(any_message)
 def test_fields_left_out_take_their_defaults(msg: protocol.Message) -> None:
+    assume(not check(msg))
     body = wire(msg)
     for f in dataclasses.fields(msg):
         if f.default is not dataclasses.MISSING:

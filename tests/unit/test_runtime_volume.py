@@ -19,12 +19,15 @@ from specon.runtime.volume import CorruptRecordError, Owner, iter_job_ids
 LAUNCHER = Path(launcher.__file__)
 
 
-@pytest.mark.parametrize("good", ["a", "vae-1", "J.2_x", "x" * 128])
+@pytest.mark.parametrize("good", ["a", "vae-1", "J.2_x", "x" * 253])
 def test_valid_job_ids(good: str) -> None:
     assert valid_job_id(good) == good
 
 
-@pytest.mark.parametrize("bad", ["", ".", "..", "../x", "a/b", "-x", ".hidden", "x" * 129, "sp ace", "ü"])
+@pytest.mark.parametrize(
+    "bad",
+    ["", ".", "..", "../x", "a/b", "-x", ".hidden", "x" * 254, "sp ace", "ü", "job-1\n", "a\ud800", "\x00"],
+)
 def test_invalid_job_ids_are_refused_with_a_clear_error(bad: str) -> None:
     with pytest.raises(ValueError, match="invalid job id"):
         valid_job_id(bad)
