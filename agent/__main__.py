@@ -20,7 +20,7 @@ from agent.core import Agent
 from agent.daemon import AgentDaemon
 from specon import logs
 from specon.config import PolicyError, default_policy, load_policy
-from specon.daemon_cli import read_token, split_listen
+from specon.daemon_cli import WeakTokenError, check_token_strength, read_token, split_listen
 from specon.model import WorkerId
 from specon.runtime.base import Runtime
 from specon.runtime.local import LocalRuntime
@@ -82,7 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policy", type=Path, help="policy YAML (apiVersion specon/v1alpha1); default: SPEC defaults"
     )
-    p.add_argument("--token-file", help="file holding the shared bearer token (default: $SPECON_TOKEN)")
+    p.add_argument(
+        "--token-file",
+        help="file holding this agent's bearer token (its own, from the manager's --agent-tokens; or the "
+        "shared token; default: $SPECON_TOKEN). Re-read when it changes (a projected ServiceAccount "
+        "token rotates). At least 32 bytes",
+    )
     p.add_argument(
         "--state-dir", type=Path, help="where monitor states persist (default <volume>/agents/<worker>)"
     )
@@ -106,6 +111,11 @@ async def run(args: argparse.Namespace) -> int:
         return 2
     if not token:
         print("specon-agent: no token: pass --token-file or set SPECON_TOKEN", file=sys.stderr)
+        return 2
+    try:
+        check_token_strength(token)
+    except WeakTokenError as exc:
+        print(f"specon-agent: {exc}", file=sys.stderr)
         return 2
     host, port = args.listen
     runtime: Runtime

@@ -14,11 +14,12 @@ import structlog
 from aiohttp import web
 
 from manager.app import create_app
+from manager.auth import StaticTokens, load_agent_tokens
 from manager.coordinator import Coordinator
 from manager.journal import Journal, JournalStore
 from specon import logs
 from specon.config import PolicyError, default_policy, load_policy
-from specon.daemon_cli import read_token, split_listen
+from specon.daemon_cli import check_token_strength, read_token, split_listen
 
 log = structlog.get_logger()
 
@@ -39,7 +40,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policy", type=Path, help="policy YAML (apiVersion specon/v1alpha1); default: SPEC defaults"
     )
-    p.add_argument("--token-file", help="file holding the shared bearer token (default: $SPECON_TOKEN)")
+    p.add_argument(
+        "--agent-tokens",
+        type=Path,
+        metavar="FILE",
+        help="YAML mapping 'worker id: token', one token per agent: a token speaks only for its own "
+        "worker (403 otherwise). Recommended; see the README's Security model",
+    )
+    p.add_argument(
+        "--token-file",
+        help="file holding a shared bearer token that speaks for every worker (single-tenant setups; "
+        "default: $SPECON_TOKEN). At least 32 bytes",
+    )
+    p.add_argument(
+        "--read-token-file",
+        help="file holding a read-only token: with it, GET /v1/status and / need this token (or the "
+        "shared one); without it they are open",
+    )
     p.add_argument(
         "--state-dir",
         type=Path,
@@ -67,6 +84,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _authenticator(args: argparse.Namespace) -> tuple[StaticTokens, bool]:
+    """Who may call, from the token options; ValueError/OSError saying what is wrong."""
+    agents = load_agent_tokens(args.agent_tokens) if args.agent_tokens else None
+    shared = read_token(args.token_file) if args.token_file or not agents else ""
+    if shared:
+        check_token_strength(shared, what="shared token")
+    read = read_token(args.read_token_file) if args.read_token_file else ""
+    if args.read_token_file:
+        check_token_strength(read, what="read token")
+    if not agents and not shared:
+        raise ValueError("no token: pass --agent-tokens FILE, --token-file FILE or set SPECON_TOKEN")
+    auth = StaticTokens(agents=agents, shared=shared or None, read=read or None)
+    return auth, bool(read)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(level=args.log_level, fmt=args.log_format)
@@ -78,12 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dry_run:
         policy = dataclasses.replace(policy, migration=dataclasses.replace(policy.migration, dry_run=True))
     try:
-        token = read_token(args.token_file)
-    except (OSError, ValueError) as exc:  # missing, unreadable or not text
-        print(f"specon-manager: cannot read the token file: {exc}", file=sys.stderr)
-        return 2
-    if not token:
-        print("specon-manager: no token: pass --token-file or set SPECON_TOKEN", file=sys.stderr)
+        auth, guard_reads = _authenticator(args)
+    except (OSError, ValueError) as exc:  # missing, unreadable, not text, weak, reused
+        print(f"specon-manager: {exc}", file=sys.stderr)
         return 2
     journal: JournalStore
     if args.journal == "kubernetes":
@@ -104,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"specon-manager: cannot open the journal in {args.state_dir}: {exc}", file=sys.stderr)
             return 2
     coord = Coordinator(policy=policy, journal=journal)
-    app = create_app(coord, token=token)
+    app = create_app(coord, auth=auth, guard_reads=guard_reads)
     host, port = args.listen
     log.info(
         "specon.manager.starting",

@@ -22,28 +22,9 @@ from typing import Protocol
 
 import yaml
 
+from specon.daemon_cli import WeakTokenError, check_token_strength
 from specon.model import WorkerId
 from specon.validate import InvalidIdError, valid_id
-
-# The placeholder the docs and old manifests used: never accepted as a credential.
-PLACEHOLDER_TOKENS = frozenset({"change-me", "changeme", "placeholder", "specon-token"})
-MIN_TOKEN_BYTES = 32
-
-
-class WeakTokenError(ValueError):
-    """A token that must not be used (placeholder, too short); the message says why."""
-
-
-def check_token_strength(token: str, *, what: str = "token") -> str:
-    """``token`` if it is fit to guard the manager; ``WeakTokenError`` saying why not."""
-    if token.strip().lower() in PLACEHOLDER_TOKENS or token.startswith("REPLACE"):
-        raise WeakTokenError(f"the {what} is the documented placeholder: generate one (make deploy does)")
-    if len(token.encode()) < MIN_TOKEN_BYTES:
-        raise WeakTokenError(
-            f"the {what} is {len(token.encode())} bytes; at least {MIN_TOKEN_BYTES} are required "
-            "(e.g. `openssl rand -hex 32`)"
-        )
-    return token
 
 
 @dataclass(frozen=True, slots=True)

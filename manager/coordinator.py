@@ -174,9 +174,10 @@ class Coordinator:
 
     def batch_for(self, worker: WorkerId, *, ack: int | None = None) -> CommandBatch:
         box = self.outbox.get(worker, {})
-        delivered = self._delivered.setdefault(worker, set())
-        delivered.intersection_update(box)
-        delivered.update(box)
+        if box or worker in self._delivered:  # nothing is kept for a worker never sent anything
+            delivered = self._delivered.setdefault(worker, set())
+            delivered.intersection_update(box)
+            delivered.update(box)
         return CommandBatch(
             manager_time=self.clock(),
             policy_generation=self.generation,
@@ -190,6 +191,10 @@ class Coordinator:
         Commands stay in the outbox until their result arrives (heartbeat replies repeat
         them); a poll only wakes for ones not sent yet, so it does not spin during a save.
         """
+        if worker not in self.state.workers:
+            # Not heard from (yet, or pruned): it has no commands, and keeps no state here.
+            await asyncio.sleep(min(timeout, 1.0))
+            return self.batch_for(worker)
         seen = self._delivered.setdefault(worker, set())
         if all(cid in seen for cid in self.outbox.get(worker, {})):
             ev = self._wakeups.setdefault(worker, asyncio.Event())

@@ -1,4 +1,4 @@
-"""Command-line pieces both daemons share: the bearer token and HOST:PORT arguments."""
+"""Command-line pieces both daemons share: bearer tokens and HOST:PORT arguments."""
 
 from __future__ import annotations
 
@@ -6,9 +6,29 @@ import argparse
 import os
 from pathlib import Path
 
+# Placeholders that docs and old manifests used: never accepted as a credential.
+PLACEHOLDER_TOKENS = frozenset({"change-me", "changeme", "placeholder", "specon-token", "replace-me"})
+MIN_TOKEN_BYTES = 32
+
+
+class WeakTokenError(ValueError):
+    """A token that must not guard anything (a placeholder, too short); says why."""
+
+
+def check_token_strength(token: str, *, what: str = "token") -> str:
+    """``token`` if it is fit to guard the manager, else ``WeakTokenError`` saying why."""
+    if token.strip().lower() in PLACEHOLDER_TOKENS or token.upper().startswith("REPLACE"):
+        raise WeakTokenError(f"the {what} is the documented placeholder: generate one (make deploy does)")
+    size = len(token.encode("utf-8", "replace"))
+    if size < MIN_TOKEN_BYTES:
+        raise WeakTokenError(
+            f"the {what} is {size} bytes; at least {MIN_TOKEN_BYTES} are required (`openssl rand -hex 32`)"
+        )
+    return token
+
 
 def read_token(path: str | None) -> str:
-    """The shared bearer token: ``--token-file`` (a mounted Secret), else ``$SPECON_TOKEN``."""
+    """The bearer token: ``--token-file`` (a mounted Secret), else ``$SPECON_TOKEN``."""
     if path:
         return Path(path).read_text().strip()
     return os.environ.get("SPECON_TOKEN", "").strip()

@@ -24,6 +24,7 @@ from types import TracebackType
 
 import aiohttp
 import structlog
+import yaml
 
 from specon import protocol
 from specon.model import WorkerId
@@ -72,8 +73,10 @@ class EmbeddedCluster:
         self.name = name or f"e{os.getpid()}{secrets.token_hex(2)}"
         self.python = python
         self.with_specon = with_specon
-        self.token = secrets.token_urlsafe(24)
-        self.token_file = root / "token"
+        # One token per agent (it speaks only for its own worker) and one to read status.
+        self.tokens_dir = root / "tokens"
+        self.agent_tokens = {w: secrets.token_urlsafe(32) for w in self.workers}
+        self.read_token = secrets.token_urlsafe(32)
         self.manager: Daemon | None = None
         self.agents: dict[WorkerId, Daemon] = {}
         self.cluster: LocalCluster | None = None
@@ -99,8 +102,7 @@ class EmbeddedCluster:
     async def start(self) -> None:
         self.volume.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.token_file.write_text(self.token)
-        self.token_file.chmod(0o600)
+        self._write_tokens()
         # The driver's own view of the workers: to submit jobs and to tear everything down.
         self.cluster = LocalCluster(self.volume, [self.cpus] * self.n_workers, name=self.name)
         if not self.with_specon:
@@ -113,12 +115,27 @@ class EmbeddedCluster:
             await self.stop()
             raise
 
+    def _write_tokens(self) -> None:
+        self.tokens_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+        def secret(name: str, text: str) -> None:
+            path = self.tokens_dir / name
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+
+        secret("agents.yaml", yaml.safe_dump(dict(self.agent_tokens)))
+        secret("read", self.read_token)
+        for w, token in self.agent_tokens.items():
+            secret(f"agent-{w}", token)
+
     async def start_manager(self, port: int | None = None) -> Daemon:
         port = port or (int(self.manager.url.rsplit(":", 1)[1]) if self.manager else free_port())
         argv = [
             self.python, "-m", "manager",
             "--listen", f"127.0.0.1:{port}",
-            "--token-file", str(self.token_file),
+            "--agent-tokens", str(self.tokens_dir / "agents.yaml"),
+            "--read-token-file", str(self.tokens_dir / "read"),
             "--state-dir", str(self.root / "manager"),
         ]  # fmt: skip
         if self.policy is not None:
@@ -137,7 +154,7 @@ class EmbeddedCluster:
             "--volume", str(self.volume),
             "--cpus", str(self.cpus),
             "--cluster", self.name,
-            "--token-file", str(self.token_file),
+            "--token-file", str(self.tokens_dir / f"agent-{worker}"),
         ]  # fmt: skip
         if self.policy is not None:
             argv += ["--policy", str(self.policy)]
@@ -210,6 +227,10 @@ class EmbeddedCluster:
         assert self.manager is not None
         async with (
             aiohttp.ClientSession() as s,
-            s.get(self.manager.url + protocol.STATUS_PATH, timeout=aiohttp.ClientTimeout(total=10)) as r,
+            s.get(
+                self.manager.url + protocol.STATUS_PATH,
+                headers={protocol.AUTH_HEADER: f"Bearer {self.read_token}"},
+                timeout=aiohttp.ClientTimeout(total=10),
+            ) as r,
         ):
             return protocol.decode(await r.read(), Status)

@@ -672,7 +672,7 @@ async def test_an_open_long_poll_does_not_hold_up_the_managers_shutdown(tmp_path
     async with embedded(tmp_path) as c:
         manager = c.manager
         assert manager is not None
-        poll = protocol.Poll(worker=WorkerId("w9"), sent_at=time.time(), wait=60.0)
+        poll = protocol.Poll(worker=WorkerId("w0"), sent_at=time.time(), wait=60.0)
 
         async def park() -> int:
             async with (
@@ -680,7 +680,7 @@ async def test_an_open_long_poll_does_not_hold_up_the_managers_shutdown(tmp_path
                 s.post(
                     manager.url + protocol.POLL_PATH,
                     data=protocol.encode(poll),
-                    headers={protocol.AUTH_HEADER: f"Bearer {c.token}"},
+                    headers={protocol.AUTH_HEADER: f"Bearer {c.agent_tokens[WorkerId('w0')]}"},
                 ) as r,
             ):
                 return r.status

@@ -22,7 +22,7 @@ from specon.protocol import CommandBatch, ContainerReport, ErrorReply, Heartbeat
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 MANAGER = Path(sys.executable).with_name("specon-manager")
-TOKEN = "integration-token"
+TOKEN = "integration-token-0123456789abcdef0123456789"
 
 
 def _env() -> dict[str, str]:
