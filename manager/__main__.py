@@ -86,11 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _authenticator(args: argparse.Namespace) -> tuple[StaticTokens, bool]:
     """Who may call, from the token options; ValueError/OSError saying what is wrong."""
-    agents = load_agent_tokens(args.agent_tokens) if args.agent_tokens else None
-    shared = read_token(args.token_file) if args.token_file or not agents else ""
+    try:
+        agents = load_agent_tokens(args.agent_tokens) if args.agent_tokens else None
+        shared = read_token(args.token_file) if args.token_file or not agents else ""
+        read = read_token(args.read_token_file) if args.read_token_file else ""
+    except OSError as exc:
+        raise ValueError(f"cannot read the token file: {exc}") from exc
     if shared:
         check_token_strength(shared, what="shared token")
-    read = read_token(args.read_token_file) if args.read_token_file else ""
     if args.read_token_file:
         check_token_strength(read, what="read token")
     if not agents and not shared:

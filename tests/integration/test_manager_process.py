@@ -138,10 +138,33 @@ def test_help_describes_the_options() -> None:
 
 @pytest.mark.parametrize(
     ("extra", "message"),
-    [([], "no token"), (["--token-file", "/nonexistent/specon-token"], "cannot read the token file")],
-    ids=["no-token", "missing-token-file"],
+    [
+        ([], "no token"),
+        (["--token-file", "/nonexistent/specon-token"], "cannot read the token file"),
+        (["--token-file", "{placeholder}"], "the shared token is the documented placeholder"),
+        (["--token-file", "{short}"], "the shared token is 12 bytes; at least 32 are required"),
+        (["--agent-tokens", "{short_agent}"], "token of w0 is 5 bytes"),
+        (["--agent-tokens", "{shared_agent}"], "w1 and w0 share a token"),
+        (["--agent-tokens", "{bad_id}"], "invalid id 'w0\\n'"),
+        (["--token-file", "{good}", "--read-token-file", "{short}"], "the read token is 12 bytes"),
+    ],
+    ids=["no-token", "missing-token-file", "placeholder", "short", "short-agent", "shared-agent", "bad-id",
+         "short-read"],  # fmt: skip
 )
-def test_without_a_token_it_exits_2_with_a_message(tmp_path: Path, extra: list[str], message: str) -> None:
+def test_without_a_usable_token_it_exits_2_with_a_message(
+    tmp_path: Path, extra: list[str], message: str
+) -> None:
+    files = {
+        "placeholder": "REPLACE-ME-with-a-generated-token-0123456789",
+        "short": "short-secret",
+        "good": TOKEN,
+        "short_agent": "w0: short\n",
+        "shared_agent": f"w0: {TOKEN}\nw1: {TOKEN}\n",
+        "bad_id": f'"w0\\n": {TOKEN}\n',
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    extra = [a.format(**{n: tmp_path / n for n in files}) for a in extra]
     out = subprocess.run(
         [str(MANAGER), "--listen", f"127.0.0.1:{_free_port()}", "--state-dir", str(tmp_path), *extra],
         capture_output=True,
