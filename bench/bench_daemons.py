@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,7 +145,9 @@ def _cores() -> tuple[int | None, int | None, str]:
 
 
 @contextlib.contextmanager
-def _manager(directory: Path, token_file: Path, policy: str | None, cpu: int | None) -> Iterator[Manager]:
+def _manager(
+    directory: Path, token_file: Path, policy: str | None, cpu: int | None, *, extra: Sequence[str] = ()
+) -> Iterator[Manager]:
     directory.mkdir(parents=True)
     port = free_port()
     argv = [
@@ -153,6 +155,7 @@ def _manager(directory: Path, token_file: Path, policy: str | None, cpu: int | N
         "--listen", f"127.0.0.1:{port}",
         "--token-file", str(token_file),
         "--state-dir", str(directory / "state"),
+        *extra,
     ]  # fmt: skip
     if policy is not None:
         (directory / "policy.yaml").write_text(policy)

@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from manager.auth import READER, SHARED, Authenticator, Identity, StaticTokens
 from manager.coordinator import Coordinator, NotHostedError
+from manager.heap import HeapFreezer
 from manager.metrics import ManagerMetrics
 from manager.page import render_status_page
 from manager.status import BadPageError, Page, build_status
@@ -44,6 +45,11 @@ AUTH = web.AppKey("authenticator", Authenticator)
 # Whether GET of status and the page needs a token (a read token was configured).
 GUARD_READS = web.AppKey("guard_reads", bool)
 STARTED = web.AppKey("started", float)
+STATUS_LOCK = web.AppKey("status_lock", asyncio.Lock)
+STATUS_CACHE = web.AppKey("status_cache", dict[tuple[str, Page], tuple[float, bytes]])
+# Seconds a built status page is served to other readers; pages kept at most.
+STATUS_TTL = 1.0
+STATUS_CACHE_SIZE = 256
 IDENTITY = web.RequestKey("identity", Identity)  # the caller, set by _guard
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -183,19 +189,38 @@ def _page(request: web.Request) -> Page | web.Response:
         return _error(400, str(exc), "query")
 
 
-async def status_json(request: web.Request) -> web.Response:
+async def _rendered(request: web.Request, kind: str, render: Callable[[Page], bytes]) -> web.Response:
+    """A status page, built by one request at a time and shared for ``STATUS_TTL`` seconds.
+
+    Building a page is synchronous work on the event loop: one at a time, each at most a
+    page's worth, keeps ``/healthz`` and heartbeats answered between them however many
+    clients read; the short-lived cache lets many readers share one build.
+    """
     page = _page(request)
     if isinstance(page, web.Response):
         return page
-    return _reply(build_status(request.app[COORD], page))
+    cache = request.app[STATUS_CACHE]
+    key = (kind, page)
+    async with request.app[STATUS_LOCK]:
+        hit = cache.get(key)
+        now = time.monotonic()
+        if hit is None or hit[0] < now:
+            if len(cache) >= STATUS_CACHE_SIZE:
+                cache.clear()
+            hit = cache[key] = (now + STATUS_TTL, render(page))
+            await asyncio.sleep(0)  # let waiting requests (healthz, heartbeats) in between builds
+    ctype = protocol.CONTENT_TYPE if kind == "json" else "text/html"
+    return web.Response(body=hit[1], content_type=ctype, charset=None if kind == "json" else "utf-8")
+
+
+async def status_json(request: web.Request) -> web.Response:
+    coord = request.app[COORD]
+    return await _rendered(request, "json", lambda p: protocol.encode(build_status(coord, p)))
 
 
 async def status_page(request: web.Request) -> web.Response:
-    page = _page(request)
-    if isinstance(page, web.Response):
-        return page
-    html = render_status_page(build_status(request.app[COORD], page))
-    return web.Response(text=html, content_type="text/html")
+    coord = request.app[COORD]
+    return await _rendered(request, "html", lambda p: render_status_page(build_status(coord, p)).encode())
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -217,12 +242,14 @@ async def healthz(request: web.Request) -> web.Response:
 async def _ticker(app: web.Application) -> AsyncIterator[None]:
     """Drive timeouts and Algorithm 3 even when no message arrives; log, never die, on a bug."""
     coord = app[COORD]
+    heap = HeapFreezer()
 
     async def loop() -> None:
         while True:
             await asyncio.sleep(1.0)
             try:
                 coord.step(rebalance=True)
+                heap.maybe_freeze(len(coord.state.containers) + len(coord.state.workers))
             except Exception:
                 log.exception("specon.manager.tick_failed")
 
@@ -251,6 +278,8 @@ def create_app(
     app[COORD] = coord
     app[AUTH] = auth
     app[GUARD_READS] = guard_reads
+    app[STATUS_LOCK] = asyncio.Lock()
+    app[STATUS_CACHE] = {}
     app[STARTED] = time.time()
     m = ManagerMetrics()
     m.watch(coord)

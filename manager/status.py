@@ -1,6 +1,7 @@
 """``GET /v1/status`` in pages: workers, then containers, then migrations, by id.
 
-A page holds at most ``limit`` entries of that one stream; ``Status.next`` is the cursor
+A page holds at most ``limit`` entries of that one stream (a worker counts once plus
+once per container it lists); ``Status.next`` is the cursor
 of the next page (None on the last). Cursors are ``w:<id>``, ``c:<id>`` or ``m:<n>`` (a
 position among the migrations listed: the newest finished ones, then those in flight).
 Ids are bisected in orders the cluster state caches, so a page costs its own size, not
@@ -60,29 +61,34 @@ def build_status(coord: Coordinator, page: Page | None = None) -> Status:
     if page.section == "w":
         order = state.worker_order()
         i = 0 if page.after is None else bisect_right(order, page.after)
-        workers = order[i : i + left]
-        left -= len(workers)
+        # A worker costs one entry plus one per container it lists: a page stays a page
+        # even when every worker runs a thousand containers (at least one worker a page).
+        for wid in order[i:]:
+            cost = 1 + len(state.workers[wid].reported)
+            if workers and cost > left:
+                break
+            workers.append(wid)
+            left = max(0, left - cost)
         if i + len(workers) < len(order):
             next_cursor = f"w:{workers[-1]}"
     containers: list[ContainerId] = []
-    if next_cursor is None and page.section in ("w", "c") and left > 0:
+    if next_cursor is None and page.section in ("w", "c"):
         order_c = state.container_order()
         after = page.after if page.section == "c" else None
-        i = 0 if after is None else bisect_right(order_c, after)
+        i = 0 if not after else bisect_right(order_c, after)
         containers = order_c[i : i + left]
         left -= len(containers)
         if i + len(containers) < len(order_c):
-            next_cursor = f"c:{containers[-1]}"
+            # Out of room: the next page goes on after the last listed (or from the start).
+            next_cursor = f"c:{containers[-1] if containers else after or ''}"
     migrations: list[MigrationStatus] = []
-    if next_cursor is None and left > 0:
+    if next_cursor is None:
         listed = [*coord.recent, *sorted(coord.migrations.values(), key=lambda m: m.decided_at)]
         i = int(page.after) if page.section == "m" and page.after else 0
         chunk = listed[i : i + left]
         migrations = [MigrationStatus.of(m) for m in chunk]
         if i + len(chunk) < len(listed):
             next_cursor = f"m:{i + len(chunk)}"
-    elif next_cursor is None and left == 0 and (coord.recent or coord.migrations):
-        next_cursor = "m:0"
     return Status(
         now=now,
         mode=coord.policy.mode,
