@@ -42,7 +42,8 @@ Clock = Callable[[], float]
 class Event:
     """Something the metrics and the status page count (decoupled from prometheus here)."""
 
-    kind: str  # "decision", "migration_finished", "request_refused", "request_deferred"
+    # "decision", "migration_finished", "request_refused", "request_deferred", "worker_forgotten"
+    kind: str
     labels: dict[str, str] = field(default_factory=dict)
     downtime: float | None = None
     duration: float | None = None
@@ -242,6 +243,7 @@ class Coordinator:
         n = self.state.prune(now, msg.prune_after * msg.worker_timeout, keep)
         if n:
             for w in before_w - self.state.workers.keys():
+                self.emit(Event("worker_forgotten", {"worker": w}))
                 self.outbox.pop(w, None)
                 self._delivered.pop(w, None)
                 ev = self._wakeups.pop(w, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 
@@ -58,6 +59,11 @@ class ManagerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.forgotten = Counter(
+            "specon_manager_workers_forgotten",
+            "Workers pruned after prune_after x worker_timeout of silence",
+            registry=r,
+        )
         self.in_flight = Gauge(
             "specon_manager_migrations_in_flight", "Migrations not yet finished", registry=r
         )
@@ -69,6 +75,10 @@ class ManagerMetrics:
             self.refused.labels(**ev.labels).inc()
         elif ev.kind == "request_deferred":
             self.deferred.inc()
+        elif ev.kind == "worker_forgotten":
+            self.forgotten.inc()
+            with contextlib.suppress(KeyError):  # never heard from: no series to drop
+                self.heartbeats.remove(ev.labels["worker"])
         elif ev.kind == "migration_finished":
             self.migrations.labels(**ev.labels).inc()
             if ev.downtime is not None:
