@@ -61,17 +61,24 @@ DEPLOY_DIR := $(CACHE)/deploy
 image: ## Build the container image $(IMAGE) (docker build)
 	docker build -t $(IMAGE) .
 
-# The base ships a placeholder token: deploy applies it through an overlay in .cache/deploy
-# that swaps in a random token, made once and kept there (never in git).
+# manifests/ ships no credential: agents authenticate with their pods' ServiceAccount
+# tokens (TokenReview). deploy adds a random read token for the manager's status API and page
+# (components/read-token), made once and kept in .cache/deploy (never in git), through an
+# overlay there, and first creates the training namespaces of manifests/training that do
+# not exist yet (undeploy never deletes them).
 deploy: image ## Build the image and apply manifests/ to the current kube context
 	@mkdir -p $(DEPLOY_DIR)
-	@test -s $(DEPLOY_DIR)/token || (umask 077; openssl rand -hex 24 > $(DEPLOY_DIR)/token)
+	@test -s $(DEPLOY_DIR)/read-token || (umask 077; openssl rand -hex 32 > $(DEPLOY_DIR)/read-token)
 	@printf '%s\n' \
 	  'apiVersion: kustomize.config.k8s.io/v1beta1' 'kind: Kustomization' \
 	  'resources: [$(shell realpath -m --relative-to=$(DEPLOY_DIR) manifests)]' \
+	  'components: [$(shell realpath -m --relative-to=$(DEPLOY_DIR) manifests/components/read-token)]' \
 	  'images: [{name: specon, newName: $(firstword $(subst :, ,$(IMAGE))), newTag: "$(or $(word 2,$(subst :, ,$(IMAGE))),latest)"}]' \
-	  'secretGenerator: [{name: specon-token, namespace: specon, behavior: replace, files: [token]}]' \
+	  'secretGenerator: [{name: specon-read-token, namespace: specon, files: [token=read-token]}]' \
 	  > $(DEPLOY_DIR)/kustomization.yaml
+	@for ns in $$($(KUBECTL) kustomize manifests/training \
+	    | awk '/^metadata:/ {m = 1; next} /^[^ ]/ {m = 0} m && /^  namespace: / {print $$2}' | sort -u); do \
+	  $(KUBECTL) get namespace $$ns >/dev/null 2>&1 || $(KUBECTL) create namespace $$ns; done
 	$(KUBECTL) apply -k $(DEPLOY_DIR)
 	$(KUBECTL) -n specon rollout status deployment/specon-manager --timeout=120s
 

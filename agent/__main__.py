@@ -15,7 +15,7 @@ import structlog
 from aiohttp import web
 
 from agent.app import create_app
-from agent.client import ManagerClient
+from agent.client import FileToken, ManagerClient
 from agent.core import Agent
 from agent.daemon import AgentDaemon
 from specon import logs
@@ -104,19 +104,21 @@ async def run(args: argparse.Namespace) -> int:
     except (PolicyError, OSError) as exc:
         print(f"specon-agent: {exc}", file=sys.stderr)
         return 2
+    # From a file, re-read when it changes (a projected ServiceAccount token rotates).
+    token: str | FileToken = FileToken(args.token_file, check=check_token_strength) if args.token_file else ""
     try:
-        token = read_token(args.token_file)
-    except OSError as exc:
-        print(f"specon-agent: cannot read the token file: {exc}", file=sys.stderr)
-        return 2
-    if not token:
-        print("specon-agent: no token: pass --token-file or set SPECON_TOKEN", file=sys.stderr)
-        return 2
-    try:
-        check_token_strength(token)
+        first = token() if isinstance(token, FileToken) else read_token(None)
+        if not first:
+            print("specon-agent: no token: pass --token-file or set SPECON_TOKEN", file=sys.stderr)
+            return 2
+        check_token_strength(first)
     except WeakTokenError as exc:
         print(f"specon-agent: {exc}", file=sys.stderr)
         return 2
+    except (OSError, ValueError) as exc:
+        print(f"specon-agent: cannot read the token file: {exc}", file=sys.stderr)
+        return 2
+    token = token or first
     host, port = args.listen
     runtime: Runtime
     if args.runtime == "kubernetes":

@@ -381,7 +381,8 @@ class Agent:
         # the wire: a forged save result must not choose what this host executes.
         if cmd.spec:
             log.warning("specon.agent.command_spec_ignored", command=cmd.id, container=cmd.container)
-        spec = self.runtime.job_spec(cmd.container)
+        # Off the loop: on Kubernetes the record is read from the API server.
+        spec = await asyncio.to_thread(self.runtime.job_spec, cmd.container)
         if spec is None:
             return CommandResult(command=cmd.id, ok=False, error=f"{cmd.container}: no job spec on record")
         if spec.id != cmd.container:

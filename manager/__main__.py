@@ -14,7 +14,7 @@ import structlog
 from aiohttp import web
 
 from manager.app import create_app
-from manager.auth import StaticTokens, load_agent_tokens
+from manager.auth import Authenticator, Chain, StaticTokens, load_agent_tokens
 from manager.coordinator import Coordinator
 from manager.journal import Journal, JournalStore
 from specon import logs
@@ -48,6 +48,26 @@ def build_parser() -> argparse.ArgumentParser:
         "worker (403 otherwise). Recommended; see the README's Security model",
     )
     p.add_argument(
+        "--agent-auth",
+        choices=("tokens", "kubernetes"),
+        default="tokens",
+        help="how agents prove who they are: tokens = --agent-tokens/--token-file (default); kubernetes = "
+        "each agent pod's projected ServiceAccount token, checked by TokenReview and bound to the node "
+        "its pod runs on (its worker id)",
+    )
+    p.add_argument(
+        "--agent-auth-audience",
+        default="specon-manager",
+        help="with --agent-auth kubernetes: the audience the agents' tokens are minted for "
+        "(default specon-manager)",
+    )
+    p.add_argument(
+        "--agent-service-account",
+        default=f"{os.environ.get('POD_NAMESPACE', 'specon')}/specon-agent",
+        metavar="NS/NAME",
+        help="with --agent-auth kubernetes: the agents' ServiceAccount (default $POD_NAMESPACE/specon-agent)",
+    )
+    p.add_argument(
         "--token-file",
         help="file holding a shared bearer token that speaks for every worker (single-tenant setups; "
         "default: $SPECON_TOKEN). At least 32 bytes",
@@ -75,7 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("POD_NAMESPACE", "specon"),
         help="namespace of the kubernetes journal (default $POD_NAMESPACE, else specon)",
     )
-    p.add_argument("--kubeconfig", help="kubeconfig for the kubernetes journal (default: in-cluster)")
+    p.add_argument(
+        "--kubeconfig",
+        help="kubeconfig for the kubernetes journal and --agent-auth kubernetes (default: in-cluster)",
+    )
     p.add_argument("--dry-run", action="store_true", help="decide and record, but never touch a container")
     p.add_argument("--log-level", default="info", help="debug, info, warning, error (default info)")
     p.add_argument(
@@ -84,11 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _authenticator(args: argparse.Namespace) -> tuple[StaticTokens, bool]:
+def _authenticator(args: argparse.Namespace) -> tuple[Authenticator, bool]:
     """Who may call, from the token options; ValueError/OSError saying what is wrong."""
+    kube = args.agent_auth == "kubernetes"
     try:
         agents = load_agent_tokens(args.agent_tokens) if args.agent_tokens else None
-        shared = read_token(args.token_file) if args.token_file or not agents else ""
+        wants_shared = args.token_file or not (agents or kube)
+        shared = read_token(args.token_file) if wants_shared else ""
         read = read_token(args.read_token_file) if args.read_token_file else ""
     except OSError as exc:
         raise ValueError(f"cannot read the token file: {exc}") from exc
@@ -96,10 +121,26 @@ def _authenticator(args: argparse.Namespace) -> tuple[StaticTokens, bool]:
         check_token_strength(shared, what="shared token")
     if args.read_token_file:
         check_token_strength(read, what="read token")
-    if not agents and not shared:
+    if not (agents or shared or kube):
         raise ValueError("no token: pass --agent-tokens FILE, --token-file FILE or set SPECON_TOKEN")
-    auth = StaticTokens(agents=agents, shared=shared or None, read=read or None)
-    return auth, bool(read)
+    static = StaticTokens(agents=agents, shared=shared or None, read=read or None)
+    if not kube:
+        return static, bool(read)
+    # Imported here only: the client is heavy and only this mode needs it.
+    from manager.auth_kubernetes import TokenReviewAuthenticator  # noqa: PLC0415
+    from specon.runtime.kubernetes import load_api_client  # noqa: PLC0415
+
+    try:
+        review = TokenReviewAuthenticator(
+            load_api_client(args.kubeconfig),
+            audience=args.agent_auth_audience,
+            service_account=args.agent_service_account,
+        )
+    except ValueError:
+        raise
+    except Exception as exc:  # the client raises several unrelated types for a bad config
+        raise ValueError(f"no Kubernetes configuration for --agent-auth kubernetes: {exc}") from exc
+    return Chain(static, review), bool(read)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -124,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from specon.runtime.kubernetes import load_api_client  # noqa: PLC0415
 
         try:
-            journal = KubeJournal(load_api_client(args.kubeconfig), args.journal_namespace)
+            # No pod mirror: the manager may not write pods (least privilege; README).
+            journal = KubeJournal(load_api_client(args.kubeconfig), args.journal_namespace, mirror_pods=False)
             journal.marks()  # fail fast: the API is reachable and the role allows it
         except Exception as exc:  # JournalError, or what the client raises for a bad config
             print(f"specon-manager: cannot use the kubernetes journal: {exc}", file=sys.stderr)

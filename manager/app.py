@@ -46,7 +46,7 @@ AUTH = web.AppKey("authenticator", Authenticator)
 GUARD_READS = web.AppKey("guard_reads", bool)
 STARTED = web.AppKey("started", float)
 STATUS_LOCK = web.AppKey("status_lock", asyncio.Lock)
-STATUS_CACHE = web.AppKey("status_cache", dict[tuple[str, Page], tuple[float, bytes]])
+STATUS_CACHE = web.AppKey("status_cache", dict[tuple[str, Page], tuple[float, int, bytes]])
 # Seconds a built status page is served to other readers; pages kept at most.
 STATUS_TTL = 1.0
 STATUS_CACHE_SIZE = 256
@@ -190,27 +190,29 @@ def _page(request: web.Request) -> Page | web.Response:
 
 
 async def _rendered(request: web.Request, kind: str, render: Callable[[Page], bytes]) -> web.Response:
-    """A status page, built by one request at a time and shared for ``STATUS_TTL`` seconds.
+    """A status page, built by one request at a time and shared while nothing changed
+    (for at most ``STATUS_TTL`` seconds: its ages and ``now`` move on).
 
     Building a page is synchronous work on the event loop: one at a time, each at most a
     page's worth, keeps ``/healthz`` and heartbeats answered between them however many
-    clients read; the short-lived cache lets many readers share one build.
+    clients read; the cache lets many readers of an unchanged cluster share one build.
     """
     page = _page(request)
     if isinstance(page, web.Response):
         return page
     cache = request.app[STATUS_CACHE]
     key = (kind, page)
+    revision = request.app[COORD].revision
     async with request.app[STATUS_LOCK]:
         hit = cache.get(key)
         now = time.monotonic()
-        if hit is None or hit[0] < now:
+        if hit is None or hit[0] < now or hit[1] != revision:
             if len(cache) >= STATUS_CACHE_SIZE:
                 cache.clear()
-            hit = cache[key] = (now + STATUS_TTL, render(page))
+            hit = cache[key] = (now + STATUS_TTL, revision, render(page))
             await asyncio.sleep(0)  # let waiting requests (healthz, heartbeats) in between builds
     ctype = protocol.CONTENT_TYPE if kind == "json" else "text/html"
-    return web.Response(body=hit[1], content_type=ctype, charset=None if kind == "json" else "utf-8")
+    return web.Response(body=hit[2], content_type=ctype, charset=None if kind == "json" else "utf-8")
 
 
 async def status_json(request: web.Request) -> web.Response:

@@ -122,6 +122,8 @@ class Coordinator:
             maxlen=RECENT_MIGRATIONS,
         )
         self._pruned_at = clock()
+        # Bumped by every change a status reader could see (cached pages compare it).
+        self.revision = 0
         # A restarted manager has heard from nobody yet: until every worker had a
         # worker_timeout to report, silence is not evidence that it is gone.
         self.started_at = clock()
@@ -151,6 +153,7 @@ class Coordinator:
         now = self.clock()
         ingested = self.state.ingest(hb, now)
         if ingested:
+            self.revision += 1
             for res in hb.results:
                 self.on_result(hb.worker, res, now - (hb.sent_at - (res.finished_at or hb.sent_at)))
             for rep in hb.containers:
@@ -171,6 +174,7 @@ class Coordinator:
 
     def on_goodbye(self, worker: WorkerId) -> None:
         self.state.goodbye(worker)
+        self.revision += 1
         self.step()
 
     def batch_for(self, worker: WorkerId, *, ack: int | None = None) -> CommandBatch:
@@ -237,6 +241,7 @@ class Coordinator:
         """Forget workers and containers unseen for ``prune_after`` worker timeouts, with
         what the coordinator holds for them; ids a migration in flight names stay."""
         self._pruned_at = now
+        self.revision += 1
         msg = self.policy.messaging
         keep = {x for m in self.migrations.values() for x in (m.container, m.source, m.target)}
         before_w = set(self.state.workers)
@@ -258,6 +263,7 @@ class Coordinator:
     def record(self, m: Migration) -> None:
         """Journal ``m`` (write-ahead: durable before anything acts on it)."""
         self.journal.put(m)
+        self.revision += 1
         if m.state.terminal:
             self.recent.append(m)
 
@@ -389,6 +395,7 @@ class Coordinator:
 
     def _mark(self, cid: ContainerId, now: float, *, rebalanced: bool = False) -> None:
         mk = self.journal.mark(cid, migrated_at=None if rebalanced else now, rebalanced=rebalanced)
+        self.revision += 1
         self.marks[cid] = Marks(mk.migrated_at, mk.migrations, mk.rebalances)
 
     def _mark_command(self, cid: ContainerId, now: float) -> None:

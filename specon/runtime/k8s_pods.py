@@ -7,21 +7,26 @@ backend are testable without a cluster and ``specon.runtime.kubernetes`` only mo
 The job contract on Kubernetes (documented for users in the README):
 
 * A managed pod matches the runtime's label selector (default ``specon.io/managed=true``).
-  Its job id is the label ``specon.io/job`` (stable across migrations, while the pod name
-  changes), else the pod name.
+  Its job is the label ``specon.io/job`` (stable across migrations, while the pod name
+  changes), else the pod name; a job is identified by (namespace, job), so its container id
+  is ``<namespace>.<job>`` (a namespace is a DNS label, without dots: the first dot splits the
+  id). Two jobs of one name in two namespaces are two containers.
 * It mounts the shared ReadWriteMany volume (the PVC named by the agent's ``--claim``, or a
   hostPath under ``--host-path``) and points ``SPECON_PROGRESS_FILE`` and
   ``SPECON_CHECKPOINT_DIR`` at paths inside that mount. The agent sees the same volume at
   its ``--volume`` mount; a pod path maps to it through the mount's ``subPath``
   (and the hostPath's place under ``--host-path``). Annotations ``specon.io/progress-file``
   and ``specon.io/checkpoint-dir`` (paths relative to the volume's root) override the
-  environment; without either, the default layout ``jobs/<job>/progress.jsonl`` and
-  ``jobs/<job>/checkpoints`` (the local runtime's, see ``specon.runtime.volume``) applies.
+  environment; without either, the default layout ``jobs/<id>/progress.jsonl`` and
+  ``jobs/<id>/checkpoints`` (``<id>`` the namespace-qualified container id; the local
+  runtime's layout, see ``specon.runtime.volume``) applies.
 * ``specon.io/migratable: "false"`` opts a pod out of saves (it is still classified); pods
   with ``ownerReferences`` are left alone unless the runtime is told ``include_owned``.
-* A restored copy is pinned with ``spec.nodeName`` and named ``<base>-g<generation>``; its
-  lineage is the label ``specon.io/job`` and the annotations ``specon.io/restored-from``
-  (the previous pod) and ``specon.io/generation``.
+* A restored copy is pinned with ``spec.nodeName``, created in the namespace of the job and
+  named ``<base>-g<generation>``; its lineage is the label ``specon.io/job`` and the
+  annotations ``specon.io/restored-from`` (the previous pod) and ``specon.io/generation``.
+  What it runs comes from the job's pod as the API server held it (``k8s_restore``), never
+  from a message.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ _VOLATILE_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configura
 _INJECTED_VOLUME = re.compile(r"^(kube-api-access-[a-z0-9]+|default-token-[a-z0-9]+)$")
 _GENERATION_SUFFIX = re.compile(r"-g\d+$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _MAX_POD_NAME = 63  # a pod's hostname is its name: keep it within a DNS label
 _ALIVE_PHASES = frozenset({"Pending", "Running", "Unknown", ""})
 
@@ -152,13 +158,32 @@ def node_of(pod: Mapping[str, Any]) -> str | None:
     return str(node) if node else None
 
 
-def job_id(pod: Mapping[str, Any]) -> ContainerId:
-    """The job's id: label ``specon.io/job``, else the pod name; ``PodError`` if unusable."""
-    raw = labels_of(pod).get(LABEL_JOB) or meta(pod).get("name") or ""
+def job_name(pod: Mapping[str, Any]) -> str:
+    """The job within its namespace: label ``specon.io/job``, else the pod name."""
+    return str(labels_of(pod).get(LABEL_JOB) or meta(pod).get("name") or "")
+
+
+def qualified_id(namespace: str, job: str) -> ContainerId:
+    """``<namespace>.<job>``, the container id of a job; ``PodError`` if it cannot be one."""
+    if not _NAMESPACE.fullmatch(namespace):
+        raise PodError(f"namespace {namespace!r} is not a DNS label")
     try:
-        return valid_job_id(str(raw))
+        return valid_job_id(f"{namespace}.{job}")
     except ValueError as exc:
-        raise PodError(str(exc)) from exc
+        raise PodError(f"job {job!r} of namespace {namespace}: {exc}") from exc
+
+
+def split_job_id(container: str) -> tuple[str, str]:
+    """(namespace, job) of a container id made by ``qualified_id``; ``PodError`` otherwise."""
+    namespace, dot, job = container.partition(".")
+    if not dot or not job or not _NAMESPACE.fullmatch(namespace):
+        raise PodError(f"{container!r} is not a Kubernetes job id (<namespace>.<job>)")
+    return namespace, job
+
+
+def job_id(pod: Mapping[str, Any]) -> ContainerId:
+    """The job's container id, ``<namespace>.<job>``; ``PodError`` if unusable."""
+    return qualified_id(key_of(pod)[0], job_name(pod))
 
 
 def generation(pod: Mapping[str, Any]) -> int:
@@ -520,14 +545,18 @@ def restored_pod(
     restored_from: str | None,
     restore_checkpoint: str | None,
 ) -> Manifest:
-    """The copy to create on ``node``: same spec and volumes, pinned, with its lineage.
+    """The copy of job ``job`` (its container id) to create on ``node``: same spec and
+    volumes, in the job's namespace, pinned, with its lineage.
 
     Pinning is ``spec.nodeName``: it bypasses the scheduler (the manager already chose the
     node and checked the requests fit), works on clusters without a scheduler, and the
     kubelet still admits or rejects the pod against the node's resources.
     """
-    if not _LABEL_VALUE.match(job):
-        raise PodError(f"job id {job!r} cannot be a label value (at most 63 characters)")
+    namespace, name = split_job_id(job)
+    if not _LABEL_VALUE.match(name):
+        raise PodError(f"job {name!r} cannot be a label value (at most 63 characters)")
+    if key_of(template)[0] != namespace:
+        raise PodError(f"the template is of namespace {key_of(template)[0]}, the job of {namespace}")
     pod = copy.deepcopy(dict(template))
     pod.update({"apiVersion": "v1", "kind": "Pod"})
     m = pod.setdefault("metadata", {})
@@ -535,7 +564,8 @@ def restored_pod(
               "managedFields", "generateName", "selfLink"):  # fmt: skip
         m.pop(k, None)
     m["name"] = restored_name(template, gen)
-    m["labels"] = {**(m.get("labels") or {}), LABEL_JOB: job}
+    m["namespace"] = namespace  # the job's own: a copy never moves to another namespace
+    m["labels"] = {**(m.get("labels") or {}), LABEL_JOB: name}
     ann = {**(m.get("annotations") or {}), ANN_GENERATION: str(gen)}
     if restored_from:
         ann[ANN_RESTORED_FROM] = restored_from

@@ -1,58 +1,59 @@
 """The Kubernetes runtime: a worker is a node, a container is a managed pod bound to it.
 
-The only module (with its ``k8s_*`` siblings) that imports the ``kubernetes`` client, and
-only for its configuration loading and HTTP plumbing: requests and responses are plain JSON
-manifests (``KubeApi``), so the rules in ``specon.runtime.k8s_pods`` apply to exactly what
-the API server sends, and no field is lost to the generated models.
+The API goes through ``specon.runtime.k8s_api`` (plain JSON manifests over the official
+client's connection), so the rules in ``specon.runtime.k8s_pods`` apply to exactly what the
+API server sends.
 
 One ``KubernetesRuntime`` per agent, for the agent's node. Pods on the node that match the
 label selector are its containers (kept current by a watch on the node's pods, relisting
 after ``410 Gone``); its node object is watched the same way for capacity, labels, taints.
+A container is a job, identified by (namespace, job): its id is ``<namespace>.<job>``.
 
-Save (SPEC §6) goes through the **Eviction API**, with the save's grace period as the
-eviction's ``gracePeriodSeconds``: the API server honours PodDisruptionBudgets (a blocked
-eviction, HTTP 429, is a ``SaveFailed`` and the pod keeps running), the kubelet sends
-SIGTERM, the job checkpoints to the shared volume and exits, and the pod object goes away.
-The runtime waits for that, then verifies the newest complete checkpoint on the volume.
-Past the grace period the kubelet has SIGKILLed the job: the result is its newest complete
-checkpoint (``forced``). A pod still there long after the grace period (a kubelet that does
-not answer) is never force-deleted: it may still run, so the save fails and no copy starts.
+Save (SPEC §6) first records the pod, as the API server holds it, in the job's restore
+record (``k8s_restore``), then goes through the **Eviction API**, with the save's grace
+period as the eviction's ``gracePeriodSeconds``: the API server honours
+PodDisruptionBudgets (a blocked eviction, HTTP 429, is a ``SaveFailed`` and the pod keeps
+running), the kubelet sends SIGTERM, the job checkpoints to the shared volume and exits, and
+the pod object goes away. The runtime waits for that, then verifies the newest complete
+checkpoint on the volume. Past the grace period the kubelet has SIGKILLed the job: the
+result is its newest complete checkpoint (``forced``). A pod still there long after the
+grace period (a kubelet that does not answer) is never force-deleted: it may still run, so
+the save fails and no copy starts.
 
-Start creates a copy of the pod from the template in the ``JobSpec`` (or, when a save result
-got lost, the one the save wrote to the volume's ``jobs/<job>/spec.json``), pinned with
-``spec.nodeName``; see ``k8s_pods.restored_pod``. It refuses while any pod of the job that
-has not terminated exists anywhere (``AlreadyRunning``); pod names are unique per
-generation, so two racing starts cannot both create one.
+Start takes nothing from the ``JobSpec`` it is given but the job's id: the copy is made from
+the job's pod as the API server holds it (a pod of the job that still exists, else the
+restore record), in the job's own namespace, pinned with ``spec.nodeName`` (see
+``k8s_pods.restored_pod``), and refused if it would gain a privilege the original lacked
+(``k8s_restore.privilege_gains``). It refuses while any pod of the job that has not
+terminated exists anywhere (``AlreadyRunning``); pod names are unique per generation, so two
+racing starts cannot both create one. ``job_spec`` answers from the same trusted sources.
 
 Deviations from the local runtime, inherent to pods: a saved or stopped pod is deleted, so
-it is no longer listed afterwards; ``forget`` deletes an ended pod.
+it is no longer listed afterwards; ``forget`` deletes an ended pod (and a finished job's
+restore record).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import structlog
-import urllib3
 from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
-from kubernetes.client.exceptions import ApiException
 
 from specon import checkpoint as ckpt
 from specon import jobkit
 from specon.model import ContainerId, Resources, WorkerId
 from specon.progress.last import last_event
 from specon.runtime import k8s_pods as pods
+from specon.runtime import k8s_restore as restore
 from specon.runtime.base import (
     AlreadyRunning,
     ContainerInfo,
@@ -68,263 +69,17 @@ from specon.runtime.base import (
     WorkerUsage,
     valid_job_id,
 )
+from specon.runtime.k8s_api import Informer, KubeApi, KubeError, load_api_client, pods_path
 from specon.runtime.k8s_pods import DEFAULT_CLAIM, DEFAULT_SELECTOR, Manifest, PodError, SharedVolume
-from specon.runtime.volume import CorruptRecordError, JobPaths
+
+__all__ = ["Informer", "KubeApi", "KubeError", "KubernetesRuntime", "load_api_client", "pods_path"]
 
 log = structlog.get_logger()
 
 _POLL_S = 0.05  # between looks at the (watch-fed) cache while waiting for a pod to go
 _SYNC_WAIT_S = 10.0  # for a new watch's first list before falling back to a direct list
-_WATCH_S = 240  # server-side timeout of one watch request; the next resumes where it ended
 _METRICS_RETRY_S = 300.0  # how long a missing metrics API is believed missing
 _SIGKILL_EXIT = 137
-
-
-class KubeError(Exception):
-    """An API call failed: ``status`` is the HTTP status (0: no answer), ``reason`` the
-    Status reason (``NotFound``, ``Conflict``, ``TooManyRequests``...)."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"HTTP {status} {reason}: {message}" if status else message)
-        self.status, self.reason, self.message = status, reason, message
-
-
-def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> k8s_client.ApiClient:
-    """In-cluster configuration (the pod's ServiceAccount), else the kubeconfig
-    (``--kubeconfig``, ``$KUBECONFIG`` or ``~/.kube/config``)."""
-    cfg = k8s_client.Configuration()
-    if kubeconfig is None and context is None:
-        try:
-            k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-            return k8s_client.ApiClient(cfg)
-        except k8s_config.ConfigException:
-            pass
-    k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=kubeconfig, context=context, client_configuration=cfg
-    )
-    return k8s_client.ApiClient(cfg)
-
-
-class KubeApi:
-    """The REST calls the backend makes, JSON in and out, over the official client's
-    configured connection (auth, TLS, proxies). Blocking: call from a thread."""
-
-    def __init__(self, api: k8s_client.ApiClient, *, timeout: float = 30.0) -> None:
-        self.client = api
-        self.timeout = timeout
-
-    def _send(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None,
-        body: object,
-        content_type: str,
-        timeout: float | tuple[float, float],
-    ) -> Any:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type
-        try:
-            m, url, hdrs, data, post = self.client.param_serialize(
-                method,
-                path,
-                query_params=list((query or {}).items()),
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-            )
-            return self.client.call_api(m, url, hdrs, data, post, _request_timeout=timeout)
-        except ApiException as exc:
-            raise KubeError(int(exc.status or 0), str(exc.reason or ""), str(exc.body or exc)) from exc
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise KubeError(0, "Unavailable", f"{method} {path}: {exc}") from exc
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None = None,
-        body: object = None,
-        content_type: str = "application/json",
-    ) -> Any:
-        resp = self._send(
-            method, path, query=query, body=body, content_type=content_type, timeout=self.timeout
-        )
-        try:
-            raw = resp.read()
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise KubeError(0, "Unavailable", f"{method} {path}: {exc}") from exc
-        data = _json(raw)
-        if not 200 <= resp.status < 300:
-            status = data if isinstance(data, dict) else {}
-            raise KubeError(
-                resp.status,
-                str(status.get("reason") or resp.reason or ""),
-                str(status.get("message") or raw[:300].decode(errors="replace")),
-            )
-        return data
-
-    def watch(
-        self, path: str, query: Mapping[str, str], *, seconds: int, on_open: Callable[[Any], None]
-    ) -> Iterator[dict[str, Any]]:
-        """The events of one watch request (``watch=true`` is added), ending when the
-        server closes it. ``on_open`` receives the response so another thread can close it."""
-        q = {**query, "watch": "true", "timeoutSeconds": str(seconds), "allowWatchBookmarks": "true"}
-        # The read timeout ends a watch the server never closes (a silent network, an emulator).
-        resp = self._send(
-            "GET", path, query=q, body=None, content_type="application/json", timeout=(10.0, seconds + 30.0)
-        )
-        raw = resp.response
-        on_open(raw)
-        try:
-            if not 200 <= resp.status < 300:
-                data = _json(resp.read())
-                status = data if isinstance(data, dict) else {}
-                raise KubeError(resp.status, str(status.get("reason", "")), str(status.get("message", "")))
-            for line in _lines(raw):
-                event = _json(line)
-                if isinstance(event, dict):
-                    yield event
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise KubeError(0, "Unavailable", f"watch {path}: {exc}") from exc
-        finally:
-            raw.release_conn()
-
-
-def _lines(resp: Any) -> Iterator[bytes]:
-    """Newline-delimited chunks of a streamed response (one watch event per line)."""
-    buffer = b""
-    for chunk in resp.stream(amt=None, decode_content=False):
-        buffer += chunk
-        *complete, buffer = buffer.split(b"\n")
-        yield from (line for line in complete if line.strip())
-    if buffer.strip():
-        yield buffer
-
-
-def _json(raw: bytes) -> Any:
-    try:
-        return json.loads(raw) if raw else {}
-    except ValueError:
-        return {}
-
-
-def pods_path(namespace: str | None) -> str:
-    return f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
-
-
-class Informer:
-    """A list+watch cache of one query, fed by a daemon thread (client-go's informer, small).
-
-    ``accept`` filters what the server sends (it also re-applies the selectors, for servers
-    that ignore them). A watch that ends is resumed from the last resourceVersion; ``410
-    Gone`` (the version is too old) or any error relists, with backoff on errors.
-    """
-
-    def __init__(
-        self,
-        api: KubeApi,
-        path: str,
-        *,
-        name: str,
-        query: Mapping[str, str] | None = None,
-        accept: Callable[[Manifest], bool] = lambda _o: True,
-        watch_seconds: int = _WATCH_S,
-    ) -> None:
-        self.api, self.path, self.name = api, path, name
-        self.query = dict(query or {})
-        self.accept = accept
-        self.watch_seconds = watch_seconds
-        self._items: dict[tuple[str, str], Manifest] = {}
-        self._lock = threading.Lock()
-        self._synced = threading.Event()
-        self._stop = threading.Event()
-        self._resp: Any = None
-        self._thread: threading.Thread | None = None
-        self.relists = 0
-        self.errors = 0
-
-    @property
-    def synced(self) -> bool:
-        return self._synced.is_set()
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=f"specon-watch-{self.name}", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        resp = self._resp
-        if resp is not None:
-            with contextlib.suppress(Exception):
-                resp.shutdown()  # unblocks the watch thread's read
-
-    def items(self) -> list[Manifest]:
-        with self._lock:
-            return list(self._items.values())
-
-    def get(self, namespace: str, name: str) -> Manifest | None:
-        with self._lock:
-            return self._items.get((namespace, name))
-
-    def _run(self) -> None:
-        backoff = 0.5
-        while not self._stop.is_set():
-            try:
-                version: str | None = self._relist()
-                backoff = 0.5
-                while version is not None and not self._stop.is_set():
-                    version = self._watch(version)
-            except KubeError as exc:
-                self.errors += 1
-                if not self._stop.is_set():
-                    log.warning("specon.k8s.watch_failed", watch=self.name, error=str(exc))
-                self._stop.wait(backoff)
-                backoff = min(30.0, backoff * 2)
-
-    def _relist(self) -> str:
-        data = self.api.request("GET", self.path, query=self.query)
-        items = {pods.key_of(o): o for o in data.get("items") or [] if isinstance(o, dict) and self.accept(o)}
-        with self._lock:
-            self._items = items
-        self.relists += 1
-        self._synced.set()
-        return str(pods.meta(data).get("resourceVersion") or "")
-
-    def _watch(self, version: str) -> str | None:
-        """Apply one watch request's events; the version to resume from, None to relist."""
-        query = {**self.query, "resourceVersion": version} if version else self.query
-
-        def opened(resp: Any) -> None:
-            self._resp = resp
-
-        for event in self.api.watch(self.path, query, seconds=self.watch_seconds, on_open=opened):
-            kind, obj = event.get("type"), event.get("object")
-            if not isinstance(obj, dict):
-                continue
-            if kind == "ERROR":
-                if obj.get("code") == 410:
-                    log.info("specon.k8s.watch_expired", watch=self.name)
-                    return None
-                raise KubeError(
-                    int(obj.get("code") or 0), str(obj.get("reason", "")), str(obj.get("message"))
-                )
-            version = str(pods.meta(obj).get("resourceVersion") or version or "")
-            if kind == "BOOKMARK":
-                continue
-            key = pods.key_of(obj)
-            with self._lock:
-                if kind == "DELETED" or not self.accept(obj):
-                    self._items.pop(key, None)
-                else:
-                    self._items[key] = obj
-            if self._stop.is_set():
-                break
-        return version
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,13 +187,20 @@ class KubernetesRuntime:
         return [self._info(p) for p in self._one_per_job(await self._managed())]
 
     def job_spec(self, container_id: ContainerId) -> JobSpec | None:
+        """The job's spec from its pod as the API server holds it: a pod of the job here (the
+        watch cache), else any pod of the job, else its restore record; None if none exists
+        or it cannot be read. Its ``template`` is the one ``start`` would restore.
+
+        Blocking (up to two API calls when the pod is not on this node): call it from a
+        thread (``asyncio.to_thread``) on an event loop."""
         for manifest in self._pods.items() if self._pods else []:
             p = self._understand(manifest)
             if p is not None and p.job == container_id:
                 return p.spec
         try:
-            return JobPaths.of(self.volume_root, container_id).read_spec()
-        except (CorruptRecordError, ValueError) as exc:
+            original, _ = self._lookup(container_id)
+            return None if original is None else pods.job_spec(original)
+        except (KubeError, PodError, ValueError) as exc:
             log.warning("specon.k8s.spec_unreadable", container=container_id, error=str(exc))
             return None
 
@@ -474,9 +236,8 @@ class KubernetesRuntime:
         t0 = time.monotonic()
         try:
             before = ckpt.key(ckpt.latest_complete(p.checkpoints))
-            # The recipe for the restore, on the volume too: a rollback that lost the save
-            # result still finds it (``job_spec``).
-            self._write_spec(p.spec)
+            # The recipe for the restore, from the API server, before the pod goes.
+            await self._record(p)
             log.info("specon.k8s.saving", node=self.node, container=container_id, pod=p.name, grace=grace)
             await self._evict(p, grace)
             last = await self._wait_gone(p, grace + self.kill_slack)
@@ -525,68 +286,92 @@ class KubernetesRuntime:
         return result
 
     async def start(self, spec: JobSpec, *, checkpoint: Path | None = None) -> ContainerInfo:
-        template = self._template(spec)
+        """Restore job ``spec.id`` here. Only the id is used: what the copy runs comes from
+        the job's pod as the API server holds it, never from ``spec``."""
+        job = spec.id
         try:
-            probe = pods.restored_pod(
-                template, job=spec.id, node=self.node, gen=1, restored_from=None, restore_checkpoint=None
-            )
-            files = pods.job_files(probe, self.volume)
+            namespace, _ = pods.split_job_id(job)
         except PodError as exc:
-            raise StartFailed(spec.id, str(exc)) from exc
-        ckpt_dir = self.volume_root / files.checkpoints
-        restore_in_pod = None
-        if checkpoint is not None:
-            manifest = checkpoint.with_suffix(".json")
-            if manifest.parent.resolve() != ckpt_dir.resolve():
-                raise StartFailed(
-                    spec.id, f"{checkpoint} is not in the job's checkpoint directory {ckpt_dir}"
-                )
-            try:
-                ckpt.verify(manifest)
-            except ckpt.CheckpointError as exc:
-                raise StartFailed(spec.id, f"checkpoint does not verify: {exc}") from exc
-            with contextlib.suppress(ValueError, PodError):
-                relative = PurePosixPath(manifest.relative_to(self.volume_root).as_posix())
-                restore_in_pod = pods.to_pod(probe, relative, self.volume)
-        if _finished(self.volume_root / files.progress, ckpt_dir):
-            raise StartFailed(spec.id, "already finished (done marker or final progress record)")
-        existing = await self._job_pods(spec.id)
+            raise StartFailed(job, str(exc)) from exc
+        if self.namespace is not None and namespace != self.namespace:
+            raise StartFailed(job, f"namespace {namespace} is not this agent's namespace {self.namespace}")
+        try:
+            original, existing = await asyncio.to_thread(self._lookup, job)
+        except KubeError as exc:
+            raise StartFailed(job, f"cannot read the job's pods or restore record: {exc}") from exc
+        except PodError as exc:
+            raise StartFailed(job, f"refused: {exc}") from exc
         running = [o for o in existing if pods.alive(o)]
         if running:
             where = ", ".join(
                 f"{'/'.join(pods.key_of(o))} on {pods.node_of(o) or 'no node'}" for o in running
             )
-            raise AlreadyRunning(spec.id, f"a pod of the job has not terminated: {where}")
-        gen = max([pods.generation(template), *(pods.generation(o) for o in existing)]) + 1
+            raise AlreadyRunning(job, f"a pod of the job has not terminated: {where}")
+        if original is None:
+            raise StartFailed(
+                job,
+                f"no pod of the job and no restore record in namespace {namespace} "
+                "(a save writes it): nothing trusted to restore from",
+            )
+        template = pods.template_of(original)
+        try:
+            probe = pods.restored_pod(
+                template, job=job, node=self.node, gen=1, restored_from=None, restore_checkpoint=None
+            )
+            files = pods.job_files(probe, self.volume)
+        except PodError as exc:
+            raise StartFailed(job, str(exc)) from exc
+        ckpt_dir = self.volume_root / files.checkpoints
+        restore_in_pod = None
+        if checkpoint is not None:
+            manifest = checkpoint.with_suffix(".json")
+            if manifest.parent.resolve() != ckpt_dir.resolve():
+                raise StartFailed(job, f"{checkpoint} is not in the job's checkpoint directory {ckpt_dir}")
+            try:
+                ckpt.verify(manifest)
+            except ckpt.CheckpointError as exc:
+                raise StartFailed(job, f"checkpoint does not verify: {exc}") from exc
+            with contextlib.suppress(ValueError, PodError):
+                relative = PurePosixPath(manifest.relative_to(self.volume_root).as_posix())
+                restore_in_pod = pods.to_pod(probe, relative, self.volume)
+        if _finished(self.volume_root / files.progress, ckpt_dir):
+            raise StartFailed(job, "already finished (done marker or final progress record)")
+        gen = max([pods.generation(original), *(pods.generation(o) for o in existing)]) + 1
         try:
             body = pods.restored_pod(
                 template,
-                job=spec.id,
+                job=job,
                 node=self.node,
                 gen=gen,
-                restored_from=str(pods.meta(template).get("name") or "") or None,
+                restored_from=str(pods.meta(original).get("name") or "") or None,
                 restore_checkpoint=restore_in_pod,
             )
         except PodError as exc:
-            raise StartFailed(spec.id, str(exc)) from exc
-        namespace = pods.key_of(body)[0]
+            raise StartFailed(job, str(exc)) from exc
+        gains = restore.privilege_gains(original, body)
+        if gains:
+            raise StartFailed(
+                job,
+                f"refused: the copy would gain what pod {'/'.join(pods.key_of(original))} lacked: "
+                + "; ".join(gains),
+            )
+        name = pods.key_of(body)[1]
         try:
             created = await self._call("POST", pods_path(namespace), body=body)
         except KubeError as exc:
             if exc.status == 409:
-                raise AlreadyRunning(spec.id, f"pod {pods.key_of(body)[1]} exists already: {exc}") from exc
-            raise StartFailed(spec.id, f"cannot create pod {pods.key_of(body)[1]}: {exc}") from exc
+                raise AlreadyRunning(job, f"pod {name} exists already: {exc}") from exc
+            raise StartFailed(job, f"cannot create pod {namespace}/{name}: {exc}") from exc
         for old in existing:  # ended pods of the job are superseded: one pod per job
             with contextlib.suppress(KubeError):
                 await self._delete(old, grace=0)
         p = self._understand(created)
-        if p is None:  # pragma: no cover - it was built from a template that parsed
-            raise StartFailed(spec.id, "created a pod that cannot be read back")
-        self._write_spec(p.spec)
+        if p is None:  # pragma: no cover - it was built from a pod that parsed
+            raise StartFailed(job, "created a pod that cannot be read back")
         log.info(
             "specon.k8s.started",
             node=self.node,
-            container=spec.id,
+            container=job,
             pod=p.name,
             generation=gen,
             restore_checkpoint=restore_in_pod,
@@ -628,6 +413,9 @@ class KubernetesRuntime:
             raise StillRunning(container_id, "cannot forget a running pod; stop or save it first")
         with contextlib.suppress(KubeError):
             await self._delete(p.manifest, grace=0)
+        if self._finished(p):  # nothing left to restore: the record goes too
+            with contextlib.suppress(KubeError, PodError):
+                await self._call("DELETE", _record_path(container_id))
         log.info("specon.k8s.forgotten", node=self.node, container=container_id, pod=p.name)
 
     # -- beyond the interface -----------------------------------------------------------------
@@ -751,12 +539,10 @@ class KubernetesRuntime:
                 return p
         raise NoSuchContainer(container_id, f"no managed pod of the job on node {self.node}")
 
-    async def _job_pods(self, job: ContainerId) -> list[Manifest]:
-        """Every managed pod of ``job`` in the runtime's namespaces, on any node."""
-        try:
-            data = await self._call("GET", pods_path(self.namespace), query={"labelSelector": self.selector})
-        except KubeError as exc:
-            raise StartFailed(job, f"cannot tell whether the job runs elsewhere: {exc}") from exc
+    def _job_pods(self, job: ContainerId) -> list[Manifest]:
+        """Every managed pod of ``job`` (in its namespace, on any node). Blocking."""
+        namespace, _ = pods.split_job_id(job)
+        data = self.api.request("GET", pods_path(namespace), query={"labelSelector": self.selector})
         out = []
         for o in data.get("items") or []:
             if isinstance(o, dict) and pods.matches(pods.labels_of(o), self._requirements):
@@ -764,6 +550,58 @@ class KubernetesRuntime:
                     if pods.job_id(o) == job:
                         out.append(o)
         return out
+
+    def _lookup(self, job: ContainerId) -> tuple[Manifest | None, list[Manifest]]:
+        """(the job's trusted original, every pod of the job). The original is the job's
+        newest pod while one exists, else the pod its restore record holds, else None.
+        Blocking; ``KubeError`` when the API cannot answer, ``PodError`` for a bad record."""
+        existing = self._job_pods(job)
+        if existing:
+            return max(existing, key=lambda o: (pods.generation(o), pods.started_at(o))), existing
+        try:
+            record = self.api.request("GET", _record_path(job))
+        except KubeError as exc:
+            if exc.status == 404:
+                return None, existing
+            raise
+        return restore.original_from_record(record, job), existing
+
+    async def _record(self, p: _Pod) -> None:
+        """Write the job's restore record from the pod as the API server holds it now;
+        ``SaveFailed`` (the pod keeps running) when that cannot be done."""
+        ns, name = p.key
+        try:
+            pod = await self._call("GET", f"{pods_path(ns)}/{name}")
+        except KubeError as exc:
+            if exc.status == 404:
+                raise NoSuchContainer(p.job, f"pod {p.name} is gone") from exc
+            raise SaveFailed(
+                p.job, f"cannot read pod {p.name} to record it: {exc}; it keeps running"
+            ) from exc
+        if pods.meta(pod).get("uid") != pods.meta(p.manifest).get("uid"):
+            raise NoSuchContainer(p.job, f"pod {p.name} was replaced meanwhile")
+        try:
+            record = restore.record_of(pod)
+        except PodError as exc:
+            raise SaveFailed(p.job, f"cannot record pod {p.name}: {exc}; it keeps running") from exc
+        path = _record_path(p.job)
+        try:
+            try:
+                await self._call("POST", path.rsplit("/", 1)[0], body=record)
+            except KubeError as exc:
+                if exc.status != 409:
+                    raise
+                # The job's record from an earlier save: replace it whole (a merge would keep
+                # fields the pod no longer has).
+                old = await self._call("GET", path)
+                record["metadata"]["resourceVersion"] = pods.meta(old).get("resourceVersion")
+                await self._call("PUT", path, body=record)
+        except KubeError as exc:
+            raise SaveFailed(
+                p.job,
+                f"cannot write the restore record {ns}/{record['metadata']['name']}: {exc} "
+                f"(is {ns} one of the training namespaces?); the pod keeps running",
+            ) from exc
 
     def _info(self, p: _Pod) -> ContainerInfo:
         state, code = pods.state_of(p.manifest)
@@ -785,26 +623,6 @@ class KubernetesRuntime:
     @staticmethod
     def _finished(p: _Pod) -> bool:
         return _finished(p.progress, p.checkpoints)
-
-    def _template(self, spec: JobSpec) -> Manifest:
-        text = spec.template
-        if text is None:
-            stored = self.job_spec(spec.id)
-            text = stored.template if stored is not None else None
-        if text is None:
-            raise StartFailed(spec.id, "no pod template in the spec or on the volume")
-        try:
-            return pods.loads_template(text)
-        except PodError as exc:
-            raise StartFailed(spec.id, str(exc)) from exc
-
-    def _write_spec(self, spec: JobSpec) -> None:
-        paths = JobPaths(self.volume_root, spec.id)
-        try:
-            paths.dir.mkdir(parents=True, exist_ok=True)
-            paths.write_spec(spec)
-        except OSError as exc:  # the spec also travels in the save result; this is a fallback
-            log.warning("specon.k8s.spec_not_written", container=spec.id, error=str(exc))
 
     async def _evict(self, p: _Pod, grace: float) -> None:
         ns, name = p.key
@@ -912,6 +730,11 @@ class KubernetesRuntime:
             return 0.0
         d_busy, d_total = busy - self._last_cpu[0], total - self._last_cpu[1]
         return d_busy / d_total if d_total > 0 else 0.0
+
+
+def _record_path(job: ContainerId) -> str:
+    namespace, _ = pods.split_job_id(job)
+    return f"/api/v1/namespaces/{namespace}/podtemplates/{restore.record_name(job)}"
 
 
 def _finished(progress: Path, checkpoints: Path) -> bool:

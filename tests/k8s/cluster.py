@@ -284,6 +284,37 @@ class KubeCluster:
             raise ClusterStartError(f"TokenRequest for {namespace}/{name} returned no token")
         return made.status.token
 
+    def pod_token(
+        self,
+        namespace: str,
+        pod: str,
+        *,
+        audience: str,
+        account: str | None = None,
+        expiration_seconds: int = 600,
+    ) -> str:
+        """A token bound to an existing pod, as the kubelet mints for a projected
+        ``serviceAccountToken`` volume: for the pod's ServiceAccount (or ``account``), with
+        ``audience``; TokenReview reports the pod's name and uid in ``user.extra``, and the
+        token dies with the pod."""
+        core = self._admin_core()
+        obj = core.read_namespaced_pod(pod, namespace)
+        meta, spec = present(obj.metadata, "metadata"), present(obj.spec, "spec")
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(
+                audiences=[audience],
+                expiration_seconds=expiration_seconds,
+                bound_object_ref=client.V1BoundObjectReference(
+                    kind="Pod", api_version="v1", name=meta.name, uid=meta.uid
+                ),
+            )
+        )
+        name = account or spec.service_account_name or "default"
+        made = core.create_namespaced_service_account_token(name, namespace, request)
+        if made.status is None or not made.status.token:
+            raise ClusterStartError(f"TokenRequest for pod {namespace}/{pod} returned no token")
+        return str(made.status.token)
+
     @contextlib.contextmanager
     def temporary_namespace(self, prefix: str = "test") -> Iterator[str]:
         """A fresh namespace; afterwards its pods are force-deleted (so no kubelet stand-in ever

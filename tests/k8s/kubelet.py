@@ -8,7 +8,9 @@ deletions the way a kubelet does (SIGTERM, the grace period, SIGKILL, then a gra
 What a container would see, mapped onto one host:
 - Volume mounts: ``hostPath`` -> that host path; PVC -> its pre-bound PV's ``hostPath``/``local``
   path (no PV controller runs, so the PVC needs ``spec.volumeName``); ``emptyDir``,
-  ``configMap``, ``secret`` -> a directory under the pod's directory. The process is not in a
+  ``configMap``, ``secret`` -> a directory under the pod's directory; ``projected`` with
+  ``serviceAccountToken`` sources -> a token bound to the pod with that audience and
+  expiry, minted by TokenRequest as a kubelet does (not rotated). The process is not in a
   mount namespace, so every ``mountPath`` prefix in ``command``, ``args``, env values and
   ``workingDir`` is rewritten to the host directory (also after a ``--flag=`` prefix).
 - Env: the kubelet's own environment (with the running interpreter's bin/ first on PATH, so
@@ -48,7 +50,7 @@ from typing import Any
 
 from kubernetes import client, watch
 
-from tests.k8s.cluster import KubeCluster, present
+from tests.k8s.cluster import SA_ISSUER, KubeCluster, present
 
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 WATCH_SECONDS = 30
@@ -665,9 +667,33 @@ class FakeKubelet:
             sec = volume.secret
             _write_items(own, self._secret(rec.namespace, sec.secret_name, sec.optional), sec.items)
             return own
+        if volume.projected is not None:
+            self._projected(rec, own, volume.name, volume.projected)
+            return own
         raise PodStartError(
             "UnsupportedVolume", f"volume {volume.name!r}: type not supported by the stand-in"
         )
+
+    def _projected(
+        self, rec: _Pod, target: Path, name: str, projected: client.V1ProjectedVolumeSource
+    ) -> None:
+        target.mkdir(parents=True, exist_ok=True)
+        for source in projected.sources or []:
+            sat = source.service_account_token
+            if sat is None:
+                raise PodStartError(
+                    "UnsupportedVolume", f"volume {name!r}: only serviceAccountToken projections"
+                )
+            try:
+                token = self.cluster.pod_token(
+                    rec.namespace,
+                    rec.name,
+                    audience=sat.audience or SA_ISSUER,
+                    expiration_seconds=sat.expiration_seconds or 3600,
+                )
+            except client.ApiException as err:
+                raise PodStartError("FailedMount", f"volume {name!r}: token request: {err.reason}") from err
+            (target / sat.path).write_text(token)
 
     def _claim_path(self, namespace: str, claim: str) -> Path:
         try:

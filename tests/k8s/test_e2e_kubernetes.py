@@ -1,7 +1,9 @@
-"""End to end through Kubernetes: the manager (journal in the API), one agent process per
-node (``--runtime kubernetes``), the kubelet stand-in running the training pods as local
-processes. A converged training pod is migrated to another node by eviction + restore and
-finishes with exactly its steps; a manager restarted mid-migration recovers from the API."""
+"""End to end through Kubernetes: the manager (journal in the API, agents authenticated by
+TokenReview), one agent process per node (``--runtime kubernetes``) holding its agent pod's
+projected ServiceAccount token, the kubelet stand-in running the pods as local processes. A
+converged training pod is migrated to another node by eviction + restore and finishes with
+exactly its steps; a manager restarted mid-migration recovers from the API; one node's
+token cannot speak for another node."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,9 +24,10 @@ import pytest
 
 from specon import protocol
 from specon.migration import State
+from specon.model import Resources, WorkerId
 from specon.protocol import Status
 from specon.runtime.k8s_journal import KubeJournal
-from specon.runtime.kubernetes import KubeApi
+from specon.runtime.kubernetes import KubeApi, KubeError
 from tests.k8s.cluster import KubeCluster, free_ports
 from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet
@@ -31,7 +35,7 @@ from tests.k8s.test_runtime_kubernetes import records, shared_volume, trained, t
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
-TOKEN = "e2e-token"
+AUDIENCE = "specon-manager"
 POLICY = """\
 apiVersion: specon/v1alpha1
 kind: Policy
@@ -42,23 +46,29 @@ rebalance: {mode: "off"}
 """
 
 
-# The manager with its journal in the API. (Once `specon-manager --journal kubernetes` exists,
-# this is `python -m manager --journal kubernetes ...`.) A process, so a test can SIGKILL it.
+# The manager with its journal in the API and agents authenticated by TokenReview. (With the
+# CLI flags: `python -m manager --journal kubernetes --agent-auth kubernetes ...`.) A process,
+# so a test can SIGKILL it.
 MANAGER = """
 import sys
+import time
 from aiohttp import web
 from manager.app import create_app
+from manager.auth_kubernetes import TokenReviewAuthenticator
 from manager.coordinator import Coordinator
 from specon import logs
 from specon.config import load_policy
 from specon.runtime.k8s_journal import KubeJournal
 from specon.runtime.kubernetes import load_api_client
 
-kubeconfig, namespace, policy, port, token = sys.argv[1:6]
+kubeconfig, namespace, policy, port, audience = sys.argv[1:6]
 logs.configure(level="info", fmt="console")
 journal = KubeJournal(load_api_client(kubeconfig), namespace)
 coordinator = Coordinator(policy=load_policy(policy), journal=journal)
-web.run_app(create_app(coordinator, token=token), host="127.0.0.1", port=int(port), print=None)
+auth = TokenReviewAuthenticator(
+    load_api_client(kubeconfig), audience=audience, service_account=f"{namespace}/specon-agent"
+)
+web.run_app(create_app(coordinator, auth=auth), host="127.0.0.1", port=int(port), print=None)
 """
 
 
@@ -85,7 +95,7 @@ class Deployment:
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.work / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
-        env = {**os.environ, "SPECON_TOKEN": TOKEN}
+        env = {k: v for k, v in os.environ.items() if k != "SPECON_TOKEN"}
         try:
             return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         finally:
@@ -93,7 +103,7 @@ class Deployment:
 
     async def start_manager(self) -> None:
         argv = [sys.executable, "-c", MANAGER, str(self.kubeconfig), self.namespace, str(self.policy_file)]
-        self.manager = self._spawn("manager", [*argv, str(self.port), TOKEN])
+        self.manager = self._spawn("manager", [*argv, str(self.port), AUDIENCE])
 
         async def healthy() -> bool:
             with contextlib.suppress(aiohttp.ClientError, OSError):
@@ -109,8 +119,19 @@ class Deployment:
         self.manager.kill()
         self.manager.wait()
 
+    def agent_token(self, node: str) -> str:
+        """What the kubelet mounts into the agent pod on ``node``: a token bound to that pod,
+        for the manager's audience (manifests/base/agent.yaml's projection)."""
+        admin = KubeApi(self.cluster.api_client())
+        name = f"specon-agent-{node}"
+        with contextlib.suppress(KubeError):  # the pod of an earlier call
+            admin.request("POST", f"/api/v1/namespaces/{self.namespace}/pods", body=_agent_pod(name, node))
+        return self.cluster.pod_token(self.namespace, name, audience=AUDIENCE)
+
     def start_agent(self, node: str, host: str) -> None:
         (port,) = free_ports(1, host)
+        token_file = self.work / f"token-{node}"
+        token_file.write_text(self.agent_token(node))
         argv = [
             sys.executable, "-m", "agent",
             "--runtime", "kubernetes",
@@ -121,6 +142,7 @@ class Deployment:
             "--manager", self.url,
             "--listen", f"{host}:{port}",
             "--policy", str(self.policy_file),
+            "--token-file", str(token_file),
             "--log-format", "console",
         ]  # fmt: skip
         self.agents[node] = self._spawn(f"agent-{node}", argv)
@@ -141,6 +163,29 @@ class Deployment:
                 proc.kill()
 
 
+def _agent_pod(name: str, node: str) -> dict[str, Any]:
+    """The agent's pod object on ``node`` (the agent itself runs as a test process; the
+    stand-in kubelet runs a sleeper here), under the agents' ServiceAccount."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "specon-agent"}},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": "specon-agent",
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "agent",
+                    "image": "specon",
+                    "command": ["python", "-c", "import time; time.sleep(600)"],
+                }
+            ],
+        },
+    }
+
+
 @pytest.fixture
 async def deployment(
     kube_cluster: KubeCluster, kube_namespace: str, fake_kubelet: FakeKubelet, tmp_path: Path
@@ -148,6 +193,8 @@ async def deployment(
     admin = KubeApi(kube_cluster.api_client())
     volume = tmp_path / "shared"
     shared_volume(admin, kube_namespace, volume)
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "specon-agent"}}
+    admin.request("POST", f"/api/v1/namespaces/{kube_namespace}/serviceaccounts", body=sa)
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
     (port,) = free_ports(1)
@@ -216,7 +263,8 @@ async def test_a_converged_pod_moves_to_another_node_and_finishes_exactly(deploy
     d = deployment
     await submit(d, converging("fast", 400))
     await submit(d, steady("steady", 600))
-    probe = migration_of(d, "fast", lambda m: m.state.value == "done")
+    fast, steady_id = f"{d.namespace}.fast", f"{d.namespace}.steady"  # jobs are (namespace, job)
+    probe = migration_of(d, fast, lambda m: m.state.value == "done")
     m = await until(probe, "the converged pod's migration to finish", timeout=120)
     assert (m.source, m.target, m.reason) == ("node-1", "node-2", "converged")
     await until(lambda: finished(d.volume, "fast"), "the migrated job to finish", timeout=90)
@@ -228,7 +276,7 @@ async def test_a_converged_pod_moves_to_another_node_and_finishes_exactly(deploy
     assert pod["spec"]["nodeName"] == "node-2"
     assert pod["metadata"]["annotations"]["specon.io/restored-from"] == "fast"
     st = await d.status()
-    assert all(x.container != "steady" for x in st.migrations)  # still progressing: never moved
+    assert all(x.container != steady_id for x in st.migrations)  # still progressing: never moved
     # The journal lives in the API: the migration is a ConfigMap of the namespace.
     (record,) = d.journal().all()
     assert record.state is State.DONE and record.target == "node-2"
@@ -254,12 +302,43 @@ async def test_a_manager_restarted_mid_migration_recovers_from_the_api(deploymen
     await d.start_manager()  # a fresh manager: all it knows comes from the API
     st = await d.status()
     assert [(m.container, m.state.value) for m in st.migrations if m.state.value != "done"] == [
-        ("slow", "saving")
+        (f"{d.namespace}.slow", "saving")
     ]
-    probe = migration_of(d, "slow", lambda m: m.state.value in ("done", "rolled_back"))
+    probe = migration_of(d, f"{d.namespace}.slow", lambda m: m.state.value in ("done", "rolled_back"))
     m = await until(probe, "the recovered migration to end", timeout=120)
     assert (m.state.value, m.target) == ("done", "node-2")
     await until(lambda: finished(d.volume, "slow"), "the job to finish", timeout=120)
     assert sorted(trained(d.volume, "slow")) == list(range(1, 501))
     events = [r.get("event") for r in records(d.volume, "slow") if "event" in r]
     assert events.count("checkpointed") == 1  # saved once, despite the crash
+
+
+async def test_one_nodes_agent_token_cannot_speak_for_another_node(deployment: Deployment) -> None:
+    """A heartbeat naming node-2, sent with node-1's agent token: refused (403), while the
+    same token speaks for node-1; a token of another audience authenticates nobody (401)."""
+    d = deployment
+    token = d.agent_token("node-1")
+
+    def beat(worker: str) -> bytes:
+        hb = protocol.Heartbeat(
+            worker=WorkerId(worker),
+            address="127.0.0.9:1",
+            seq=int(time.time() * 1e6),
+            sent_at=0.0,
+            capacity=Resources(cpu=1.0),
+            usage=0.0,
+        )
+        return protocol.encode(hb)
+
+    async def post(worker: str, bearer: str) -> int:
+        headers = {protocol.AUTH_HEADER: f"Bearer {bearer}", "Content-Type": protocol.CONTENT_TYPE}
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(d.url + protocol.HEARTBEAT_PATH, data=beat(worker), headers=headers) as r,
+        ):
+            return r.status
+
+    assert await post("node-2", token) == 403
+    assert await post("node-1", token) == 200
+    api_token = d.cluster.service_account_token(d.namespace, "specon-agent")  # the API's audience
+    assert await post("node-1", api_token) == 401

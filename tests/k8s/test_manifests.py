@@ -1,6 +1,8 @@
-"""manifests/: kustomize renders the whole deployment, every object applies (server-side dry
-run) to a real API server, and under --authorization-mode=RBAC the shipped roles allow every
-call the agent's runtime and the manager's journal make, and no more than that."""
+"""manifests/: kustomize renders the whole deployment, no credential ships, every object
+applies (server-side dry run) to a real API server, and under --authorization-mode=RBAC the
+shipped roles allow every call the agent's runtime, the manager's journal and its TokenReview
+authenticator make, and no more: no ClusterRole writes pods, the agent writes pods and
+restore records only in the training namespaces (issue 8, least privilege)."""
 
 from __future__ import annotations
 
@@ -8,22 +10,27 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from manager.auth_kubernetes import TokenReviewAuthenticator
 from specon.config import default_policy, load_policy
 from specon.migration import Migration, State
 from specon.model import ContainerId, WorkerId
+from specon.runtime.base import JobSpec, SaveFailed, StartFailed
 from specon.runtime.k8s_journal import ANN_MIGRATIONS, KubeJournal
+from specon.runtime.k8s_restore import record_of
 from specon.runtime.kubernetes import KubeApi, KubeError, KubernetesRuntime
 from tests.k8s.cluster import KubeCluster
 from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet, NodeSpec
-from tests.k8s.test_runtime_kubernetes import running, shared_volume, training_pod, until
+from tests.k8s.test_runtime_kubernetes import running, shared_volume, trained, training_pod, until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -82,6 +89,20 @@ def by_kind(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+WRITES = {"create", "update", "patch", "delete", "deletecollection", "*"}
+READS = {"get", "list", "watch"}
+AGENT_SA = {"kind": "ServiceAccount", "name": "specon-agent", "namespace": "specon"}
+
+
+def container(workload: dict[str, Any]) -> dict[str, Any]:
+    c: dict[str, Any] = workload["spec"]["template"]["spec"]["containers"][0]
+    return c
+
+
+def arg(workload: dict[str, Any], flag: str) -> str | None:
+    return next((a.split("=", 1)[1] for a in container(workload)["args"] if a.startswith(f"{flag}=")), None)
+
+
 def test_kustomize_renders_the_whole_deployment() -> None:
     docs = by_kind(render(MANIFESTS))
     assert {k: len(v) for k, v in docs.items()} == {
@@ -89,10 +110,9 @@ def test_kustomize_renders_the_whole_deployment() -> None:
         "ServiceAccount": 2,
         "ClusterRole": 2,
         "ClusterRoleBinding": 2,
-        "Role": 1,
-        "RoleBinding": 1,
+        "Role": 2,  # the manager's, and the agent's in the one training namespace shipped
+        "RoleBinding": 2,
         "ConfigMap": 1,
-        "Secret": 1,
         "PersistentVolumeClaim": 1,
         "Service": 1,
         "Deployment": 1,
@@ -100,21 +120,116 @@ def test_kustomize_renders_the_whole_deployment() -> None:
     }
     for kind, objs in docs.items():
         for o in objs:
-            assert (o["metadata"].get("namespace") == "specon") == PATHS[kind][2], o["metadata"]["name"]
+            namespace = o["metadata"].get("namespace")
+            assert (namespace is not None) == PATHS[kind][2], o["metadata"]["name"]
+            if namespace is not None and kind not in ("Role", "RoleBinding"):
+                assert namespace == "specon", o["metadata"]["name"]
     (manager,) = docs["Deployment"]
     assert manager["spec"]["replicas"] == 1 and manager["spec"]["strategy"]["type"] == "Recreate"
     (agent,) = docs["DaemonSet"]
     for workload in (manager, agent):
-        c = workload["spec"]["template"]["spec"]["containers"][0]
+        c = container(workload)
         assert c["readinessProbe"]["httpGet"]["path"] == "/healthz" and c["livenessProbe"]
         assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
-        # The generated (hash-suffixed) ConfigMap and Secret are the ones mounted.
+        # The generated (hash-suffixed) ConfigMap is the one mounted.
         volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
         assert volumes["policy"]["configMap"]["name"] == docs["ConfigMap"][0]["metadata"]["name"]
-        assert volumes["token"]["secret"]["secretName"] == docs["Secret"][0]["metadata"]["name"]
-    env = agent["spec"]["template"]["spec"]["containers"][0]["env"]
+    env = container(agent)["env"]
     assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in env
     assert docs["Service"][0]["spec"]["ports"][0]["port"] == 7700
+
+
+def test_no_credential_ships_the_agent_proves_its_node_with_a_projected_token() -> None:
+    docs = by_kind(render(MANIFESTS))
+    assert "Secret" not in docs
+    for path in (MANIFESTS / "base").iterdir():  # not even a placeholder to swap out
+        assert "secretGenerator" not in path.read_text() and "change-me" not in path.read_text(), path
+    (manager,) = docs["Deployment"]
+    (agent,) = docs["DaemonSet"]
+    assert arg(manager, "--token-file") is None and arg(manager, "--agent-auth") == "kubernetes"
+    pod = agent["spec"]["template"]["spec"]
+    assert arg(manager, "--agent-service-account") == f"$(POD_NAMESPACE)/{pod['serviceAccountName']}"
+    (volume,) = [v for v in pod["volumes"] if "projected" in v]
+    (source,) = volume["projected"]["sources"]
+    projection = source["serviceAccountToken"]
+    assert projection["audience"] == arg(manager, "--agent-auth-audience") == "specon-manager"
+    assert 600 <= projection["expirationSeconds"] <= 3600  # short-lived; the kubelet rotates it
+    (mount,) = [m for m in container(agent)["volumeMounts"] if m["name"] == volume["name"]]
+    assert arg(agent, "--token-file") == f"{mount['mountPath']}/{projection['path']}"
+
+
+def rules_of(role: dict[str, Any]) -> list[tuple[str, str, set[str]]]:
+    """(apiGroup, resource, verbs) of each rule."""
+    return [
+        (group, resource, set(rule["verbs"]))
+        for rule in role.get("rules") or []
+        for group in rule.get("apiGroups", [""])
+        for resource in rule.get("resources", [])
+    ]
+
+
+def test_rbac_no_cluster_role_writes_pods_and_the_agent_writes_only_in_training_namespaces() -> None:
+    docs = by_kind(render(MANIFESTS))
+    training = {r["metadata"]["namespace"] for r in docs["Role"] if r["metadata"]["name"] == "specon-agent"}
+    assert training == {"training"} and "specon" not in training
+    for role in docs["ClusterRole"]:
+        for group, resource, verbs in rules_of(role):
+            assert "*" not in (group, resource) and "*" not in verbs, role["metadata"]["name"]
+            if group == "" and resource.split("/")[0] in ("pods", "podtemplates", "secrets", "configmaps"):
+                assert verbs <= READS and resource != "secrets", (role["metadata"]["name"], resource, verbs)
+    # Pod writes and restore records: only in the agent's Roles of the training namespaces,
+    # bound to the agent alone.
+    for role in docs["Role"]:
+        writes = {res for g, res, v in rules_of(role) if g == "" and v & WRITES and res.startswith("pod")}
+        ns, name = role["metadata"]["namespace"], role["metadata"]["name"]
+        if ns in training and name == "specon-agent":
+            assert writes == {"pods", "pods/eviction", "podtemplates"}
+            assert all(res not in ("secrets", "configmaps") for _, res, _ in rules_of(role))
+        else:
+            assert not writes, (ns, name)
+    for binding in docs["RoleBinding"]:
+        if binding["metadata"]["namespace"] in training:
+            assert binding["subjects"] == [AGENT_SA]
+            assert binding["roleRef"] == {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "specon-agent",
+            }
+
+
+def test_a_training_namespace_is_one_line() -> None:
+    text = (MANIFESTS / "training" / "namespaces.yaml").read_text()
+    line = next(x for x in text.splitlines() if "namespace: training" in x)
+    added = text + line.replace("namespace: training", "namespace: vision") + "\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(MANIFESTS / "training", Path(tmp) / "training")
+        (Path(tmp) / "training" / "namespaces.yaml").write_text(added)
+        docs = render(Path(tmp) / "training")
+    made = sorted((d["kind"], d["metadata"]["namespace"]) for d in docs)
+    assert made == [(k, ns) for k in ("Role", "RoleBinding") for ns in ("training", "vision")]
+    (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] == "vision"]
+    assert {res for _, res, _ in rules_of(role)} == {"pods", "pods/eviction", "podtemplates"}
+
+
+def test_make_deploy_adds_a_generated_read_token(tmp_path: Path) -> None:
+    """The overlay `make deploy` writes (the Makefile's printf lines, with a token file)."""
+    (tmp_path / "read-token").write_text(os.urandom(32).hex())
+    rel = os.path.relpath(MANIFESTS, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources: [{rel}]\ncomponents: [{rel}/components/read-token]\n"
+        "secretGenerator: [{name: specon-read-token, namespace: specon, files: [token=read-token]}]\n"
+    )
+    make = (ROOT / "Makefile").read_text()
+    assert "manifests/components/read-token" in make and "name: specon-read-token" in make
+    docs = by_kind(render(tmp_path))
+    (secret,) = docs["Secret"]
+    (manager,) = docs["Deployment"]
+    token_file = arg(manager, "--read-token-file")
+    (volume,) = [v for v in manager["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    (mount,) = [m for m in container(manager)["volumeMounts"] if m["name"] == volume["name"]]
+    assert token_file == f"{mount['mountPath']}/{volume['secret']['items'][0]['path']}"
 
 
 def test_dry_run_overlay_runs_the_manager_in_dry_run() -> None:
@@ -143,38 +258,72 @@ def test_every_object_applies_server_side(kube_cluster: KubeCluster) -> None:
 
 
 # -- RBAC -------------------------------------------------------------------------------------
-def install_rbac(api: KubeApi, namespace: str) -> None:
-    """manifests/base/rbac.yaml as shipped, moved into ``namespace`` (cluster-scoped names
-    get the namespace as suffix so tests never collide)."""
-    for d in load(MANIFESTS / "base" / "rbac.yaml"):
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+
+
+@dataclass
+class Rbac:
+    """The shipped RBAC installed in an RBAC-enforcing API server: ``home`` stands for the
+    namespace specon, ``training`` for the training namespace, ``other`` is any namespace
+    that is neither; one node, run by the kubelet stand-in."""
+
+    cluster: KubeCluster
+    home: str
+    training: str
+    other: str
+    node: str
+    volume: Path
+
+    def admin(self) -> KubeApi:
+        return KubeApi(self.cluster.api_client())
+
+    def account(self, name: str) -> KubeApi:
+        return KubeApi(self.cluster.api_client(self.cluster.service_account_token(self.home, name)))
+
+
+def shipped_rbac(home: str, training: str) -> list[dict[str, Any]]:
+    """The RBAC objects of `kubectl kustomize manifests/`, with namespace specon renamed
+    ``home``, training ``training``, and cluster-scoped names suffixed with ``home`` (the
+    RBAC API server is shared by the session's tests)."""
+    rename = {"specon": home, "training": training}
+    out = []
+    for d in render(MANIFESTS):
+        if d["kind"] not in RBAC_KINDS:
+            continue
         meta = d["metadata"]
         if PATHS[d["kind"]][2]:
-            meta["namespace"] = namespace
+            meta["namespace"] = rename[meta["namespace"]]
         else:
-            meta["name"] = f"{meta['name']}-{namespace}"
+            meta["name"] = f"{meta['name']}-{home}"
         if "roleRef" in d and d["roleRef"]["kind"] == "ClusterRole":
-            d["roleRef"]["name"] = f"{d['roleRef']['name']}-{namespace}"
-        for s in d.get("subjects", []):
-            s["namespace"] = namespace
-        api.request("POST", collection(d, namespace), body=d)
+            d["roleRef"]["name"] = f"{d['roleRef']['name']}-{home}"
+        for sub in d.get("subjects", []):
+            sub["namespace"] = rename[sub["namespace"]]
+        out.append(d)
+    return out
 
 
 @pytest.fixture
-def rbac(kube_rbac_cluster: KubeCluster, kube_rbac_namespace: str, tmp_path: Path) -> Iterator[FakeKubelet]:
-    admin = KubeApi(kube_rbac_cluster.api_client())
-    install_rbac(admin, kube_rbac_namespace)
-    shared_volume(admin, kube_rbac_namespace, tmp_path / "shared")
-    node = NodeSpec(f"rbac-{kube_rbac_namespace}", address="127.0.0.1")
-    with FakeKubelet(kube_rbac_cluster, [node], workdir=tmp_path / "kubelet") as kubelet:
-        yield kubelet
-    admin.request("DELETE", f"/api/v1/persistentvolumes/specon-data-{kube_rbac_namespace}")
-    for d in load(MANIFESTS / "base" / "rbac.yaml"):
-        if not PATHS[d["kind"]][2]:
-            admin.request("DELETE", f"{collection(d)}/{d['metadata']['name']}-{kube_rbac_namespace}")
-
-
-def as_account(cluster: KubeCluster, namespace: str, account: str) -> KubeApi:
-    return KubeApi(cluster.api_client(cluster.service_account_token(namespace, account)))
+def rbac(kube_rbac_cluster: KubeCluster, kube_rbac_namespace: str, tmp_path: Path) -> Iterator[Rbac]:
+    cluster, home = kube_rbac_cluster, kube_rbac_namespace
+    admin = KubeApi(cluster.api_client())
+    volume = tmp_path / "shared"
+    with cluster.temporary_namespace("training") as training, cluster.temporary_namespace("other") as other:
+        objects = shipped_rbac(home, training)
+        for d in objects:
+            admin.request("POST", collection(d), body=d)
+        for ns in (training, other):
+            shared_volume(admin, ns, volume)
+        node = NodeSpec(f"rbac-{home}", address="127.0.0.1")
+        try:
+            with FakeKubelet(cluster, [node], workdir=tmp_path / "kubelet"):
+                yield Rbac(cluster, home, training, other, node.name, volume)
+        finally:
+            for ns in (training, other):
+                admin.request("DELETE", f"/api/v1/persistentvolumes/specon-data-{ns}")
+            for d in objects:
+                if not PATHS[d["kind"]][2]:
+                    admin.request("DELETE", f"{collection(d)}/{d['metadata']['name']}")
 
 
 def forbidden(api: KubeApi, method: str, path: str, **kw: Any) -> bool:
@@ -185,54 +334,114 @@ def forbidden(api: KubeApi, method: str, path: str, **kw: Any) -> bool:
     return False
 
 
-async def test_the_agent_role_allows_every_call_the_runtime_makes(
-    kube_rbac_cluster: KubeCluster, kube_rbac_namespace: str, rbac: FakeKubelet, tmp_path: Path
-) -> None:
-    ns = kube_rbac_namespace
-    admin = KubeApi(kube_rbac_cluster.api_client())
-    agent = as_account(kube_rbac_cluster, ns, "specon-agent")
-    (node,) = rbac.nodes
-    # Cluster-wide, as the DaemonSet runs it.
-    rt = KubernetesRuntime(agent, node, volume_root=tmp_path / "shared", kill_slack=5.0)
+def allowed(api: KubeApi, method: str, path: str, **kw: Any) -> bool:
     try:
-        admin.request("POST", f"/api/v1/namespaces/{ns}/pods", body=training_pod("r1", node, steps=4000))
-        info = await until(lambda: running(rt, "r1"), "r1 listed through the watch")
+        api.request(method, path, **kw)
+    except KubeError as exc:
+        return exc.status != 403
+    return True
+
+
+async def test_the_agent_role_allows_every_call_the_runtime_makes(rbac: Rbac) -> None:
+    ns = rbac.training
+    admin, agent = rbac.admin(), rbac.account("specon-agent")
+    # Cluster-wide, as the DaemonSet runs it.
+    rt = KubernetesRuntime(agent, rbac.node, volume_root=rbac.volume, kill_slack=5.0)
+    job = ContainerId(f"{ns}.r1")
+    try:
+        admin.request("POST", f"/api/v1/namespaces/{ns}/pods", body=training_pod("r1", rbac.node, steps=4000))
+        await until(lambda: running(rt, job), "r1 listed through the watch")
         usage = await rt.usage()  # node watch; metrics.k8s.io is absent here: /proc fallback
         assert usage.capacity.cpu > 0 and rt.last_usage_source == "proc"
-        assert await rt.publish_state(ContainerId("r1"), {"specon.io/category": "converged"})
-        await until(
-            lambda: (
-                (ckpt_dir := tmp_path / "shared" / "jobs" / "r1" / "checkpoints").exists()
-                and any(ckpt_dir.iterdir())
-            ),
-            "a first checkpoint",
-        )
-        res = await rt.save(ContainerId("r1"), grace=10)  # pods/eviction
-        assert res.checkpoint is not None
-        await rt.start(info.spec, checkpoint=res.checkpoint)  # list + create
-        await until(lambda: running(rt, "r1"), "r1 restored")
-        await rt.stop(ContainerId("r1"), grace=5)  # delete
+        assert await rt.publish_state(job, {"specon.io/category": "converged"})  # patch
+        for generation in (2, 3):  # the second save replaces the job's record (get + update)
+            await until(lambda: len(trained(rbac.volume, "r1")) >= 30, "a checkpoint")
+            res = await rt.save(job, grace=10)  # podtemplates create/update + pods/eviction
+            assert res.checkpoint is not None
+            info = await rt.start(JobSpec(id=job, command=("x",)), checkpoint=res.checkpoint)
+            assert info.handle == f"{ns}/r1-g{generation}"  # list + podtemplates get + create
+            await until(lambda: running(rt, job), "r1 restored")
+        await rt.stop(job, grace=5)  # delete
         for inf in (rt._pods, rt._node_watch):
             assert inf is not None and inf.errors == 0  # every list and watch was allowed
-        # ... and nothing beyond what it needs.
-        assert forbidden(agent, "GET", f"/api/v1/namespaces/{ns}/secrets")
-        assert forbidden(
-            agent, "PATCH", f"/api/v1/nodes/{node}", body={}, content_type="application/merge-patch+json"
-        )
     finally:
         rt.close()
 
 
-async def test_the_manager_role_allows_every_call_the_journal_makes(
-    kube_rbac_cluster: KubeCluster, kube_rbac_namespace: str, rbac: FakeKubelet
-) -> None:
-    ns = kube_rbac_namespace
-    admin = KubeApi(kube_rbac_cluster.api_client())
-    (node,) = rbac.nodes
-    admin.request("POST", f"/api/v1/namespaces/{ns}/pods", body=training_pod("m1", node, steps=4000))
-    journal = KubeJournal(as_account(kube_rbac_cluster, ns, "specon-manager"), ns)
+async def test_the_agent_writes_pods_only_in_the_training_namespaces(rbac: Rbac) -> None:
+    """What a compromised node's agent token can do: read pods and nodes; write pods and
+    restore records in the training namespaces; nothing else, anywhere else."""
+    admin, agent = rbac.admin(), rbac.account("specon-agent")
+    dry = {"dryRun": "All"}
+    pod = training_pod("x", rbac.node)
+
+    def pods(ns: str) -> str:
+        return f"/api/v1/namespaces/{ns}/pods"
+
+    assert allowed(agent, "POST", pods(rbac.training), body=pod, query=dry)
+    assert allowed(
+        agent,
+        "POST",
+        f"/api/v1/namespaces/{rbac.training}/podtemplates",
+        body=_record(pod, rbac.training),
+        query=dry,
+    )
+    for ns in (rbac.other, rbac.home, "default", "kube-system"):
+        assert forbidden(agent, "POST", pods(ns), body=pod, query=dry), ns
+        assert forbidden(agent, "DELETE", f"{pods(ns)}/x"), ns
+        assert forbidden(
+            agent, "PATCH", f"{pods(ns)}/x", body={}, content_type="application/merge-patch+json"
+        )
+        eviction = {"apiVersion": "policy/v1beta1", "kind": "Eviction", "metadata": {"name": "x"}}
+        assert forbidden(agent, "POST", f"{pods(ns)}/x/eviction", body=eviction), ns
+        assert forbidden(
+            agent, "POST", f"/api/v1/namespaces/{ns}/podtemplates", body=_record(pod, ns), query=dry
+        )
+        assert forbidden(agent, "GET", f"/api/v1/namespaces/{ns}/podtemplates/any"), ns
+    # No secrets or configuration anywhere, not even in the training namespace.
+    for ns in (rbac.training, rbac.home):
+        assert forbidden(agent, "GET", f"/api/v1/namespaces/{ns}/secrets")
+        assert forbidden(agent, "GET", f"/api/v1/namespaces/{ns}/configmaps")
+    assert forbidden(
+        agent, "PATCH", f"/api/v1/nodes/{rbac.node}", body={}, content_type="application/merge-patch+json"
+    )
+    assert forbidden(agent, "DELETE", f"/api/v1/nodes/{rbac.node}")
+    assert allowed(agent, "GET", "/api/v1/pods") and allowed(agent, "GET", "/api/v1/nodes")
+    # The runtime on a job outside the training namespaces: classified, never moved.
+    rt = KubernetesRuntime(agent, rbac.node, volume_root=rbac.volume, kill_slack=5.0)
+    job = ContainerId(f"{rbac.other}.o1")
+    try:
+        admin.request("POST", pods(rbac.other), body=training_pod("o1", rbac.node, steps=4000))
+        await until(lambda: running(rt, job), "o1 listed (reads are cluster-wide)")
+        with pytest.raises(SaveFailed, match=r"training namespaces.*keeps running"):
+            await rt.save(job, grace=5)
+        assert await running(rt, job) is not None
+        with pytest.raises(StartFailed, match="403"):
+            await rt.start(JobSpec(id=ContainerId(f"{rbac.other}.never"), command=("x",)))
+    finally:
+        rt.close()
+
+
+def _record(pod: dict[str, Any], ns: str) -> dict[str, Any]:
+    return record_of({**pod, "metadata": {**pod["metadata"], "namespace": ns}})
+
+
+async def test_the_manager_role_allows_every_call_the_journal_and_tokenreview_make(rbac: Rbac) -> None:
+    home = rbac.home
+    admin, manager = rbac.admin(), rbac.account("specon-manager")
+    admin.request(
+        "POST", f"/api/v1/namespaces/{rbac.training}/pods", body=training_pod("m1", rbac.node, steps=4000)
+    )
+    journal = KubeJournal(manager, home)
     m = Migration(
-        "m1-1", ContainerId("m1"), WorkerId(node), WorkerId("other"), "converged", State.DECIDED, 1.0, 1.0
+        "m1-1",
+        ContainerId("m1"),
+        WorkerId(rbac.node),
+        WorkerId("other"),
+        "converged",
+        State.DECIDED,
+        1.0,
+        1.0,
     )
     journal.put(m)
     journal.put(m.to(State.SAVING, at=2.0))
@@ -242,8 +451,40 @@ async def test_the_manager_role_allows_every_call_the_journal_makes(
     assert (mk.migrated_at, mk.migrations) == (3.0, 1) and journal.marks()[ContainerId("m1")] == mk
     journal.set_meta("epoch", "7")
     assert journal.get_meta("epoch") == "7" and len(journal.all()) == 1
-    pod = admin.request("GET", f"/api/v1/namespaces/{ns}/pods/m1")
-    assert pod["metadata"]["annotations"][ANN_MIGRATIONS] == "1"  # the mirror (list + patch)
-    manager = as_account(kube_rbac_cluster, ns, "specon-manager")
-    assert forbidden(manager, "DELETE", f"/api/v1/namespaces/{ns}/pods/m1")
-    assert forbidden(manager, "GET", f"/api/v1/namespaces/{ns}/secrets")
+    # The journal's best-effort mirror onto pods is not granted: the manager writes no pod.
+    pod = admin.request("GET", f"/api/v1/namespaces/{rbac.training}/pods/m1")
+    assert ANN_MIGRATIONS not in (pod["metadata"].get("annotations") or {})
+    # TokenReview: an agent pod of the home namespace authenticates as its node.
+    agent_pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "agent-1"},
+        "spec": {
+            "nodeName": "node-z",
+            "serviceAccountName": "specon-agent",
+            "containers": [{"name": "a", "image": "x"}],
+        },
+    }
+    admin.request("POST", f"/api/v1/namespaces/{home}/pods", body=agent_pod)
+    token = rbac.cluster.pod_token(home, "agent-1", audience="specon-manager")
+    auth = TokenReviewAuthenticator(
+        manager, audience="specon-manager", service_account=f"{home}/specon-agent"
+    )
+    who = await auth.authenticate(token)
+    assert who is not None and who.worker == "node-z"
+    for ns in (rbac.training, rbac.other, home):
+        assert forbidden(manager, "DELETE", f"/api/v1/namespaces/{ns}/pods/m1")
+        assert forbidden(
+            manager,
+            "PATCH",
+            f"/api/v1/namespaces/{ns}/pods/m1",
+            body={},
+            content_type="application/merge-patch+json",
+        )
+        assert forbidden(
+            manager, "POST", f"/api/v1/namespaces/{ns}/pods", body=agent_pod, query={"dryRun": "All"}
+        )
+        assert forbidden(manager, "GET", f"/api/v1/namespaces/{ns}/secrets")
+    assert forbidden(
+        manager, "GET", f"/api/v1/namespaces/{rbac.training}/pods/m1"
+    )  # pods of its own namespace only

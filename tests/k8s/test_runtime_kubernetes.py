@@ -169,8 +169,10 @@ async def create(admin: KubeApi, namespace: str, pod: dict[str, Any]) -> None:
 
 
 async def running(rt: KubernetesRuntime, job: str) -> ContainerInfo | None:
+    """The job's container, if it runs on ``rt``'s node (``job``: ``<namespace>.<job>``, or
+    a bare job name in the runtime's namespace)."""
     for info in await rt.list_containers():
-        if info.id == job and info.alive:
+        if job in (info.id, info.id.partition(".")[2]) and info.alive:
             return info
     return None
 
@@ -181,7 +183,7 @@ async def test_lists_its_nodes_pods_and_reads_their_progress_on_the_volume(
     await create(admin, kube_namespace, training_pod("a", "node-1"))
     await create(admin, kube_namespace, training_pod("b", "node-2"))
     info = await until(lambda: running(runtimes["node-1"], "a"), "pod a listed on node-1")
-    assert [c.id for c in await runtimes["node-1"].list_containers()] == ["a"]
+    assert [c.id for c in await runtimes["node-1"].list_containers()] == [f"{kube_namespace}.a"]
     assert info.progress_path == volume / "jobs" / "a" / "progress.jsonl"
     # The pod's writes through its PVC mount land where the agent's mount reads them.
     await until(lambda: len(trained(volume, "a")) >= 5, "progress records from pod a")
@@ -197,7 +199,7 @@ async def test_save_by_eviction_then_restore_on_another_node_runs_exactly_its_st
     await create(admin, kube_namespace, training_pod("train", "node-1", job="j1", steps=steps))
     info = await until(lambda: running(runtimes["node-1"], "j1"), "j1 running on node-1")
     await until(lambda: len(trained(volume, "j1")) >= 60, "j1 past step 60")
-    res = await runtimes["node-1"].save(ContainerId("j1"), grace=10)
+    res = await runtimes["node-1"].save(ContainerId(f"{kube_namespace}.j1"), grace=10)
     assert not res.forced and not res.rolled_back and not res.finished
     assert res.step is not None and res.checkpoint is not None
     assert res.checkpoint.parent == volume / "jobs" / "j1" / "checkpoints"
@@ -223,7 +225,7 @@ async def test_save_by_eviction_then_restore_on_another_node_runs_exactly_its_st
 
 async def _ended(rt: KubernetesRuntime, job: str) -> ContainerInfo | None:
     for info in await rt.list_containers():
-        if info.id == job and not info.alive:
+        if job in (info.id, info.id.partition(".")[2]) and not info.alive:
             return info
     return None
 
@@ -255,7 +257,7 @@ async def test_a_disruption_budget_blocks_the_save_and_the_pod_keeps_running(
         body=pdb,
     )
     with pytest.raises(SaveFailed, match="PodDisruptionBudget"):
-        await runtimes["node-1"].save(ContainerId("guarded"), grace=5)
+        await runtimes["node-1"].save(ContainerId(f"{kube_namespace}.guarded"), grace=5)
     assert await running(runtimes["node-1"], "guarded") is not None
 
 
@@ -268,7 +270,7 @@ async def test_a_job_deaf_to_sigterm_is_killed_and_rolled_back(
     await until(
         lambda: ckpt.latest_complete(volume / "jobs" / "deaf" / "checkpoints"), "a periodic checkpoint"
     )
-    res = await runtimes["node-1"].save(ContainerId("deaf"), grace=1)
+    res = await runtimes["node-1"].save(ContainerId(f"{kube_namespace}.deaf"), grace=1)
     assert res.forced
     # Its newest periodic checkpoint is the result: a restart redoes the steps after it.
     latest = ckpt.latest_complete(volume / "jobs" / "deaf" / "checkpoints")

@@ -15,8 +15,10 @@ from kubernetes import client
 from agent.__main__ import build_parser, run
 from specon import checkpoint as ckpt
 from specon.model import ContainerId
+from specon.runtime import k8s_pods as pods_module
 from specon.runtime.base import AlreadyRunning, ContainerState, JobSpec, SaveFailed, StartFailed
-from specon.runtime.k8s_pods import ANN_GENERATION, ANN_RESTORED_FROM, LABEL_JOB, job_spec
+from specon.runtime.k8s_pods import ANN_GENERATION, ANN_RESTORED_FROM, LABEL_JOB, job_spec, template_of
+from specon.runtime.k8s_restore import record_name, record_of
 from specon.runtime.kubernetes import Informer, KubeApi, KubeError, KubernetesRuntime
 
 # kmock's pytest plugin provides the `kmock` fixture (dev dependency).
@@ -79,6 +81,7 @@ def manifest(
 @pytest.fixture
 async def api(kmock: Any) -> AsyncIterator[KubeApi]:
     kmock.resources["v1/pods"] = {"namespaced": True}  # known before any pod exists
+    kmock.resources["v1/podtemplates"] = {"namespaced": True}  # restore records
     api = KubeApi(client.ApiClient(client.Configuration(host=str(kmock.url).rstrip("/"))))
     yield api
     api.client.close()
@@ -119,13 +122,13 @@ async def test_lists_only_managed_pods_bound_to_its_node(api: KubeApi, tmp_path:
     rt = runtime(api, tmp_path)
     found = {c.id: c for c in await rt.list_containers()}
     # b runs elsewhere, c is not managed, d's files are not on the shared volume (counted).
-    assert sorted(found) == ["a", "e"]
+    assert sorted(found) == [f"{NS}.a", f"{NS}.e"]  # (namespace, job)
     assert rt.skipped == {"unmanageable": 1}
-    a = found[ContainerId("a")]
+    a = found[ContainerId(f"{NS}.a")]
     assert a.state is ContainerState.RUNNING and a.worker == "node-1" and a.handle == f"{NS}/a"
     assert a.progress_path == tmp_path / "jobs" / "a" / "progress.jsonl"
     assert a.checkpoint_dir == tmp_path / "jobs" / "a" / "checkpoints"
-    assert found[ContainerId("e")].state is ContainerState.EXITED
+    assert found[ContainerId(f"{NS}.e")].state is ContainerState.EXITED
 
 
 async def test_watch_cache_serves_the_same_view(api: KubeApi, tmp_path: Path) -> None:
@@ -133,7 +136,7 @@ async def test_watch_cache_serves_the_same_view(api: KubeApi, tmp_path: Path) ->
     await create(api, manifest("b", node="node-2"))
     rt = runtime(api, tmp_path, watch=True)
     try:
-        assert [c.id for c in await rt.list_containers()] == ["a"]
+        assert [c.id for c in await rt.list_containers()] == [f"{NS}.a"]
     finally:
         rt.close()
 
@@ -154,15 +157,23 @@ async def test_save_evicts_with_the_grace_period_and_returns_the_new_checkpoint(
 
     rt = runtime(api, tmp_path)
     task = asyncio.create_task(kubelet())
-    res = await rt.save(ContainerId("a"), grace=7.2)
+    res = await rt.save(ContainerId(f"{NS}.a"), grace=7.2)
     await task
     assert seen[0]["deleteOptions"] == {"gracePeriodSeconds": 8, "preconditions": {"uid": "uid-a"}}
     assert seen[0]["kind"] == "Eviction" and seen[0]["metadata"] == {"name": "a", "namespace": NS}
     assert (res.step, res.rolled_back, res.forced, res.finished) == (25, False, False, False)
     assert res.checkpoint == ckpt_dir / "ckpt-000000000025.json"
-    # The restore recipe is on the volume too, for a rollback whose save result was lost.
-    stored = rt.job_spec(ContainerId("a"))
-    assert stored is not None and stored.template is not None
+    # The restore recipe is in the API: the pod as the API server held it before the eviction.
+    record = await asyncio.to_thread(
+        api.request, "GET", f"/api/v1/namespaces/{NS}/podtemplates/{record_name(ContainerId(f'{NS}.a'))}"
+    )
+    assert record["template"]["metadata"]["name"] == "a"
+    assert record["metadata"]["annotations"]["specon.io/pod-uid"] == "uid-a"
+    # ... which job_spec answers from once the pod is gone, and nothing from the volume.
+    (tmp_path / "jobs" / "a" / "spec.json").write_text('{"id": "a", "command": ["forged"]}')
+    stored = await asyncio.to_thread(rt.job_spec, ContainerId(f"{NS}.a"))  # blocking: off the loop
+    assert stored is not None and stored.id == f"{NS}.a" and stored.template is not None
+    assert json.loads(stored.template)["spec"] == template_of(manifest("a"))["spec"]
     assert await rt.list_containers() == []
 
 
@@ -173,8 +184,8 @@ async def test_eviction_blocked_by_a_disruption_budget_fails_the_save(
     evictions(kmock, "a", status=429)
     rt = runtime(api, tmp_path)
     with pytest.raises(SaveFailed, match="PodDisruptionBudget"):
-        await rt.save(ContainerId("a"), grace=5)
-    assert [c.id for c in await rt.list_containers()] == ["a"]  # still running
+        await rt.save(ContainerId(f"{NS}.a"), grace=5)
+    assert [c.id for c in await rt.list_containers()] == [f"{NS}.a"]  # still running
 
 
 async def test_opted_out_and_owned_pods_are_never_saved(api: KubeApi, kmock: Any, tmp_path: Path) -> None:
@@ -183,12 +194,12 @@ async def test_opted_out_and_owned_pods_are_never_saved(api: KubeApi, kmock: Any
     seen = evictions(kmock, "out") + evictions(kmock, "owned")
     rt = runtime(api, tmp_path)
     # Both are still classified (listed) ...
-    assert sorted(c.id for c in await rt.list_containers()) == ["out", "owned"]
+    assert sorted(c.id for c in await rt.list_containers()) == [f"{NS}.out", f"{NS}.owned"]
     # ... but never saved.
     with pytest.raises(SaveFailed, match="opted out"):
-        await rt.save(ContainerId("out"), grace=5)
+        await rt.save(ContainerId(f"{NS}.out"), grace=5)
     with pytest.raises(SaveFailed, match="owned by ReplicaSet/rs"):
-        await rt.save(ContainerId("owned"), grace=5)
+        await rt.save(ContainerId(f"{NS}.owned"), grace=5)
     assert seen == []
 
 
@@ -196,31 +207,73 @@ async def test_include_owned_saves_owned_pods(api: KubeApi, kmock: Any, tmp_path
     await create(api, manifest("owned", owned=True))
     seen = evictions(kmock, "owned", status=429)
     with pytest.raises(SaveFailed, match="PodDisruptionBudget"):
-        await runtime(api, tmp_path, include_owned=True).save(ContainerId("owned"), grace=5)
+        await runtime(api, tmp_path, include_owned=True).save(ContainerId(f"{NS}.owned"), grace=5)
     assert len(seen) == 1
 
 
+async def record(api: KubeApi, pod: dict[str, Any]) -> None:
+    """The restore record a save writes, as if the pod had just been saved."""
+    body = record_of(pod)
+    await asyncio.to_thread(api.request, "POST", f"/api/v1/namespaces/{NS}/podtemplates", body=body)
+
+
+J1 = ContainerId(f"{NS}.j1")
+
+
 async def test_start_creates_a_pinned_copy_with_lineage(api: KubeApi, tmp_path: Path) -> None:
-    spec = job_spec(manifest("train", job="j1", annotations={ANN_GENERATION: "1"}))
+    original = manifest("train", job="j1", annotations={ANN_GENERATION: "1"})
+    await record(api, original)
     ckpt_dir = tmp_path / "jobs" / "j1" / "checkpoints"
     saved = ckpt.write(ckpt_dir, 40, b"state")
     rt = runtime(api, tmp_path, node="node-2")
-    info = await rt.start(spec, checkpoint=saved.manifest)
+    info = await rt.start(job_spec(original), checkpoint=saved.manifest)
     created = (await pods(api))["train-g2"]
-    assert info.id == "j1" and info.worker == "node-2" and info.handle == f"{NS}/train-g2"
-    assert created["spec"]["nodeName"] == "node-2"
+    assert info.id == J1 and info.worker == "node-2" and info.handle == f"{NS}/train-g2"
+    assert created["spec"]["nodeName"] == "node-2" and created["metadata"]["namespace"] == NS
     assert created["metadata"]["labels"][LABEL_JOB] == "j1"
     assert created["metadata"]["annotations"][ANN_RESTORED_FROM] == "train"
     assert created["metadata"]["annotations"][ANN_GENERATION] == "2"
     env = {e["name"]: e["value"] for e in created["spec"]["containers"][0]["env"]}
     # The agent's mount of the volume, mapped back to the pod's own mount path.
     assert env["SPECON_RESTORE_CHECKPOINT"] == "/data/jobs/j1/checkpoints/ckpt-000000000040.json"
-    assert created["spec"]["volumes"] == spec_template(spec)["spec"]["volumes"]
+    assert created["spec"]["volumes"] == original["spec"]["volumes"]
 
 
-def spec_template(spec: JobSpec) -> dict[str, Any]:
-    assert spec.template is not None
-    return dict(json.loads(spec.template))
+async def test_start_ignores_the_spec_it_is_given_but_its_id(api: KubeApi, tmp_path: Path) -> None:
+    """A forged save result (what the manager relays) cannot choose what runs, or where."""
+    original = manifest("train", job="j1")
+    await record(api, original)
+    evil = template_of(manifest("evil", job="j1"))
+    evil["metadata"]["namespace"] = "kube-system"
+    evil["spec"]["hostNetwork"] = True
+    evil["spec"]["containers"][0]["command"] = ["/bin/sh", "-c", "id > /host/owned"]
+    evil["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    forged = JobSpec(id=J1, command=("/bin/sh", "-c", "id"), template=json.dumps(evil))
+    await runtime(api, tmp_path, node="node-2").start(forged)
+    (created,) = (await pods(api)).values()
+    assert created["metadata"]["namespace"] == NS and created["metadata"]["name"] == "train-g2"
+    assert created["spec"]["containers"][0]["command"] == ["python", "train.py"]
+    assert "hostNetwork" not in created["spec"] and "securityContext" not in created["spec"]["containers"][0]
+
+
+async def test_start_refuses_a_copy_that_would_gain_privileges(api: KubeApi, tmp_path: Path) -> None:
+    original = manifest("train", job="j1")
+    await record(api, original)
+    rt = runtime(api, tmp_path, node="node-2")
+    real = pods_module.restored_pod
+
+    def escalating(*args: Any, **kw: Any) -> dict[str, Any]:  # a restore that went wrong
+        body = real(*args, **kw)
+        body["spec"]["hostPID"] = True
+        return body
+
+    pods_module.restored_pod = escalating  # type: ignore[assignment]
+    try:
+        with pytest.raises(StartFailed, match="would gain what pod ml/train lacked: hostPID"):
+            await rt.start(job_spec(original))
+    finally:
+        pods_module.restored_pod = real  # type: ignore[assignment]
+    assert await pods(api) == {}
 
 
 async def test_start_refuses_while_a_pod_of_the_job_lives_anywhere(api: KubeApi, tmp_path: Path) -> None:
@@ -234,13 +287,15 @@ async def test_start_refuses_while_a_pod_of_the_job_lives_anywhere(api: KubeApi,
 
 async def test_start_replaces_ended_pods_of_the_job(api: KubeApi, tmp_path: Path) -> None:
     ended = manifest("train", job="j1", node="node-1", phase="Failed")
-    await create(api, ended)
+    await create(api, ended)  # no record: the ended pod itself is the original
     await runtime(api, tmp_path, node="node-2").start(job_spec(ended))
     assert sorted(await pods(api)) == ["train-g2"]
 
 
 async def test_start_checks_the_checkpoint(api: KubeApi, tmp_path: Path) -> None:
-    spec = job_spec(manifest("train", job="j1"))
+    original = manifest("train", job="j1")
+    await record(api, original)
+    spec = job_spec(original)
     rt = runtime(api, tmp_path)
     foreign = ckpt.write(tmp_path / "jobs" / "other" / "checkpoints", 5, b"x")
     with pytest.raises(StartFailed, match="not in the job's checkpoint directory"):
@@ -252,10 +307,18 @@ async def test_start_checks_the_checkpoint(api: KubeApi, tmp_path: Path) -> None
     assert await pods(api) == {}
 
 
-async def test_start_without_a_template_anywhere_fails(api: KubeApi, tmp_path: Path) -> None:
-    spec = JobSpec(id=ContainerId("j9"), command=("python",))
-    with pytest.raises(StartFailed, match="no pod template"):
-        await runtime(api, tmp_path).start(spec)
+async def test_start_without_a_pod_or_a_record_fails(api: KubeApi, tmp_path: Path) -> None:
+    rt = runtime(api, tmp_path)
+    with pytest.raises(StartFailed, match="no pod of the job and no restore record"):
+        await rt.start(JobSpec(id=ContainerId(f"{NS}.j9"), command=("python",)))
+    with pytest.raises(StartFailed, match="not a Kubernetes job id"):
+        await rt.start(JobSpec(id=ContainerId("j9"), command=("python",)))
+    assert await asyncio.to_thread(rt.job_spec, ContainerId(f"{NS}.j9")) is None
+
+
+async def test_a_namespaced_runtime_starts_only_its_namespace(api: KubeApi, tmp_path: Path) -> None:
+    with pytest.raises(StartFailed, match="not this agent's namespace other"):
+        await runtime(api, tmp_path, namespace="other").start(JobSpec(id=J1, command=("python",)))
 
 
 class ScriptedWatch:
@@ -287,7 +350,7 @@ def test_watch_asks_for_a_relist_on_410_gone_and_fails_on_other_errors() -> None
 async def test_agent_cli_needs_a_node_and_a_configuration(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("SPECON_TOKEN", "t")
+    monkeypatch.setenv("SPECON_TOKEN", "0123456789abcdef" * 4)  # strong enough to pass the check
     monkeypatch.delenv("NODE_NAME", raising=False)
     args = build_parser().parse_args(["--runtime", "kubernetes", "--volume", str(tmp_path)])
     assert await run(args) == 2

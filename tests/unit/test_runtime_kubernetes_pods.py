@@ -32,9 +32,11 @@ from specon.runtime.k8s_pods import (
     node_taints,
     owners,
     parse_selector,
+    qualified_id,
     quantity,
     restored_name,
     restored_pod,
+    split_job_id,
     state_of,
     template_of,
     to_pod,
@@ -111,9 +113,21 @@ def test_selector_parsing_and_matching() -> None:
         parse_selector("env in (a, b)")
 
 
-def test_job_id_is_the_label_else_the_pod_name() -> None:
-    assert job_id(pod(labels={LABEL_JOB: "vae-7"})) == "vae-7"
-    assert job_id(pod("bare-pod")) == "bare-pod"
+def test_job_id_is_the_namespace_and_the_label_else_the_pod_name() -> None:
+    assert job_id(pod(labels={LABEL_JOB: "vae-7"})) == "ml.vae-7"
+    assert job_id(pod("bare-pod")) == "ml.bare-pod"
+    # (namespace, job) is the identity: one name in two namespaces is two jobs.
+    other = pod(labels={LABEL_JOB: "vae-7"})
+    other["metadata"]["namespace"] = "vision"
+    assert job_id(other) == "vision.vae-7" != job_id(pod(labels={LABEL_JOB: "vae-7"}))
+    # The first dot splits: a namespace is a DNS label, a job may hold dots.
+    assert split_job_id(job_id(pod(labels={LABEL_JOB: "run.v2"}))) == ("ml", "run.v2")
+    assert qualified_id("ml", "run.v2") == "ml.run.v2"
+    for bad in ("nodot", ".job", "ml.", "Upper.job", "a_b.job"):
+        with pytest.raises(PodError):
+            split_job_id(bad)
+    with pytest.raises(PodError, match="job"):
+        qualified_id("ml", "j\n")
 
 
 def test_paths_from_env_map_through_the_claim_mount_and_subpath() -> None:
@@ -138,7 +152,10 @@ def test_annotations_override_env_and_the_default_layout_applies_last() -> None:
     assert files.progress == PurePosixPath("logs/j1.csv")
     assert files.checkpoints == PurePosixPath("jobs/j1/checkpoints")
     bare = job_files(pod(labels={LABEL_JOB: "j2"}), SharedVolume())
-    assert bare == type(bare)(PurePosixPath("jobs/j2/progress.jsonl"), PurePosixPath("jobs/j2/checkpoints"))
+    # The default layout is per (namespace, job): same-named jobs of two namespaces never share.
+    assert bare == type(bare)(
+        PurePosixPath("jobs/ml.j2/progress.jsonl"), PurePosixPath("jobs/ml.j2/checkpoints")
+    )
 
 
 @pytest.mark.parametrize(
@@ -212,7 +229,7 @@ def test_job_spec_carries_requests_labels_and_a_template() -> None:
         env=CONTRACT,
     )
     spec = job_spec(p)
-    assert spec.id == "j1"
+    assert spec.id == "ml.j1"
     assert spec.command == ("python", "-m", "specon.workloads", "--model", "vae")
     assert spec.requests == Resources(cpu=0.5, memory=2**30, gpu=1)
     assert ("specon.io/metric", "val_loss") in spec.labels and spec.steps == 300
@@ -231,7 +248,7 @@ def test_restored_pod_is_pinned_with_lineage_and_restore_env() -> None:
     template = template_of(pod("train-1-g2", labels={LABEL_JOB: "j1"}, env=CONTRACT))
     new = restored_pod(
         template,
-        job=ContainerId("j1"),
+        job=ContainerId("ml.j1"),
         node="node-3",
         gen=3,
         restored_from="train-1-g2",
@@ -239,7 +256,7 @@ def test_restored_pod_is_pinned_with_lineage_and_restore_env() -> None:
     )
     assert new["metadata"]["name"] == "train-1-g3"
     assert new["spec"]["nodeName"] == "node-3"
-    assert new["metadata"]["labels"][LABEL_JOB] == "j1"
+    assert new["metadata"]["labels"][LABEL_JOB] == "j1" and new["metadata"]["namespace"] == "ml"
     assert new["metadata"]["annotations"][ANN_RESTORED_FROM] == "train-1-g2"
     assert new["metadata"]["annotations"][ANN_GENERATION] == "3"
     env = {e["name"]: e["value"] for e in new["spec"]["containers"][0]["env"]}
@@ -256,8 +273,19 @@ def test_restored_names_stay_dns_labels() -> None:
     assert restored_name(template_of(pod("a-g7")), 8) == "a-g8"
     with pytest.raises(PodError, match="label value"):
         restored_pod(
-            long, job=ContainerId("j" * 100), node="n", gen=2, restored_from=None, restore_checkpoint=None
+            long,
+            job=ContainerId("ml." + "j" * 100),
+            node="n",
+            gen=2,
+            restored_from=None,
+            restore_checkpoint=None,
         )
+    # A template never moves a job to another namespace.
+    with pytest.raises(PodError, match="namespace"):
+        restored_pod(
+            template_of(pod()), job=ContainerId("kube-system.train-1"), node="n", gen=2,
+            restored_from=None, restore_checkpoint=None,
+        )  # fmt: skip
 
 
 def test_nodes_ready_schedulable_and_tainted() -> None:
