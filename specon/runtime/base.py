@@ -260,10 +260,10 @@ class Runtime(Protocol):
         ...
 
     def job_spec(self, container_id: ContainerId) -> JobSpec | None:
-        """The spec the shared volume holds for a job, running here or not (None: unknown).
-
-        Lets an agent restart a job on a rollback even when the save result that carried
-        the spec was lost.
+        """The job as submitted, from this backend's own record (None: unknown): the
+        ``spec.json`` on the volume locally, the original pod (or its restore record) on
+        Kubernetes. The one source of what a ``start`` runs: never a recipe from the wire.
+        May block (an API call): agents call it off the event loop.
         """
         ...
 
