@@ -43,6 +43,13 @@ class AgentCollector(Collector):
         for name, n in sorted(tally.items()):
             cats.add_metric([name], n)
         yield cats
+        # A log that cannot be read (or is refused: a FIFO, device or symlink in its place)
+        # leaves its container unclassified: worth an alert, so it is a gauge of its own.
+        yield GaugeMetricFamily(
+            "specon_agent_unreadable_logs",
+            "Watched containers whose progress log the last poll could not read or refused",
+            value=sum(1 for watched in a.watched.values() if watched.tailer.error is not None),
+        )
         yield CounterMetricFamily(
             "specon_agent_requests", "Reallocation requests sent", value=a.counters.requests_sent
         )

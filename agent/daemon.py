@@ -3,6 +3,11 @@
 Each loop logs a crash and carries on instead of dying silently. While the manager is
 away the agent keeps classifying and retries with exponential backoff; nothing it knows
 is dropped (pending requests and unacknowledged results ride on the next heartbeat).
+
+Reading the progress logs is the one slow, file-bound part of a tick: it runs in a worker
+thread (``Tailer.prefetch``), and only the classification, which changes the agent's
+state, runs on the event loop. So /healthz and the manager link stay responsive while a
+huge log is read.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import structlog
 from agent.client import ManagerClient, ManagerRejected, ManagerUnavailable
 from agent.core import Agent
 from specon import protocol
+from specon.progress import Tailer
 from specon.protocol import CommandBatch, Goodbye, Poll, ReallocationRequest
 
 log = structlog.get_logger()
@@ -111,6 +117,9 @@ class AgentDaemon:
         while not self._stopping.is_set():
             await self.agent.refresh()
             await self.agent.sample_usage()
+            await self.read_logs()
+            # The reading is done: tick's polls hand over what was read, and tick runs on
+            # the loop, where no other coroutine mutates the agent's state meanwhile.
             requests = self.agent.tick(rt.now())
             await self.agent.publish_changes()
             for cid in requests:
@@ -130,6 +139,18 @@ class AgentDaemon:
             if rt.now() - next_tick > interval:
                 next_tick = rt.now()  # fell behind (or the clock jumped): skip, don't burst
             await rt.sleep(max(0.0, min(interval, next_tick - rt.now())))
+
+    async def read_logs(self) -> None:
+        """Read every watched container's new log lines in a worker thread (``prefetch``);
+        the next ``tick`` polls hand them over without touching a file.
+
+        Safe against the loop meanwhile: a tailer a refresh or a save closes is closed when
+        its read returns; a container adopted meanwhile is polled by tick itself (its first
+        poll was done at adoption, so that read is at most one poll's worth).
+        """
+        tailers = [w.tailer for w in self.agent.watched.values()]
+        if tailers:
+            await asyncio.to_thread(_prefetch, tailers)
 
     async def _heartbeat(self) -> None:
         backoff = Backoff()
@@ -181,3 +202,12 @@ class AgentDaemon:
         for task in self.agent.accept(batch):
             # Report a finished command at once instead of at the next heartbeat.
             task.add_done_callback(lambda _t: self._wake.set())
+
+
+def _prefetch(tailers: list[Tailer]) -> None:
+    """In a worker thread: each tailer's next poll; one failing never starves the others."""
+    for tailer in tailers:
+        try:
+            tailer.prefetch()
+        except Exception:
+            log.exception("specon.agent.log_read_failed", tailer=repr(tailer))

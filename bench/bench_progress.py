@@ -72,7 +72,7 @@ def _write(path: Path, lines: int, line: Callable[[int, float], str], header: st
 
 def _measure(path: Path, config: ProgressConfig) -> tuple[float, float, int]:
     """Wall and CPU seconds of one full poll, and the samples it returned."""
-    with Tailer(path, config) as tailer:
+    with Tailer(path, config, capped=False) as tailer:  # one poll of the whole file: the reading speed
         wall, cpu = time.perf_counter(), time.process_time()
         samples = tailer.poll()
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu

@@ -55,6 +55,9 @@ class ProgressConfig:
     )
     # Longer lines are skipped (counted) rather than buffered without bound.
     max_line_bytes: int = 1 << 20
+    # Bytes of one log read by one poll, at most: a huge log is read over several polls
+    # (it lags, it never stalls the agent), and a first poll skips to its end.
+    max_poll_bytes: int = 1 << 21
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +191,8 @@ DOCS: dict[str, str] = {
     "progress.regex": "free-text pattern; {metric} becomes the escaped metric name; "
     "its one group (or the group named value) is the number",
     "progress.max_line_bytes": "longer lines are skipped and counted",
+    "progress.max_poll_bytes": "bytes of one log read per tick at most; the rest is read at the next "
+    "ticks; a log already longer than this when first seen is read from its end",
     "monitor": "Algorithm 1, the agent's container monitor (SPEC §3)",
     "monitor.classifier": "specon = Algorithm 1 as printed (repaired); robust = smoothed, k-of-n, trend",
     "monitor.interval": "tick Δ in seconds",
@@ -394,6 +399,7 @@ def _semantic_problems(p: Policy) -> list[codec.Problem]:
             f"has {pattern.groups}",
         )
     at_least("progress.max_line_bytes", pr.max_line_bytes, 1)
+    at_least("progress.max_poll_bytes", pr.max_poll_bytes, 1)
 
     m = p.monitor
     positive("monitor.interval", m.interval)

@@ -257,8 +257,8 @@ class Job:
                     _warn(f"skipping checkpoint: {item}")
                     continue
                 try:
-                    found = (item.step, item.payload.read_bytes())
-                except FileNotFoundError:  # pruned between listing and reading: look further
+                    found = (item.step, checkpoint.read_payload(item))
+                except (FileNotFoundError, checkpoint.CheckpointError):  # pruned or changed since
                     continue
                 break
         step, payload = found

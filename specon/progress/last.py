@@ -1,7 +1,8 @@
 """The last record of a JSON-lines progress log: how runtimes and tools tell a job's state.
 
 Reads only the log's tail. The last line may be half-written and the first one cut by
-the seek; both are skipped, never an error.
+the seek; both are skipped, never an error. Anything but a regular file at the path (a
+FIFO, a device, a symlink) has no record: it is never waited on and never read.
 """
 
 from __future__ import annotations
@@ -11,16 +12,22 @@ import os
 from pathlib import Path
 from typing import Any
 
+from specon.checkpoint import open_regular
+
 TAIL_BYTES = 4096
 
 
 def last_record(progress: Path, *, tail_bytes: int = TAIL_BYTES) -> dict[str, Any] | None:
     """The last complete JSON object in the log's final ``tail_bytes``, or None."""
     try:
-        with open(progress, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - tail_bytes))
-            tail = fh.read()
+        fd = open_regular(progress)
+        try:
+            size = os.fstat(fd).st_size
+            start = max(0, size - tail_bytes)
+            # Up to the size seen at the start: a log growing meanwhile cannot stretch the read.
+            tail = os.pread(fd, size - start, start)
+        finally:
+            os.close(fd)
     except OSError:
         return None
     for line in reversed(tail.splitlines()):

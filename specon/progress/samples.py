@@ -49,6 +49,11 @@ class ProgressStats:
     lines: int = 0
     samples: int = 0
     bytes_read: int = 0
+    # Bytes passed over unread: the backlog a first poll skips (``ProgressConfig.max_poll_bytes``).
+    bytes_skipped: int = 0
+    # Times something other than a regular file (symlink, FIFO, device, socket, directory)
+    # was found where a log belongs, and refused: each sighting once, not each poll.
+    refused: int = 0
     skipped: dict[SkipReason, int] = field(default_factory=_no_skips)
 
     def skip(self, reason: SkipReason, count: int = 1) -> None:
@@ -65,11 +70,19 @@ class ProgressStats:
         self.lines += other.lines
         self.samples += other.samples
         self.bytes_read += other.bytes_read
+        self.bytes_skipped += other.bytes_skipped
+        self.refused += other.refused
         for reason, count in other.skipped.items():
             self.skipped[reason] += count
 
     def as_dict(self) -> dict[str, int]:
         """Flat counters, e.g. for metrics or a heartbeat: ``skipped_nonfinite`` etc."""
-        flat = {"lines": self.lines, "samples": self.samples, "bytes_read": self.bytes_read}
+        flat = {
+            "lines": self.lines,
+            "samples": self.samples,
+            "bytes_read": self.bytes_read,
+            "bytes_skipped": self.bytes_skipped,
+            "refused": self.refused,
+        }
         flat.update({f"skipped_{reason.value}": count for reason, count in self.skipped.items()})
         return flat

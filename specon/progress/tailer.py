@@ -4,6 +4,14 @@
 A line is read once its newline arrives. A path's file may appear late, be truncated or
 rewritten in place (read again from byte 0), or be rotated away (the old file is read to
 its end, and for as long as it keeps growing, before the new one is read from byte 0).
+
+One poll reads at most ``ProgressConfig.max_poll_bytes`` of each file; the rest is read by
+the next polls, so a huge log lags instead of stalling its reader. Only regular files are
+read: a symlink, FIFO, device or socket where a log belongs is refused (``error``, counted
+once in ``stats.refused``, logged), never followed, never waited on.
+
+``prefetch`` does a poll's reading ahead, from a worker thread, and the next ``poll``
+hands over its samples without touching a file: the agent reads logs off its event loop.
 """
 
 from __future__ import annotations
@@ -11,31 +19,73 @@ from __future__ import annotations
 import abc
 import fnmatch
 import os
+import stat
+import threading
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+import structlog
+
+from specon.checkpoint import NotRegularFileError, file_kind
 from specon.config import ProgressConfig
 from specon.progress.detect import make_parser
 from specon.progress.parser import LineParser
-from specon.progress.reader import READ_SIZE, FileReader, Identity, regular_file_identity
+from specon.progress.reader import READ_SIZE, FileReader, Identity, lstat, regular_identity
 from specon.progress.samples import ProgressStats, Sample
+
+log = structlog.get_logger()
 
 
 class _Tailing(abc.ABC):
-    """What both tailers share: config checks, stats, error reporting, closing."""
+    """What both tailers share: config checks, stats, error reporting, read-ahead, closing."""
 
-    def __init__(self, config: ProgressConfig, read_size: int) -> None:
+    def __init__(self, config: ProgressConfig, read_size: int, capped: bool) -> None:
         if config.format != "auto":
             make_parser(config.format, config)  # a bad format or regex fails here, not at first poll
         if config.max_line_bytes < 1:
             raise ValueError(f"max_line_bytes must be positive, got {config.max_line_bytes}")
+        if config.max_poll_bytes < 1:
+            raise ValueError(f"max_poll_bytes must be positive, got {config.max_poll_bytes}")
         self.config = config
         self.stats = ProgressStats()
-        # The I/O error the last poll met (unreadable file, failing volume), for reporting;
-        # reading is tried again at the next poll.
+        # The I/O error the last poll met (unreadable file, failing volume), or why the file
+        # at the path is refused, for reporting; reading is tried again at the next poll.
         self.error: str | None = None
         self._read_size = read_size
+        self._limit = config.max_poll_bytes if capped else None
+        # Paths refused, with what was there: a refusal is counted and logged once per sighting.
+        self._refused: dict[str, tuple[int, int] | None] = {}
+        # ``prefetch`` runs in a worker thread while the loop may ``close``: the lock keeps a
+        # file from being closed (and its descriptor number reused) under a read.
+        self._lock = threading.Lock()
+        self._closed = False
+        self._ahead: list[Sample] | None = None
+
+    def poll(self) -> list[Sample]:
+        """The samples of the complete lines written since the previous poll (read by
+        ``prefetch`` if one ran since: then no file is touched); nothing once closed."""
+        with self._lock:
+            out, self._ahead = self._ahead, None
+            if self._closed:
+                out = []
+            elif out is None:
+                out = self._poll()
+        self._close_if_asked()
+        return out
+
+    def prefetch(self) -> None:
+        """Read ahead what the next ``poll`` returns; meant for a worker thread. A ``close``
+        meanwhile does not wait for it: the files are closed as it returns."""
+        with self._lock:
+            if not self._closed:
+                got = self._poll()
+                self._ahead = got if self._ahead is None else self._ahead + got
+        self._close_if_asked()
+
+    @abc.abstractmethod
+    def _poll(self) -> list[Sample]:
+        """One poll's reading (under the lock)."""
 
     def _open(self, path: Path, previous: LineParser | None) -> FileReader | None:
         try:
@@ -44,16 +94,31 @@ class _Tailing(abc.ABC):
             )
         except FileNotFoundError:
             return None
+        except NotRegularFileError as exc:  # replaced since the path was looked at
+            self._refuse(str(path), None, exc.kind)
+            self.error = str(exc)
+            return None
         except OSError as exc:
             self.error = f"{path}: {exc}"
             return None
 
-    def _read(self, reader: FileReader, out: list[Sample]) -> int:
+    def _read(self, reader: FileReader, out: list[Sample], limit: int | None = None) -> int:
+        limit = self._limit if limit is None else limit
         try:
-            return reader.read(out)
+            return reader.read(out, limit)
         except OSError as exc:
             self.error = f"reading {self}: {exc}"
             return 0
+
+    def _refuse(self, name: str, st: os.stat_result | None, kind: str | None = None) -> None:
+        kind = kind or (file_kind(st.st_mode) if st is not None else "not a regular file")
+        self.error = f"{name}: {kind}, not a regular file: not read"
+        seen = None if st is None else (st.st_dev, st.st_ino)
+        if name in self._refused and (seen is None or self._refused[name] == seen):
+            return
+        self._refused[name] = seen
+        self.stats.refused += 1
+        log.warning("specon.progress.file_refused", path=name, kind=kind)
 
     @abc.abstractmethod
     def _readers(self) -> list[FileReader]:
@@ -62,13 +127,26 @@ class _Tailing(abc.ABC):
     def flush(self) -> list[Sample]:
         """Samples of unterminated last lines, parsed as final lines: for files that are finished."""
         out: list[Sample] = []
-        for reader in self._readers():
-            reader.flush(out)
+        with self._lock:
+            for reader in self._readers():
+                reader.flush(out)
         return out
 
     def close(self) -> None:
-        for reader in self._readers():
-            reader.close()
+        """Close every file; polls return nothing from now on. Never waits for a ``prefetch``
+        running in another thread: that one closes the files as it returns."""
+        self._closed = True
+        self._close_if_asked()
+
+    def _close_if_asked(self) -> None:
+        # Whoever finds the lock free closes: ``close`` if no read is under way, else the
+        # reader when it is done (it checks ``_closed`` after releasing the lock).
+        if self._closed and self._lock.acquire(blocking=False):
+            try:
+                for reader in self._readers():
+                    reader.close()
+            finally:
+                self._lock.release()
 
     def __enter__(self) -> Self:
         return self
@@ -92,14 +170,17 @@ class Tailer(_Tailing):
         config: ProgressConfig | None = None,
         *,
         read_size: int = READ_SIZE,
+        capped: bool = True,
     ) -> None:
-        super().__init__(config or ProgressConfig(), read_size)
+        """``capped=False``: no ``max_poll_bytes`` limit (for reading a finished file whole)."""
+        super().__init__(config or ProgressConfig(), read_size, capped)
         self.path = Path(path)
         self.rotations = 0
         self._current: FileReader | None = None
         # The file rotated away, read on until a poll finds it idle.
         self._retired: FileReader | None = None
         self._last_parser: LineParser | None = None
+        self._polled = False
 
     def __repr__(self) -> str:
         return f"Tailer({str(self.path)!r})"
@@ -109,13 +190,17 @@ class Tailer(_Tailing):
         """Bytes read of the current file."""
         return 0 if self._current is None else self._current.offset
 
-    def poll(self) -> list[Sample]:
+    def _poll(self) -> list[Sample]:
         self.error = None
         out: list[Sample] = []
+        first, self._polled = not self._polled, True
         retired = self._retired
         if retired is not None and self._read(retired, out) == 0:
             self._close_retired()
-        identity = regular_file_identity(self.path)
+        st = lstat(self.path)
+        identity = regular_identity(st)
+        if st is not None and identity is None:
+            self._refuse(str(self.path), st)
         current = self._current
         if current is not None and current.identity != identity:
             # Rotated, replaced or deleted: take what was appended before the switch.
@@ -126,9 +211,28 @@ class Tailer(_Tailing):
             self.rotations += 1
         if self._current is None and identity is not None:
             self._current = self._open(self.path, self._last_parser)
+            if first and self._current is not None:
+                self._skip_backlog(self._current, out)
         if self._current is not None:
             self._read(self._current, out)
         return out
+
+    def _skip_backlog(self, reader: FileReader, out: list[Sample]) -> None:
+        """A first poll that meets a file longer than one poll may read reads its head (the
+        format, a CSV header), then goes on from near its end: the agent's first poll of a
+        job only finds where its log ends (the job appends from now on), and a backlog that
+        long is history, not progress."""
+        if self._limit is None:
+            return
+        edge = min(READ_SIZE, self._limit)
+        try:
+            size = reader.size
+            if size <= self._limit:
+                return
+            self._read(reader, out, edge)
+            reader.skip_to(size - edge)
+        except OSError as exc:
+            self.error = f"reading {self}: {exc}"
 
     def _close_retired(self) -> None:
         if self._retired is not None:
@@ -147,6 +251,9 @@ class DirectoryTailer(_Tailing):
     Files are followed by identity (device, inode), not by name: a file renamed within
     the directory (``log`` -> ``log.1``) is not read again, it is read on from where it was.
     A file that leaves the directory (or no longer matches) is read until idle, then closed.
+    Each poll reads at most ``max_poll_bytes`` of each file (no first-poll skip: every file
+    of the directory is read whole, over as many polls as it takes). Matching entries that
+    are not regular files are refused; subdirectories are passed over.
     """
 
     def __init__(
@@ -157,7 +264,7 @@ class DirectoryTailer(_Tailing):
         *,
         read_size: int = READ_SIZE,
     ) -> None:
-        super().__init__(config or ProgressConfig(), read_size)
+        super().__init__(config or ProgressConfig(), read_size, True)
         self.directory = Path(directory)
         self.pattern = pattern
         self._active: dict[Identity, FileReader] = {}
@@ -172,7 +279,7 @@ class DirectoryTailer(_Tailing):
         """The files being tailed, by their current names."""
         return [self.directory / name for name in sorted(self._names.values())]
 
-    def poll(self) -> list[Sample]:
+    def _poll(self) -> list[Sample]:
         self.error = None
         out: list[Sample] = []
         present = self._scan()
@@ -211,12 +318,19 @@ class DirectoryTailer(_Tailing):
             entries = list(os.scandir(self.directory))
         except OSError:
             return found
+        names = set()
         for entry in entries:
             if not fnmatch.fnmatchcase(entry.name, self.pattern):
                 continue
-            identity = regular_file_identity(entry.path)
+            st = lstat(entry.path)
+            identity = regular_identity(st)
             if identity is not None:
                 found[identity] = entry.name
+            elif st is not None and not stat.S_ISDIR(st.st_mode):
+                self._refuse(entry.path, st)
+                names.add(entry.path)
+        for name in [n for n in self._refused if n not in names]:
+            del self._refused[name]  # gone: a new one under that name is a new sighting
         return found
 
     def _readers(self) -> list[FileReader]:
@@ -228,11 +342,17 @@ def read_file(
 ) -> tuple[list[Sample], ProgressStats]:
     """Read a whole, finished log file once (its last line needs no newline).
 
-    ``FileNotFoundError`` if it does not exist.
+    ``FileNotFoundError`` if it does not exist, ``NotRegularFileError`` (an ``OSError``) if it is
+    not a regular file. A symlink is followed (this reads a file a user named); what it
+    leads to must be a regular file.
     """
-    if regular_file_identity(path) is None:
+    target = Path(os.path.realpath(path))
+    st = lstat(target)
+    if st is None:
         raise FileNotFoundError(f"no progress log at {os.fspath(path)!r}")
-    with Tailer(path, config) as tailer:
+    if regular_identity(st) is None:
+        raise NotRegularFileError(path, file_kind(st.st_mode))
+    with Tailer(target, config, capped=False) as tailer:
         samples = tailer.poll()
         samples.extend(tailer.flush())
         if tailer.error is not None:

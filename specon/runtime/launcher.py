@@ -69,7 +69,7 @@ class ExitRecord:
 
 def append_exit(path: str | os.PathLike[str], record: ExitRecord) -> None:
     """Append one record with a single O_APPEND write, then fsync: lines never interleave."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     try:
         os.write(fd, record.encode())
         os.fsync(fd)

@@ -34,6 +34,7 @@ import math
 import os
 import secrets
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -41,6 +42,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import BinaryIO
 
 import structlog
 
@@ -226,8 +228,8 @@ class LocalRuntime:
             manifest = checkpoint.with_suffix(".json")
             if manifest.parent.resolve() != paths.checkpoints.resolve():
                 raise StartFailed(spec.id, f"{checkpoint} is not in the job's checkpoint directory")
-            try:
-                from_ckpt = ckpt.verify(manifest)
+            try:  # hashing a large payload takes a while: off the event loop
+                from_ckpt = await asyncio.to_thread(ckpt.verify, manifest)
             except ckpt.CheckpointError as exc:
                 raise StartFailed(spec.id, f"checkpoint does not verify: {exc}") from exc
             log.debug("specon.runtime.checkpoint_verified", container=spec.id, step=from_ckpt.step)
@@ -264,14 +266,14 @@ class LocalRuntime:
         self._busy[container_id] = ContainerState.SAVING
         t0 = time.monotonic()
         try:
-            before = ckpt.key(ckpt.latest_complete(paths.checkpoints))
+            before = ckpt.key(await asyncio.to_thread(ckpt.latest_complete, paths.checkpoints))
             log.info("specon.runtime.saving", worker=self._worker, container=container_id, grace=grace)
             self._signal(owner, signal.SIGTERM)
             forced = False
             if not await self._wait_gone(owner, grace):
-                if ckpt.latest_complete(paths.checkpoints) is None and not ckpt.never_written(
-                    paths.checkpoints
-                ):
+                if await asyncio.to_thread(
+                    ckpt.latest_complete, paths.checkpoints
+                ) is None and not ckpt.never_written(paths.checkpoints):
                     log.error("specon.runtime.save_failed", container=container_id, left_running=True)
                     raise SaveFailed(
                         container_id,
@@ -280,7 +282,7 @@ class LocalRuntime:
                     )
                 await self._kill(paths, owner)
                 forced = True
-            latest = ckpt.latest_complete(paths.checkpoints)
+            latest = await asyncio.to_thread(ckpt.latest_complete, paths.checkpoints)
             finished = paths.finished()
             if latest is None and not finished and not ckpt.never_written(paths.checkpoints):
                 log.error("specon.runtime.save_failed", container=container_id, left_running=False)
@@ -484,7 +486,8 @@ class LocalRuntime:
         run_id = uuid.uuid4().hex
         argv = [sys.executable, "-I", "-S", str(_LAUNCHER), str(paths.exits), run_id, self._worker, "--"]
         try:
-            with open(paths.stdout, "ab") as out, open(paths.stderr, "ab") as err:
+            # Never through a symlink or into a FIFO planted in the job's directory.
+            with _append_log(paths.stdout) as out, _append_log(paths.stderr) as err:
                 child = subprocess.Popen(
                     [*argv, *spec.command],
                     cwd=paths.dir,
@@ -558,7 +561,7 @@ class LocalRuntime:
     @contextlib.asynccontextmanager
     async def _locked(self, paths: JobPaths) -> AsyncIterator[None]:
         """The job's cross-process lock (flock; per open file, so it works in-process too)."""
-        fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
             deadline = time.monotonic() + _LOCK_TIMEOUT_S
             while True:
@@ -572,6 +575,17 @@ class LocalRuntime:
             yield
         finally:
             os.close(fd)
+
+
+def _append_log(path: Path) -> BinaryIO:
+    """``path`` opened for appending: a regular file, never followed through a symlink."""
+    fd = os.open(
+        path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644
+    )
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path}: not a regular file")
+    return os.fdopen(fd, "ab")
 
 
 def checkpoint_step(directory: Path) -> int | None:

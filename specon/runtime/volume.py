@@ -14,6 +14,10 @@ Layout under a root directory (the same for every backend that mounts the volume
 The progress log and checkpoints stay in place when a job moves between workers: that is
 the point of the volume. ``owner.json`` is replaced atomically (temp file, fsync, rename)
 and removed when the job stops running anywhere.
+
+Jobs can write in their own directory, so its records are read as untrusted files: through
+``specon.checkpoint.open_regular`` (a symlink is not followed, a FIFO never waited on) and
+with a size bound, so a record cannot hang, flood or redirect the agent that reads it.
 """
 
 from __future__ import annotations
@@ -25,7 +29,14 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specon.checkpoint import atomic_write, fsync_dir
+from specon.checkpoint import (
+    FileTooLargeError,
+    NotRegularFileError,
+    atomic_write,
+    fsync_dir,
+    open_regular,
+    read_regular,
+)
 from specon.model import ContainerId, WorkerId
 from specon.progress.last import last_event
 from specon.runtime.base import JobSpec, valid_job_id
@@ -40,7 +51,11 @@ __all__ = [
     "iter_job_ids",
 ]
 
-# How much of the progress log's end is read to find the final record.
+# Largest record files read whole: far above any real owner.json or spec.json.
+OWNER_MAX = 1 << 16
+SPEC_MAX = 1 << 20
+# exits.jsonl gains a line per run; beyond this only its newest lines are read.
+EXITS_MAX = 1 << 22
 
 
 class CorruptRecordError(ValueError):
@@ -124,7 +139,7 @@ class JobPaths:
     def read_owner(self) -> Owner | None:
         """The owner record, None when the job runs nowhere; ``CorruptRecordError`` if unreadable."""
         try:
-            raw = json.loads(self.owner.read_bytes())
+            raw = json.loads(read_regular(self.owner, OWNER_MAX))
             return Owner(
                 worker=WorkerId(str(raw["worker"])),
                 run_id=str(raw["run_id"]),
@@ -136,7 +151,7 @@ class JobPaths:
             )
         except FileNotFoundError:
             return None
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        except (NotRegularFileError, FileTooLargeError, KeyError, TypeError, ValueError) as exc:
             raise CorruptRecordError(f"{self.owner}: {exc}") from exc
 
     def write_owner(self, owner: Owner) -> None:
@@ -151,10 +166,10 @@ class JobPaths:
     # -- spec.json --------------------------------------------------------------------
     def read_spec(self) -> JobSpec:
         try:
-            return JobSpec.from_json(json.loads(self.spec.read_bytes()))
+            return JobSpec.from_json(json.loads(read_regular(self.spec, SPEC_MAX)))
         except FileNotFoundError as exc:
             raise CorruptRecordError(f"{self.spec}: missing") from exc
-        except (json.JSONDecodeError, ValueError) as exc:
+        except (NotRegularFileError, FileTooLargeError, ValueError) as exc:
             raise CorruptRecordError(f"{self.spec}: {exc}") from exc
 
     def write_spec(self, spec: JobSpec) -> None:
@@ -162,13 +177,27 @@ class JobPaths:
 
     # -- exits.jsonl ------------------------------------------------------------------
     def read_exits(self) -> tuple[list[ExitRecord], int]:
-        """All exit records, oldest first, and the number of unreadable lines skipped."""
+        """All exit records, oldest first, and the number of unreadable lines skipped.
+
+        Of a file longer than ``EXITS_MAX`` only the newest records are read (the line cut
+        counts as unreadable); a file that is not a regular one has no readable record.
+        """
         try:
-            lines = self.exits.read_bytes().splitlines()
+            fd = open_regular(self.exits)
         except FileNotFoundError:
             return [], 0
+        except NotRegularFileError:
+            return [], 1
+        try:
+            size = os.fstat(fd).st_size
+            start = max(0, size - EXITS_MAX)
+            lines = os.pread(fd, size - start, start).splitlines()
+        finally:
+            os.close(fd)
         records: list[ExitRecord] = []
         bad = 0
+        if start > 0 and lines:
+            lines, bad = lines[1:], 1  # the cut line
         for line in lines:
             if not line.strip():
                 continue

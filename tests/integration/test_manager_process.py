@@ -148,8 +148,16 @@ def test_help_describes_the_options() -> None:
         (["--agent-tokens", "{bad_id}"], "invalid id 'w0\\n'"),
         (["--token-file", "{good}", "--read-token-file", "{short}"], "the read token is 12 bytes"),
     ],
-    ids=["no-token", "missing-token-file", "placeholder", "short", "short-agent", "shared-agent", "bad-id",
-         "short-read"],  # fmt: skip
+    ids=[
+        "no-token",
+        "missing-token-file",
+        "placeholder",
+        "short",
+        "short-agent",
+        "shared-agent",
+        "bad-id",
+        "short-read",
+    ],
 )
 def test_without_a_usable_token_it_exits_2_with_a_message(
     tmp_path: Path, extra: list[str], message: str
