@@ -24,6 +24,7 @@ from manager.auth import READER, SHARED, Authenticator, Identity, StaticTokens
 from manager.coordinator import Coordinator, NotHostedError
 from manager.heap import HeapFreezer
 from manager.metrics import ManagerMetrics
+from manager.openapi import openapi_json
 from manager.page import render_status_page
 from manager.status import BadPageError, Page, build_status
 from specon import protocol
@@ -97,6 +98,8 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPRequestEntityTooLarge as exc:
         metrics.rejected.labels(reason="too_large").inc()
         return _error(413, f"body too large: {exc.text}")
+    except web.HTTPClientError as exc:  # no such route or method: say so as an ErrorReply too
+        return _error(exc.status, exc.reason)
 
 
 def _forbidden(request: web.Request, worker: str) -> web.Response | None:
@@ -110,7 +113,13 @@ def _forbidden(request: web.Request, worker: str) -> web.Response | None:
 
 
 async def _decode(request: web.Request, kind: type[protocol.M]) -> protocol.M | web.Response:
-    body = await request.read()
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise
+    except web.RequestPayloadError as exc:  # e.g. a Content-Encoding that does not decode
+        request.app[METRICS].rejected.labels(reason="malformed").inc()
+        return _error(400, f"unreadable body: {exc}")
     try:
         return protocol.decode(body, kind)
     except ProtocolError as exc:
@@ -230,6 +239,10 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+async def openapi(request: web.Request) -> web.Response:
+    return web.Response(body=openapi_json(), content_type="application/json")
+
+
 async def healthz(request: web.Request) -> web.Response:
     coord = request.app[COORD]
     return web.json_response(
@@ -295,6 +308,7 @@ def create_app(
     app.router.add_get("/", status_page)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/openapi.json", openapi)
     if tick:
         app.cleanup_ctx.append(_ticker)
     app.on_shutdown.append(_release_polls)

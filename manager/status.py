@@ -33,10 +33,9 @@ class Page:
 
     @classmethod
     def parse(cls, limit: str | None, after: str | None) -> Page:
-        try:
-            n = DEFAULT_LIMIT if limit is None else int(limit)
-        except ValueError:
-            raise BadPageError(f"limit: expected an integer, got {str(limit)[:20]!r}") from None
+        if limit is not None and not (limit.isascii() and limit.isdigit() and len(limit) <= 6):
+            raise BadPageError(f"limit: expected an integer, got {ascii(limit)[:24]}")
+        n = DEFAULT_LIMIT if limit is None else int(limit)
         if not 1 <= n <= MAX_LIMIT:
             raise BadPageError(f"limit: must be within [1, {MAX_LIMIT}], got {n}")
         if not after:
@@ -44,7 +43,7 @@ class Page:
         section, sep, key = after.partition(":")
         if not sep or section not in ("w", "c", "m") or len(after) > 300:
             raise BadPageError("after: expected a cursor from Status.next (w:<id>, c:<id> or m:<n>)")
-        if section == "m" and not key.isdigit():
+        if section == "m" and not (key.isascii() and key.isdigit()):  # not "²" or "٣"
             raise BadPageError("after: a migrations cursor is m:<n>")
         return cls(n, section, key)
 
