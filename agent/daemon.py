@@ -189,7 +189,10 @@ class AgentDaemon:
             self.link.connected = False
             return False
         except ManagerRejected as exc:
+            # Refused (401/403/400): not a working link, whatever the last success was; the
+            # loops keep retrying at their interval (a rotated token or a fixed manager heals it).
             self.link.rejected += 1
+            self.link.connected = False
             log.error("specon.agent.message_rejected", path=path, status=exc.status, error=str(exc))
             return False
         if not self.link.connected:

@@ -33,7 +33,8 @@ from specon.config import Policy
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.policy.monitor import MonitorState
 from specon.protocol import Action, Command, Status
-from specon.runtime import FakeClock, FakeRuntime, FakeVolume, JobSpec, WorkerUsage
+from specon.runtime import JobSpec, WorkerUsage
+from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume
 
 TOKEN = "agent-daemon-test-token"
 W0 = WorkerId("w0")
@@ -360,3 +361,15 @@ def test_backoff_doubles_with_jitter_up_to_its_maximum_and_resets() -> None:
     assert all(c / 2 <= d <= c for d, c in zip(delays, ceilings, strict=True))
     b.reset()
     assert b.attempt == 0 and 0.25 <= b.next() <= 0.5
+
+
+async def test_a_link_that_starts_being_refused_no_longer_reports_connected(rig: Rig) -> None:
+    # Before: an agent whose heartbeats were refused kept saying "connected" on /healthz.
+    coord = rig.coordinator()
+    server = await rig.serve(coord)
+    d = rig.daemon(url_of(server))
+    d.start()
+    await eventually(lambda: d.link.connected, "connected")
+    d.client._token = lambda: "revoked-token-0123456789abcdef0123"  # e.g. a revoked agent token
+    await eventually(lambda: not d.link.connected and d.link.rejected >= 1, "the refusal noticed")
+    assert alive(d)
