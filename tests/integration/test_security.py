@@ -391,3 +391,54 @@ async def test_a_forged_start_recipe_never_runs_on_the_target(tmp_path: Path, ag
             if info.alive:
                 await rt.stop(info.id, grace=2.0)
         rt.close()
+
+
+# --- bounded state and credentials -----------------------------------------------------------
+
+
+async def test_a_silent_worker_is_forgotten_after_prune_after_timeouts(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.replace("worker_timeout: 4,", "worker_timeout: 1.5, prune_after: 2,"))
+    async with EmbeddedCluster(tmp_path / "c", workers=2, cpus_per_worker=0.5, policy=policy) as c:
+        await _wait_reported(c, W1)
+        c.kill(c.agents[W1])  # silent from now on, without a goodbye
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            st = await _still_serving(c)
+            if {w.id for w in st.workers} == {W0}:
+                break
+            await asyncio.sleep(0.3)
+        else:
+            raise AssertionError("the silent worker was never forgotten")
+        assert st.total_workers == 1
+        _, metrics = await _get(c, "/metrics")
+        assert b"specon_manager_workers_forgotten_total 1.0" in metrics
+
+
+@pytest.mark.parametrize(
+    ("token", "says"),
+    [("change-me", "documented placeholder"), ("short-secret", "12 bytes; at least 32")],
+)
+def test_the_agent_refuses_a_weak_token(tmp_path: Path, token: str, says: str) -> None:
+    (tmp_path / "token").write_text(token)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent",
+            "--worker",
+            "w0",
+            "--volume",
+            str(tmp_path / "v"),
+            "--token-file",
+            str(tmp_path / "token"),
+            "--manager",
+            "http://127.0.0.1:9",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert says in out.stderr and "Traceback" not in out.stderr
