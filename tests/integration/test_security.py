@@ -442,3 +442,32 @@ def test_the_agent_refuses_a_weak_token(tmp_path: Path, token: str, says: str) -
     )
     assert out.returncode == 2
     assert says in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "plant",
+    ['mkfifo "$SPECON_PROGRESS_FILE"', 'ln -s /dev/zero "$SPECON_PROGRESS_FILE"'],
+    ids=["fifo", "dev-zero-symlink"],
+)
+async def test_a_job_planting_a_fifo_or_dev_zero_as_its_log_cannot_hang_the_agent(
+    cluster: EmbeddedCluster, plant: str
+) -> None:
+    script = f'rm -f "$SPECON_PROGRESS_FILE"; {plant}; exec sleep 120'
+    spec = JobSpec(id=ContainerId("planter"), command=("/bin/sh", "-c", script))
+    await cluster.submit(spec, W0)
+    agent = cluster.agents[W0]
+    refused = False
+    deadline = time.monotonic() + 20
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            t0 = time.monotonic()
+            async with s.get(agent.url + "/healthz", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                assert r.status == 200
+            assert time.monotonic() - t0 < 2.0, "the agent's loop is blocked"
+            async with s.get(agent.url + "/metrics") as r:
+                refused = b"specon_agent_unreadable_logs 1.0" in await r.read()
+            if refused:
+                break
+            await asyncio.sleep(0.5)
+    assert refused, "the planted log was never refused"
+    await _wait_reported(cluster, W0)  # and it keeps heartbeating
