@@ -3,47 +3,60 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Two install stamps: the dev tools with specon itself (enough for lint, typecheck and imports:
+# no torch), and everything (torch on top) for the tests, the demo and the benchmarks.
+DEV_STAMP := $(VENV)/.installed-dev
 STAMP := $(VENV)/.installed
+PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 # Expensive builds (kube-apiserver) are cached per user, outside the clone, so a fresh
 # clone on a warm machine reuses them.
 CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/specon
 export SPECON_CACHE := $(CACHE)
 
-.PHONY: install run test lint typecheck unit bench clean help
+.PHONY: install install-dev run test lint typecheck imports unit bench clean help
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-install: $(STAMP) ## Create .venv with specon (editable), dev tools and torch
+install: $(STAMP) ## Create .venv with specon (editable, every extra), dev tools and torch
 
-# Re-runs only when the project's dependency list changes.
-$(STAMP): pyproject.toml
+install-dev: $(DEV_STAMP) ## Only specon (editable, plot extra) and the dev tools: no torch
+
+# Each re-runs only when the project's dependency list changes.
+$(DEV_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip setuptools wheel
-	$(BIN)/pip install --quiet --disable-pip-version-check "torch==2.13.0"
-	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev,train]"
-	@touch $(STAMP)
+	$(PIP) --upgrade pip setuptools wheel
+	$(PIP) -e ".[dev,plot]"
+	@touch $@
+
+$(STAMP): $(DEV_STAMP) pyproject.toml
+	$(PIP) "torch==2.13.0"
+	$(PIP) -e ".[dev,train,plot,docker]"
+	@touch $@
 
 run: install ## Run the main job on the embedded default and print the result
 	$(BIN)/specon demo
 
-lint: install ## ruff
+lint: $(DEV_STAMP) ## ruff
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: install ## mypy --strict
+typecheck: $(DEV_STAMP) ## mypy --strict
 	$(BIN)/mypy
+
+imports: $(DEV_STAMP) ## Import contracts (layering; [tool.importlinter] in pyproject.toml)
+	$(BIN)/lint-imports
 
 unit: install ## The test suite only
 	$(BIN)/pytest -q
 
-test: install lint typecheck unit ## Lint, type check and the whole suite
+test: install lint typecheck imports unit ## Lint, type check, import contracts and the whole suite
 
 bench: install ## Benchmarks: print figures and write bench/results/*.json
 	$(BIN)/python -m bench
 
 clean: ## Remove build products (keeps .venv and the cache)
-	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
 
 # The real control plane for tests/k8s (the test fixtures run the same script).
 KUBE_BUILD := tests/k8s/build-apiserver.sh

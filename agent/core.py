@@ -251,6 +251,8 @@ class Agent:
                     migrated=bool(st and st.migrated),
                     requests=info.spec.requests,
                     job=_job_labels(info.spec),
+                    selector=dict(info.spec.selector),
+                    tolerations=info.spec.tolerations,
                 )
             )
         results = []
@@ -268,8 +270,9 @@ class Agent:
             containers=tuple(reports),
             results=tuple(results),
             labels={**self.runtime.node_labels, **self.labels},
-            # Taints stay out until reports carry each container's tolerations: without them
-            # every tainted node would look infeasible to every container.
+            # Reports carry each container's selector and tolerations, so the manager can
+            # offer this worker only to containers that tolerate its taints.
+            taints=self.runtime.node_taints,
         )
 
     def _report(self, w: Watched) -> ContainerReport:
@@ -286,6 +289,8 @@ class Agent:
             step=w.step,
             requests=w.info.spec.requests,
             job=_job_labels(w.info.spec),
+            selector=dict(w.info.spec.selector),
+            tolerations=w.info.spec.tolerations,
         )
 
     def acknowledge(self, batch: CommandBatch) -> None:
@@ -313,10 +318,9 @@ class Agent:
         return started
 
     async def _run(self, cmd: Command, remaining: float) -> CommandResult:
-        self.counters.commands[cmd.action.value] = self.counters.commands.get(cmd.action.value, 0) + 1
-        log.info(
-            "specon.agent.command_started", command=cmd.id, action=cmd.action.value, container=cmd.container
-        )
+        action = cmd.action.value if isinstance(cmd.action, Action) else "unknown"
+        self.counters.commands[action] = self.counters.commands.get(action, 0) + 1
+        log.info("specon.agent.command_started", command=cmd.id, action=action, container=cmd.container)
         try:
             res = await self.execute(cmd, remaining)
         except Exception as exc:  # a bug or an unexpected backend error: report, never die
@@ -333,6 +337,12 @@ class Agent:
         return res
 
     async def execute(self, cmd: Command, remaining: float) -> CommandResult:
+        known = isinstance(cmd.action, Action)
+        if not known:
+            # Decode refuses an unknown action; one that got here anyway (a newer manager's,
+            # a bug) is an error, never a stop: nothing is done to the container.
+            error = f"{cmd.container}: unknown action {cmd.action!r}; nothing done"
+            return CommandResult(command=cmd.id, ok=False, error=error)
         if cmd.action is Action.SAVE:
             return await self._save(cmd, remaining)
         if cmd.action is Action.START:
@@ -341,7 +351,7 @@ class Agent:
             return self._mark(cmd)
         if cmd.action is Action.STOP:
             return await self._stop(cmd)
-        assert_never(cmd.action)  # an unknown action is an error (reported by _run), never a stop
+        assert_never(cmd.action)  # every action is handled above (mypy checks it)
 
     async def _save(self, cmd: Command, remaining: float) -> CommandResult:
         grace = max(1.0, min(self.policy.migration.grace_period, remaining))

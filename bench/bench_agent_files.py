@@ -33,7 +33,8 @@ from bench.figures import Figure
 from specon import checkpoint
 from specon.config import parse_policy
 from specon.model import ContainerId, Resources
-from specon.runtime import FakeClock, FakeRuntime, FakeVolume, JobScript, JobSpec
+from specon.runtime import JobSpec
+from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume, JobScript
 
 HEALTHZ_TARGET = 0.100  # s
 MEMORY_TARGET = 4 << 20  # bytes

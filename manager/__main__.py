@@ -161,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     journal: JournalStore
     if args.journal == "kubernetes":
         # Imported here only: the client is heavy and only this journal needs it.
-        from specon.runtime.k8s_journal import KubeJournal  # noqa: PLC0415
+        from manager.k8s_journal import KubeJournal  # noqa: PLC0415
         from specon.runtime.kubernetes import load_api_client  # noqa: PLC0415
 
         try:

@@ -64,19 +64,7 @@ class DryRunExecutor:
     """Journal the decision as a migration that never touched anything."""
 
     def begin(self, coord: Coordinator, move: Move, now: float) -> None:
-        coord.virtual[move.container] = move.target
-        m = coord.new_migration(move, now)
-        m = m.to(State.FAILED, at=now, error="dry-run: decided, not executed")
-        m = m.to(State.ROLLED_BACK, at=now)
-        coord.record(m)
-        coord.emit(Event("migration_finished", {"result": "dry_run", "reason": m.reason}))
-        log.info(
-            "specon.manager.dry_run_move",
-            container=move.container,
-            source=move.source,
-            target=move.target,
-            reason=move.reason,
-        )
+        coord.record_dry_run(move, now)
 
 
 class NotHostedError(ValueError):
@@ -416,6 +404,24 @@ class Coordinator:
         mid = f"m{int(now * 1000):x}-{next(self._ids)}"
         return Migration(mid, move.container, move.source, move.target, reason, State.DECIDED, now, now)
 
+    def record_dry_run(self, move: Move, now: float) -> Migration:
+        """Journal ``move`` as decided but never executed (dry-run), and let later decisions
+        count the container on its target, as they would after a live move."""
+        self.virtual[move.container] = move.target
+        m = self.new_migration(move, now)
+        m = m.to(State.FAILED, at=now, error="dry-run: decided, not executed")
+        m = m.to(State.ROLLED_BACK, at=now)
+        self.record(m)
+        self.emit(Event("migration_finished", {"result": "dry_run", "reason": m.reason}))
+        log.info(
+            "specon.manager.dry_run_move",
+            container=move.container,
+            source=move.source,
+            target=move.target,
+            reason=move.reason,
+        )
+        return m
+
     def open_migration(self, move: Move, now: float) -> None:
         m = self.new_migration(move, now)
         self.record(m)
@@ -437,7 +443,9 @@ class Coordinator:
         kind = "rollback" if rollback else action.value
         return Command(
             # A retry after a failed result is a new command: the agent answers a repeated
-            # id from its memory instead of running it again.
+            # id from its memory instead of running it again. The id is unique per step and
+            # attempt; what the command means is in its fields (``rollback``), never parsed
+            # back out of the id.
             id=f"{m.id}:{kind}:{worker}:{m.attempts}",
             action=action,
             container=m.container,
@@ -451,6 +459,7 @@ class Coordinator:
             migrated=action is Action.START and self.marks.get(m.container, Marks()).migrations > 0,
             # No spec: the target starts the job as it was submitted (its own runtime's
             # record), never as a save result reported it (SPEC §6, security model).
+            rollback=rollback,
         )
 
     def _send(self, worker: WorkerId, cmd: Command) -> None:
@@ -499,7 +508,7 @@ class Coordinator:
         m = self.migrations.get(cmd.migration)
         if m is None:
             return
-        rollback = res.command.split(":")[1] == "rollback"
+        rollback = cmd.rollback  # the command as we queued it, not the id the agent echoed
         if not res.ok:
             log.warning("specon.manager.command_failed", command=res.command, worker=worker, error=res.error)
             if not rollback and m.state in (State.SAVING, State.RESTORING):

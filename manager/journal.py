@@ -50,7 +50,7 @@ _COLUMNS = tuple(f.name for f in fields(Migration))
 
 class JournalStore(Protocol):
     """What the coordinator needs of a journal: this SQLite one, or
-    ``specon.runtime.k8s_journal.KubeJournal`` (ConfigMaps in the Kubernetes API)."""
+    ``manager.k8s_journal.KubeJournal`` (ConfigMaps in the Kubernetes API)."""
 
     def put(self, m: Migration) -> None: ...
     def get(self, migration_id: str) -> Migration | None: ...

@@ -207,6 +207,7 @@ class ClusterState:
                 continue
             mk = marks.get(rec.id, Marks())
             migrated = rec.report.migrated or mk.migrations > 0
+            selector = rec.report.selector
             containers.append(
                 ContainerSnapshot(
                     id=rec.id,
@@ -219,6 +220,8 @@ class ClusterState:
                     rebalances=mk.rebalances,
                     requests=rec.report.requests,
                     movable=rec.report.job.get(MIGRATABLE_LABEL, "true") != "false",
+                    selector=tuple(sorted(selector.items())) if selector else (),
+                    tolerations=rec.report.tolerations,
                 )
             )
         containers.sort(key=lambda c: c.id)

@@ -86,7 +86,8 @@ class ContainerSnapshot:
     # Opaque placement constraints (e.g. Kubernetes node selector labels) that a
     # worker's ``labels`` must contain for the container to run there.
     selector: tuple[tuple[str, str], ...] = ()
-    # Taint keys this container tolerates.
+    # Tolerations, in the notation of ``specon.policy.placement.tolerates``
+    # (``key``, ``key=value``, ``*``, each optionally ``:Effect``).
     tolerations: tuple[str, ...] = ()
     # False for a job that opted out of moves (``specon.io/migratable: "false"``): it is
     # classified and scored, but Algorithm 2 answers it "stay" and Algorithm 3 skips it.
@@ -106,7 +107,8 @@ class WorkerSnapshot:
     # Heartbeat age in seconds at decision time (manager clock).
     heartbeat_age: float = 0.0
     labels: tuple[tuple[str, str], ...] = ()
-    # Taint keys the worker carries; a container tolerating none of them cannot go there.
+    # Taints the worker carries (``key[=value][:Effect]``); a container goes there only if
+    # it tolerates every one (``specon.policy.placement.fits``).
     taints: tuple[str, ...] = ()
 
 

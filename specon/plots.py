@@ -2,6 +2,11 @@
 
 Uses matplotlib's object API with the Agg canvas directly, never ``pyplot``, so no
 global backend state is touched and no display is needed.
+
+matplotlib is the optional ``plot`` extra, and this is the only module that imports it (an
+import contract): the daemons never load it, and the CLI imports this module only when a
+command plots. Without matplotlib, importing this module raises ``ImportError``
+saying which extra to install, which the CLI prints instead of a traceback.
 """
 
 from __future__ import annotations
@@ -9,15 +14,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from matplotlib.artist import Artist
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
-
 from specon.evaluation import JobResult, RunResult
 from specon.model import Category
 from specon.replay import ReplayResult
+
+try:
+    from matplotlib.artist import Artist
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+except ImportError as exc:  # the optional `plot` extra is not installed
+    raise ImportError(
+        "plotting needs matplotlib, which is not installed: install the 'plot' extra "
+        "(pip install 'specon[plot]')",
+        name=exc.name,
+    ) from exc
 
 COLOURS = {
     Category.PROGRESSING: "#a6d96a",

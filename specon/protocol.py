@@ -107,6 +107,13 @@ class ContainerReport:
     requests: Resources = field(default_factory=Resources)
     # Labels / metadata of the job (model, submit time, ...), free-form.
     job: dict[str, str] = field(default_factory=dict, hash=False)
+    # Placement constraints (protocol 1.1), honoured by ``specon.policy.placement.fits``:
+    # node labels a target must carry (a Kubernetes pod's nodeSelector), and the taints
+    # the job tolerates, each ``key``, ``key=value``, ``key=`` (empty value), ``*`` (any
+    # key), optionally ``:Effect`` (see ``placement.tolerates``). Heartbeat ``taints``
+    # are ``key[=value][:Effect]``.
+    selector: dict[str, str] = field(default_factory=dict, hash=False)
+    tolerations: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +202,9 @@ class Command:
     migrated: bool = False
     # start: the runtime spec from the source's save result.
     spec: dict[str, object] = field(default_factory=dict, hash=False)
+    # start: this start puts the job back on its source after a failed migration (a
+    # rollback), not on the migration's target (protocol 1.1).
+    rollback: bool = False
 
 
 @dataclass(frozen=True, slots=True)

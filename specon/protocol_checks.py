@@ -31,6 +31,9 @@ MAX_LABELS = 128
 MAX_LABEL_KEY = 317  # a Kubernetes label key: 253 prefix + "/" + 63 name
 MAX_LABEL_VALUE = 1024
 MAX_RESULTS = 1000
+# A taint or toleration, ``key[=value][:Effect]``: a label key, a 63-character value, an effect.
+MAX_TAINT = MAX_LABEL_KEY + 1 + 63 + 1 + 16
+MAX_TAINTS = MAX_LABELS
 MAX_POLL_WAIT = 3600.0
 
 
@@ -82,6 +85,19 @@ def _labels(out: Problems, path: str, labels: Mapping[str, str]) -> None:
             out.append((f"{path}.{k}", f"a label value must be at most {MAX_LABEL_VALUE} characters"))
 
 
+def _taints(out: Problems, path: str, values: tuple[str, ...], what: str) -> None:
+    """Taints or tolerations (``specon.policy.placement.tolerates``): bounded in number and
+    length, each non-empty and printable."""
+    if len(values) > MAX_TAINTS:
+        out.append((path, f"more than {MAX_TAINTS} {what} ({len(values)})"))
+        return
+    for i, t in enumerate(values):
+        if not t or not t.isprintable():
+            out.append((f"{path}[{i}]", "must be non-empty printable text"))
+        else:
+            _text(out, f"{path}[{i}]", t, MAX_TAINT)
+
+
 def _heartbeat(hb: Any) -> Problems:
     out: Problems = []
     _id(out, "worker", hb.worker, "worker id")
@@ -91,10 +107,7 @@ def _heartbeat(hb: Any) -> Problems:
     _resources(out, "capacity", hb.capacity)
     _range(out, "usage", hb.usage, 0.0, 1.0)
     _labels(out, "labels", hb.labels)
-    if len(hb.taints) > MAX_LABELS:
-        out.append(("taints", f"more than {MAX_LABELS} taints"))
-    for i, t in enumerate(hb.taints):
-        _text(out, f"taints[{i}]", t, MAX_LABEL_KEY)
+    _taints(out, "taints", hb.taints, "taints")
     if len(hb.results) > MAX_RESULTS:
         out.append(("results", f"more than {MAX_RESULTS} results ({len(hb.results)})"))
     ids: set[str] = set()
@@ -110,6 +123,10 @@ def _heartbeat(hb: Any) -> Problems:
         _range(out, f"{p}.step", c.step, 0, MAX_SEQ)
         _resources(out, f"{p}.requests", c.requests)
         _labels(out, f"{p}.job", c.job)
+        if c.selector:
+            _labels(out, f"{p}.selector", c.selector)
+        if c.tolerations:
+            _taints(out, f"{p}.tolerations", c.tolerations, "tolerations")
         if len(out) > 50:
             break
     for i, r in enumerate(hb.results[:MAX_RESULTS]):

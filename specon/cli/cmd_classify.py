@@ -198,6 +198,13 @@ def run(args: argparse.Namespace) -> int:
     except PolicyError as e:
         print(f"specon classify: {e}", file=sys.stderr)
         return EXIT_FAILED
+    if args.plot:
+        # Only for --plot: matplotlib (the `plot` extra) is slow to import, and may be missing.
+        try:
+            from specon.plots import plot_replays  # noqa: PLC0415
+        except ImportError as e:
+            print(f"specon classify: {e}", file=sys.stderr)
+            return EXIT_FAILED
     status = 0
     done: list[tuple[str, ReplayResult, ProgressStats]] = []
     for path in args.files:
@@ -221,9 +228,6 @@ def run(args: argparse.Namespace) -> int:
         print("\n\n".join(timeline(path, result, stats, policy.monitor) for path, result, stats in done))
 
     if args.plot and done:
-        # matplotlib takes a while to import and every specon command loads this module.
-        from specon.plots import plot_replays  # noqa: PLC0415
-
         try:
             plot_replays([(p, r) for p, r, _ in done], Path(args.plot), metric=policy.progress.metric)
         except (OSError, ValueError) as e:

@@ -104,7 +104,11 @@ def _table(base: RunResult, ours: RunResult, cmp: Comparison) -> str:
 
 def main(args: argparse.Namespace) -> int:
     # Heavy imports (matplotlib, torch) only when the demo really runs, not for --help.
-    from specon.plots import plot_jct_bars, plot_timelines  # noqa: PLC0415
+    try:
+        from specon.plots import plot_jct_bars, plot_timelines  # noqa: PLC0415
+    except ImportError as exc:  # the `plot` extra is missing: say so before the runs, not after
+        print(f"specon demo: {exc}", file=sys.stderr)
+        return 2
     from specon.workloads.registry import WORKLOADS  # noqa: PLC0415
 
     size = QUICK if args.quick else DEFAULTS

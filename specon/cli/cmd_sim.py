@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import sys
 import time
@@ -106,6 +107,15 @@ def _fail(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
+def _plots_missing() -> str | None:
+    """Why ``--plot`` cannot work (matplotlib, the ``plot`` extra, is not installed), or None."""
+    try:
+        importlib.import_module("specon.plots")
+    except ImportError as exc:
+        return str(exc)
+    return None
+
+
 def _weights(text: str | None) -> tuple[float, float, float] | None:
     if text is None:
         return None
@@ -147,6 +157,8 @@ def _params(args: argparse.Namespace) -> SimParams:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.plot is not None and (missing := _plots_missing()) is not None:
+        return _fail(missing)  # before the run, not after it
     try:
         weights = _weights(args.weights)
         params = _params(args)

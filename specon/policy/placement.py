@@ -46,13 +46,52 @@ Fits = Callable[[ContainerSnapshot, WorkerSnapshot, Resources], bool]
 def fits(container: ContainerSnapshot, worker: WorkerSnapshot, used: Resources) -> bool:
     """The feasibility rule of SPEC §4.1: resources, node selector and taints.
 
-    ``used`` must not include ``container`` itself (it is not on ``worker`` yet).
+    ``used`` must not include ``container`` itself (it is not on ``worker`` yet). Every
+    taint of the worker must be tolerated by one of the container's tolerations
+    (``tolerates``); every selector pair must be among the worker's labels.
     """
     if not container.requests.fits_in(worker.capacity - used):
         return False
     if container.selector and not all(pair in worker.labels for pair in container.selector):
         return False
-    return not worker.taints or all(taint in container.tolerations for taint in worker.taints)
+    tolerations = container.tolerations
+    return not worker.taints or all(
+        taint in tolerations or any(tolerates(t, taint) for t in tolerations) for taint in worker.taints
+    )
+
+
+# -- taints and tolerations ----------------------------------------------------------------------
+# Kubernetes' model (``ToleratesTaint``) in one string each, so snapshots and heartbeats stay
+# flat and hashable:
+#   taint       ``key[=value][:Effect]``   e.g. ``gpu=a100:NoSchedule``, ``drain``
+#   toleration  ``key``        operator Exists: any value of ``key``
+#               ``key=value``  operator Equal (``key=`` matches only an empty value)
+#               ``*``          operator Exists without a key: every taint
+#               each optionally ``:Effect``, which restricts it to taints of that effect;
+#               without one it tolerates every effect.
+# A taint without an effect is tolerated only by tolerations without one. Keys and values
+# never contain ``=`` or ``:`` in Kubernetes, so the split is unambiguous.
+ANY_KEY = "*"
+
+
+def _split(text: str) -> tuple[str, str | None, str]:
+    """``key[=value][:Effect]`` as (key, value or None when there is no ``=``, effect)."""
+    body, colon, effect = text.rpartition(":")
+    if not colon:
+        body, effect = text, ""
+    key, eq, value = body.partition("=")
+    return key, value if eq else None, effect
+
+
+def tolerates(toleration: str, taint: str) -> bool:
+    """Whether ``toleration`` tolerates ``taint`` (both in the notation above)."""
+    t_key, t_value, t_effect = _split(toleration)
+    key, value, effect = _split(taint)
+    if t_effect and t_effect != effect:
+        return False
+    if t_key not in (ANY_KEY, key):
+        return False
+    return t_value is None or t_value == (value or "")
 
 
 # Score column per category: 0 = PC weight, 1 = WC weight, 2 = CC weight.

@@ -1,8 +1,9 @@
 """Runtime backends: one small interface (``base.Runtime``) and its implementations.
 
-``local`` runs jobs as process groups in per-worker CPU budgets on this machine; ``fake``
-is an in-memory runtime for tests. Docker and Kubernetes backends import their client
-libraries only in their own modules.
+``local`` runs jobs as process groups in per-worker CPU budgets on this machine. Docker and
+Kubernetes backends import their client libraries only in their own modules (import contracts
+in pyproject.toml). ``fake`` is an in-memory runtime for tests: they import
+``specon.runtime.fake`` directly, and nothing outside the tests may (``make imports``).
 """
 
 from specon.runtime.base import (
@@ -19,7 +20,6 @@ from specon.runtime.base import (
     StillRunning,
     WorkerUsage,
 )
-from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume, JobScript
 from specon.runtime.local import LocalCluster, LocalRuntime
 from specon.runtime.volume import JobPaths
 
@@ -27,11 +27,7 @@ __all__ = [
     "AlreadyRunning",
     "ContainerInfo",
     "ContainerState",
-    "FakeClock",
-    "FakeRuntime",
-    "FakeVolume",
     "JobPaths",
-    "JobScript",
     "JobSpec",
     "LocalCluster",
     "LocalRuntime",

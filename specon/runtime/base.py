@@ -61,6 +61,11 @@ class JobSpec:
     # Kubernetes backend: the pod manifest without status, uid, resourceVersion, nodeName).
     # Text, not a dict, so the spec stays hashable and is carried through unchanged.
     template: str | None = None
+    # Placement constraints the manager honours when it chooses a target: node labels the
+    # worker must carry (Kubernetes: the pod's nodeSelector) and the taints the job
+    # tolerates, in the notation of ``specon.policy.placement.tolerates``.
+    selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         valid_job_id(self.id)
@@ -80,6 +85,8 @@ class JobSpec:
             "model": self.model,
             # Only when set: specs of the other backends serialise exactly as before.
             **({"template": self.template} if self.template is not None else {}),
+            **({"selector": [list(p) for p in self.selector]} if self.selector else {}),
+            **({"tolerations": list(self.tolerations)} if self.tolerations else {}),
         }
 
     @classmethod
@@ -99,6 +106,8 @@ class JobSpec:
                 steps=None if raw.get("steps") is None else int(raw["steps"]),
                 model=None if raw.get("model") is None else str(raw["model"]),
                 template=None if raw.get("template") is None else str(raw["template"]),
+                selector=tuple((str(k), str(v)) for k, v in raw.get("selector", ())),
+                tolerations=tuple(str(t) for t in raw.get("tolerations", ())),
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"bad job spec: {exc}") from exc
@@ -274,7 +283,8 @@ class Runtime(Protocol):
 
     @property
     def node_taints(self) -> tuple[str, ...]:
-        """Taint keys that keep containers off this worker (empty where there are none)."""
+        """Taints that keep containers off this worker, ``key[=value][:Effect]`` (the notation
+        of ``specon.policy.placement.tolerates``; empty where there are none)."""
         ...
 
     async def publish_state(self, container_id: ContainerId, annotations: Mapping[str, str]) -> bool:

@@ -234,8 +234,13 @@ class FakeRuntime:
         capacity: Resources | None = None,
         save_seconds: float = 0.0,
         start_seconds: float = 0.0,
+        labels: Mapping[str, str] | None = None,
+        taints: tuple[str, ...] = (),
     ) -> None:
         self._worker = WorkerId(worker)
+        # Placement facts of this worker, as a Kubernetes node would have them.
+        self.labels = dict(labels or {})
+        self.taints = taints
         self.volume = volume
         self.clock = volume.clock
         self.capacity = capacity or Resources(cpu=1.0)
@@ -297,11 +302,11 @@ class FakeRuntime:
 
     @property
     def node_labels(self) -> dict[str, str]:
-        return {}
+        return dict(self.labels)
 
     @property
     def node_taints(self) -> tuple[str, ...]:
-        return ()
+        return self.taints
 
     async def publish_state(self, container_id: ContainerId, annotations: Mapping[str, str]) -> bool:
         return False  # the agent's state file on the volume is the record here

@@ -42,6 +42,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from specon.model import ContainerId, Resources
+from specon.policy.placement import ANY_KEY
 from specon.runtime.base import (
     ENV_CHECKPOINT_DIR,
     ENV_JOB_ID,
@@ -349,19 +350,66 @@ def node_schedulable(node: Mapping[str, Any]) -> bool:
     return node_ready(node) and not (node.get("spec") or {}).get("unschedulable")
 
 
+# Taint effects that keep a new pod off a node (PreferNoSchedule is only a preference).
+PLACEMENT_EFFECTS = ("NoSchedule", "NoExecute")
+
+
 def node_taints(node: Mapping[str, Any]) -> tuple[str, ...]:
-    """Keys of the taints that keep new pods off the node, including the ones Kubernetes
-    implies for a cordoned or not-Ready node, so placement's taint rule covers both."""
-    keys = {
-        str(t.get("key"))
+    """The taints that keep new pods off the node as ``key[=value]:Effect`` (the notation of
+    ``specon.policy.placement.tolerates``), including the ones Kubernetes implies for a
+    cordoned or not-Ready node, so placement's taint rule covers both."""
+    taints = {
+        _taint(t)
         for t in (node.get("spec") or {}).get("taints") or []
-        if isinstance(t, dict) and t.get("effect") in ("NoSchedule", "NoExecute") and t.get("key")
+        if isinstance(t, dict) and t.get("effect") in PLACEMENT_EFFECTS and t.get("key")
     }
     if (node.get("spec") or {}).get("unschedulable"):
-        keys.add(TAINT_UNSCHEDULABLE)
+        taints.add(f"{TAINT_UNSCHEDULABLE}:NoSchedule")
     if not node_ready(node):
-        keys.add(TAINT_NOT_READY)
-    return tuple(sorted(keys))
+        taints.add(f"{TAINT_NOT_READY}:NoSchedule")
+    return tuple(sorted(taints))
+
+
+def _taint(t: Mapping[str, Any]) -> str:
+    value = str(t.get("value") or "")
+    return f"{t.get('key')}{'=' + value if value else ''}:{t.get('effect')}"
+
+
+def pod_tolerations(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """The pod's tolerations in the notation of ``specon.policy.placement.tolerates``.
+
+    Faithful to Kubernetes' ``ToleratesTaint``: operator Exists (any value) or Equal (the
+    default; the value must match, an absent value matches only an empty one), an empty
+    key with Exists tolerates every taint, an empty effect every effect. Left out: a
+    toleration with ``tolerationSeconds`` (a NoExecute taint evicts the pod after it, so
+    the node is no home for a moved job; admission adds such tolerations for not-ready and
+    unreachable nodes to every pod), a PreferNoSchedule-only one (placement ignores that
+    effect), and malformed ones (an empty key with Equal, an unknown operator).
+    """
+    out: set[str] = set()
+    for t in (pod.get("spec") or {}).get("tolerations") or []:
+        if not isinstance(t, dict) or t.get("tolerationSeconds") is not None:
+            continue
+        key, op = str(t.get("key") or ""), str(t.get("operator") or "Equal")
+        effect = str(t.get("effect") or "")
+        if effect and effect not in PLACEMENT_EFFECTS:
+            continue
+        if op == "Exists":
+            text = key or ANY_KEY
+        elif op == "Equal" and key:
+            text = f"{key}={t.get('value') or ''}"
+        else:
+            continue
+        out.add(f"{text}:{effect}" if effect else text)
+    return tuple(sorted(out))
+
+
+def pod_node_selector(pod: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The pod's ``spec.nodeSelector``: the labels its node must carry."""
+    raw = (pod.get("spec") or {}).get("nodeSelector") or {}
+    if not isinstance(raw, dict):
+        return ()
+    return tuple(sorted((str(k), str(v)) for k, v in raw.items()))
 
 
 def node_capacity(node: Mapping[str, Any]) -> Resources:
@@ -526,6 +574,8 @@ def job_spec(pod: Mapping[str, Any]) -> JobSpec:
         steps=int(steps) if steps.isdigit() else None,
         model=ann.get(ANN_MODEL) or labels.get(ANN_MODEL),
         template=dumps_template(template_of(pod)),
+        selector=pod_node_selector(pod),
+        tolerations=pod_tolerations(pod),
     )
 
 

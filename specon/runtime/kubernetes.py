@@ -425,7 +425,8 @@ class KubernetesRuntime:
 
     @property
     def node_taints(self) -> tuple[str, ...]:
-        """Taint keys that keep pods off this node (cordoned and not-Ready included)."""
+        """Taints that keep pods off this node, ``key[=value]:Effect`` (cordoned and not-Ready
+        included)."""
         return pods.node_taints(self._node) if self._node else ()
 
     async def publish_state(self, container_id: ContainerId, annotations: Mapping[str, str]) -> bool:

@@ -302,6 +302,10 @@ class FakeKubelet:
                 raise
             self._core.patch_node(node.name, body)
         self._core.patch_node_status(node.name, status)
+        # Admission (TaintNodesByCondition) taints every new node not-ready:NoSchedule; the node
+        # lifecycle controller lifts it once the node is Ready. No controller runs here: do its
+        # part, so the node carries only the taints it was declared with.
+        self._core.patch_node(node.name, {"spec": {"taints": body["spec"]["taints"]}})
 
     # -- watch thread ----------------------------------------------------------------------------
 

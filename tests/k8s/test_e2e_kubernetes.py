@@ -22,11 +22,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from manager.k8s_journal import KubeJournal
 from specon import protocol
 from specon.migration import State
 from specon.model import Resources, WorkerId
 from specon.protocol import Status
-from specon.runtime.k8s_journal import KubeJournal
 from specon.runtime.kubernetes import KubeApi, KubeError
 from tests.k8s.cluster import KubeCluster, free_ports
 from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
@@ -56,9 +56,9 @@ from aiohttp import web
 from manager.app import create_app
 from manager.auth_kubernetes import TokenReviewAuthenticator
 from manager.coordinator import Coordinator
+from manager.k8s_journal import KubeJournal
 from specon import logs
 from specon.config import load_policy
-from specon.runtime.k8s_journal import KubeJournal
 from specon.runtime.kubernetes import load_api_client
 
 kubeconfig, namespace, policy, port, audience = sys.argv[1:6]

@@ -20,11 +20,11 @@ import pytest
 import yaml
 
 from manager.auth_kubernetes import TokenReviewAuthenticator
+from manager.k8s_journal import ANN_MIGRATIONS, KubeJournal
 from specon.config import default_policy, load_policy
 from specon.migration import Migration, State
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import JobSpec, SaveFailed, StartFailed
-from specon.runtime.k8s_journal import ANN_MIGRATIONS, KubeJournal
 from specon.runtime.k8s_restore import record_of
 from specon.runtime.kubernetes import KubeApi, KubeError, KubernetesRuntime
 from tests.k8s.cluster import KubeCluster

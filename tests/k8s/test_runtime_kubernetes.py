@@ -15,11 +15,11 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes import client
 
+from manager.k8s_journal import KubeJournal
 from specon import checkpoint as ckpt
 from specon.migration import Migration, State
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import AlreadyRunning, ContainerInfo, SaveFailed
-from specon.runtime.k8s_journal import KubeJournal
 from specon.runtime.k8s_pods import ANN_GENERATION, ANN_RESTORED_FROM, LABEL_JOB
 from specon.runtime.kubernetes import Informer, KubeApi, KubeError, KubernetesRuntime
 from tests.k8s.cluster import KubeCluster

@@ -22,7 +22,8 @@ from agent.core import Agent
 from agent.daemon import AgentDaemon
 from specon.model import ContainerId, Resources
 from specon.protocol import Action, Command, CommandBatch, CommandResult
-from specon.runtime import FakeClock, FakeRuntime, FakeVolume, JobScript, JobSpec
+from specon.runtime import JobSpec
+from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume, JobScript
 
 Client = TestClient[web.Request, web.Application]
 FAMILIES = {

@@ -25,7 +25,8 @@ from agent.core import Agent
 from specon.config import Policy
 from specon.model import Category, ContainerId, Resources
 from specon.protocol import Action, Command, CommandBatch, CommandResult, ContainerReport
-from specon.runtime import ContainerInfo, FakeClock, FakeRuntime, FakeVolume, JobScript, JobSpec
+from specon.runtime import ContainerInfo, JobSpec
+from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume, JobScript
 
 PC, WC, CC = Category.PROGRESSING, Category.WATCHING, Category.CONVERGED
 TICK = 10.0  # fake seconds between ticks: ten samples per tick
@@ -612,3 +613,47 @@ async def test_a_successful_save_is_reported_ok_even_if_the_state_cannot_be_pers
     # manager roll back a migration whose save worked.
     assert world.w0.calls == [("start", "a"), ("save", "a")]
     assert res.ok and res.checkpoint is not None
+
+
+# --- unknown actions and placement facts ---------------------------------------------------
+
+
+async def test_an_unknown_action_is_an_error_and_never_stops_the_container(world: World) -> None:
+    # The decoder refuses unknown actions (test_protocol); a Command built in-process with one
+    # (a newer manager's action, a bug) must still never fall through to a stop.
+    await world.run("a")
+    agent = world.agent()
+    await agent.refresh()
+    unknown = command("m1:reboot:w0:0", "reboot", "a")  # type: ignore[arg-type]
+    calls = list(world.w0.calls)
+
+    res = await execute(agent, world.clock, unknown)
+
+    assert not res.ok and res.error == "a: unknown action 'reboot'; nothing done"
+    assert world.w0.calls == calls, "the runtime was never asked to act"
+    assert {i.id for i in await world.w0.list_containers() if i.alive} == {"a"}
+    assert set(agent.watched) == {"a"} and not agent.leaving
+    assert agent.heartbeat(world.clock.now()).results == (res,)
+
+
+async def test_the_heartbeat_carries_node_taints_and_each_jobs_selector_and_tolerations(
+    world: World,
+) -> None:
+    rt = FakeRuntime(
+        "w2", world.volume, labels={"zone": "a"}, taints=("gpu=a100:NoSchedule", "dedicated:NoExecute")
+    )
+    world.volume.script("tol", JobScript(loss=steady))
+    await rt.start(spec("tol", selector=(("zone", "a"),), tolerations=("gpu:NoSchedule", "*:NoExecute")))
+    world.volume.script("plain", JobScript(loss=steady))
+    await rt.start(spec("plain"))
+    agent = world.agent(rt)
+    await agent.refresh()
+
+    hb = agent.heartbeat(world.clock.now())
+
+    assert hb.taints == ("gpu=a100:NoSchedule", "dedicated:NoExecute")
+    assert hb.labels["zone"] == "a"
+    by_id = {str(r.id): r for r in hb.containers}
+    assert by_id["tol"].selector == {"zone": "a"}
+    assert by_id["tol"].tolerations == ("gpu:NoSchedule", "*:NoExecute")
+    assert (by_id["plain"].selector, by_id["plain"].tolerations) == ({}, ())

@@ -31,7 +31,8 @@ from specon.progress import DirectoryTailer, Tailer, read_file
 from specon.progress.last import last_event, last_record
 from specon.progress.reader import FileReader
 from specon.progress.samples import ProgressStats, Sample
-from specon.runtime import FakeClock, FakeRuntime, FakeVolume, JobScript, JobSpec, volume
+from specon.runtime import JobSpec, volume
+from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume, JobScript
 from specon.runtime.volume import CorruptRecordError, JobPaths, Owner
 
 T = TypeVar("T")

@@ -8,16 +8,26 @@ with a ``CommandResult`` riding on the next heartbeat.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
 from manager_fakes import START, FakeAgent, FakeClock, commands, coordinator, only, policy, report
 
-from manager.coordinator import Coordinator, Event
+from manager.coordinator import Coordinator, DryRunExecutor, Event
 from manager.journal import Journal
 from specon.migration import Migration, State
 from specon.model import Category, ContainerId, WorkerId
-from specon.protocol import Action, Command, CommandResult, ContainerReport, Heartbeat, ReallocationRequest
+from specon.policy.decisions import Move
+from specon.protocol import (
+    Action,
+    Command,
+    CommandBatch,
+    CommandResult,
+    ContainerReport,
+    Heartbeat,
+    ReallocationRequest,
+)
 
 CC = Category.CONVERGED
 C1 = ContainerId("c1")
@@ -533,3 +543,144 @@ def test_a_tick_before_any_heartbeat_fails_no_recovered_migration(tmp_path: Path
         "m-restoring": State.RESTORING,
         "m-failed": State.FAILED,
     }
+
+
+# --- explicit commands ---------------------------------------------------------------------
+
+
+def test_a_rollback_start_says_so_in_a_field_and_its_result_is_read_from_it(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    coord = coordinator(tmp_path, clock)
+    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
+    save = _begin_move(coord, a, b)
+    assert not save.rollback
+    failed = CommandResult(command=save.id, ok=False, error="killed", finished_at=a.now())
+    rollback = only(
+        coord.on_heartbeat(a.heartbeat(report("c2"), report("c3"), results=(failed,))), Action.START
+    )
+    assert rollback.rollback and rollback.container == C1
+
+    # The meaning is in the field, never parsed out of the id: an id of any shape will do.
+    box = coord.outbox[a.worker]
+    del box[rollback.id]
+    renamed = dataclasses.replace(rollback, id="opaque-42")
+    box[renamed.id] = renamed
+    restarted = CommandResult(command=renamed.id, ok=True, finished_at=a.now())
+    coord.on_heartbeat(a.heartbeat(report("c1", CC), report("c2"), report("c3"), results=(restarted,)))
+    m = _one_migration(coord)
+    assert m.state is State.ROLLED_BACK and not coord.migrations
+
+
+def test_a_forward_start_is_not_a_rollback(tmp_path: Path, clock: FakeClock) -> None:
+    coord = coordinator(tmp_path, clock)
+    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
+    save = _begin_move(coord, a, b)
+    coord.on_heartbeat(a.heartbeat(report("c2"), report("c3"), results=(_saved(save, a),)))
+    start = only(coord.batch_for(b.worker), Action.START)
+    assert not start.rollback
+
+
+def test_dry_run_executor_uses_only_the_coordinators_public_api() -> None:
+    calls: list[tuple[Move, float]] = []
+
+    class OnlyPublic:
+        """Has the one method dry-run may call; any other attribute access fails the test."""
+
+        def record_dry_run(self, move: Move, now: float) -> None:
+            calls.append((move, now))
+
+    move = Move(C1, WorkerId("a"), WorkerId("b"), "converged")
+    DryRunExecutor().begin(OnlyPublic(), move, 5.0)  # type: ignore[arg-type]
+    assert calls == [(move, 5.0)]
+
+
+def test_record_dry_run_journals_and_counts_the_container_on_its_target(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    coord = coordinator(tmp_path, clock, policy(migration={"dry_run": True}))
+    events = _events(coord)
+    m = coord.record_dry_run(Move(C1, WorkerId("a"), WorkerId("b"), "converged"), clock())
+    assert _one_migration(coord) == m and m.state is State.ROLLED_BACK
+    assert m.error is not None and m.error.startswith("dry-run")
+    assert [e.labels["result"] for e in events] == ["dry_run"]
+    assert not coord.migrations and not coord.outbox
+    a = FakeAgent("a", clock)
+    coord.on_heartbeat(a.heartbeat(report("c1", CC)))
+    snap = coord.state.snapshot(clock(), timeout=20.0, marks=coord.marks, placed=coord.virtual)
+    assert [c.worker for c in snap.containers] == ["b"]
+
+
+# --- placement constraints: taints, tolerations, selectors -----------------------------------
+
+GPU_TAINT = "gpu=a100:NoSchedule"
+
+
+def _constrained_cluster(
+    coord: Coordinator,
+    clock: FakeClock,
+    *,
+    tolerations: tuple[str, ...] = (),
+    selector: dict[str, str] | None = None,
+) -> CommandBatch:
+    """a: c1 (CC, requesting) + two PC jobs; b: idle, tainted, zone=b; c: one PC job, zone=a.
+
+    By score b (0) beats c (2) beats a; b is feasible only if c1 tolerates its taint.
+    Returns a's heartbeat reply.
+    """
+    a, b, c = FakeAgent("a", clock), FakeAgent("b", clock), FakeAgent("c", clock)
+    coord.on_heartbeat(dataclasses.replace(b.heartbeat(), taints=(GPU_TAINT,), labels={"zone": "b"}))
+    coord.on_heartbeat(dataclasses.replace(c.heartbeat(report("p1")), labels={"zone": "a"}))
+    req = dataclasses.replace(
+        report("c1", CC, pending=True), tolerations=tolerations, selector=selector or {}
+    )
+    return coord.on_heartbeat(a.heartbeat(req, report("c2"), report("c3")))
+
+
+def test_a_tainted_worker_is_never_the_target_of_a_container_that_does_not_tolerate_it(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    coord = coordinator(tmp_path, clock)
+    save = only(_constrained_cluster(coord, clock), Action.SAVE)
+    assert save.target == "c"
+    snap = coord.state.snapshot(clock(), timeout=20.0, marks=coord.marks)
+    assert {w.id: w.taints for w in snap.workers}["b"] == (GPU_TAINT,)
+
+
+@pytest.mark.parametrize("toleration", ["gpu", "gpu:NoSchedule", "gpu=a100", "*", "*:NoSchedule"])
+def test_a_tainted_worker_is_a_target_for_a_container_that_tolerates_it(
+    tmp_path: Path, clock: FakeClock, toleration: str
+) -> None:
+    coord = coordinator(tmp_path, clock)
+    save = only(_constrained_cluster(coord, clock, tolerations=(toleration,)), Action.SAVE)
+    assert save.target == "b"
+
+
+@pytest.mark.parametrize("toleration", ["gpu:NoExecute", "gpu=h100", "other"])
+def test_a_toleration_of_another_effect_value_or_key_does_not_open_a_tainted_worker(
+    tmp_path: Path, clock: FakeClock, toleration: str
+) -> None:
+    coord = coordinator(tmp_path, clock)
+    save = only(_constrained_cluster(coord, clock, tolerations=(toleration,)), Action.SAVE)
+    assert save.target == "c"
+
+
+def test_a_selector_restricts_the_targets(tmp_path: Path, clock: FakeClock) -> None:
+    # Tolerated, b would win; the selector leaves only c (zone=a).
+    coord = coordinator(tmp_path, clock)
+    reply = _constrained_cluster(coord, clock, tolerations=("gpu",), selector={"zone": "a"})
+    assert only(reply, Action.SAVE).target == "c"
+    snap = coord.state.snapshot(clock(), timeout=20.0, marks=coord.marks)
+    c1 = {c.id: c for c in snap.containers}[C1]
+    assert c1.selector == (("zone", "a"),) and c1.tolerations == ("gpu",)
+
+
+def test_a_selector_no_other_worker_satisfies_leaves_the_container_in_place(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    # Only the source (which needs no check: the job runs there) remains: a stay, never a move.
+    coord = coordinator(tmp_path, clock)
+    events = _events(coord)
+    reply = _constrained_cluster(coord, clock, tolerations=("*",), selector={"zone": "nowhere"})
+    assert not commands(reply, Action.SAVE) and not coord.migrations
+    assert any(e.kind == "decision" for e in events)

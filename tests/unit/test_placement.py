@@ -19,7 +19,7 @@ from specon.model import (
     WorkerSnapshot,
 )
 from specon.policy.decisions import Move, RefusalReason, Refuse, Stay
-from specon.policy.placement import ClusterIndex, fits, select_target
+from specon.policy.placement import ClusterIndex, fits, select_target, tolerates
 
 PC, WC, CC = Category.PROGRESSING, Category.WATCHING, Category.CONVERGED
 TIMEOUT = 20.0
@@ -195,6 +195,39 @@ def test_tolerated_taint_and_matching_selector_are_feasible() -> None:
     t = worker("t", labels=(("zone", "a"), ("os", "linux")), taints=("gpu-only",))
     s = snap([t, worker("src", labels=(("zone", "a"),))], [req, *fill("src", pc=2)])
     assert decide(s).target == "t"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("toleration", "taint", "ok"),
+    [
+        ("gpu", "gpu", True),  # Exists, effect-less (the plain-key form)
+        ("gpu", "gpu=a100:NoSchedule", True),  # Exists: any value, any effect
+        ("gpu:NoSchedule", "gpu=a100:NoSchedule", True),
+        ("gpu:NoExecute", "gpu=a100:NoSchedule", False),  # the effect must match
+        ("gpu:NoSchedule", "gpu", False),  # an effect-less taint needs an effect-less toleration
+        ("gpu=a100", "gpu=a100:NoExecute", True),  # Equal
+        ("gpu=h100", "gpu=a100:NoExecute", False),
+        ("gpu=", "gpu:NoSchedule", True),  # Equal to the empty value
+        ("gpu=", "gpu=a100:NoSchedule", False),
+        ("gpu=a100", "gpu:NoSchedule", False),
+        ("other", "gpu:NoSchedule", False),
+        ("*", "anything=at-all:NoExecute", True),  # Exists without a key: every taint
+        ("*:NoSchedule", "gpu=a100:NoSchedule", True),
+        ("*:NoSchedule", "gpu=a100:NoExecute", False),
+        ("node.kubernetes.io/unschedulable:NoSchedule", "node.kubernetes.io/unschedulable:NoSchedule", True),
+    ],
+)
+def test_tolerates_follows_kubernetes(toleration: str, taint: str, ok: bool) -> None:
+    assert tolerates(toleration, taint) is ok
+    req = container("req", "src", tolerations=(toleration,))
+    assert fits(req, worker("t", taints=(taint,)), Resources()) is ok
+
+
+def test_every_taint_needs_a_toleration() -> None:
+    t = worker("t", taints=("gpu=a100:NoSchedule", "dedicated=ml:NoExecute"))
+    assert not fits(container("req", "src", tolerations=("gpu",)), t, Resources())
+    assert fits(container("req", "src", tolerations=("gpu", "dedicated=ml")), t, Resources())
+    assert fits(container("req", "src", tolerations=("*",)), t, Resources())
 
 
 def test_source_is_a_candidate_even_if_it_no_longer_fits_new_rules() -> None:

@@ -401,3 +401,73 @@ def test_values_swapped_for_any_json_raise_only_protocol_error(
         decode(json.dumps(body))
     except ProtocolError as e:
         assert e.path is not None
+
+
+# --- explicit commands and placement constraints (protocol 1.1) -------------------------
+
+
+def _stop_batch(**command: Any) -> dict[str, Any]:
+    cmd = Command(id="m1:stop:w1:0", action=Action.STOP, container=ContainerId("job-1"), deadline=60.0)
+    body = wire(CommandBatch(manager_time=10.0, policy_generation=1, commands=(cmd,)))
+    body["commands"][0].update(command)
+    return body
+
+
+@pytest.mark.parametrize("action", ["reboot", "Stop", "", None, 3])
+def test_an_unknown_action_in_a_batch_is_refused_at_decode_naming_the_known_ones(action: object) -> None:
+    e = error_of(_stop_batch(action=action), CommandBatch)
+    assert e.path == "commands[0].action"
+    assert "commands[0].action" in str(e)
+    if isinstance(action, str):
+        assert all(a.value in str(e) for a in Action), "the error lists the actions this agent knows"
+
+
+def test_rollback_is_a_field_of_the_command_and_defaults_to_false() -> None:
+    batch = decode(json.dumps(_stop_batch()), CommandBatch)
+    assert batch.commands[0].rollback is False
+    body = _stop_batch(action="start", rollback=True)
+    assert decode(json.dumps(body), CommandBatch).commands[0].rollback is True
+    e = error_of(_stop_batch(rollback="yes"), CommandBatch)
+    assert e.path == "commands[0].rollback"
+
+
+def test_container_reports_carry_selector_and_tolerations() -> None:
+    hb = dataclasses.replace(
+        heartbeat(1),
+        taints=("gpu=a100:NoSchedule", "node.kubernetes.io/unschedulable:NoSchedule"),
+        containers=(report(1, selector={"zone": "a"}, tolerations=("gpu:NoSchedule", "*:NoExecute")),),
+    )
+    assert decode(encode(hb), Heartbeat) == hb
+    assert wire(hb)["containers"][0]["tolerations"] == ["gpu:NoSchedule", "*:NoExecute"]
+    # Left out (a 1.0 agent): no constraints.
+    body = wire(heartbeat(1))
+    assert "selector" not in body["containers"][0] or body["containers"][0]["selector"] == {}
+    body["containers"][0].pop("selector", None)
+    body["containers"][0].pop("tolerations", None)
+    got = decode(json.dumps(body), Heartbeat).containers[0]
+    assert (got.selector, got.tolerations) == ({}, ())
+
+
+@pytest.mark.parametrize(
+    ("change", "path"),
+    [
+        ({"tolerations": tuple(f"t{i}" for i in range(129))}, "containers[0].tolerations"),
+        ({"tolerations": ("x" * 500,)}, "containers[0].tolerations[0]"),
+        ({"tolerations": ("",)}, "containers[0].tolerations[0]"),
+        ({"tolerations": ("a\nb",)}, "containers[0].tolerations[0]"),
+        ({"selector": {f"k{i}": "v" for i in range(129)}}, "containers[0].selector"),
+        ({"selector": {"": "v"}}, "containers[0].selector.''"),
+        ({"selector": {"zone": "v" * 2000}}, "containers[0].selector.zone"),
+    ],
+)
+def test_selector_and_tolerations_are_bounded(change: dict[str, Any], path: str) -> None:
+    hb = dataclasses.replace(heartbeat(1), containers=(report(0, **change),))
+    e = error_of(encode(hb), Heartbeat)
+    assert e.path == path, str(e)
+
+
+def test_heartbeat_taints_are_bounded() -> None:
+    assert not check(dataclasses.replace(heartbeat(0), taints=("k" * 317 + "=" + "v" * 63 + ":NoExecute",)))
+    assert check(dataclasses.replace(heartbeat(0), taints=("k" * 500,)))[0][0] == "taints[0]"
+    many = tuple(f"t{i}" for i in range(129))
+    assert check(dataclasses.replace(heartbeat(0), taints=many))[0][0] == "taints"

@@ -12,10 +12,6 @@ from specon.model import ContainerId, Resources
 from specon.runtime import (
     AlreadyRunning,
     ContainerState,
-    FakeClock,
-    FakeRuntime,
-    FakeVolume,
-    JobScript,
     JobSpec,
     NoSuchContainer,
     Runtime,
@@ -23,6 +19,7 @@ from specon.runtime import (
     StartFailed,
     StillRunning,
 )
+from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume, JobScript
 
 JOB = JobSpec(id=ContainerId("vae-1"), command=("train",), steps=20, requests=Resources(cpu=1.0))
 

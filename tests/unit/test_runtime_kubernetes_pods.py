@@ -299,9 +299,45 @@ def test_nodes_ready_schedulable_and_tainted() -> None:
             "allocatable": {"cpu": "3500m", "memory": "8Gi", "nvidia.com/gpu": "2"},
         },
     }
-    assert node_schedulable(node) and node_taints(node) == ("gpu",)
+    assert node_schedulable(node) and node_taints(node) == ("gpu:NoSchedule",)
     assert node_capacity(node) == Resources(cpu=3.5, memory=8 * 2**30, gpu=2)
     node["spec"]["unschedulable"] = True
     node["status"]["conditions"][0]["status"] = "False"
+    node["spec"]["taints"].append({"key": "dedicated", "value": "ml", "effect": "NoExecute"})
     assert not node_schedulable(node)
-    assert node_taints(node) == tuple(sorted(("gpu", TAINT_UNSCHEDULABLE, TAINT_NOT_READY)))
+    assert node_taints(node) == tuple(
+        sorted(
+            (
+                "gpu:NoSchedule",
+                "dedicated=ml:NoExecute",
+                f"{TAINT_UNSCHEDULABLE}:NoSchedule",
+                f"{TAINT_NOT_READY}:NoSchedule",
+            )
+        )
+    )
+
+
+def test_pod_tolerations_and_node_selector_in_placement_notation() -> None:
+    p = pod()
+    p["spec"]["nodeSelector"] = {"zone": "a", "gpu": "a100"}
+    p["spec"]["tolerations"] = [
+        {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "ml"},
+        {"key": "plain", "value": "v"},  # operator defaults to Equal
+        {"key": "empty"},  # Equal with an empty value
+        {"key": "soft", "operator": "Exists", "effect": "PreferNoSchedule"},  # no placement effect
+        # Added by admission to every pod: temporary, the pod is evicted after it.
+        {"key": TAINT_NOT_READY, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+        {"operator": "Equal", "value": "x"},  # malformed: an empty key needs Exists
+    ]
+    spec = job_spec(p)
+    assert spec.selector == (("gpu", "a100"), ("zone", "a"))
+    assert spec.tolerations == ("dedicated=ml", "empty=", "gpu:NoSchedule", "plain=v")
+    assert JobSpec.from_json(spec.to_json()) == spec
+    p["spec"]["tolerations"] = [{"operator": "Exists"}]
+    assert job_spec(p).tolerations == ("*",)
+    p["spec"]["tolerations"] = [{"operator": "Exists", "effect": "NoExecute"}]
+    assert job_spec(p).tolerations == ("*:NoExecute",)
+    del p["spec"]["tolerations"], p["spec"]["nodeSelector"]
+    assert (job_spec(p).selector, job_spec(p).tolerations) == ((), ())
+    assert "selector" not in job_spec(p).to_json(), "specs without constraints serialise as before"
