@@ -31,11 +31,12 @@ from dataclasses import asdict, fields
 from typing import Any
 
 import structlog
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
 from specon.migration import Mark, Migration, State
 from specon.model import ContainerId, WorkerId
+from specon.runtime.k8s_api import KubeApi, KubeError, pods_path
 from specon.runtime.k8s_pods import LABEL_JOB, meta
-from specon.runtime.kubernetes import KubeApi, KubeError, pods_path
 
 log = structlog.get_logger()
 
@@ -225,29 +226,42 @@ class KubeJournal:
         self, name: str, update: Callable[[dict[str, str]], dict[str, str]], labels: dict[str, str]
     ) -> None:
         """Read-modify-write one ConfigMap: PUT with the version read, create if absent,
-        redo on 409 (someone wrote in between)."""
-        for _ in range(_ATTEMPTS):
-            cur = self._read(name)
-            old = {str(k): str(v) for k, v in ((cur or {}).get("data") or {}).items()}
-            body: dict[str, Any] = {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {"name": name, "namespace": self.namespace, "labels": labels},
-                "data": update(old),
-            }
-            try:
-                if cur is None:
-                    self.api.request("POST", self._base, body=body)
-                else:
-                    body["metadata"]["resourceVersion"] = meta(cur).get("resourceVersion")
-                    self.api.request("PUT", f"{self._base}/{name}", body=body)
-                return
-            except KubeError as exc:
-                if exc.status != 409:
-                    raise JournalError(f"write {name}: {exc}") from exc
-                self.conflicts += 1
-                log.info("specon.journal.conflict", configmap=name)
-        raise JournalError(f"write {name}: still conflicting after {_ATTEMPTS} attempts")
+        redo at once on 409 (someone wrote in between), up to ``_ATTEMPTS`` tries."""
+
+        def conflicted(_state: RetryCallState) -> None:
+            self.conflicts += 1
+            log.info("specon.journal.conflict", configmap=name)
+
+        retrying = Retrying(
+            retry=retry_if_exception(lambda exc: isinstance(exc, KubeError) and exc.status == 409),
+            stop=stop_after_attempt(_ATTEMPTS),
+            after=conflicted,
+            reraise=True,
+        )
+        try:
+            retrying(self._write, name, update, labels)
+        except KubeError as exc:
+            if exc.status == 409:
+                raise JournalError(f"write {name}: still conflicting after {_ATTEMPTS} attempts") from exc
+            raise JournalError(f"write {name}: {exc}") from exc
+
+    def _write(
+        self, name: str, update: Callable[[dict[str, str]], dict[str, str]], labels: dict[str, str]
+    ) -> None:
+        """One read-modify-write; ``KubeError`` 409 when someone wrote in between."""
+        cur = self._read(name)
+        old = {str(k): str(v) for k, v in ((cur or {}).get("data") or {}).items()}
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": self.namespace, "labels": labels},
+            "data": update(old),
+        }
+        if cur is None:
+            self.api.request("POST", self._base, body=body)
+        else:
+            body["metadata"]["resourceVersion"] = meta(cur).get("resourceVersion")
+            self.api.request("PUT", f"{self._base}/{name}", body=body)
 
 
 def _mark_fields(raw: str | None) -> dict[str, Any]:

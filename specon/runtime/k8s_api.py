@@ -1,31 +1,34 @@
-"""The Kubernetes API as plain JSON: one blocking client (``KubeApi``) over the official
-client's configured connection, and a list+watch cache (``Informer``).
+"""The Kubernetes API as plain JSON: one blocking REST client (``KubeApi``) over the official
+client's configured connection, and ``load_api_client``.
 
-The only place (with ``load_api_client``) that touches the ``kubernetes`` package: requests
-and responses are the manifests the API server sends, so the rules in
-``specon.runtime.k8s_pods`` apply to exactly that, and no field is lost to generated models.
+With ``specon.runtime.k8s_watch`` (the list+watch cache) the only place that touches the
+``kubernetes`` package: requests and responses are the manifests the API server sends, so the
+rules in ``specon.runtime.k8s_pods`` apply to exactly that, and no field is lost to generated
+models.
+
+Why threads and not an asyncio client (kubernetes_asyncio, lightkube, kr8s): the backend makes
+few, small calls (a save is a GET, a POST or PUT of the restore record, the eviction, then
+polls of the watch cache), each bridged with ``asyncio.to_thread`` in one place
+(``KubernetesRuntime._call``); the watches run on two daemon threads per runtime
+(``k8s_watch.Informer``) and never touch the event loop. The blocking callers that are not
+coroutines - ``KubernetesRuntime.job_spec``, the manager's ConfigMap journal and TokenReview
+check - would need an async interface first (``Runtime.job_spec`` is synchronous in the
+protocol), the Informer would become a task with its own cancellation, and the tests'
+``kmock`` emulator and scripted fakes feed this sync client. A switch is worth it only if the
+call rate grows (many nodes per agent) or the thread pool becomes the bottleneck; it would
+replace ``KubeApi``/``Informer`` behind the same JSON-in/JSON-out surface.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import structlog
 import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
-
-from specon.runtime import k8s_pods as pods
-from specon.runtime.k8s_pods import Manifest
-
-log = structlog.get_logger()
-
-_WATCH_S = 240  # server-side timeout of one watch request; the next resumes where it ended
 
 
 class KubeError(Exception):
@@ -162,114 +165,3 @@ def _json(raw: bytes) -> Any:
 
 def pods_path(namespace: str | None) -> str:
     return f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
-
-
-class Informer:
-    """A list+watch cache of one query, fed by a daemon thread (client-go's informer, small).
-
-    ``accept`` filters what the server sends (it also re-applies the selectors, for servers
-    that ignore them). A watch that ends is resumed from the last resourceVersion; ``410
-    Gone`` (the version is too old) or any error relists, with backoff on errors.
-    """
-
-    def __init__(
-        self,
-        api: KubeApi,
-        path: str,
-        *,
-        name: str,
-        query: Mapping[str, str] | None = None,
-        accept: Callable[[Manifest], bool] = lambda _o: True,
-        watch_seconds: int = _WATCH_S,
-    ) -> None:
-        self.api, self.path, self.name = api, path, name
-        self.query = dict(query or {})
-        self.accept = accept
-        self.watch_seconds = watch_seconds
-        self._items: dict[tuple[str, str], Manifest] = {}
-        self._lock = threading.Lock()
-        self._synced = threading.Event()
-        self._stop = threading.Event()
-        self._resp: Any = None
-        self._thread: threading.Thread | None = None
-        self.relists = 0
-        self.errors = 0
-
-    @property
-    def synced(self) -> bool:
-        return self._synced.is_set()
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=f"specon-watch-{self.name}", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        resp = self._resp
-        if resp is not None:
-            with contextlib.suppress(Exception):
-                resp.shutdown()  # unblocks the watch thread's read
-
-    def items(self) -> list[Manifest]:
-        with self._lock:
-            return list(self._items.values())
-
-    def get(self, namespace: str, name: str) -> Manifest | None:
-        with self._lock:
-            return self._items.get((namespace, name))
-
-    def _run(self) -> None:
-        backoff = 0.5
-        while not self._stop.is_set():
-            try:
-                version: str | None = self._relist()
-                backoff = 0.5
-                while version is not None and not self._stop.is_set():
-                    version = self._watch(version)
-            except KubeError as exc:
-                self.errors += 1
-                if not self._stop.is_set():
-                    log.warning("specon.k8s.watch_failed", watch=self.name, error=str(exc))
-                self._stop.wait(backoff)
-                backoff = min(30.0, backoff * 2)
-
-    def _relist(self) -> str:
-        data = self.api.request("GET", self.path, query=self.query)
-        items = {pods.key_of(o): o for o in data.get("items") or [] if isinstance(o, dict) and self.accept(o)}
-        with self._lock:
-            self._items = items
-        self.relists += 1
-        self._synced.set()
-        return str(pods.meta(data).get("resourceVersion") or "")
-
-    def _watch(self, version: str) -> str | None:
-        """Apply one watch request's events; the version to resume from, None to relist."""
-        query = {**self.query, "resourceVersion": version} if version else self.query
-
-        def opened(resp: Any) -> None:
-            self._resp = resp
-
-        for event in self.api.watch(self.path, query, seconds=self.watch_seconds, on_open=opened):
-            kind, obj = event.get("type"), event.get("object")
-            if not isinstance(obj, dict):
-                continue
-            if kind == "ERROR":
-                if obj.get("code") == 410:
-                    log.info("specon.k8s.watch_expired", watch=self.name)
-                    return None
-                raise KubeError(
-                    int(obj.get("code") or 0), str(obj.get("reason", "")), str(obj.get("message"))
-                )
-            version = str(pods.meta(obj).get("resourceVersion") or version or "")
-            if kind == "BOOKMARK":
-                continue
-            key = pods.key_of(obj)
-            with self._lock:
-                if kind == "DELETED" or not self.accept(obj):
-                    self._items.pop(key, None)
-                else:
-                    self._items[key] = obj
-            if self._stop.is_set():
-                break
-        return version

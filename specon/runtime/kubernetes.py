@@ -1,8 +1,11 @@
 """The Kubernetes runtime: a worker is a node, a container is a managed pod bound to it.
 
-The API goes through ``specon.runtime.k8s_api`` (plain JSON manifests over the official
-client's connection), so the rules in ``specon.runtime.k8s_pods`` apply to exactly what the
-API server sends.
+The backend, one concern a module: ``k8s_api`` the REST client (plain JSON manifests over
+the official client's connection, and why it stays on threads), ``k8s_watch`` the list+watch
+cache, ``k8s_calls`` the REST calls on a job's pods and restore record, ``k8s_usage`` the
+usage readings, ``k8s_pods``/``k8s_nodes``/``k8s_restore`` the pure rules (applied to exactly
+what the API server sends), and this module the runtime; the save skeleton it shares with
+the other backends is ``specon.runtime.saving``. The client names stay importable from here.
 
 One ``KubernetesRuntime`` per agent, for the agent's node. Pods on the node that match the
 label selector are its containers (kept current by a watch on the node's pods, relisting
@@ -38,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,7 +52,7 @@ from kubernetes import client as k8s_client
 
 from specon import checkpoint as ckpt
 from specon import jobkit
-from specon.model import ContainerId, Resources, WorkerId
+from specon.model import ContainerId, WorkerId
 from specon.progress.last import last_event
 from specon.runtime import k8s_pods as pods
 from specon.runtime import k8s_restore as restore
@@ -69,8 +71,12 @@ from specon.runtime.base import (
     WorkerUsage,
     valid_job_id,
 )
-from specon.runtime.k8s_api import Informer, KubeApi, KubeError, load_api_client, pods_path
+from specon.runtime.k8s_api import KubeApi, KubeError, load_api_client, pods_path
+from specon.runtime.k8s_calls import PodCalls, record_path
 from specon.runtime.k8s_pods import DEFAULT_CLAIM, DEFAULT_SELECTOR, Manifest, PodError, SharedVolume
+from specon.runtime.k8s_usage import NodeUsage
+from specon.runtime.k8s_watch import Informer
+from specon.runtime.saving import run_save
 
 __all__ = ["Informer", "KubeApi", "KubeError", "KubernetesRuntime", "load_api_client", "pods_path"]
 
@@ -78,7 +84,6 @@ log = structlog.get_logger()
 
 _POLL_S = 0.05  # between looks at the (watch-fed) cache while waiting for a pod to go
 _SYNC_WAIT_S = 10.0  # for a new watch's first list before falling back to a direct list
-_METRICS_RETRY_S = 300.0  # how long a missing metrics API is believed missing
 _SIGKILL_EXIT = 137
 
 
@@ -134,7 +139,6 @@ class KubernetesRuntime:
         self.volume = SharedVolume(claim=claim, host_path=host_path)
         self.include_owned = include_owned
         self.kill_slack = kill_slack
-        self._proc = proc
         self._busy: dict[ContainerId, ContainerState] = {}
         # The last state seen of pods being saved or stopped: their exit code, once gone.
         self._last_seen: dict[tuple[str, str], Manifest] = {}
@@ -161,12 +165,8 @@ class KubernetesRuntime:
             else None
         )
         self._node: Manifest | None = None
-        # policy/v1 Eviction from Kubernetes 1.22 on; older servers know only v1beta1.
-        self._eviction_versions = ["policy/v1", "policy/v1beta1"]
-        self._metrics = metrics
-        self._metrics_down_until = 0.0
-        self._last_cpu: tuple[float, float] | None = None  # (busy, total) jiffies of /proc/stat
-        self.last_usage_source = "none"
+        self._calls = PodCalls(self.api, selector)
+        self._usage = NodeUsage(self.api, node, metrics=metrics, proc=proc)
 
     # -- the Runtime interface -------------------------------------------------------------
     @property
@@ -198,30 +198,19 @@ class KubernetesRuntime:
             if p is not None and p.job == container_id:
                 return p.spec
         try:
-            original, _ = self._lookup(container_id)
+            original, _ = self._calls.lookup(container_id)
             return None if original is None else pods.job_spec(original)
         except (KubeError, PodError, ValueError) as exc:
             log.warning("specon.k8s.spec_unreadable", container=container_id, error=str(exc))
             return None
 
     async def usage(self) -> WorkerUsage:
-        node = await self._node_object()
-        capacity = pods.node_capacity(node) if node else Resources()
-        busy, total = _proc_cpu(self._proc)
-        util = await self._metrics_utilisation(capacity)
-        if util is None:
-            util = self._proc_utilisation(busy, total)
-            self.last_usage_source = "proc"
-        else:
-            self.last_usage_source = "metrics"
-        self._last_cpu = (busy, total)
-        return WorkerUsage(
-            worker=self._worker,
-            capacity=capacity,
-            cpu_utilisation=min(1.0, max(0.0, util)),
-            cpu_seconds=busy / _clock_ticks(),
-            enforcement="kubernetes",
-        )
+        return await self._usage.read(self._worker, await self._node_object())
+
+    @property
+    def last_usage_source(self) -> str:
+        """Where the last utilisation reading came from: ``metrics``, ``proc`` or ``none``."""
+        return self._usage.source
 
     async def save(self, container_id: ContainerId, *, grace: float) -> SaveResult:
         p = await self._require(container_id)
@@ -230,60 +219,35 @@ class KubernetesRuntime:
         owners = pods.owners(p.manifest)
         if owners and not self.include_owned:
             raise SaveFailed(container_id, f"pod {p.name} is owned by {', '.join(owners)}; left alone")
-        if container_id in self._busy:
-            raise SaveFailed(container_id, f"a {self._busy[container_id].value} is already in progress")
-        self._busy[container_id] = ContainerState.SAVING
-        t0 = time.monotonic()
-        try:
-            before = ckpt.key(ckpt.latest_complete(p.checkpoints))
+
+        async def halt(t0: float) -> bool:
             # The recipe for the restore, from the API server, before the pod goes.
-            await self._record(p)
-            log.info("specon.k8s.saving", node=self.node, container=container_id, pod=p.name, grace=grace)
-            await self._evict(p, grace)
-            last = await self._wait_gone(p, grace + self.kill_slack)
-            if last is not None:
+            await asyncio.to_thread(self._calls.write_record, p.job, p.manifest)
+            await asyncio.to_thread(self._calls.evict, p.job, p.manifest, grace)
+            if await self._wait_gone(p, grace + self.kill_slack) is not None:
                 raise SaveFailed(
                     container_id,
                     f"pod {p.name} still terminating {grace + self.kill_slack:g}s after the eviction "
                     "(kubelet unresponsive?); it may still run, so no copy may start",
                 )
             seconds = time.monotonic() - t0
-            final = self._last_seen.pop(p.key, p.manifest)
-            code = pods.exit_code(final)
+            code = pods.exit_code(self._last_seen.pop(p.key, p.manifest))
             # Killed at the grace deadline: 137 (128 + SIGKILL) from a container runtime, -9
             # from a plain process; with no exit code, outliving the grace period tells.
-            forced = code in (_SIGKILL_EXIT, -9) or (code is None and seconds >= grace)
-            latest = ckpt.latest_complete(p.checkpoints)
-            finished = self._finished(p)
-            if latest is None and not finished and not ckpt.never_written(p.checkpoints):
-                log.error("specon.k8s.save_failed", container=container_id, pod=p.name)
-                raise SaveFailed(
-                    container_id,
-                    "the pod is gone without a verifiable checkpoint and every earlier one is corrupt",
-                )
-        finally:
-            self._busy.pop(container_id, None)
-        result = SaveResult.after(
+            return code in (_SIGKILL_EXIT, -9) or (code is None and seconds >= grace)
+
+        return await run_save(
             container_id,
             self._worker,
-            latest=latest,
-            before=before,
-            seconds=time.monotonic() - t0,
-            forced=forced,
-            finished=finished,
+            grace=grace,
+            checkpoints=p.checkpoints,
+            busy=self._busy,
+            halt=halt,
+            finished=lambda: self._finished(p),
+            events="specon.k8s",
+            context={"node": self.node, "pod": p.name},
+            corrupt="the pod is gone without a verifiable checkpoint and every earlier one is corrupt",
         )
-        log.info(
-            "specon.k8s.saved",
-            node=self.node,
-            container=container_id,
-            pod=p.name,
-            step=result.step,
-            seconds=round(result.seconds, 3),
-            forced=forced,
-            rolled_back=result.rolled_back,
-            finished=finished,
-        )
-        return result
 
     async def start(self, spec: JobSpec, *, checkpoint: Path | None = None) -> ContainerInfo:
         """Restore job ``spec.id`` here. Only the id is used: what the copy runs comes from
@@ -296,7 +260,7 @@ class KubernetesRuntime:
         if self.namespace is not None and namespace != self.namespace:
             raise StartFailed(job, f"namespace {namespace} is not this agent's namespace {self.namespace}")
         try:
-            original, existing = await asyncio.to_thread(self._lookup, job)
+            original, existing = await asyncio.to_thread(self._calls.lookup, job)
         except KubeError as exc:
             raise StartFailed(job, f"cannot read the job's pods or restore record: {exc}") from exc
         except PodError as exc:
@@ -415,7 +379,7 @@ class KubernetesRuntime:
             await self._delete(p.manifest, grace=0)
         if self._finished(p):  # nothing left to restore: the record goes too
             with contextlib.suppress(KubeError, PodError):
-                await self._call("DELETE", _record_path(container_id))
+                await self._call("DELETE", record_path(container_id))
         log.info("specon.k8s.forgotten", node=self.node, container=container_id, pod=p.name)
 
     # -- beyond the interface -----------------------------------------------------------------
@@ -540,70 +504,6 @@ class KubernetesRuntime:
                 return p
         raise NoSuchContainer(container_id, f"no managed pod of the job on node {self.node}")
 
-    def _job_pods(self, job: ContainerId) -> list[Manifest]:
-        """Every managed pod of ``job`` (in its namespace, on any node). Blocking."""
-        namespace, _ = pods.split_job_id(job)
-        data = self.api.request("GET", pods_path(namespace), query={"labelSelector": self.selector})
-        out = []
-        for o in data.get("items") or []:
-            if isinstance(o, dict) and pods.matches(pods.labels_of(o), self._requirements):
-                with contextlib.suppress(PodError):
-                    if pods.job_id(o) == job:
-                        out.append(o)
-        return out
-
-    def _lookup(self, job: ContainerId) -> tuple[Manifest | None, list[Manifest]]:
-        """(the job's trusted original, every pod of the job). The original is the job's
-        newest pod while one exists, else the pod its restore record holds, else None.
-        Blocking; ``KubeError`` when the API cannot answer, ``PodError`` for a bad record."""
-        existing = self._job_pods(job)
-        if existing:
-            return max(existing, key=lambda o: (pods.generation(o), pods.started_at(o))), existing
-        try:
-            record = self.api.request("GET", _record_path(job))
-        except KubeError as exc:
-            if exc.status == 404:
-                return None, existing
-            raise
-        return restore.original_from_record(record, job), existing
-
-    async def _record(self, p: _Pod) -> None:
-        """Write the job's restore record from the pod as the API server holds it now;
-        ``SaveFailed`` (the pod keeps running) when that cannot be done."""
-        ns, name = p.key
-        try:
-            pod = await self._call("GET", f"{pods_path(ns)}/{name}")
-        except KubeError as exc:
-            if exc.status == 404:
-                raise NoSuchContainer(p.job, f"pod {p.name} is gone") from exc
-            raise SaveFailed(
-                p.job, f"cannot read pod {p.name} to record it: {exc}; it keeps running"
-            ) from exc
-        if pods.meta(pod).get("uid") != pods.meta(p.manifest).get("uid"):
-            raise NoSuchContainer(p.job, f"pod {p.name} was replaced meanwhile")
-        try:
-            record = restore.record_of(pod)
-        except PodError as exc:
-            raise SaveFailed(p.job, f"cannot record pod {p.name}: {exc}; it keeps running") from exc
-        path = _record_path(p.job)
-        try:
-            try:
-                await self._call("POST", path.rsplit("/", 1)[0], body=record)
-            except KubeError as exc:
-                if exc.status != 409:
-                    raise
-                # The job's record from an earlier save: replace it whole (a merge would keep
-                # fields the pod no longer has).
-                old = await self._call("GET", path)
-                record["metadata"]["resourceVersion"] = pods.meta(old).get("resourceVersion")
-                await self._call("PUT", path, body=record)
-        except KubeError as exc:
-            raise SaveFailed(
-                p.job,
-                f"cannot write the restore record {ns}/{record['metadata']['name']}: {exc} "
-                f"(is {ns} one of the training namespaces?); the pod keeps running",
-            ) from exc
-
     def _info(self, p: _Pod) -> ContainerInfo:
         state, code = pods.state_of(p.manifest)
         if p.job in self._busy and pods.alive(p.manifest):
@@ -625,49 +525,8 @@ class KubernetesRuntime:
     def _finished(p: _Pod) -> bool:
         return _finished(p.progress, p.checkpoints)
 
-    async def _evict(self, p: _Pod, grace: float) -> None:
-        ns, name = p.key
-        options: dict[str, Any] = {"gracePeriodSeconds": max(1, math.ceil(grace))}
-        uid = pods.meta(p.manifest).get("uid")
-        if uid:  # evict exactly the pod we looked at, never a same-named successor
-            options["preconditions"] = {"uid": uid}
-        for version in list(self._eviction_versions):
-            body = {
-                "apiVersion": version,
-                "kind": "Eviction",
-                "metadata": {"name": name, "namespace": ns},
-                "deleteOptions": options,
-            }
-            try:
-                await self._call("POST", f"{pods_path(ns)}/{name}/eviction", body=body)
-                return
-            except KubeError as exc:
-                if exc.status in (400, 404) and version in exc.message and len(self._eviction_versions) > 1:
-                    # A server older than policy/v1 (1.22) names the version it does not know.
-                    self._eviction_versions.remove(version)
-                    continue
-                if exc.status == 429:
-                    raise SaveFailed(
-                        p.job,
-                        f"eviction of pod {p.name} refused by a PodDisruptionBudget ({exc.message}); "
-                        "it keeps running",
-                    ) from exc
-                if exc.status == 404:
-                    raise NoSuchContainer(p.job, f"pod {p.name} is gone") from exc
-                raise SaveFailed(p.job, f"cannot evict pod {p.name}: {exc}; it keeps running") from exc
-        raise SaveFailed(p.job, f"cannot evict pod {p.name}: no Eviction version is served; it keeps running")
-
     async def _delete(self, manifest: Manifest, *, grace: int) -> None:
-        ns, name = pods.key_of(manifest)
-        uid = pods.meta(manifest).get("uid")
-        body: dict[str, Any] = {"gracePeriodSeconds": grace}
-        if uid:
-            body["preconditions"] = {"uid": uid}
-        try:
-            await self._call("DELETE", f"{pods_path(ns)}/{name}", body=body)
-        except KubeError as exc:
-            if exc.status != 404:
-                raise
+        await asyncio.to_thread(self._calls.delete, manifest, grace=grace)
 
     async def _current(self, p: _Pod) -> Manifest | None:
         """The pod as it is now (same uid), None once it is gone."""
@@ -714,55 +573,10 @@ class KubernetesRuntime:
             log.warning("specon.k8s.node_unreadable", node=self.node, error=str(exc))
         return self._node
 
-    async def _metrics_utilisation(self, capacity: Resources) -> float | None:
-        """CPU use / allocatable CPU from metrics.k8s.io, None when the API is absent."""
-        if not self._metrics or capacity.cpu <= 0 or time.monotonic() < self._metrics_down_until:
-            return None
-        try:
-            data = await self._call("GET", f"/apis/metrics.k8s.io/v1beta1/nodes/{self.node}")
-            return pods.quantity((data.get("usage") or {})["cpu"]) / capacity.cpu
-        except (KubeError, KeyError, PodError) as exc:
-            self._metrics_down_until = time.monotonic() + _METRICS_RETRY_S
-            log.info("specon.k8s.metrics_unavailable", node=self.node, error=str(exc), fallback="proc")
-            return None
-
-    def _proc_utilisation(self, busy: float, total: float) -> float:
-        if self._last_cpu is None:
-            return 0.0
-        d_busy, d_total = busy - self._last_cpu[0], total - self._last_cpu[1]
-        return d_busy / d_total if d_total > 0 else 0.0
-
-
-def _record_path(job: ContainerId) -> str:
-    namespace, _ = pods.split_job_id(job)
-    return f"/api/v1/namespaces/{namespace}/podtemplates/{restore.record_name(job)}"
-
 
 def _finished(progress: Path, checkpoints: Path) -> bool:
     """The job completed its work: jobkit's done marker, or a final ``finished`` record."""
     return jobkit.read_done(checkpoints) is not None or last_event(progress) == "finished"
-
-
-def _clock_ticks() -> int:
-    try:
-        return os.sysconf("SC_CLK_TCK")
-    except (ValueError, OSError):
-        return 100
-
-
-def _proc_cpu(proc: Path) -> tuple[float, float]:
-    """(busy, total) jiffies of the whole machine from ``/proc/stat`` (a node's agent sees
-    the node's); zeros when unreadable."""
-    try:
-        with open(proc / "stat") as fh:
-            fields = fh.readline().split()
-        values = [float(v) for v in fields[1:]]
-    except (OSError, ValueError, IndexError):
-        return 0.0, 0.0
-    idle = values[3] + (values[4] if len(values) > 4 else 0.0)  # idle + iowait
-    # guest time is already counted in user/nice: count fields 1-8 only
-    total = sum(values[:8])
-    return total - idle, total
 
 
 def _implements_runtime(rt: KubernetesRuntime) -> Runtime:

@@ -79,6 +79,7 @@ from specon.runtime.cgroups import (
     read_stat,
 )
 from specon.runtime.launcher import REASON_KILLED, REASON_LOST, ExitRecord
+from specon.runtime.saving import run_save, unrecoverable
 from specon.runtime.volume import CorruptRecordError, JobPaths, Owner, iter_job_ids
 
 log = structlog.get_logger()
@@ -261,60 +262,39 @@ class LocalRuntime:
 
     async def save(self, container_id: ContainerId, *, grace: float) -> SaveResult:
         paths, owner = self._require(container_id)
-        if container_id in self._busy:
-            raise SaveFailed(container_id, f"a {self._busy[container_id].value} is already in progress")
-        self._busy[container_id] = ContainerState.SAVING
-        t0 = time.monotonic()
-        try:
-            before = ckpt.key(await asyncio.to_thread(ckpt.latest_complete, paths.checkpoints))
-            log.info("specon.runtime.saving", worker=self._worker, container=container_id, grace=grace)
+
+        async def halt(_t0: float) -> bool:
             self._signal(owner, signal.SIGTERM)
-            forced = False
-            if not await self._wait_gone(owner, grace):
-                if await asyncio.to_thread(
-                    ckpt.latest_complete, paths.checkpoints
-                ) is None and not ckpt.never_written(paths.checkpoints):
-                    log.error("specon.runtime.save_failed", container=container_id, left_running=True)
-                    raise SaveFailed(
-                        container_id,
-                        f"no checkpoint verified within {grace:g}s and every earlier one is corrupt;"
-                        " killing it would lose its progress, so it was left running",
-                    )
-                await self._kill(paths, owner)
-                forced = True
-            latest = await asyncio.to_thread(ckpt.latest_complete, paths.checkpoints)
-            finished = paths.finished()
-            if latest is None and not finished and not ckpt.never_written(paths.checkpoints):
-                log.error("specon.runtime.save_failed", container=container_id, left_running=False)
+            if await self._wait_gone(owner, grace):
+                return False
+            if await unrecoverable(paths.checkpoints):
+                log.error("specon.runtime.save_failed", container=container_id, left_running=True)
                 raise SaveFailed(
                     container_id,
-                    "it exited without a verifiable checkpoint and every earlier one is corrupt;"
-                    " it stays listed (failed) for inspection",
+                    f"no checkpoint verified within {grace:g}s and every earlier one is corrupt;"
+                    " killing it would lose its progress, so it was left running",
                 )
+            await self._kill(paths, owner)
+            return True
+
+        async def release() -> None:
             async with self._locked(paths):
                 self._clear_owner(paths, owner)
-        finally:
-            self._busy.pop(container_id, None)
-        result = SaveResult.after(
+
+        return await run_save(
             container_id,
             self._worker,
-            latest=latest,
-            before=before,
-            seconds=time.monotonic() - t0,
-            forced=forced,
-            finished=finished,
+            grace=grace,
+            checkpoints=paths.checkpoints,
+            busy=self._busy,
+            halt=halt,
+            finished=paths.finished,
+            release=release,
+            events="specon.runtime",
+            context={"worker": self._worker},
+            corrupt="it exited without a verifiable checkpoint and every earlier one is corrupt;"
+            " it stays listed (failed) for inspection",
         )
-        log.info(
-            "specon.runtime.saved",
-            worker=self._worker,
-            container=container_id,
-            step=result.step,
-            seconds=round(result.seconds, 3),
-            forced=forced,
-            rolled_back=result.rolled_back,
-            finished=finished,
-        )
-        return result
 
     async def stop(self, container_id: ContainerId, *, grace: float) -> ContainerInfo:
         paths, owner = self._require(container_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -345,6 +346,48 @@ def test_watch_asks_for_a_relist_on_410_gone_and_fails_on_other_errors() -> None
         inf._watch("7")
     ok = Informer(ScriptedWatch([{"type": "DELETED", "object": pod}]), "/api/v1/pods", name="t")  # type: ignore[arg-type]
     assert ok._watch("7") == "9"
+
+
+class FlakyList:
+    """A KubeApi stand-in whose list fails ``failures`` times, then answers; its watch
+    expires at once (410), so the informer relists."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.lists: list[float] = []
+
+    def request(self, method: str, path: str, *, query: Any = None) -> Any:
+        self.lists.append(time.monotonic())
+        if len(self.lists) <= self.failures:
+            raise KubeError(0, "Unavailable", "down")
+        return {"metadata": {"resourceVersion": "7"}, "items": [manifest("a")]}
+
+    def watch(self, path: str, query: dict[str, str], *, seconds: int, on_open: Any) -> Any:
+        time.sleep(0.05)
+        yield {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
+
+
+def test_watch_thread_backs_off_while_the_list_fails_and_stops_at_once() -> None:
+    api = FlakyList(failures=2)
+    inf = Informer(api, "/api/v1/pods", name="t")  # type: ignore[arg-type]
+    inf.start()
+    deadline = time.monotonic() + 10
+    while not inf.synced and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert inf.synced and inf.errors == 2
+    assert [o["metadata"]["name"] for o in inf.items()] == ["a"]
+    gaps = [b - a for a, b in zip(api.lists, api.lists[1:], strict=False)][:2]
+    assert 0.4 < gaps[0] < 0.9 and 0.9 < gaps[1] < 1.6  # 0.5 s, then doubled
+    down = Informer(FlakyList(failures=10**6), "/api/v1/pods", name="down")  # type: ignore[arg-type]
+    down.start()
+    time.sleep(0.2)
+    inf.stop()
+    down.stop()  # in its backoff: the wait ends at once
+    assert inf._thread is not None and down._thread is not None
+    inf._thread.join(3)
+    down._thread.join(3)
+    assert not inf._thread.is_alive() and not down._thread.is_alive()
+    assert down.errors == 1
 
 
 async def test_agent_cli_needs_a_node_and_a_configuration(
