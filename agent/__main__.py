@@ -24,6 +24,7 @@ from specon.daemon_cli import WeakTokenError, check_token_strength, read_token, 
 from specon.model import WorkerId
 from specon.runtime.base import Runtime
 from specon.runtime.local import LocalRuntime
+from specon.settings import AgentSettings, SettingsError
 
 log = structlog.get_logger()
 
@@ -35,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
         "logs, classifies them every interval (Algorithm 1), heartbeats the manager and executes its "
         "save/start "
         "commands. Serves /healthz and /metrics.",
+        epilog="Operational settings (poll wait, backoff, timeouts) come from SPECON_AGENT_* environment "
+        "variables; see the README's Operational settings.",
     )
     p.add_argument("--manager", default="http://127.0.0.1:7700", help="manager base URL")
     p.add_argument(
@@ -104,6 +107,13 @@ async def run(args: argparse.Namespace) -> int:
     except (PolicyError, OSError) as exc:
         print(f"specon-agent: {exc}", file=sys.stderr)
         return 2
+    try:
+        settings = AgentSettings.from_env()
+    except SettingsError as exc:
+        print(f"specon-agent: {exc}", file=sys.stderr)
+        return 2
+    for var in AgentSettings.unknown_variables():
+        log.warning("specon.agent.unknown_setting", variable=var)
     # From a file, re-read when it changes (a projected ServiceAccount token rotates).
     token: str | FileToken = FileToken(args.token_file, check=check_token_strength) if args.token_file else ""
     try:
@@ -154,7 +164,11 @@ async def run(args: argparse.Namespace) -> int:
     state_dir = args.state_dir or args.volume / "agents" / worker
     state_dir.mkdir(parents=True, exist_ok=True)
     agent = Agent(
-        runtime=runtime, policy=policy, address=f"{host}:{port}", state_file=state_dir / "monitor.json"
+        runtime=runtime,
+        policy=policy,
+        address=f"{host}:{port}",
+        state_file=state_dir / "monitor.json",
+        settings=settings,
     )
     client = ManagerClient(args.manager, token, source_address=host if host.startswith("127.") else None)
     daemon = AgentDaemon(agent, client)

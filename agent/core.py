@@ -38,6 +38,7 @@ from specon.runtime.base import (
     RuntimeFailure,
     StartFailed,
 )
+from specon.settings import AgentSettings
 
 log = structlog.get_logger()
 
@@ -45,8 +46,6 @@ log = structlog.get_logger()
 LABEL_METRIC = "specon.io/metric"
 LABEL_DIRECTION = "specon.io/direction"
 LABEL_FORMAT = "specon.io/format"
-# Results kept for commands already executed, so a repeated command is answered, not re-run.
-RESULT_MEMORY = 1000
 
 
 @dataclass(slots=True)
@@ -83,12 +82,14 @@ class Agent:
         address: str = "",
         state_file: Path | None = None,
         labels: dict[str, str] | None = None,
+        settings: AgentSettings | None = None,
     ) -> None:
         self.runtime = runtime
         self.policy = policy
         self.address = address
         self.state_file = state_file
         self.labels = labels or {}
+        self.settings = settings or AgentSettings()  # operational knobs (timeouts, memory, backoff)
         self.classifier = classifier_for(policy.monitor)
         self.watched: dict[ContainerId, Watched] = {}
         # Containers that ended here (finished or failed) and are still reported.
@@ -330,7 +331,7 @@ class Agent:
             self.counters.command_failures += 1
         log.info("specon.agent.command_finished", command=cmd.id, ok=res.ok, error=res.error)
         self.done[cmd.id] = res
-        while len(self.done) > RESULT_MEMORY:
+        while len(self.done) > self.settings.result_memory:
             self.done.pop(next(iter(self.done)))
         self.unacked[cmd.id] = (None, res)
         self.running.pop(cmd.id, None)
@@ -421,7 +422,7 @@ class Agent:
             return CommandResult(command=cmd.id, ok=False, error=str(exc))
         self._watch(info)
         self._save_states()
-        resumed = await self._first_record_after(info, starting)
+        resumed = await self._first_record_after(info, starting, self.settings.first_record_timeout)
         return CommandResult(command=cmd.id, ok=True, finished_at=resumed)
 
     async def _first_record_after(self, info: ContainerInfo, since: float, timeout: float = 120.0) -> float:

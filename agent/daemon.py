@@ -1,8 +1,9 @@
 """The agent's supervised background tasks: monitor, heartbeat, poll.
 
 Each loop logs a crash and carries on instead of dying silently. While the manager is
-away the agent keeps classifying and retries with exponential backoff; nothing it knows
-is dropped (pending requests and unacknowledged results ride on the next heartbeat).
+away the agent keeps classifying and retries with exponential backoff (tenacity's
+``AsyncRetrying``, one per loop, tuned by ``AgentSettings``); nothing it knows is dropped
+(pending requests and unacknowledged results ride on the next heartbeat).
 
 Reading the progress logs is the one slow, file-bound part of a tick: it runs in a worker
 thread (``Tailer.prefetch``), and only the classification, which changes the agent's
@@ -19,31 +20,39 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import structlog
+from tenacity import AsyncRetrying, RetryCallState, retry_if_result
+from tenacity.wait import wait_base, wait_exponential, wait_random_exponential
 
 from agent.client import ManagerClient, ManagerRejected, ManagerUnavailable
 from agent.core import Agent
 from specon import protocol
 from specon.progress import Tailer
 from specon.protocol import CommandBatch, Goodbye, Poll, ReallocationRequest
+from specon.settings import AgentSettings
 
 log = structlog.get_logger()
 
+Nap = Callable[[float], Awaitable[None]]
+Exchange = Callable[[], Awaitable[bool]]  # True: it went through
 
-@dataclass(slots=True)
-class Backoff:
-    """Exponential backoff with full jitter, as a setting (kopf-style)."""
 
-    initial: float = 0.5
-    maximum: float = 30.0
-    attempt: int = 0
+def backoff(settings: AgentSettings, cap: float | None = None) -> wait_base:
+    """The wait before retry n: a random point between half and all of
+    ``min(cap, backoff_max, backoff_initial * 2**(n-1))``, so that agents that lost the
+    manager together do not come back in step, and none retries in a busy loop."""
+    top = settings.backoff_max if cap is None else min(cap, settings.backoff_max)
+    half = settings.backoff_initial / 2
+    return wait_exponential(multiplier=half, max=top / 2) + wait_random_exponential(
+        multiplier=half, max=top / 2
+    )
 
-    def next(self) -> float:
-        delay = min(self.maximum, self.initial * 2**self.attempt)
-        self.attempt += 1
-        return random.uniform(delay / 2, delay)
 
-    def reset(self) -> None:
-        self.attempt = 0
+def _failed(ok: bool) -> bool:
+    return not ok
+
+
+def _gave_up(_state: RetryCallState) -> bool:
+    return False  # the daemon is stopping: the exchange did not go through
 
 
 @dataclass(slots=True)
@@ -58,11 +67,15 @@ class LinkState:
 
 
 class AgentDaemon:
-    def __init__(self, agent: Agent, client: ManagerClient, *, poll_wait: float = 20.0) -> None:
+    """The agent's loops; their timeouts and backoff come from ``agent.settings``."""
+
+    def __init__(self, agent: Agent, client: ManagerClient) -> None:
         self.agent = agent
         self.client = client
-        self.poll_wait = poll_wait
+        self.settings: AgentSettings = agent.settings
         self.link = LinkState()
+        # Each manager loop's retrying (its statistics say which attempt it is on).
+        self.retrying: dict[str, AsyncRetrying] = {}
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -92,11 +105,11 @@ class AgentDaemon:
             # Results of the commands just waited for: the manager must not redo a save.
             hb = self.agent.heartbeat(self.agent.runtime.now())
             with contextlib.suppress(ManagerUnavailable, ManagerRejected):
-                await self.client.send(protocol.HEARTBEAT_PATH, hb, timeout=3.0)
+                await self.client.send(protocol.HEARTBEAT_PATH, hb, timeout=self.settings.shutdown_timeout)
         if goodbye:
             with contextlib.suppress(ManagerUnavailable, ManagerRejected):
                 msg = Goodbye(worker=self.agent.worker, sent_at=self.agent.runtime.now())
-                await self.client.send(protocol.GOODBYE_PATH, msg, timeout=3.0)
+                await self.client.send(protocol.GOODBYE_PATH, msg, timeout=self.settings.shutdown_timeout)
         await self.client.close()
 
     async def _supervised(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:
@@ -107,7 +120,7 @@ class AgentDaemon:
                 raise
             except Exception:
                 log.exception("specon.agent.task_crashed", task=name)
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(self.settings.crash_pause)
 
     # -- loops -------------------------------------------------------------------------
     async def _monitor(self) -> None:
@@ -152,34 +165,61 @@ class AgentDaemon:
         if tailers:
             await asyncio.to_thread(_prefetch, tailers)
 
+    def _retried(
+        self, name: str, exchange: Exchange, *, cap: float | None = None, sleep: Nap = asyncio.sleep
+    ) -> Exchange:
+        """``exchange``, retried while it fails, backing off, until it goes through (True) or
+        the daemon stops (False); each call starts from the first delay again. An exception
+        from it (a bug, not the manager being away) is not retried: it reaches ``_supervised``."""
+        retrying = AsyncRetrying(
+            wait=backoff(self.settings, cap),
+            retry=retry_if_result(_failed),
+            stop=self._stop_retrying,
+            retry_error_callback=_gave_up,
+            sleep=sleep,
+        )
+        self.retrying[name] = retrying
+        return retrying.wraps(exchange)
+
+    def _stop_retrying(self, _state: RetryCallState) -> bool:
+        # Checked after each failed exchange: a stopping daemon gives up instead of retrying
+        # (``stop`` wakes a heartbeat's wait, and a ``wait_for`` woken as it is cancelled may
+        # swallow the cancellation).
+        return self._stopping.is_set()
+
     async def _heartbeat(self) -> None:
-        backoff = Backoff()
         interval = self.agent.policy.messaging.heartbeat_interval
+        # A finished command (``_wake``) cuts a wait short, a retry's too: its result goes at once.
+        beat = self._retried("heartbeat", self._beat, cap=interval, sleep=self._nap)
         while not self._stopping.is_set():
-            await self.agent.refresh()
-            ok = await self._exchange(protocol.HEARTBEAT_PATH, self.agent.heartbeat(self.agent.runtime.now()))
-            if ok:
+            if await beat():
                 self.link.heartbeats_sent += 1
-                backoff.reset()
-                delay = interval * random.uniform(0.9, 1.1)  # jitter: agents don't beat in step
-            else:
-                delay = min(interval, backoff.next())
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+                await self._nap(interval * random.uniform(0.9, 1.1))  # jitter: agents don't beat in step
+
+    async def _beat(self) -> bool:
+        await self.agent.refresh()
+        return await self._exchange(protocol.HEARTBEAT_PATH, self.agent.heartbeat(self.agent.runtime.now()))
+
+    async def _nap(self, seconds: float) -> None:
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
 
     async def _poll(self) -> None:
-        backoff = Backoff()
+        poll = self._retried("poll", self._poll_once)
         while not self._stopping.is_set():
-            msg = Poll(worker=self.agent.worker, sent_at=self.agent.runtime.now(), wait=self.poll_wait)
-            if await self._exchange(protocol.POLL_PATH, msg, timeout=self.poll_wait + 10.0):
-                backoff.reset()
-            else:
-                await asyncio.sleep(backoff.next())
+            await poll()
+
+    async def _poll_once(self) -> bool:
+        wait = self.settings.poll_wait
+        msg = Poll(worker=self.agent.worker, sent_at=self.agent.runtime.now(), wait=wait)
+        return await self._exchange(protocol.POLL_PATH, msg, timeout=wait + self.settings.poll_timeout_margin)
 
     # -- one exchange ------------------------------------------------------------------
-    async def _exchange(self, path: str, msg: protocol.Message, *, timeout: float = 10.0) -> bool:
+    async def _exchange(self, path: str, msg: protocol.Message, *, timeout: float | None = None) -> bool:
         rt = self.agent.runtime
+        if timeout is None:
+            timeout = self.settings.request_timeout
         try:
             batch = await self.client.send(path, msg, timeout=timeout)
         except ManagerUnavailable as exc:

@@ -20,6 +20,7 @@ from manager.journal import Journal, JournalStore
 from specon import logs
 from specon.config import PolicyError, default_policy, load_policy
 from specon.daemon_cli import check_token_strength, read_token, split_listen
+from specon.settings import ManagerSettings, SettingsError
 
 log = structlog.get_logger()
 
@@ -29,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="specon-manager",
         description="The specon manager: collects agent heartbeats, decides migrations (Algorithm 2) and "
         "rebalancing (Algorithm 3), journals them, and serves /v1/status, /, /metrics and /healthz.",
+        epilog="Operational settings (ticker period, poll hold, status cache and page sizes) come from "
+        "SPECON_MANAGER_* environment variables; see the README's Operational settings.",
     )
     p.add_argument(
         "--listen",
@@ -151,6 +154,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PolicyError, OSError) as exc:
         print(f"specon-manager: {exc}", file=sys.stderr)
         return 2
+    try:
+        settings = ManagerSettings.from_env()
+    except SettingsError as exc:
+        print(f"specon-manager: {exc}", file=sys.stderr)
+        return 2
+    for var in ManagerSettings.unknown_variables():
+        log.warning("specon.manager.unknown_setting", variable=var)
     if args.dry_run:
         policy = dataclasses.replace(policy, migration=dataclasses.replace(policy.migration, dry_run=True))
     try:
@@ -178,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"specon-manager: cannot open the journal in {args.state_dir}: {exc}", file=sys.stderr)
             return 2
     coord = Coordinator(policy=policy, journal=journal)
-    app = create_app(coord, auth=auth, guard_reads=guard_reads)
+    app = create_app(coord, auth=auth, guard_reads=guard_reads, settings=settings)
     host, port = args.listen
     log.info(
         "specon.manager.starting",
@@ -190,7 +200,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         web.run_app(
-            app, host=host, port=port, print=None, handle_signals=True, access_log=None, shutdown_timeout=5.0
+            app,
+            host=host,
+            port=port,
+            print=None,
+            handle_signals=True,
+            access_log=None,
+            shutdown_timeout=settings.shutdown_timeout,
         )
     except OSError as exc:  # e.g. the address is in use
         print(f"specon-manager: cannot serve on {host}:{port}: {exc}", file=sys.stderr)

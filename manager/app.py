@@ -37,6 +37,7 @@ from specon.protocol import (
     ProtocolError,
     ReallocationRequest,
 )
+from specon.settings import ManagerSettings
 
 log = structlog.get_logger()
 
@@ -48,9 +49,8 @@ GUARD_READS = web.AppKey("guard_reads", bool)
 STARTED = web.AppKey("started", float)
 STATUS_LOCK = web.AppKey("status_lock", asyncio.Lock)
 STATUS_CACHE = web.AppKey("status_cache", dict[tuple[str, Page], tuple[float, int, bytes]])
-# Seconds a built status page is served to other readers; pages kept at most.
-STATUS_TTL = 1.0
-STATUS_CACHE_SIZE = 256
+# The operational knobs: ticker period, poll hold, status cache and page sizes.
+SETTINGS = web.AppKey("settings", ManagerSettings)
 IDENTITY = web.RequestKey("identity", Identity)  # the caller, set by _guard
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -175,7 +175,7 @@ async def poll(request: web.Request) -> web.Response:
         return msg
     if (denied := _forbidden(request, msg.worker)) is not None:
         return denied
-    wait = min(max(msg.wait, 0.0), 60.0)
+    wait = min(max(msg.wait, 0.0), request.app[SETTINGS].max_poll_wait)
     batch: CommandBatch = await request.app[COORD].wait_for_commands(msg.worker, wait)
     return _reply(batch)
 
@@ -193,14 +193,14 @@ async def goodbye(request: web.Request) -> web.Response:
 
 def _page(request: web.Request) -> Page | web.Response:
     try:
-        return Page.parse(request.query.get("limit"), request.query.get("after"))
+        return Page.parse(request.query.get("limit"), request.query.get("after"), request.app[SETTINGS])
     except BadPageError as exc:
         return _error(400, str(exc), "query")
 
 
 async def _rendered(request: web.Request, kind: str, render: Callable[[Page], bytes]) -> web.Response:
     """A status page, built by one request at a time and shared while nothing changed
-    (for at most ``STATUS_TTL`` seconds: its ages and ``now`` move on).
+    (for at most the ``status_ttl`` setting's seconds: its ages and ``now`` move on).
 
     Building a page is synchronous work on the event loop: one at a time, each at most a
     page's worth, keeps ``/healthz`` and heartbeats answered between them however many
@@ -209,16 +209,16 @@ async def _rendered(request: web.Request, kind: str, render: Callable[[Page], by
     page = _page(request)
     if isinstance(page, web.Response):
         return page
-    cache = request.app[STATUS_CACHE]
+    cache, settings = request.app[STATUS_CACHE], request.app[SETTINGS]
     key = (kind, page)
     revision = request.app[COORD].revision
     async with request.app[STATUS_LOCK]:
         hit = cache.get(key)
         now = time.monotonic()
         if hit is None or hit[0] < now or hit[1] != revision:
-            if len(cache) >= STATUS_CACHE_SIZE:
+            if len(cache) >= settings.status_cache_size:
                 cache.clear()
-            hit = cache[key] = (now + STATUS_TTL, revision, render(page))
+            hit = cache[key] = (now + settings.status_ttl, revision, render(page))
             await asyncio.sleep(0)  # let waiting requests (healthz, heartbeats) in between builds
     ctype = protocol.CONTENT_TYPE if kind == "json" else "text/html"
     return web.Response(body=hit[2], content_type=ctype, charset=None if kind == "json" else "utf-8")
@@ -256,12 +256,12 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def _ticker(app: web.Application) -> AsyncIterator[None]:
     """Drive timeouts and Algorithm 3 even when no message arrives; log, never die, on a bug."""
-    coord = app[COORD]
+    coord, period = app[COORD], app[SETTINGS].ticker_period
     heap = HeapFreezer()
 
     async def loop() -> None:
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(period)
             try:
                 coord.step(rebalance=True)
                 heap.maybe_freeze(len(coord.state.containers) + len(coord.state.workers))
@@ -282,9 +282,11 @@ def create_app(
     auth: Authenticator | None = None,
     guard_reads: bool = False,
     tick: bool = True,
+    settings: ManagerSettings | None = None,
 ) -> web.Application:
     """The manager app. ``auth`` decides who may call; ``token`` alone is a shared token
-    (every worker). ``guard_reads``: status and the page need a read or shared token."""
+    (every worker). ``guard_reads``: status and the page need a read or shared token.
+    ``settings``: the operational knobs (default: ``ManagerSettings()``)."""
     if auth is None:
         if not token:
             raise ValueError("the manager needs a bearer token or an authenticator")
@@ -293,6 +295,7 @@ def create_app(
     app[COORD] = coord
     app[AUTH] = auth
     app[GUARD_READS] = guard_reads
+    app[SETTINGS] = settings or ManagerSettings()
     app[STATUS_LOCK] = asyncio.Lock()
     app[STATUS_CACHE] = {}
     app[STARTED] = time.time()

@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from manager.coordinator import Coordinator
 from specon.model import ContainerId, WorkerId
 from specon.protocol import MigrationStatus, Status
+from specon.settings import ManagerSettings
 
-DEFAULT_LIMIT = 1000
-MAX_LIMIT = 10_000
+_DEFAULTS = ManagerSettings()
+# The page sizes' defaults (the manager's settings ``status_page_limit``, ``status_page_max``).
+DEFAULT_LIMIT = _DEFAULTS.status_page_limit
+MAX_LIMIT = _DEFAULTS.status_page_max
 
 
 class BadPageError(ValueError):
@@ -32,12 +35,14 @@ class Page:
     after: str | None = None  # an id (w, c) or a position (m); None: from the section's start
 
     @classmethod
-    def parse(cls, limit: str | None, after: str | None) -> Page:
+    def parse(cls, limit: str | None, after: str | None, settings: ManagerSettings = _DEFAULTS) -> Page:
+        """A page from the query's ``limit`` and ``after`` (``settings``: the page sizes)."""
+        default, maximum = settings.status_page_limit, settings.status_page_max
         if limit is not None and not (limit.isascii() and limit.isdigit() and len(limit) <= 6):
             raise BadPageError(f"limit: expected an integer, got {ascii(limit)[:24]}")
-        n = DEFAULT_LIMIT if limit is None else int(limit)
-        if not 1 <= n <= MAX_LIMIT:
-            raise BadPageError(f"limit: must be within [1, {MAX_LIMIT}], got {n}")
+        n = default if limit is None else int(limit)
+        if not 1 <= n <= maximum:
+            raise BadPageError(f"limit: must be within [1, {maximum}], got {n}")
         if not after:
             return cls(n)
         section, sep, key = after.partition(":")

@@ -20,11 +20,11 @@ import pytest
 import structlog
 from aiohttp.test_utils import TestServer
 from manager_fakes import policy as make_policy
+from tenacity import RetryCallState
 
-import agent.daemon as daemon_module
 from agent.client import ManagerClient
 from agent.core import Agent
-from agent.daemon import AgentDaemon, Backoff
+from agent.daemon import AgentDaemon, backoff
 from manager.app import create_app
 from manager.coordinator import Coordinator
 from manager.journal import Journal
@@ -35,11 +35,13 @@ from specon.policy.monitor import MonitorState
 from specon.protocol import Action, Command, Status
 from specon.runtime import JobSpec, WorkerUsage
 from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume
+from specon.settings import AgentSettings
 
 TOKEN = "agent-daemon-test-token"
 W0 = WorkerId("w0")
 # Fast loops: the tests wait for outcomes, and fast loops make them arrive quickly.
 FAST = {"monitor": {"interval": 0.05}, "messaging": {"heartbeat_interval": 0.05}}
+FAST_SETTINGS = AgentSettings(poll_wait=0.2)
 
 
 async def eventually(cond: Callable[[], bool], what: str, *, within: float = 10.0) -> None:
@@ -96,9 +98,18 @@ class Rig:
         self.servers.append(server)
         return server
 
-    def daemon(self, url: str, *, token: str = TOKEN, agent: Agent | None = None) -> AgentDaemon:
-        agent = agent or Agent(runtime=self.runtime, policy=self.pol, address="127.0.0.1:7701")
-        d = AgentDaemon(agent, ManagerClient(url, token), poll_wait=0.2)
+    def daemon(
+        self,
+        url: str,
+        *,
+        token: str = TOKEN,
+        agent: Agent | None = None,
+        settings: AgentSettings = FAST_SETTINGS,
+    ) -> AgentDaemon:
+        agent = agent or Agent(
+            runtime=self.runtime, policy=self.pol, address="127.0.0.1:7701", settings=settings
+        )
+        d = AgentDaemon(agent, ManagerClient(url, token))
         self.daemons.append(d)
         return d
 
@@ -167,7 +178,7 @@ async def test_a_request_answered_by_the_manager_freezes_the_container(rig: Rig)
     await rig.runtime.start(spec("a"))
     coord = rig.coordinator()
     server = await rig.serve(coord)
-    agent = Agent(runtime=rig.runtime, policy=rig.pol)
+    agent = Agent(runtime=rig.runtime, policy=rig.pol, settings=FAST_SETTINGS)
     agent.saved_states[ContainerId("a")] = MonitorState(
         category=Category.CONVERGED, t_cc=1000.0, pending_request=True
     )
@@ -192,21 +203,17 @@ async def test_a_request_answered_by_the_manager_freezes_the_container(rig: Rig)
 # --- the manager going away ----------------------------------------------------------------
 
 
-async def test_the_daemon_backs_off_while_the_manager_is_away_and_reconnects(
-    rig: Rig, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    backoffs: list[Backoff] = []
+def attempts(d: AgentDaemon) -> list[int]:
+    """The attempt each manager loop's retrying is on (1: its last exchange went through)."""
+    return [r.statistics.get("attempt_number", 1) for r in d.retrying.values()]
 
-    def fast_backoff() -> Backoff:  # the daemon's retry schedule, shrunk to keep the test short
-        b = Backoff(initial=0.02, maximum=0.2)
-        backoffs.append(b)
-        return b
 
-    monkeypatch.setattr(daemon_module, "Backoff", fast_backoff)
+async def test_the_daemon_backs_off_while_the_manager_is_away_and_reconnects(rig: Rig) -> None:
     await rig.runtime.start(spec("a"))
     server = await rig.serve(rig.coordinator())
     port, url = server.port, url_of(server)
-    d = rig.daemon(url)
+    # The retry schedule shrunk to keep the test short.
+    d = rig.daemon(url, settings=dataclasses.replace(FAST_SETTINGS, backoff_initial=0.02, backoff_max=0.2))
     d.start()
     await eventually(lambda: d.link.connected, "connected")
 
@@ -214,14 +221,14 @@ async def test_the_daemon_backs_off_while_the_manager_is_away_and_reconnects(
         await server.close()
         await eventually(lambda: not d.link.connected, "the link is down")
         ticks, failures = d.agent.counters.ticks, d.link.failures
-        await eventually(lambda: max(b.attempt for b in backoffs) >= 4, "retries backing off")
+        await eventually(lambda: max(attempts(d)) >= 5, "retries backing off")
         await eventually(lambda: d.agent.counters.ticks > ticks + 2, "classifying on")
         assert d.link.failures > failures and alive(d)
 
         coord = rig.coordinator()  # a restarted manager on the same address
         await rig.serve(coord, port=port)
         await eventually(lambda: d.link.connected and coord.state.heartbeats > 0, "reconnected")
-        await eventually(lambda: all(b.attempt == 0 for b in backoffs), "every loop's backoff reset")
+        await eventually(lambda: attempts(d) == [1, 1], "every loop's backoff reset")
 
     events = [e["event"] for e in logs]
     # Logged once per outage (the link may flap while the server drains), not once per retry.
@@ -338,8 +345,8 @@ async def test_the_monitor_ticks_once_per_interval_of_the_runtime_clock(tmp_path
     clock = FakeClock(1000.0)  # moved only by this test
     volume = FakeVolume(clock, root=tmp_path / "volume")
     pol = make_policy(monitor={"interval": 30.0})
-    agent = Agent(runtime=FakeRuntime("w0", volume), policy=pol)
-    d = AgentDaemon(agent, ManagerClient(f"http://127.0.0.1:{free_port()}", TOKEN), poll_wait=0.2)
+    agent = Agent(runtime=FakeRuntime("w0", volume), policy=pol, settings=FAST_SETTINGS)
+    d = AgentDaemon(agent, ManagerClient(f"http://127.0.0.1:{free_port()}", TOKEN))
     d.start()
     try:
         await eventually(lambda: agent.counters.ticks == 1, "the first tick")
@@ -353,14 +360,67 @@ async def test_the_monitor_ticks_once_per_interval_of_the_runtime_clock(tmp_path
 # --- backoff -------------------------------------------------------------------------------
 
 
-def test_backoff_doubles_with_jitter_up_to_its_maximum_and_resets() -> None:
-    b = Backoff(initial=0.5, maximum=4.0)
-    delays = [b.next() for _ in range(7)]
-    ceilings = [0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
+def retry_state(attempt: int) -> RetryCallState:
+    state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+    state.attempt_number = attempt
+    return state
 
-    assert all(c / 2 <= d <= c for d, c in zip(delays, ceilings, strict=True))
-    b.reset()
-    assert b.attempt == 0 and 0.25 <= b.next() <= 0.5
+
+def test_backoff_doubles_with_jitter_up_to_its_maximum() -> None:
+    wait = backoff(AgentSettings(backoff_initial=0.5, backoff_max=4.0))
+    for _ in range(50):  # the jitter is random: every draw stays in its band
+        delays = [wait(retry_state(n)) for n in range(1, 9)]
+        ceilings = [0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0, 4.0]
+        assert all(c / 2 <= d <= c for d, c in zip(delays, ceilings, strict=True))
+    assert wait(retry_state(10_000)) <= 4.0  # no overflow after a long outage
+    assert len({wait(retry_state(3)) for _ in range(20)}) > 1  # agents do not retry in step
+
+
+def test_a_heartbeats_backoff_is_capped_by_the_heartbeat_interval() -> None:
+    wait = backoff(AgentSettings(backoff_initial=0.5, backoff_max=30.0), cap=1.5)
+    assert all(0.75 <= wait(retry_state(n)) <= 1.5 for n in range(3, 12))
+
+
+async def test_a_loops_retrying_backs_off_until_a_success_then_starts_over(rig: Rig) -> None:
+    settings = AgentSettings(backoff_initial=1.0, backoff_max=8.0)
+    d = rig.daemon(f"http://127.0.0.1:{free_port()}", settings=settings)
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    outcomes = iter([False] * 5 + [True] + [False, True])
+
+    async def exchange() -> bool:
+        return next(outcomes)
+
+    call = d._retried("test", exchange, sleep=sleep)
+    assert await call() is True
+    assert d.retrying["test"].statistics["attempt_number"] == 6
+    ceilings = [1.0, 2.0, 4.0, 8.0, 8.0]
+    assert all(c / 2 <= s <= c for s, c in zip(slept, ceilings, strict=True))
+
+    slept.clear()
+    assert await call() is True  # the next outage starts from the first delay
+    assert len(slept) == 1 and 0.5 <= slept[0] <= 1.0
+
+    async def bug() -> bool:
+        raise RuntimeError("a bug, not the manager being away")
+
+    slept.clear()
+    with pytest.raises(RuntimeError):  # not retried: _supervised logs it and restarts the loop
+        await d._retried("bug", bug, sleep=sleep)()
+    assert slept == []
+
+    d._stopping.set()  # stopping: a failing exchange gives up after its attempt
+    tries: list[bool] = []
+
+    async def failing() -> bool:
+        tries.append(False)
+        return False
+
+    assert await d._retried("stop", failing, sleep=sleep)() is False
+    assert tries == [False] and slept == []
 
 
 async def test_a_link_that_starts_being_refused_no_longer_reports_connected(rig: Rig) -> None:
