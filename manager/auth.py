@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import yaml
-
+from specon.config import YamlError, load_yaml
 from specon.daemon_cli import WeakTokenError, check_token_strength
 from specon.model import WorkerId
 from specon.validate import InvalidIdError, valid_id
@@ -107,8 +106,8 @@ def load_agent_tokens(path: Path) -> dict[str, str]:
     """``--agent-tokens FILE``: a YAML mapping ``worker id: token``; ValueError saying what
     is wrong (bad id, weak or repeated token, not a mapping)."""
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
+        raw = load_yaml(path.read_text())
+    except YamlError as exc:  # the one YAML loader: a repeated worker is an error, not the last wins
         raise ValueError(f"{path}: not YAML: {exc}") from exc
     if not isinstance(raw, dict) or not raw:
         raise ValueError(f"{path}: expected a non-empty mapping of worker id to token")

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
+from specon import codec
 from specon.migration import Mark, Migration, State
-from specon.model import ContainerId, WorkerId
+from specon.model import ContainerId
+
+R = TypeVar("R")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS migrations (
@@ -45,7 +48,33 @@ CREATE TABLE IF NOT EXISTS marks (
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
-_COLUMNS = tuple(f.name for f in fields(Migration))
+# Rows are the records' own fields, converted by the one codec (``specon.codec``) both
+# ways: enums as their values, ids as text; nothing here names a field but the schema.
+_COLUMNS = tuple(codec.wire_key(f) for f in fields(Migration))
+_MARK_COLUMNS = tuple(codec.wire_key(f) for f in fields(Mark))
+
+
+def migration_to_row(m: Migration) -> tuple[object, ...]:
+    """The ``migrations`` row of ``m``, in ``_COLUMNS`` order."""
+    data = codec.to_data(m, Migration)
+    return tuple(data[c] for c in _COLUMNS)
+
+
+def migration_from_row(row: Sequence[object]) -> Migration:
+    """Inverse of ``migration_to_row``; ``ValueError`` naming every bad column."""
+    return _decode(Migration, _COLUMNS, row)
+
+
+def mark_from_row(row: Sequence[object]) -> Mark:
+    """A ``marks`` row (``_MARK_COLUMNS``) as a ``Mark``; ``ValueError`` naming every bad column."""
+    return _decode(Mark, _MARK_COLUMNS, row)
+
+
+def _decode(cls: type[R], columns: tuple[str, ...], row: Sequence[object]) -> R:
+    try:
+        return codec.from_data(cls, dict(zip(columns, row, strict=True)))
+    except codec.SchemaError as e:
+        raise ValueError(f"corrupt journal row {row[0]!r}: {codec.explain(e)}") from None
 
 
 class JournalStore(Protocol):
@@ -85,7 +114,7 @@ class Journal:
     # -- migrations -------------------------------------------------------------------
     def put(self, m: Migration) -> None:
         """Insert or replace one migration record (durable when this returns)."""
-        row = tuple(getattr(m, c).value if c == "state" else getattr(m, c) for c in _COLUMNS)
+        row = migration_to_row(m)
         marks = ",".join("?" * len(_COLUMNS))
         with self._lock:
             self._db.execute(
@@ -97,12 +126,7 @@ class Journal:
             cur = self._db.execute(f"SELECT {','.join(_COLUMNS)} FROM migrations {where}", args)
             rows = cur.fetchall()
         for row in rows:
-            rec = dict(zip(_COLUMNS, row, strict=True))
-            rec["state"] = State(rec["state"])
-            rec["container"] = ContainerId(rec["container"])
-            rec["source"] = WorkerId(rec["source"])
-            rec["target"] = WorkerId(rec["target"])
-            yield Migration(**rec)
+            yield migration_from_row(row)
 
     def get(self, migration_id: str) -> Migration | None:
         return next(self._rows("WHERE id = ?", (migration_id,)), None)
@@ -146,10 +170,8 @@ class Journal:
 
     def marks(self) -> dict[ContainerId, Mark]:
         with self._lock:
-            rows = self._db.execute(
-                "SELECT container, migrated_at, migrations, rebalances FROM marks"
-            ).fetchall()
-        return {ContainerId(r[0]): Mark(ContainerId(r[0]), r[1], int(r[2]), int(r[3])) for r in rows}
+            rows = self._db.execute(f"SELECT {','.join(_MARK_COLUMNS)} FROM marks").fetchall()
+        return {mark.container: mark for mark in map(mark_from_row, rows)}
 
     # -- meta -----------------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:

@@ -307,21 +307,38 @@ def policy_from_dict(data: object, *, source: str = "<dict>") -> Policy:
     return policy
 
 
-def parse_policy(text: str, *, source: str = "<string>") -> Policy:
-    """Parse a policy from YAML text (YAML 1.2 scalars: ``off`` is a string, ``1e-9`` a number)."""
+class YamlError(ValueError):
+    """Text the YAML loader refuses; the message says where (line and column) and why."""
+
+
+def load_yaml(text: str) -> Any:
+    """Plain data from YAML text: specon's YAML loader (policy files, simulator parameters).
+
+    The YAML 1.2 core schema (``off``/``yes`` are strings, ``1e-9`` is a number, ``1:30``
+    a string), safe types only, and a duplicated key is an error rather than silently the
+    last one. Raises ``YamlError`` (a ``ValueError``) naming the line and column.
+    """
     try:
-        data = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
+        return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
         what = ": ".join(part for part in (e.context, e.problem) if part)
-        raise PolicyError([f"{where}: invalid YAML: {what}"], source=source) from None
+        raise YamlError(f"{where}: invalid YAML: {what}") from None
     except yaml.YAMLError as e:
-        raise PolicyError([f"invalid YAML: {e}"], source=source) from None
+        raise YamlError(f"invalid YAML: {e}") from None
     except (ValueError, OverflowError) as e:  # a scalar YAML accepts but Python cannot hold
-        raise PolicyError([f"invalid YAML value: {e}"], source=source) from None
+        raise YamlError(f"invalid YAML value: {e}") from None
     except RecursionError:
-        raise PolicyError(["invalid YAML: nested too deeply"], source=source) from None
+        raise YamlError("invalid YAML: nested too deeply") from None
+
+
+def parse_policy(text: str, *, source: str = "<string>") -> Policy:
+    """Parse a policy from YAML text (YAML 1.2 scalars: ``off`` is a string, ``1e-9`` a number)."""
+    try:
+        data = load_yaml(text)
+    except YamlError as e:
+        raise PolicyError([str(e)], source=source) from None
     if data is None:
         raise PolicyError(
             [f"empty policy; it needs at least 'apiVersion: {API_VERSION}' and 'kind: {KIND}'"],

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from specon import codec
 from specon.config import Aggregate, MonitorConfig, Normalize
 from specon.model import ACTIVE_CATEGORIES, Category, ContainerId, Direction
 
@@ -275,25 +276,8 @@ def pending_requests(states: Mapping[ContainerId, MonitorState]) -> tuple[Contai
 
 
 def to_dict(state: MonitorState) -> dict[str, Any]:
-    """A plain, JSON-ready dict (finite floats, strings, bools, lists)."""
-    return {
-        "format": STATE_FORMAT,
-        "category": state.category.value,
-        "direction": state.direction.value,
-        "ticks": state.ticks,
-        "last_e": state.last_e,
-        "last_g": state.last_g,
-        "max_abs_e": state.max_abs_e,
-        "stale_run": state.stale_run,
-        "stalled": state.stalled,
-        "t_cc": state.t_cc,
-        "wants_request": state.wants_request,
-        "pending_request": state.pending_request,
-        "migrated": state.migrated,
-        "t_migrated": state.t_migrated,
-        "smoothed": list(state.smoothed),
-        "votes": list(state.votes),
-    }
+    """A plain, JSON-ready dict (finite floats, strings, bools, lists), via ``specon.codec``."""
+    return {"format": STATE_FORMAT, **codec.to_data(state, MonitorState)}
 
 
 class StateError(ValueError):
@@ -301,77 +285,33 @@ class StateError(ValueError):
 
 
 def from_dict(d: Mapping[str, Any]) -> MonitorState:
-    """Inverse of ``to_dict``; every problem is reported in one ``StateError``."""
-    errors: list[str] = []
+    """Inverse of ``to_dict``; every problem is reported in one ``StateError``.
 
-    def num(key: str, src: Mapping[str, Any] = d, *, optional: bool = True) -> float | None:
-        v = src.get(key)
-        if v is None and optional:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            errors.append(f"{key}: expected a finite number, got {v!r}")
-            return None
-        return float(v)
-
-    def count(key: str) -> int:
-        v = d.get(key, 0)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            errors.append(f"{key}: expected a non-negative integer, got {v!r}")
-            return 0
-        return v
-
-    def flag(key: str) -> bool:
-        v = d.get(key, False)
-        if not isinstance(v, bool):
-            errors.append(f"{key}: expected true/false, got {v!r}")
-            return False
-        return v
-
+    Read through ``specon.codec`` (a missing key takes its default; an unknown one, from a
+    newer agent, is ignored), then the checks the types cannot say: a classifier category
+    (never STALLED, a display flag) and non-negative counters.
+    """
     if not isinstance(d, Mapping):
-        raise StateError(f"monitor state: expected a mapping, got {type(d).__name__}")
-    if d.get("format", STATE_FORMAT) != STATE_FORMAT:
-        errors.append(f"format: unsupported {d.get('format')!r} (this build reads {STATE_FORMAT})")
+        raise StateError(f"monitor state: expected a mapping, got {codec.describe(d)}")
+    data = dict(d)
+    fmt = data.pop("format", STATE_FORMAT)
+    errors: list[str] = []
+    if fmt != STATE_FORMAT:
+        errors.append(f"format: unsupported {fmt!r} (this build reads {STATE_FORMAT})")
     try:
-        category = Category(d.get("category", _PC.value))
-        if category is Category.STALLED:
-            raise ValueError
-    except ValueError:
-        errors.append(f"category: not a classifier category: {d.get('category')!r}")
-        category = _PC
-    try:
-        direction = Direction(d.get("direction", Direction.MINIMIZE.value))
-    except ValueError:
-        errors.append(f"direction: expected minimize or maximize, got {d.get('direction')!r}")
-        direction = Direction.MINIMIZE
-
-    smoothed = d.get("smoothed", [])
-    if not isinstance(smoothed, list) or not all(
-        isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in smoothed
-    ):
-        errors.append(f"smoothed: expected a list of finite numbers, got {smoothed!r}")
-        smoothed = []
-    votes = d.get("votes", [])
-    if not isinstance(votes, list) or not all(isinstance(x, bool) for x in votes):
-        errors.append(f"votes: expected a list of true/false, got {votes!r}")
-        votes = []
-
-    state = MonitorState(
-        category=category,
-        direction=direction,
-        ticks=count("ticks"),
-        last_e=num("last_e"),
-        last_g=num("last_g"),
-        max_abs_e=abs(num("max_abs_e") or 0.0),
-        stale_run=count("stale_run"),
-        stalled=flag("stalled"),
-        t_cc=num("t_cc"),
-        wants_request=flag("wants_request"),
-        pending_request=flag("pending_request"),
-        migrated=flag("migrated"),
-        t_migrated=num("t_migrated"),
-        smoothed=tuple(float(x) for x in smoothed),
-        votes=tuple(votes),
-    )
+        state = codec.from_data(MonitorState, data, strict=False)
+    except codec.SchemaError as e:
+        errors += map(str, e.problems)
+        state = e.partial if isinstance(e.partial, MonitorState) else MonitorState()
+    if state.category is Category.STALLED:
+        errors.append(f"category: not a classifier category: {state.category.value!r}")
+    errors += [f"{key}: must be >= 0, got {n}" for key, n in _counters(state) if n < 0]
     if errors:
         raise StateError("monitor state: " + "; ".join(errors))
+    if state.max_abs_e < 0.0:  # a magnitude: older writers never wrote a negative one
+        state = replace(state, max_abs_e=-state.max_abs_e)
     return state
+
+
+def _counters(state: MonitorState) -> tuple[tuple[str, int], ...]:
+    return (("ticks", state.ticks), ("stale_run", state.stale_run))

@@ -10,12 +10,12 @@ tests and the simulator control time.
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from specon import codec
 from specon.checkpoint import CheckpointInfo
 from specon.checkpoint import key as checkpoint_key
 from specon.model import ContainerId, Resources, WorkerId
@@ -75,42 +75,29 @@ class JobSpec:
             raise ValueError(f"job {self.id}: steps must be >= 0, got {self.steps}")
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "command": list(self.command),
-            "env": [list(p) for p in self.env],
-            "requests": {"cpu": self.requests.cpu, "memory": self.requests.memory, "gpu": self.requests.gpu},
-            "labels": [list(p) for p in self.labels],
-            "steps": self.steps,
-            "model": self.model,
-            # Only when set: specs of the other backends serialise exactly as before.
-            **({"template": self.template} if self.template is not None else {}),
-            **({"selector": [list(p) for p in self.selector]} if self.selector else {}),
-            **({"tolerations": list(self.tolerations)} if self.tolerations else {}),
-        }
+        """``spec.json``'s shape, through the one codec (``specon.codec``).
+
+        ``template``, ``selector`` and ``tolerations`` only when set: specs of the other
+        backends serialise exactly as before they existed.
+        """
+        data: dict[str, Any] = codec.to_data(self, JobSpec)
+        if data["template"] is None:
+            del data["template"]
+        for key in ("selector", "tolerations"):
+            if not data[key]:
+                del data[key]
+        return data
 
     @classmethod
     def from_json(cls, raw: Any) -> JobSpec:
-        """Parse ``to_json`` output; ``ValueError`` saying what is wrong."""
+        """Parse ``to_json`` output; ``ValueError`` naming every wrong field.
+
+        Keys a newer writer added are ignored (the volume is shared across versions).
+        """
         try:
-            req = raw.get("requests") or {}
-            cpu = float(req.get("cpu", 0.0))
-            if not math.isfinite(cpu):
-                raise ValueError(f"requests.cpu must be finite, got {cpu}")
-            return cls(
-                id=valid_job_id(raw["id"]),
-                command=tuple(str(a) for a in raw["command"]),
-                env=tuple((str(k), str(v)) for k, v in raw.get("env", ())),
-                requests=Resources(cpu, int(req.get("memory", 0)), int(req.get("gpu", 0))),
-                labels=tuple((str(k), str(v)) for k, v in raw.get("labels", ())),
-                steps=None if raw.get("steps") is None else int(raw["steps"]),
-                model=None if raw.get("model") is None else str(raw["model"]),
-                template=None if raw.get("template") is None else str(raw["template"]),
-                selector=tuple((str(k), str(v)) for k, v in raw.get("selector", ())),
-                tolerations=tuple(str(t) for t in raw.get("tolerations", ())),
-            )
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"bad job spec: {exc}") from exc
+            return codec.from_data(JobSpec, raw, strict=False)
+        except codec.SchemaError as e:
+            raise ValueError(f"bad job spec: {codec.explain(e)}") from None
 
 
 @dataclass(frozen=True, slots=True)

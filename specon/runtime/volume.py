@@ -26,9 +26,10 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
+from specon import codec
 from specon.checkpoint import (
     FileTooLargeError,
     NotRegularFileError,
@@ -140,22 +141,18 @@ class JobPaths:
         """The owner record, None when the job runs nowhere; ``CorruptRecordError`` if unreadable."""
         try:
             raw = json.loads(read_regular(self.owner, OWNER_MAX))
-            return Owner(
-                worker=WorkerId(str(raw["worker"])),
-                run_id=str(raw["run_id"]),
-                started_at=float(raw["started_at"]),
-                host=str(raw["host"]),
-                pid=None if raw.get("pid") is None else int(raw["pid"]),
-                start_ticks=None if raw.get("start_ticks") is None else int(raw["start_ticks"]),
-                handle=None if raw.get("handle") is None else str(raw["handle"]),
-            )
         except FileNotFoundError:
             return None
-        except (NotRegularFileError, FileTooLargeError, KeyError, TypeError, ValueError) as exc:
+        except (NotRegularFileError, FileTooLargeError, ValueError) as exc:
             raise CorruptRecordError(f"{self.owner}: {exc}") from exc
+        try:
+            # Keys a newer agent added are ignored: the volume is shared across versions.
+            return codec.from_data(Owner, raw, strict=False)
+        except codec.SchemaError as e:
+            raise CorruptRecordError(f"{self.owner}: {codec.explain(e)}") from None
 
     def write_owner(self, owner: Owner) -> None:
-        atomic_write(self.owner, json.dumps(asdict(owner), sort_keys=True).encode())
+        atomic_write(self.owner, json.dumps(codec.to_data(owner, Owner), sort_keys=True).encode())
         fsync_dir(self.dir)
 
     def clear_owner(self) -> None:

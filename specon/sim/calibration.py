@@ -26,7 +26,6 @@ simulator parameters and compares real runs with simulated ones:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -34,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
-
+from specon import codec
+from specon.config import load_yaml
 from specon.evaluation import RunResult
 from specon.model import WorkerId
 from specon.sim.cluster import DEFAULT_PARAMS, JobPlan, SimParams, WorkerSpec, Workload
@@ -259,40 +258,34 @@ def gap(policy: str, real: RunResult, sim: RunResult) -> Gap:
 
 
 def params_to_dict(params: SimParams) -> dict[str, Any]:
-    return dataclasses.asdict(params)
+    return dict(codec.to_data(params))
 
 
 def params_from_dict(
     data: object, *, base: SimParams = DEFAULT_PARAMS, source: str = "<params>"
 ) -> SimParams:
-    """``base`` with the fields ``data`` names replaced; every problem is reported at once."""
+    """``base`` with the fields ``data`` names replaced; every problem is reported at once.
+
+    Read through the one codec (``specon.codec``): a problem names its key, an unknown key
+    gets a did-you-mean, and ``SimParams``'s own range checks run on the result.
+    """
     if not isinstance(data, Mapping):
-        raise ValueError(f"{source}: expected a mapping of simulator parameters, got {type(data).__name__}")
-    kinds = {f.name: f.type for f in dataclasses.fields(SimParams)}
-    problems = []
-    values: dict[str, float | int] = {}
-    for key, value in data.items():
-        if key not in kinds:
-            problems.append(f"unknown parameter {key!r} (known: {', '.join(kinds)})")
-        elif isinstance(value, bool) or not isinstance(value, int | float):
-            problems.append(f"{key} must be a number, got {value!r}")
-        elif kinds[key] in (int, "int") and value != int(value):
-            problems.append(f"{key} must be an integer, got {value!r}")
-        else:
-            values[key] = int(value) if kinds[key] in (int, "int") else float(value)
-    if not problems:
-        try:
-            return dataclasses.replace(base, **values)  # type: ignore[arg-type]
-        except ValueError as exc:
-            problems.append(str(exc))
-    raise ValueError(f"{source}: " + "; ".join(problems))
+        raise ValueError(f"{source}: expected a mapping of simulator parameters, got {codec.describe(data)}")
+    try:
+        return codec.from_data(SimParams, {**params_to_dict(base), **data})
+    except codec.SchemaError as e:
+        raise ValueError(f"{source}: {codec.explain(e)}") from None
 
 
 def load_params(path: Path | str, *, base: SimParams = DEFAULT_PARAMS) -> SimParams:
-    """Simulator parameters from a JSON or YAML file (a mapping of ``SimParams`` fields)."""
+    """Simulator parameters from a JSON or YAML file (a mapping of ``SimParams`` fields).
+
+    Read with the policy file's YAML loader (``specon.config.load_yaml``, YAML 1.2), which
+    reads JSON as well.
+    """
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+        data = load_yaml(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
         raise ValueError(f"{p}: {exc}") from exc
     return params_from_dict(data, base=base, source=str(p))

@@ -18,8 +18,10 @@ from specon.config import (
     Mode,
     Policy,
     PolicyError,
+    YamlError,
     default_policy,
     load_policy,
+    load_yaml,
     metric_pattern,
     parse_policy,
     policy_from_dict,
@@ -512,3 +514,19 @@ def test_valid_files_round_trip_through_yaml(monitor: dict[str, object], mode: s
     assert parse_policy(policy_to_yaml(p)) == p
     for key, value in monitor.items():
         assert getattr(p.monitor, key) == value
+
+
+def test_load_yaml_is_the_policy_loader_for_every_file() -> None:
+    # YAML 1.2 core schema: off/yes are strings, 1e-9 is a number, 1:30 is not 90.
+    assert load_yaml("a: off\nb: yes\nc: 1e-9\nd: 1:30\ne: 0x10\n") == {
+        "a": "off",
+        "b": "yes",
+        "c": 1e-9,
+        "d": "1:30",
+        "e": 16,
+    }
+    assert load_yaml('{"json": [1, 2.5, null]}') == {"json": [1, 2.5, None]}
+    with pytest.raises(YamlError, match=r"line 2, column 1: .*duplicate key 'a'"):
+        load_yaml("a: 1\na: 2\n")
+    with pytest.raises(ValueError, match="invalid YAML"):
+        load_yaml("a: [1\n")

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specon.config import MonitorConfig
-from specon.model import Category, ContainerId
+from specon.model import Category, ContainerId, Direction
 from specon.policy import monitor
 from specon.policy.classifier import classifier_for, tick_worker
 from specon.policy.monitor import MonitorState
@@ -262,6 +262,53 @@ def test_from_dict_reports_every_error_at_once() -> None:
     assert "category" in msg and "ticks" in msg and "last_e" in msg
     with pytest.raises(monitor.StateError, match="mapping"):
         monitor.from_dict([])  # type: ignore[arg-type]
+    with pytest.raises(
+        monitor.StateError, match=r"format: unsupported 2.*votes\[1\]: expected true or false"
+    ):
+        monitor.from_dict({"format": 2, "votes": [True, 1]})
+
+
+# What the hand-written serialiser wrote before the codec (an agent's saved states file).
+OLD_STATE = {
+    "format": 1,
+    "category": "converged",
+    "direction": "maximize",
+    "ticks": 12,
+    "last_e": 0.25,
+    "last_g": 0.001,
+    "max_abs_e": 2.0,
+    "stale_run": 0,
+    "stalled": False,
+    "t_cc": 1700.5,
+    "wants_request": False,
+    "pending_request": True,
+    "migrated": False,
+    "t_migrated": None,
+    "smoothed": [0.3, 0.27, 0.25],
+    "votes": [True, False, True],
+}
+
+
+def test_the_old_serialised_form_still_reads_and_is_what_to_dict_writes() -> None:
+    s = monitor.from_dict(OLD_STATE)
+    assert s == monitor.MonitorState(
+        category=CC,
+        direction=Direction.MAXIMIZE,
+        ticks=12,
+        last_e=0.25,
+        last_g=0.001,
+        max_abs_e=2.0,
+        t_cc=1700.5,
+        pending_request=True,
+        smoothed=(0.3, 0.27, 0.25),
+        votes=(True, False, True),
+    )
+    assert monitor.to_dict(s) == OLD_STATE
+    assert list(monitor.to_dict(s)) == list(OLD_STATE)  # same keys, same order
+    # Integers where floats belong, missing keys (defaults) and keys from a newer agent.
+    assert monitor.from_dict({"last_e": 1, "max_abs_e": -3, "smoothed": [1], "newer": 1}) == (
+        monitor.MonitorState(last_e=1.0, max_abs_e=3.0, smoothed=(1.0,))
+    )
 
 
 def test_classifier_for_dispatches_and_rejects_unknown_names() -> None:

@@ -88,6 +88,73 @@ def test_owner_round_trip_clear_and_corruption(tmp_path: Path) -> None:
         paths.read_owner()
 
 
+# Written by the hand-written serialisers before the codec (json.dumps(..., sort_keys=True)).
+OLD_OWNER = (
+    b'{"handle": null, "host": "boot-1", "pid": 42, "run_id": "run1", "start_ticks": 99, '
+    b'"started_at": 12.5, "worker": "w0"}'
+)
+OLD_SPEC = (
+    b'{"command": ["python", "-m", "x"], "env": [["A", "1"]], "id": "j1", '
+    b'"labels": [["metric", "loss"]], "model": "vae", '
+    b'"requests": {"cpu": 0.5, "gpu": 0, "memory": 1073741824}, "steps": 3}'
+)
+OLD_K8S_SPEC = (
+    b'{"command": ["pod"], "env": [], "id": "j1", "labels": [], "model": null, '
+    b'"requests": {"cpu": 1, "gpu": 0, "memory": 0}, "selector": [["zone", "a"]], "steps": null, '
+    b'"template": "{}", "tolerations": ["gpu:NoSchedule"]}'
+)
+
+
+def test_old_owner_and_spec_files_read_and_are_written_byte_for_byte(tmp_path: Path) -> None:
+    paths = JobPaths.of(tmp_path, "j1")
+    paths.create()
+    paths.owner.write_bytes(OLD_OWNER)
+    owner = Owner(WorkerId("w0"), "run1", 12.5, "boot-1", pid=42, start_ticks=99)
+    assert paths.read_owner() == owner
+    paths.write_owner(owner)
+    assert paths.owner.read_bytes() == OLD_OWNER
+    spec = JobSpec(
+        id=ContainerId("j1"),
+        command=("python", "-m", "x"),
+        env=(("A", "1"),),
+        requests=Resources(cpu=0.5, memory=1 << 30),
+        labels=(("metric", "loss"),),
+        steps=3,
+        model="vae",
+    )
+    for raw, want in [
+        (OLD_SPEC, spec),
+        (
+            OLD_K8S_SPEC,
+            JobSpec(
+                id=ContainerId("j1"),
+                command=("pod",),
+                requests=Resources(cpu=1.0),
+                template="{}",
+                selector=(("zone", "a"),),
+                tolerations=("gpu:NoSchedule",),
+            ),
+        ),
+    ]:
+        paths.spec.write_bytes(raw)
+        assert paths.read_spec() == want
+        paths.write_spec(want)
+        assert paths.spec.read_bytes() == raw.replace(b'"cpu": 1,', b'"cpu": 1.0,')
+
+
+def test_owner_and_spec_errors_name_every_field(tmp_path: Path) -> None:
+    paths = JobPaths.of(tmp_path, "j1")
+    paths.create()
+    paths.owner.write_text('{"worker": 3, "run_id": "r", "started_at": "soon", "newer": 1}')
+    with pytest.raises(
+        CorruptRecordError, match=r"owner\.json: worker: expected a string.*started_at: .*host: missing"
+    ):
+        paths.read_owner()
+    paths.spec.write_text('{"id": "j1", "command": ["x", 2], "steps": "many", "newer": true}')
+    with pytest.raises(CorruptRecordError, match=r"spec\.json: bad job spec: command\[1\]: .*; steps: "):
+        paths.read_spec()
+
+
 def test_spec_file_round_trip_and_missing(tmp_path: Path) -> None:
     paths = JobPaths.of(tmp_path, "j1")
     paths.create()

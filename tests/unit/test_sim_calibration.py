@@ -261,8 +261,11 @@ def test_bad_params_report_every_problem_at_once() -> None:
         params_from_dict({"speed": 1, "interference": True, "max_samples_per_tick": 2.5}, source="p.json")
     text = str(info.value)
     assert text.startswith("p.json: ")
-    assert "unknown parameter 'speed'" in text and "interference must be a number" in text
-    assert "max_samples_per_tick must be an integer" in text
+    assert "speed: unknown key (known: job_cores, interference" in text
+    assert "interference: expected a number, got boolean True" in text
+    assert "max_samples_per_tick: expected an integer, got number 2.5" in text
+    with pytest.raises(ValueError, match="interferense: unknown key; did you mean 'interference'"):
+        params_from_dict({"interferense": 1.2})
     with pytest.raises(ValueError, match="interference must be >= 1"):
         params_from_dict({"interference": 0.5})
     with pytest.raises(ValueError, match="interference_exponent must be >= 0"):
@@ -285,6 +288,23 @@ def test_params_files_in_json_and_yaml(tmp_path: Path) -> None:
     bad.write_text("interference: [1\n")
     with pytest.raises(ValueError, match=r"bad\.yaml"):
         load_params(bad)
+
+
+def test_params_files_are_read_as_yaml_1_2_like_the_policy(tmp_path: Path) -> None:
+    # YAML 1.1 read 1e-1 as a string; the policy file's loader reads it as the number it is.
+    y = tmp_path / "p.yaml"
+    y.write_text("interference_exponent: 1e-1\n")
+    assert load_params(y).interference_exponent == 0.1
+    y.write_text("interference: 1.1\ninterference: 1.2\n")
+    with pytest.raises(ValueError, match=r"p\.yaml: line 2, column 1: .*duplicate key 'interference'"):
+        load_params(y)
+    # A file written by the calibration benchmark (json.dumps of params_to_dict) reads back.
+    old = tmp_path / "calibrated.json"
+    old.write_text(
+        '{\n  "job_cores": 1.0,\n  "interference": 1.0,\n  "migration_downtime": 8.4,\n'
+        '  "max_samples_per_tick": 64,\n  "interference_exponent": 0.072\n}\n'
+    )
+    assert load_params(old, base=SimParams()) == DEFAULT_PARAMS
 
 
 def test_fit_exponent_recovers_a_power_law_and_skips_what_says_nothing() -> None:

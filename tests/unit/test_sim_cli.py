@@ -184,4 +184,4 @@ def test_params_file_then_options(traces: Path, tmp_path: Path, capsys: pytest.C
         str(params),
     ]
     assert main(args) == 2
-    assert "unknown parameter 'speed'" in capsys.readouterr().err
+    assert "speed: unknown key" in capsys.readouterr().err
