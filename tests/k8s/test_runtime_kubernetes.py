@@ -244,6 +244,16 @@ async def test_a_disruption_budget_blocks_the_save_and_the_pod_keeps_running(
 ) -> None:
     await create(admin, kube_namespace, training_pod("guarded", "node-1", steps=2000))
     await until(lambda: running(runtimes["node-1"], "guarded"), "guarded running")
+
+    async def phase_running() -> bool:
+        pod = await asyncio.to_thread(
+            admin.request, "GET", f"/api/v1/namespaces/{kube_namespace}/pods/guarded"
+        )
+        return bool(pod.get("status", {}).get("phase") == "Running")
+
+    # The API server lets any eviction of a Pending pod through, budget or not: under load
+    # the kubelet's Running status can lag the process the runtime already sees.
+    await until(phase_running, "the API server to see guarded Running")
     pdb = {
         "apiVersion": "policy/v1beta1",
         "kind": "PodDisruptionBudget",
