@@ -112,11 +112,13 @@ def _heartbeat(hb: Any) -> Problems:
         out.append(("results", f"more than {MAX_RESULTS} results ({len(hb.results)})"))
     ids: set[str] = set()
     for i, c in enumerate(hb.containers):
+        if c.id in ids:
+            out.append((f"containers[{i}].id", f"container {c.id} reported twice"))
+        ids.add(c.id)
+        if _plain(c):
+            continue  # the common case, checked without building a path
         p = f"containers[{i}]"
         _id(out, f"{p}.id", c.id, "container id")
-        if c.id in ids:
-            out.append((f"{p}.id", f"container {c.id} reported twice"))
-        ids.add(c.id)
         if c.last_g is not None and not math.isfinite(c.last_g):
             out.append((f"{p}.last_g", "must be finite"))
         _time(out, f"{p}.t_cc", c.t_cc)
@@ -139,6 +141,27 @@ def _heartbeat(hb: Any) -> Problems:
         if len(out) > 50:
             break
     return out
+
+
+def _plain(c: Any) -> bool:
+    """True if report ``c`` passes every rule below (a fast path: no strings built)."""
+    r, t, s, g = c.requests, c.t_cc, c.step, c.last_g
+    return (
+        is_valid_id(c.id)
+        and (t is None or -MAX_SECONDS <= t <= MAX_SECONDS)  # NaN and infinities fail these
+        and (s is None or 0 <= s <= MAX_SEQ)
+        and (g is None or math.isfinite(g))
+        and 0.0 <= r.cpu <= MAX_CPU
+        and 0 <= r.memory <= MAX_BYTES
+        and 0 <= r.gpu <= MAX_GPU
+        and not c.selector
+        and not c.tolerations
+        and len(c.job) <= MAX_LABELS
+        and all(
+            k and len(k) <= MAX_LABEL_KEY and k.isprintable() and len(v) <= MAX_LABEL_VALUE
+            for k, v in c.job.items()
+        )
+    )
 
 
 def _request(req: Any) -> Problems:
