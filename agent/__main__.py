@@ -20,11 +20,11 @@ from agent.core import Agent
 from agent.daemon import AgentDaemon
 from specon import logs
 from specon.config import PolicyError, default_policy, load_policy
-from specon.daemon_cli import WeakTokenError, check_token_strength, read_token, split_listen
+from specon.daemon_cli import WeakTokenError, check_token_strength, load_settings, read_token, split_listen
 from specon.model import WorkerId
 from specon.runtime.base import Runtime
 from specon.runtime.local import LocalRuntime
-from specon.settings import AgentSettings, SettingsError
+from specon.settings import AgentSettings
 
 log = structlog.get_logger()
 
@@ -107,13 +107,9 @@ async def run(args: argparse.Namespace) -> int:
     except (PolicyError, OSError) as exc:
         print(f"specon-agent: {exc}", file=sys.stderr)
         return 2
-    try:
-        settings = AgentSettings.from_env()
-    except SettingsError as exc:
-        print(f"specon-agent: {exc}", file=sys.stderr)
+    settings = load_settings(AgentSettings, "specon-agent")
+    if settings is None:
         return 2
-    for var in AgentSettings.unknown_variables():
-        log.warning("specon.agent.unknown_setting", variable=var)
     # From a file, re-read when it changes (a projected ServiceAccount token rotates).
     token: str | FileToken = FileToken(args.token_file, check=check_token_strength) if args.token_file else ""
     try:

@@ -19,8 +19,8 @@ from manager.coordinator import Coordinator
 from manager.journal import Journal, JournalStore
 from specon import logs
 from specon.config import PolicyError, default_policy, load_policy
-from specon.daemon_cli import check_token_strength, read_token, split_listen
-from specon.settings import ManagerSettings, SettingsError
+from specon.daemon_cli import check_token_strength, load_settings, read_token, split_listen
+from specon.settings import ManagerSettings
 
 log = structlog.get_logger()
 
@@ -154,13 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PolicyError, OSError) as exc:
         print(f"specon-manager: {exc}", file=sys.stderr)
         return 2
-    try:
-        settings = ManagerSettings.from_env()
-    except SettingsError as exc:
-        print(f"specon-manager: {exc}", file=sys.stderr)
+    settings = load_settings(ManagerSettings, "specon-manager")
+    if settings is None:
         return 2
-    for var in ManagerSettings.unknown_variables():
-        log.warning("specon.manager.unknown_setting", variable=var)
     if args.dry_run:
         policy = dataclasses.replace(policy, migration=dataclasses.replace(policy.migration, dry_run=True))
     try:

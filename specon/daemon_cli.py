@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
+from typing import TypeVar
+
+import structlog
+
+from specon.settings import AgentSettings, ManagerSettings, SettingsError
+
+S = TypeVar("S", AgentSettings, ManagerSettings)
 
 # Placeholders that docs and old manifests used: never accepted as a credential.
 PLACEHOLDER_TOKENS = frozenset({"change-me", "changeme", "placeholder", "specon-token", "replace-me"})
@@ -32,6 +40,19 @@ def read_token(path: str | None) -> str:
     if path:
         return Path(path).read_text().strip()
     return os.environ.get("SPECON_TOKEN", "").strip()
+
+
+def load_settings(cls: type[S], prog: str) -> S | None:
+    """``cls.from_env()`` for daemon ``prog``: None (after saying why on stderr) when a value
+    is bad; unknown ``SPECON_*`` variables are logged, not fatal."""
+    try:
+        settings = cls.from_env()
+    except SettingsError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None
+    for var in cls.unknown_variables():
+        structlog.get_logger().warning(f"specon.{prog.removeprefix('specon-')}.unknown_setting", variable=var)
+    return settings
 
 
 def split_listen(value: str) -> tuple[str, int]:

@@ -27,7 +27,6 @@ import math
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from hypothesis import strategies as st
 
 from manager.openapi import openapi_document
 from specon import protocol
+from specon.embedded import free_port
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.protocol import (
     CommandResult,
@@ -1327,12 +1327,6 @@ def manager_tracebacks(log: str) -> list[str]:
 # --- the manager process ------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Running:
     proc: subprocess.Popen[bytes]
@@ -1346,7 +1340,7 @@ def manager(tmp_path: Path) -> Iterator[Running]:
     (tmp_path / "read").write_text(READ_TOKEN + "\n")
     (tmp_path / "agents.yaml").write_text("".join(f"{w}: {t}\n" for w, t in AGENTS.items()))
     log = tmp_path / "manager.log"
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "SPECON_TOKEN"}
     with log.open("wb") as err:
         proc = subprocess.Popen(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import aiohttp
 import pytest
 
 from specon import protocol
+from specon.embedded import free_port
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.protocol import CommandBatch, ContainerReport, ErrorReply, Heartbeat, Status
 
@@ -27,12 +27,6 @@ TOKEN = "integration-token-0123456789abcdef0123456789"
 
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "SPECON_TOKEN"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -48,7 +42,7 @@ def manager(tmp_path: Path) -> Iterator[Running]:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     log = tmp_path / "manager.log"
-    port = _free_port()
+    port = free_port()
     with log.open("wb") as err:
         proc = subprocess.Popen(
             [
@@ -174,7 +168,7 @@ def test_without_a_usable_token_it_exits_2_with_a_message(
         (tmp_path / name).write_text(text)
     extra = [a.format(**{n: tmp_path / n for n in files}) for a in extra]
     out = subprocess.run(
-        [str(MANAGER), "--listen", f"127.0.0.1:{_free_port()}", "--state-dir", str(tmp_path), *extra],
+        [str(MANAGER), "--listen", f"127.0.0.1:{free_port()}", "--state-dir", str(tmp_path), *extra],
         capture_output=True,
         text=True,
         timeout=30,
