@@ -15,8 +15,8 @@ from aiohttp import web
 
 from manager.app import create_app
 from manager.auth import Authenticator, Chain, StaticTokens, load_agent_tokens
-from manager.coordinator import Coordinator
 from manager.journal import Journal, JournalStore
+from manager.shell import ManagerShell
 from specon import logs
 from specon.config import PolicyError, default_policy, load_policy
 from specon.daemon_cli import check_token_strength, load_settings, read_token, split_listen
@@ -183,8 +183,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, sqlite3.Error) as exc:  # state dir not creatable, file not a journal
             print(f"specon-manager: cannot open the journal in {args.state_dir}: {exc}", file=sys.stderr)
             return 2
-    coord = Coordinator(policy=policy, journal=journal)
-    app = create_app(coord, auth=auth, guard_reads=guard_reads, settings=settings)
+    try:
+        shell = ManagerShell(policy=policy, journal=journal)
+    except Exception as exc:  # the journal could not be read back (a corrupt file, an API error)
+        print(f"specon-manager: cannot read the journal: {exc}", file=sys.stderr)
+        journal.close()
+        return 2
+    app = create_app(shell, auth=auth, guard_reads=guard_reads, settings=settings)
     host, port = args.listen
     log.info(
         "specon.manager.starting",

@@ -21,13 +21,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from manager.auth import READER, SHARED, Authenticator, Identity, StaticTokens
-from manager.coordinator import Coordinator, NotHostedError
 from manager.heap import HeapFreezer
 from manager.metrics import ManagerMetrics
 from manager.openapi import openapi_json
 from manager.page import render_status_page
+from manager.shell import ManagerShell
 from manager.status import BadPageError, Page, build_status
 from specon import protocol
+from specon.coordinator import NotHostedError
 from specon.protocol import (
     CommandBatch,
     ErrorReply,
@@ -41,7 +42,7 @@ from specon.settings import ManagerSettings
 
 log = structlog.get_logger()
 
-COORD = web.AppKey("coordinator", Coordinator)
+SHELL = web.AppKey("shell", ManagerShell)
 METRICS = web.AppKey("metrics", ManagerMetrics)
 AUTH = web.AppKey("authenticator", Authenticator)
 # Whether GET of status and the page needs a token (a read token was configured).
@@ -134,18 +135,19 @@ async def heartbeat(request: web.Request) -> web.Response:
         return msg
     if (denied := _forbidden(request, msg.worker)) is not None:
         return denied
-    coord = request.app[COORD]
+    shell = request.app[SHELL]
+    coord = shell.core
     cap = coord.policy.messaging.max_containers_per_heartbeat
     if len(msg.containers) > cap:
         request.app[METRICS].rejected.labels(reason="malformed").inc()
         return _error(400, f"containers: {len(msg.containers)} in one heartbeat, at most {cap}", "containers")
-    if not coord.state.seq_plausible(msg, coord.clock()):
+    if not coord.state.seq_plausible(msg, shell.clock()):
         request.app[METRICS].rejected.labels(reason="malformed").inc()
         log.warning("specon.manager.seq_implausible", worker=msg.worker, seq=msg.seq)
         return _error(400, "seq: implausibly far ahead of the manager's clock (expected microseconds)", "seq")
     t0 = time.perf_counter()
     seen = coord.state.heartbeats
-    batch = coord.on_heartbeat(msg)
+    batch = await shell.heartbeat(msg)
     request.app[METRICS].decision_latency.observe(time.perf_counter() - t0)
     if coord.state.heartbeats > seen:
         request.app[METRICS].heartbeats.labels(worker=msg.worker).inc()
@@ -162,7 +164,7 @@ async def reallocation_request(request: web.Request) -> web.Response:
         return denied
     log.info("specon.manager.request_received", worker=msg.worker, container=msg.container, g=msg.g)
     try:
-        return _reply(request.app[COORD].on_request(msg))
+        return _reply(await request.app[SHELL].request(msg))
     except NotHostedError as exc:
         request.app[METRICS].rejected.labels(reason="forbidden").inc()
         log.warning("specon.manager.request_not_hosted", worker=msg.worker, container=msg.container)
@@ -176,7 +178,7 @@ async def poll(request: web.Request) -> web.Response:
     if (denied := _forbidden(request, msg.worker)) is not None:
         return denied
     wait = min(max(msg.wait, 0.0), request.app[SETTINGS].max_poll_wait)
-    batch: CommandBatch = await request.app[COORD].wait_for_commands(msg.worker, wait)
+    batch: CommandBatch = await request.app[SHELL].poll(msg.worker, wait)
     return _reply(batch)
 
 
@@ -187,8 +189,7 @@ async def goodbye(request: web.Request) -> web.Response:
     if (denied := _forbidden(request, msg.worker)) is not None:
         return denied
     log.info("specon.manager.goodbye", worker=msg.worker)
-    request.app[COORD].on_goodbye(msg.worker)
-    return _reply(request.app[COORD].batch_for(msg.worker))
+    return _reply(await request.app[SHELL].goodbye(msg.worker))
 
 
 def _page(request: web.Request) -> Page | web.Response:
@@ -211,7 +212,7 @@ async def _rendered(request: web.Request, kind: str, render: Callable[[Page], by
         return page
     cache, settings = request.app[STATUS_CACHE], request.app[SETTINGS]
     key = (kind, page)
-    revision = request.app[COORD].revision
+    revision = request.app[SHELL].core.revision
     async with request.app[STATUS_LOCK]:
         hit = cache.get(key)
         now = time.monotonic()
@@ -225,13 +226,17 @@ async def _rendered(request: web.Request, kind: str, render: Callable[[Page], by
 
 
 async def status_json(request: web.Request) -> web.Response:
-    coord = request.app[COORD]
-    return await _rendered(request, "json", lambda p: protocol.encode(build_status(coord, p)))
+    shell = request.app[SHELL]
+    return await _rendered(
+        request, "json", lambda p: protocol.encode(build_status(shell.core, shell.clock(), p))
+    )
 
 
 async def status_page(request: web.Request) -> web.Response:
-    coord = request.app[COORD]
-    return await _rendered(request, "html", lambda p: render_status_page(build_status(coord, p)).encode())
+    shell = request.app[SHELL]
+    return await _rendered(
+        request, "html", lambda p: render_status_page(build_status(shell.core, shell.clock(), p)).encode()
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -244,7 +249,7 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    coord = request.app[COORD]
+    coord = request.app[SHELL].core
     return web.json_response(
         {
             "ok": True,
@@ -256,15 +261,16 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def _ticker(app: web.Application) -> AsyncIterator[None]:
     """Drive timeouts and Algorithm 3 even when no message arrives; log, never die, on a bug."""
-    coord, period = app[COORD], app[SETTINGS].ticker_period
+    shell, period = app[SHELL], app[SETTINGS].ticker_period
     heap = HeapFreezer()
 
     async def loop() -> None:
         while True:
             await asyncio.sleep(period)
             try:
-                coord.step(rebalance=True)
-                heap.maybe_freeze(len(coord.state.containers) + len(coord.state.workers))
+                await shell.tick()
+                state = shell.core.state
+                heap.maybe_freeze(len(state.containers) + len(state.workers))
             except Exception:
                 log.exception("specon.manager.tick_failed")
 
@@ -276,7 +282,7 @@ async def _ticker(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(
-    coord: Coordinator,
+    shell: ManagerShell,
     *,
     token: str | None = None,
     auth: Authenticator | None = None,
@@ -291,8 +297,8 @@ def create_app(
         if not token:
             raise ValueError("the manager needs a bearer token or an authenticator")
         auth = StaticTokens(shared=token)
-    app = web.Application(middlewares=[_guard], client_max_size=coord.policy.messaging.max_body_bytes)
-    app[COORD] = coord
+    app = web.Application(middlewares=[_guard], client_max_size=shell.core.policy.messaging.max_body_bytes)
+    app[SHELL] = shell
     app[AUTH] = auth
     app[GUARD_READS] = guard_reads
     app[SETTINGS] = settings or ManagerSettings()
@@ -300,8 +306,8 @@ def create_app(
     app[STATUS_CACHE] = {}
     app[STARTED] = time.time()
     m = ManagerMetrics()
-    m.watch(coord)
-    coord.on_event = m.on_event
+    m.watch(shell.core)
+    shell.on_event = m.on_event
     app[METRICS] = m
     app.router.add_post(protocol.HEARTBEAT_PATH, heartbeat)
     app.router.add_post(protocol.REQUEST_PATH, reallocation_request)
@@ -319,4 +325,5 @@ def create_app(
 
 
 async def _release_polls(app: web.Application) -> None:
-    app[COORD].wake_all()
+    app[SHELL].wake_all()
+    await app[SHELL].flush()  # journal what is still queued before the process ends

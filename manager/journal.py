@@ -78,16 +78,14 @@ def _decode(cls: type[R], columns: tuple[str, ...], row: Sequence[object]) -> R:
 
 
 class JournalStore(Protocol):
-    """What the coordinator needs of a journal: this SQLite one, or
+    """What the manager needs of a journal: this SQLite one, or
     ``manager.k8s_journal.KubeJournal`` (ConfigMaps in the Kubernetes API)."""
 
     def put(self, m: Migration) -> None: ...
     def get(self, migration_id: str) -> Migration | None: ...
     def in_flight(self) -> list[Migration]: ...
     def all(self) -> list[Migration]: ...
-    def mark(
-        self, container: ContainerId, *, migrated_at: float | None = None, rebalanced: bool = False
-    ) -> Mark: ...
+    def put_mark(self, mark: Mark) -> None: ...
     def marks(self) -> dict[ContainerId, Mark]: ...
     def get_meta(self, key: str) -> str | None: ...
     def set_meta(self, key: str, value: str) -> None: ...
@@ -141,32 +139,13 @@ class Journal:
         return list(self._rows("ORDER BY decided_at, id"))
 
     # -- marks --------------------------------------------------------------------------
-    def mark(
-        self, container: ContainerId, *, migrated_at: float | None = None, rebalanced: bool = False
-    ) -> Mark:
-        """Record that Algorithm 2 decided for ``container`` (or Algorithm 3 moved it)."""
+    def put_mark(self, mark: Mark) -> None:
+        """Insert or replace one container's marks (durable when this returns). The
+        coordinator computes them; the journal only keeps them."""
+        row = tuple(codec.to_data(mark, Mark)[c] for c in _MARK_COLUMNS)
+        cols, marks = ",".join(_MARK_COLUMNS), ",".join("?" * len(_MARK_COLUMNS))
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.execute("INSERT OR IGNORE INTO marks (container) VALUES (?)", (container,))
-                if migrated_at is not None:
-                    self._db.execute(
-                        "UPDATE marks SET migrated_at = COALESCE(migrated_at, ?), "
-                        "migrations = migrations + 1 "
-                        "WHERE container = ?",
-                        (migrated_at, container),
-                    )
-                if rebalanced:
-                    self._db.execute(
-                        "UPDATE marks SET rebalances = rebalances + 1 WHERE container = ?", (container,)
-                    )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-        got = self.marks().get(container)
-        assert got is not None
-        return got
+            self._db.execute(f"INSERT OR REPLACE INTO marks ({cols}) VALUES ({marks})", row)
 
     def marks(self) -> dict[ContainerId, Mark]:
         with self._lock:

@@ -2,7 +2,7 @@
 node recovers every in-flight migration and every mark from the API alone.
 
 Same methods as ``manager.journal.Journal`` (``put``, ``get``, ``in_flight``, ``all``,
-``mark``, ``marks``, ``get_meta``, ``set_meta``, ``close``). Where the records live, in the
+``put_mark``, ``marks``, ``get_meta``, ``set_meta``, ``close``). Where the records live, in the
 manager's namespace:
 
 * one ConfigMap per migration, ``<prefix>-migration-<id>``, data ``migration.json``; labels
@@ -14,11 +14,12 @@ manager's namespace:
 
 Writes are durable when the API server answers (etcd has committed them). Every update is a
 PUT carrying the ``resourceVersion`` last read: a concurrent writer makes it fail with 409,
-and the read-modify-write is redone on fresh data (optimistic concurrency). ``mark`` also
+and the read-modify-write is redone on fresh data (optimistic concurrency). ``put_mark`` also
 mirrors the marks onto the job's live pods as annotations (``specon.io/migrations``,
 ``specon.io/rebalances``, ``specon.io/migrated-at``), best effort, for ``kubectl`` users.
 
-Calls block (like SQLite's fsync in the file journal); journal writes are rare.
+Calls block (like SQLite's fsync in the file journal); the manager makes them in a thread,
+off its event loop (``manager.shell``).
 """
 
 from __future__ import annotations
@@ -138,28 +139,22 @@ class KubeJournal:
             return None
 
     # -- marks --------------------------------------------------------------------------
-    def mark(
-        self, container: ContainerId, *, migrated_at: float | None = None, rebalanced: bool = False
-    ) -> Mark:
-        """Record that Algorithm 2 decided for ``container`` (or Algorithm 3 moved it)."""
-        key = self._key(container)
-        result: dict[str, Any] = {}
+    def put_mark(self, mark: Mark) -> None:
+        """Set one container's marks (a key of the marks ConfigMap; other keys are kept:
+        read-modify-write on the resourceVersion)."""
+        values = {
+            "migrated_at": mark.migrated_at,
+            "migrations": mark.migrations,
+            "rebalances": mark.rebalances,
+        }
+        key = self._key(mark.container)
 
         def update(old: dict[str, str]) -> dict[str, str]:
-            cur = _mark_fields(old.get(key))
-            if migrated_at is not None:
-                cur["migrated_at"] = cur["migrated_at"] if cur["migrated_at"] is not None else migrated_at
-                cur["migrations"] += 1
-            if rebalanced:
-                cur["rebalances"] += 1
-            result.update(cur)
-            return {**old, key: json.dumps(cur, sort_keys=True)}
+            return {**old, key: json.dumps(values, sort_keys=True)}
 
         self._upsert(f"{self.prefix}-marks", update, {**self._labels, RECORD: "marks"})
-        mk = Mark(container, result["migrated_at"], int(result["migrations"]), int(result["rebalances"]))
         if self.mirror_pods:
-            self._mirror(mk)
-        return mk
+            self._mirror(mark)
 
     def marks(self) -> dict[ContainerId, Mark]:
         cm = self._read(f"{self.prefix}-marks")

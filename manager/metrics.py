@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from manager.coordinator import Coordinator, Event
+from specon.coordinator import Coordinator
+from specon.effects import Event
 from specon.model import Category
 
 _DOWNTIME_BUCKETS = (0.25, 0.5, 1, 2, 3, 5, 10, 30, 60)

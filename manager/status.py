@@ -13,7 +13,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 
-from manager.coordinator import Coordinator
+from specon.coordinator import Coordinator
 from specon.model import ContainerId, WorkerId
 from specon.protocol import MigrationStatus, Status
 from specon.settings import ManagerSettings
@@ -53,9 +53,8 @@ class Page:
         return cls(n, section, key)
 
 
-def build_status(coord: Coordinator, page: Page | None = None) -> Status:
+def build_status(coord: Coordinator, now: float, page: Page | None = None) -> Status:
     page = page or Page()
-    now = coord.clock()
     state = coord.state
     timeout = coord.policy.messaging.worker_timeout
     left = page.limit

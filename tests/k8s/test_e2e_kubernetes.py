@@ -55,8 +55,8 @@ import time
 from aiohttp import web
 from manager.app import create_app
 from manager.auth_kubernetes import TokenReviewAuthenticator
-from manager.coordinator import Coordinator
 from manager.k8s_journal import KubeJournal
+from manager.shell import ManagerShell
 from specon import logs
 from specon.config import load_policy
 from specon.runtime.kubernetes import load_api_client
@@ -64,11 +64,11 @@ from specon.runtime.kubernetes import load_api_client
 kubeconfig, namespace, policy, port, audience = sys.argv[1:6]
 logs.configure(level="info", fmt="console")
 journal = KubeJournal(load_api_client(kubeconfig), namespace)
-coordinator = Coordinator(policy=load_policy(policy), journal=journal)
+shell = ManagerShell(policy=load_policy(policy), journal=journal)
 auth = TokenReviewAuthenticator(
     load_api_client(kubeconfig), audience=audience, service_account=f"{namespace}/specon-agent"
 )
-web.run_app(create_app(coordinator, auth=auth), host="127.0.0.1", port=int(port), print=None)
+web.run_app(create_app(shell, auth=auth), host="127.0.0.1", port=int(port), print=None)
 """
 
 

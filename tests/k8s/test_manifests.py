@@ -22,7 +22,7 @@ import yaml
 from manager.auth_kubernetes import TokenReviewAuthenticator
 from manager.k8s_journal import ANN_MIGRATIONS, KubeJournal
 from specon.config import default_policy, load_policy
-from specon.migration import Migration, State
+from specon.migration import Mark, Migration, State
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import JobSpec, SaveFailed, StartFailed
 from specon.runtime.k8s_restore import record_of
@@ -447,7 +447,8 @@ async def test_the_manager_role_allows_every_call_the_journal_and_tokenreview_ma
     journal.put(m.to(State.SAVING, at=2.0))
     assert [x.state for x in journal.in_flight()] == [State.SAVING]
     assert journal.get("m1-1") == m.to(State.SAVING, at=2.0)
-    mk = journal.mark(ContainerId("m1"), migrated_at=3.0)
+    mk = Mark(ContainerId("m1"), 3.0, 1, 0)
+    journal.put_mark(mk)
     assert (mk.migrated_at, mk.migrations) == (3.0, 1) and journal.marks()[ContainerId("m1")] == mk
     journal.set_meta("epoch", "7")
     assert journal.get_meta("epoch") == "7" and len(journal.all()) == 1

@@ -8,6 +8,7 @@ the tainted node only to a pod that tolerates its taint (and whose selector it m
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,10 @@ from typing import Any
 import pytest
 
 from agent.core import Agent
-from manager.coordinator import Coordinator
 from manager.journal import Journal
+from manager.shell import recover
 from specon.config import default_policy
+from specon.coordinator_inline import InlineCoordinator
 from specon.model import ContainerId
 from specon.protocol import Action, CommandBatch, Heartbeat, ReallocationRequest
 from specon.runtime.k8s_pods import TAINT_NOT_READY
@@ -79,7 +81,10 @@ def _pod(
 
 def _decide(tmp_path: Path, heartbeats: list[Heartbeat], namespace: str, job: str) -> CommandBatch:
     """A fresh manager hears ``heartbeats``, then the source asks to move ``job``."""
-    coord = Coordinator(policy=default_policy(), journal=Journal(tmp_path / f"journal-{job}.db"))
+    journal = Journal(tmp_path / f"journal-{job}.db")
+    coord = InlineCoordinator(
+        policy=default_policy(), journal=journal, recovered=recover(journal, time.time())
+    )
     for hb in heartbeats:
         coord.on_heartbeat(hb)
     req = ReallocationRequest(

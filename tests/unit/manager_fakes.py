@@ -6,9 +6,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from manager.coordinator import Coordinator
 from manager.journal import Journal
+from manager.shell import ManagerShell, recover
 from specon.config import Policy, default_policy
+from specon.coordinator_inline import InlineCoordinator
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.protocol import Action, Command, CommandBatch, CommandResult, ContainerReport, Heartbeat, Phase
 
@@ -85,9 +86,18 @@ def policy(**sections: dict[str, Any]) -> Policy:
     return p
 
 
-def coordinator(tmp_path: Path, clock: FakeClock, pol: Policy | None = None) -> Coordinator:
-    """A coordinator on the journal file ``tmp_path/journal.db`` (reopened if it exists)."""
-    return Coordinator(policy=pol or policy(), journal=Journal(tmp_path / "journal.db"), clock=clock)
+def coordinator(tmp_path: Path, clock: FakeClock, pol: Policy | None = None) -> InlineCoordinator:
+    """The coordinator, its effects performed inline, on the journal file
+    ``tmp_path/journal.db`` (recovered from it if it exists, as the manager does)."""
+    journal = Journal(tmp_path / "journal.db")
+    return InlineCoordinator(
+        policy=pol or policy(), journal=journal, clock=clock, recovered=recover(journal, clock())
+    )
+
+
+def shell(tmp_path: Path, clock: FakeClock, pol: Policy | None = None) -> ManagerShell:
+    """The manager's shell (journal writes in a thread) on ``tmp_path/journal.db``."""
+    return ManagerShell(policy=pol or policy(), journal=Journal(tmp_path / "journal.db"), clock=clock)
 
 
 def commands(batch: CommandBatch, action: Action | None = None) -> list[Command]:

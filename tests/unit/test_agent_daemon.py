@@ -26,8 +26,8 @@ from agent.client import ManagerClient
 from agent.core import Agent
 from agent.daemon import AgentDaemon, backoff
 from manager.app import create_app
-from manager.coordinator import Coordinator
 from manager.journal import Journal
+from manager.shell import ManagerShell
 from specon import protocol
 from specon.config import Policy
 from specon.model import Category, ContainerId, Resources, WorkerId
@@ -87,12 +87,12 @@ class Rig:
     daemons: list[AgentDaemon] = dataclasses.field(default_factory=list)
     journals: list[Journal] = dataclasses.field(default_factory=list)
 
-    def coordinator(self) -> Coordinator:
-        """A manager's coordinator; a second one reopens the first one's journal (a restart)."""
+    def coordinator(self) -> ManagerShell:
+        """A manager (its shell); a second one reopens the first one's journal (a restart)."""
         self.journals.append(Journal(self.tmp / "journal.db"))
-        return Coordinator(policy=self.pol, journal=self.journals[-1])
+        return ManagerShell(policy=self.pol, journal=self.journals[-1])
 
-    async def serve(self, coord: Coordinator, port: int | None = None) -> TestServer:
+    async def serve(self, coord: ManagerShell, port: int | None = None) -> TestServer:
         server = TestServer(create_app(coord, token=TOKEN, tick=False), host="127.0.0.1", port=port)
         await server.start_server()
         self.servers.append(server)
@@ -161,7 +161,7 @@ async def test_heartbeats_reach_the_manager_which_lists_the_worker_and_its_conta
     d = rig.daemon(url_of(server))
 
     d.start()
-    await eventually(lambda: coord.state.heartbeats >= 2, "two heartbeats")
+    await eventually(lambda: coord.core.state.heartbeats >= 2, "two heartbeats")
 
     st = await status(url_of(server))
     [worker] = st.workers
@@ -188,14 +188,16 @@ async def test_a_request_answered_by_the_manager_freezes_the_container(rig: Rig)
     await eventually(
         lambda: "a" in agent.watched and agent.watched[ContainerId("a")].state.migrated, "the mark command"
     )
-    await eventually(lambda: not agent.unacked and not coord.outbox.get(W0), "the result acknowledged")
+    await eventually(lambda: not agent.unacked and not coord.core.outbox.get(W0), "the result acknowledged")
 
     state = agent.watched[ContainerId("a")].state
     assert state.category is Category.CONVERGED and not state.pending_request
-    assert coord.marks[ContainerId("a")].migrations == 1
+    assert coord.core.marks[ContainerId("a")].migrations == 1
     assert agent.counters.commands == {"mark_migrated": 1}
     await eventually(
-        lambda: {c.id: c.migrated for c in coord.state.container_status(coord.marks)} == {"a": True},
+        lambda: (
+            {c.id: c.migrated for c in coord.core.state.container_status(coord.core.marks)} == {"a": True}
+        ),
         "the manager sees it migrated",
     )
 
@@ -227,7 +229,7 @@ async def test_the_daemon_backs_off_while_the_manager_is_away_and_reconnects(rig
 
         coord = rig.coordinator()  # a restarted manager on the same address
         await rig.serve(coord, port=port)
-        await eventually(lambda: d.link.connected and coord.state.heartbeats > 0, "reconnected")
+        await eventually(lambda: d.link.connected and coord.core.state.heartbeats > 0, "reconnected")
         await eventually(lambda: attempts(d) == [1, 1], "every loop's backoff reset")
 
     events = [e["event"] for e in logs]
@@ -266,7 +268,7 @@ async def test_a_wrong_token_is_logged_counted_and_survived(rig: Rig) -> None:
     rejected = [e for e in logs if e["event"] == "specon.agent.message_rejected"]
     assert rejected and all(e["status"] == 401 for e in rejected)
     assert "bearer token" in rejected[0]["error"] and rejected[0]["log_level"] == "error"
-    assert not d.link.connected and coord.state.heartbeats == 0
+    assert not d.link.connected and coord.core.state.heartbeats == 0
     assert "specon.agent.task_crashed" not in [e["event"] for e in logs] and alive(d)
 
 
@@ -303,7 +305,7 @@ async def test_stop_says_goodbye_and_the_manager_marks_the_worker_not_ready(rig:
     server = await rig.serve(coord)
     d = rig.daemon(url_of(server))
     d.start()
-    await eventually(lambda: coord.state.heartbeats > 0, "a heartbeat")
+    await eventually(lambda: coord.core.state.heartbeats > 0, "a heartbeat")
     assert [w.ready for w in (await status(url_of(server))).workers] == [True]
 
     await d.stop()
@@ -322,13 +324,13 @@ async def test_stop_reports_the_results_of_the_commands_it_waited_for(rig: Rig) 
     d = rig.daemon(url_of(server))
     d.start()
     await eventually(lambda: "a" in d.agent.watched and d.link.connected, "the job watched")
-    coord._send(W0, Command(id="save-a", action=Action.SAVE, container=ContainerId("a"), deadline=1e12))
+    coord.core._send(W0, Command(id="save-a", action=Action.SAVE, container=ContainerId("a"), deadline=1e12))
     await eventually(lambda: "save-a" in d.agent.running, "the save under way")
 
     await d.stop()
 
     assert d.agent.done["save-a"].ok
-    assert "save-a" not in coord.outbox.get(W0, {})  # the manager has its result
+    assert "save-a" not in coord.core.outbox.get(W0, {})  # the manager has its result
 
 
 async def test_stop_without_a_manager_returns(rig: Rig) -> None:

@@ -7,16 +7,18 @@ with a ``CommandResult`` riding on the next heartbeat.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from pathlib import Path
 
 import pytest
 from manager_fakes import START, FakeAgent, FakeClock, commands, coordinator, only, policy, report
 
-from manager.coordinator import Coordinator, DryRunExecutor, Event
 from manager.journal import Journal
-from specon.migration import Migration, State
+from manager.shell import recover
+from specon.coordinator import DryRunExecutor
+from specon.coordinator_inline import InlineCoordinator
+from specon.effects import Event
+from specon.migration import Mark, Migration, State
 from specon.model import Category, ContainerId, WorkerId
 from specon.policy.decisions import Move
 from specon.protocol import (
@@ -39,19 +41,19 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-def _events(coord: Coordinator) -> list[Event]:
+def _events(coord: InlineCoordinator) -> list[Event]:
     seen: list[Event] = []
     coord.on_event = seen.append
     return seen
 
 
-def _one_migration(coord: Coordinator) -> Migration:
+def _one_migration(coord: InlineCoordinator) -> Migration:
     all_ = coord.journal.all()
     assert len(all_) == 1, all_
     return all_[0]
 
 
-def _in_any_outbox(coord: Coordinator, action: Action) -> list[Command]:
+def _in_any_outbox(coord: InlineCoordinator, action: Action) -> list[Command]:
     return [c for box in coord.outbox.values() for c in box.values() if c.action is action]
 
 
@@ -66,7 +68,7 @@ def _saved(cmd: Command, agent: FakeAgent) -> CommandResult:
     )
 
 
-def _begin_move(coord: Coordinator, a: FakeAgent, b: FakeAgent) -> Command:
+def _begin_move(coord: InlineCoordinator, a: FakeAgent, b: FakeAgent) -> Command:
     """b idle, a loaded with c1 (CC, requesting) + two PC jobs: Algorithm 2 moves c1 a -> b.
 
     Returns the save command a's heartbeat reply carries.
@@ -333,15 +335,15 @@ def test_downtime_is_recorded_when_the_running_job_is_seen_before_the_start_resu
     assert m.downtime == pytest.approx(2.0)
 
 
-def _three_on_a(clock: FakeClock, tmp_path: Path, **sections: dict[str, object]) -> Coordinator:
+def _three_on_a(clock: FakeClock, tmp_path: Path, **sections: dict[str, object]) -> InlineCoordinator:
     """r1..r3 (already decided by Algorithm 2) all on a; b idle; rebalancing on every pass."""
     journal = Journal(tmp_path / "journal.db")
     for cid in ("r1", "r2", "r3"):
-        journal.mark(ContainerId(cid), migrated_at=clock() - 100.0)
+        journal.put_mark(Mark(ContainerId(cid), clock() - 100.0, 1, 0))
     pol = policy(rebalance={"mode": "balanced", "when": "always"}, **sections)
-    coord = Coordinator(policy=pol, journal=journal, clock=clock)
+    coord = InlineCoordinator(policy=pol, journal=journal, clock=clock, recovered=recover(journal, clock()))
     # A journal with marks is a restart: decisions wait until every worker could report.
-    coord.started_at -= pol.messaging.worker_timeout
+    coord.core.started_at -= pol.messaging.worker_timeout
     return coord
 
 
@@ -398,35 +400,6 @@ def test_dry_run_rebalance_records_only_the_moves_a_live_run_would_make(
 # --- long poll ----------------------------------------------------------------------------
 
 
-async def test_a_waiting_poll_returns_as_soon_as_a_command_is_queued(
-    tmp_path: Path, clock: FakeClock
-) -> None:
-    coord = coordinator(tmp_path, clock)
-    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
-    save = _begin_move(coord, a, b)
-    poll_b = asyncio.create_task(coord.wait_for_commands(b.worker, 30.0))
-    await asyncio.sleep(0)
-    assert not poll_b.done(), "nothing for b yet: the poll waits"
-    coord.on_heartbeat(a.heartbeat(report("c2"), report("c3"), results=(_saved(save, a),)))
-    batch = await asyncio.wait_for(poll_b, 5.0)
-    assert only(batch, Action.START).container == C1
-
-
-async def test_a_poll_does_not_return_again_with_commands_already_delivered(
-    tmp_path: Path, clock: FakeClock
-) -> None:
-    coord = coordinator(tmp_path, clock)
-    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
-    _begin_move(coord, a, b)  # the heartbeat reply delivered the save to a
-    poll_a = asyncio.create_task(coord.wait_for_commands(a.worker, 30.0))
-    try:
-        for _ in range(5):
-            await asyncio.sleep(0)
-        assert not poll_a.done(), "the save is already on its way; nothing new for a"
-    finally:
-        poll_a.cancel()
-
-
 # --- crash recovery ---------------------------------------------------------------------
 
 A, B = WorkerId("a"), WorkerId("b")
@@ -452,7 +425,7 @@ def _journal_in_flight(path: Path, t: float) -> None:
         decided("m-failed", J4).to(State.SAVING, at=t - 9.0).to(State.FAILED, at=t - 5.0, error="timed out"),
     ):
         journal.put(m)
-        journal.mark(m.container, migrated_at=t - 10.0)
+        journal.put_mark(Mark(m.container, t - 10.0, 1, 0))
     journal.close()
 
 
@@ -462,7 +435,7 @@ def _restart_facts(a: FakeAgent, b: FakeAgent) -> tuple[Heartbeat, Heartbeat]:
     return a.heartbeat(report("j1", CC), report("a-busy")), b.heartbeat(report("j3", CC, migrated=True))
 
 
-def _no_start_for_a_running_container(coord: Coordinator) -> None:
+def _no_start_for_a_running_container(coord: InlineCoordinator) -> None:
     for box in coord.outbox.values():
         for cmd in box.values():
             if cmd.action is Action.START:
@@ -617,7 +590,7 @@ GPU_TAINT = "gpu=a100:NoSchedule"
 
 
 def _constrained_cluster(
-    coord: Coordinator,
+    coord: InlineCoordinator,
     clock: FakeClock,
     *,
     tolerations: tuple[str, ...] = (),

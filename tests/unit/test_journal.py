@@ -44,9 +44,10 @@ def test_put_replaces_state(tmp_path: Path) -> None:
 def test_marks_count_and_keep_first_migrated_time(tmp_path: Path) -> None:
     j = Journal(tmp_path / "j.db")
     c = ContainerId("job")
-    j.mark(c, migrated_at=5.0)
-    mk = j.mark(c, migrated_at=9.0, rebalanced=True)
-    assert (mk.migrated_at, mk.migrations, mk.rebalances) == (5.0, 2, 1)
+    j.put_mark(Mark(c, 5.0, 1, 0))
+    mk = Mark(c, 5.0, 2, 1)
+    j.put_mark(mk)
+    assert j.marks() == {c: mk}
     j.close()
     assert Journal(tmp_path / "j.db").marks()[c] == mk
 

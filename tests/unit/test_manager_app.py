@@ -1,6 +1,6 @@
 """The manager's HTTP face: auth, message validation, status JSON and page, metrics, health.
 
-The app runs in-process on 127.0.0.1 (aiohttp's TestServer) over a real coordinator
+The app runs in-process on 127.0.0.1 (aiohttp's TestServer) over the real manager shell and coordinator
 with a fake clock; the ticker is off so nothing moves between requests.
 """
 
@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from manager_fakes import START, FakeAgent, FakeClock, coordinator, only, policy, report
+from manager_fakes import START, FakeAgent, FakeClock, only, policy, report, shell
 from prometheus_client.parser import text_string_to_metric_families
 
-from manager.app import COORD, create_app
-from manager.coordinator import Coordinator
+from manager.app import SHELL, create_app
 from specon import protocol
 from specon.config import Policy
+from specon.coordinator import Coordinator
 from specon.migration import State
 from specon.model import Category
 from specon.protocol import (
@@ -42,15 +42,15 @@ CC, PC, WC = Category.CONVERGED, Category.PROGRESSING, Category.WATCHING
 
 @contextlib.asynccontextmanager
 async def serve(tmp_path: Path, clock: FakeClock, pol: Policy | None = None) -> AsyncIterator[Client]:
-    coord = coordinator(tmp_path, clock, pol)
-    async with TestClient(TestServer(create_app(coord, token=TOKEN, tick=False))) as client:
+    sh = shell(tmp_path, clock, pol)
+    async with TestClient(TestServer(create_app(sh, token=TOKEN, tick=False))) as client:
         yield client
 
 
 def coord_of(client: Client) -> Coordinator:
     app = client.app
     assert app is not None
-    return app[COORD]
+    return app[SHELL].core
 
 
 async def post(

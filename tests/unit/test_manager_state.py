@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from manager_fakes import START, FakeAgent, FakeClock, report
 
-from manager.state import ClusterState, Marks
+from specon.cluster_state import ClusterState, Marks
 from specon.migration import Migration, State
 from specon.model import Category, ContainerId, WorkerId
 

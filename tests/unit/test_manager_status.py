@@ -9,16 +9,17 @@ import pytest
 from manager_fakes import FakeAgent, FakeClock, coordinator, policy, report
 
 from manager.auth import Identity, StaticTokens, load_agent_tokens
-from manager.coordinator import Coordinator, NotHostedError
 from manager.heap import HeapFreezer
 from manager.status import MAX_LIMIT, BadPageError, Page, build_status
+from specon.coordinator import NotHostedError
+from specon.coordinator_inline import InlineCoordinator
 from specon.model import ContainerId, WorkerId
 from specon.protocol import ReallocationRequest
 
 TOKEN_A, TOKEN_B, SHARED, READ = ("a" * 32, "b" * 32, "s" * 32, "r" * 32)
 
 
-def cluster(tmp_path: Path, clock: FakeClock, workers: int, per_worker: int) -> Coordinator:
+def cluster(tmp_path: Path, clock: FakeClock, workers: int, per_worker: int) -> InlineCoordinator:
     coord = coordinator(tmp_path, clock)
     for w in range(workers):
         agent = FakeAgent(f"w{w:02d}", clock)
@@ -26,14 +27,14 @@ def cluster(tmp_path: Path, clock: FakeClock, workers: int, per_worker: int) -> 
     return coord
 
 
-def walk(coord: Coordinator, limit: int) -> tuple[list[str], list[str], int]:
+def walk(coord: InlineCoordinator, limit: int) -> tuple[list[str], list[str], int]:
     """Every worker and container id over all pages of ``limit``, and the page count."""
     workers: list[str] = []
     containers: list[str] = []
     after: str | None = None
     pages = 0
     while True:
-        st = build_status(coord, Page.parse(str(limit), after))
+        st = build_status(coord.core, coord.clock(), Page.parse(str(limit), after))
         pages += 1
         workers += [w.id for w in st.workers]
         containers += [c.id for c in st.containers]
@@ -57,7 +58,7 @@ def test_pages_cover_every_worker_and_container_exactly_once(tmp_path: Path, lim
 
 def test_a_page_counts_the_containers_a_worker_lists(tmp_path: Path) -> None:
     coord = cluster(tmp_path, FakeClock(), workers=5, per_worker=40)
-    first = build_status(coord, Page.parse("50", None))
+    first = build_status(coord.core, coord.clock(), Page.parse("50", None))
     # Each worker lists 40 containers: one worker (41 entries) fits a page of 50, two do not.
     assert [w.id for w in first.workers] == ["w00"] and first.next == "w:w00"
     assert len(first.containers) == 0
@@ -65,7 +66,7 @@ def test_a_page_counts_the_containers_a_worker_lists(tmp_path: Path) -> None:
 
 def test_a_page_holds_at_least_one_worker_however_many_containers_it_lists(tmp_path: Path) -> None:
     coord = cluster(tmp_path, FakeClock(), workers=2, per_worker=40)
-    first = build_status(coord, Page.parse("3", None))
+    first = build_status(coord.core, coord.clock(), Page.parse("3", None))
     assert [w.id for w in first.workers] == ["w00"] and len(first.workers[0].containers) == 40
 
 

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from manager.app import create_app
-from manager.coordinator import Coordinator
 from manager.journal import Journal
 from manager.openapi import ENVELOPED, ID_PATTERN, ID_TYPES, main, openapi_document, openapi_json
+from manager.shell import ManagerShell
 from specon import protocol
 from specon.config import default_policy
 from specon.validate import is_valid_id
@@ -117,8 +117,8 @@ def test_every_message_field_is_in_its_schema_once() -> None:
 
 
 def test_the_endpoints_are_the_ones_the_manager_routes(tmp_path: Path) -> None:
-    coord = Coordinator(policy=default_policy(), journal=Journal(tmp_path / "journal.db"))
-    app = create_app(coord, token=TOKEN, tick=False)
+    sh = ManagerShell(policy=default_policy(), journal=Journal(tmp_path / "journal.db"))
+    app = create_app(sh, token=TOKEN, tick=False)
     routed = {
         (route.method.lower(), route.resource.canonical)
         for route in app.router.routes()
@@ -129,8 +129,8 @@ def test_the_endpoints_are_the_ones_the_manager_routes(tmp_path: Path) -> None:
 
 
 async def test_the_manager_serves_this_document(tmp_path: Path) -> None:
-    coord = Coordinator(policy=default_policy(), journal=Journal(tmp_path / "journal.db"))
-    async with TestClient(TestServer(create_app(coord, token=TOKEN, tick=False))) as client:
+    sh = ManagerShell(policy=default_policy(), journal=Journal(tmp_path / "journal.db"))
+    async with TestClient(TestServer(create_app(sh, token=TOKEN, tick=False))) as client:
         resp = await client.get("/openapi.json")
         assert resp.status == 200
         assert resp.content_type == "application/json"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from manager_fakes import START, FakeClock, coordinator
+from manager_fakes import START, FakeClock, shell
 
 from manager.app import SETTINGS, create_app
 from manager.status import DEFAULT_LIMIT, MAX_LIMIT, BadPageError, Page
@@ -175,7 +175,7 @@ def test_the_manager_app_uses_its_settings_for_status_pages() -> None:
 
 
 async def test_the_manager_app_serves_with_its_settings(tmp_path: Path) -> None:
-    coord = coordinator(tmp_path, FakeClock())
+    coord = shell(tmp_path, FakeClock())
     settings = ManagerSettings(max_poll_wait=0.0, status_page_max=50, status_page_limit=50)
     app = create_app(coord, token=TOKEN, tick=False, settings=settings)
     assert app[SETTINGS] is settings
@@ -190,7 +190,7 @@ async def test_the_manager_app_serves_with_its_settings(tmp_path: Path) -> None:
         )
         assert resp.status == 200
     coord.journal.close()
-    assert create_app(coordinator(tmp_path, FakeClock()), token=TOKEN)[SETTINGS] == ManagerSettings()
+    assert create_app(shell(tmp_path, FakeClock()), token=TOKEN)[SETTINGS] == ManagerSettings()
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,14 @@
-"""The manager's control loop: requests -> Algorithm 2, trigger -> Algorithm 3, journal -> commands.
+"""The manager's control logic as a sans-I/O state machine, shared with the simulator.
 
-Each ``step`` takes a snapshot of the cluster, answers pending reallocation requests
-within the migration budget, starts rebalancing moves when the trigger holds, and drives
-every journaled migration one step further with ``specon.migration.next_step``. Commands
-for an agent wait in its outbox until the agent's heartbeat or poll collects them and a
+Inputs, each with the time passed in: a heartbeat (or the simulator's lower-level
+``reports``), a reallocation request, a command result (riding on a heartbeat), a tick,
+a goodbye. Outputs: effects (``specon.effects``) the caller performs — journal writes,
+commands for agents, metric and log events — and the command batch for a worker.
+
+Each pass (``tick``) takes the cluster view, answers pending reallocation requests
+within the migration budget (Algorithm 2), starts rebalancing moves when the trigger
+holds (Algorithm 3), and drives every journaled migration one step further with
+``specon.migration.next_step``. Commands for an agent wait in its outbox until a
 result says they ran; each is idempotent on the agent, so repeats are harmless.
 
 Dry-run is a swapped executor (``DryRunExecutor``): decisions are taken, journaled and
@@ -12,41 +17,48 @@ reported exactly as in a live run, but no save or start is ever sent.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Literal, Protocol
 
-import structlog
-
-from manager.journal import JournalStore
-from manager.state import ClusterState, Marks
+from specon.cluster_state import ClusterState, Marks
 from specon.config import Policy
-from specon.migration import Advance, IssueSave, IssueStart, Migration, Reason, State, Wait, next_step
-from specon.model import ClusterSnapshot, ContainerId, WorkerId
+from specon.effects import CommandQueued, Effect, Event, Log, PutMark, PutMigration
+from specon.migration import Advance, IssueSave, IssueStart, Mark, Migration, Reason, State, Wait, next_step
+from specon.model import ContainerId, WorkerId
 from specon.policy.decisions import Move, RefusalReason, Stay
 from specon.policy.placement import ClusterIndex
 from specon.policy.scheduler import InFlight, decide_pass
-from specon.protocol import Action, Command, CommandBatch, CommandResult, Heartbeat, ReallocationRequest
+from specon.protocol import (
+    Action,
+    Command,
+    CommandBatch,
+    CommandResult,
+    ContainerReport,
+    Heartbeat,
+    ReallocationRequest,
+)
 
-log = structlog.get_logger()
+# Finished migrations the status keeps in memory (the journal keeps them all).
+RECENT_MIGRATIONS = 1000
 
-Clock = Callable[[], float]
+
+class NotHostedError(ValueError):
+    """A worker asked about a container it does not run."""
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
-    """Something the metrics and the status page count (decoupled from prometheus here)."""
+class Recovered:
+    """What a restarted manager reads back from its journal before the first input."""
 
-    # "decision", "migration_finished", "request_refused", "request_deferred", "worker_forgotten"
-    kind: str
-    labels: dict[str, str] = field(default_factory=dict)
-    downtime: float | None = None
-    duration: float | None = None
+    in_flight: tuple[Migration, ...] = ()
+    finished: tuple[Migration, ...] = ()
+    marks: tuple[Mark, ...] = ()
+    # The journal was opened by a manager before: a restart into a running cluster.
+    restarted: bool = False
 
 
 class Executor(Protocol):
@@ -67,12 +79,12 @@ class DryRunExecutor:
         coord.record_dry_run(move, now)
 
 
-class NotHostedError(ValueError):
-    """A worker asked about a container it does not run."""
+@dataclass(slots=True)
+class PassResult:
+    """What one decision pass did (the simulator runs passes until one decides nothing)."""
 
-
-# Finished migrations the status keeps in memory (the journal keeps them all).
-RECENT_MIGRATIONS = 1000
+    decided: bool = False
+    deferred: list[ContainerId] = field(default_factory=list)
 
 
 class Coordinator:
@@ -80,50 +92,41 @@ class Coordinator:
         self,
         *,
         policy: Policy,
-        journal: JournalStore,
+        now: float,
+        recovered: Recovered | None = None,
         state: ClusterState | None = None,
-        clock: Clock = time.time,
         executor: Executor | None = None,
-        on_event: Callable[[Event], None] | None = None,
     ) -> None:
+        recovered = recovered or Recovered()
         self.policy = policy
-        self.journal = journal
         self.state = state or ClusterState()
-        self.clock = clock
         self.executor: Executor = executor or (
             DryRunExecutor() if policy.migration.dry_run else LiveExecutor()
         )
-        self.on_event = on_event
         self.generation = 1
-        # Reallocation requests waiting for a decision: container -> first seen (manager clock).
+        # Reallocation requests waiting for a decision: container -> first seen.
         self.requests: dict[ContainerId, float] = {}
         self.outbox: dict[WorkerId, dict[str, Command]] = {}
         self.marks: dict[ContainerId, Marks] = {
-            c: Marks(m.migrated_at, m.migrations, m.rebalances) for c, m in journal.marks().items()
+            m.container: Marks(m.migrated_at, m.migrations, m.rebalances) for m in recovered.marks
         }
-        self.migrations: dict[str, Migration] = {m.id: m for m in journal.in_flight()}
+        self.migrations: dict[str, Migration] = {m.id: m for m in recovered.in_flight}
         # The newest finished migrations, oldest first, for the status (never the whole journal).
         self.recent: deque[Migration] = deque(
-            sorted((m for m in journal.all() if not m.in_flight), key=lambda m: m.updated_at)[
-                -RECENT_MIGRATIONS:
-            ],
+            sorted(recovered.finished, key=lambda m: m.updated_at)[-RECENT_MIGRATIONS:],
             maxlen=RECENT_MIGRATIONS,
         )
-        self._pruned_at = clock()
+        self._pruned_at = now
         # Bumped by every change a status reader could see (cached pages compare it).
         self.revision = 0
         # A restarted manager has heard from nobody yet: until every worker had a
         # worker_timeout to report, silence is not evidence that it is gone.
-        self.started_at = clock()
+        self.started_at = now
+        self.restarted = recovered.restarted
         # Refused restarts per migration, for the retry backoff (not journaled: a restarted
         # manager simply retries at once).
         self._refusals: dict[str, int] = {}
-        # A journal that a manager has opened before means a restart into a running
-        # cluster: decisions wait until every worker could have reported (see ``step``).
-        self.restarted = journal.get_meta("started_at") is not None
-        journal.set_meta("started_at", repr(self.started_at))
         self._ids = itertools.count(1)
-        self._wakeups: dict[WorkerId, asyncio.Event] = {}
         # Command ids each worker has already been sent (by a reply or a poll).
         self._delivered: dict[WorkerId, set[str]] = {}
         # Requests counted as deferred (once each, not once per pass).
@@ -131,99 +134,131 @@ class Coordinator:
         # Dry-run only: where decided moves would have put containers, so the next
         # decisions see the loads a live run would see.
         self.virtual: dict[ContainerId, WorkerId] = {}
-
-        self.decision_seconds: list[float] = []
+        # Write-ahead: journal writes are numbered; a command waits for the writes made
+        # before it (``_gate``: command id -> write number) to be durable (``journaled``).
+        self._written = 0
+        self._durable = 0
+        self._gate: dict[str, int] = {}
+        self._effects: list[Effect] = []
+        self.decision_seconds: deque[float] = deque(maxlen=1000)
         if self.migrations:
-            log.info("specon.manager.recovered", in_flight=len(self.migrations), ids=sorted(self.migrations))
+            self._log("specon.manager.recovered", in_flight=len(self.migrations), ids=sorted(self.migrations))
+
+    # -- effects -------------------------------------------------------------------------
+    def take_effects(self) -> list[Effect]:
+        """The effects left by the inputs since the last call, in the order they arose."""
+        out, self._effects = self._effects, []
+        return out
+
+    def journaled(self, seq: int) -> None:
+        """Journal writes up to number ``seq`` are durable: commands after them may go."""
+        self._durable = max(self._durable, seq)
+
+    def _log(self, event: str, *, level: Literal["info", "warning"] = "info", **fields: object) -> None:
+        self._effects.append(Log(event, fields, level))
+
+    def emit(self, event: Event) -> None:
+        self._effects.append(event)
 
     # -- inputs ------------------------------------------------------------------------
-    def on_heartbeat(self, hb: Heartbeat) -> CommandBatch:
-        now = self.clock()
-        ingested = self.state.ingest(hb, now)
-        if ingested:
-            self.revision += 1
-            for res in hb.results:
-                self.on_result(hb.worker, res, now - (hb.sent_at - (res.finished_at or hb.sent_at)))
-            for rep in hb.containers:
-                if rep.pending_request and rep.phase == "running":
-                    self.requests.setdefault(rep.id, now)
-            self.step()
+    def heartbeat(self, hb: Heartbeat, now: float) -> int | None:
+        """Apply one heartbeat; the ``ack`` for its reply (None: stale, nothing applied)."""
+        if not self.state.ingest(hb, now):
+            return None
+        # A result's time on the manager clock: the agent's, shifted by this heartbeat's skew.
+        self._ingested(hb.worker, hb.containers, hb.results, now, skew=now - hb.sent_at)
         # Only an applied heartbeat's results may be forgotten by the agent.
-        return self.batch_for(hb.worker, ack=hb.seq if ingested else None)
+        return hb.seq
 
-    def on_request(self, req: ReallocationRequest) -> CommandBatch:
+    def reports(
+        self,
+        worker: WorkerId,
+        now: float,
+        *,
+        containers: Iterable[ContainerReport] = (),
+        results: Iterable[CommandResult] = (),
+        usage: float | None = None,
+    ) -> None:
+        """The lower-level heartbeat: what changed on a known worker (the simulator's agents
+        report changes only; a container not listed stays as it was)."""
+        listed = tuple(containers)
+        self.state.ingest_reports(worker, listed, now, usage=usage)
+        self._ingested(worker, listed, tuple(results), now, skew=0.0)
+
+    def _ingested(
+        self,
+        worker: WorkerId,
+        containers: Iterable[ContainerReport],
+        results: Iterable[CommandResult],
+        now: float,
+        *,
+        skew: float,
+    ) -> None:
+        self.revision += 1
+        for res in results:
+            self.result(worker, res, now if res.finished_at is None else res.finished_at + skew)
+        for rep in containers:
+            if rep.pending_request and rep.phase == "running":
+                self.requests.setdefault(rep.id, now)
+        self.tick(now, rebalance=False)
+
+    def request(self, req: ReallocationRequest, now: float) -> None:
         """Queue ``req`` for Algorithm 2; ``NotHostedError`` unless the container runs on the
         worker that asks (a worker may only ask to move its own containers)."""
         if self.state.running_on(req.container) != req.worker:
             raise NotHostedError(f"container {req.container} is not running on worker {req.worker}")
-        self.requests.setdefault(req.container, self.clock())
-        self.step()
-        return self.batch_for(req.worker)
+        self.requests.setdefault(req.container, now)
+        self.tick(now, rebalance=False)
 
-    def on_goodbye(self, worker: WorkerId) -> None:
+    def goodbye(self, worker: WorkerId, now: float) -> None:
         self.state.goodbye(worker)
         self.revision += 1
-        self.step()
+        self.tick(now, rebalance=False)
 
-    def batch_for(self, worker: WorkerId, *, ack: int | None = None) -> CommandBatch:
+    # -- outputs -------------------------------------------------------------------------
+    def batch_for(self, worker: WorkerId, now: float, *, ack: int | None = None) -> CommandBatch:
+        """The commands for ``worker`` whose journal writes are durable; counts them as sent."""
         box = self.outbox.get(worker, {})
-        if box or worker in self._delivered:  # nothing is kept for a worker never sent anything
+        ready = {cid: cmd for cid, cmd in box.items() if self._gate.get(cid, 0) <= self._durable}
+        if ready or worker in self._delivered:  # nothing is kept for a worker never sent anything
             delivered = self._delivered.setdefault(worker, set())
             delivered.intersection_update(box)
-            delivered.update(box)
+            delivered.update(ready)
         return CommandBatch(
-            manager_time=self.clock(),
-            policy_generation=self.generation,
-            commands=tuple(box.values()),
-            ack=ack,
+            manager_time=now, policy_generation=self.generation, commands=tuple(ready.values()), ack=ack
         )
 
-    async def wait_for_commands(self, worker: WorkerId, timeout: float) -> CommandBatch:
-        """Long poll: return as soon as ``worker`` has a command no poll delivered yet.
-
-        Commands stay in the outbox until their result arrives (heartbeat replies repeat
-        them); a poll only wakes for ones not sent yet, so it does not spin during a save.
-        """
-        if worker not in self.state.workers:
-            # Not heard from (yet, or pruned): it has no commands, and keeps no state here.
-            await asyncio.sleep(min(timeout, 1.0))
-            return self.batch_for(worker)
-        seen = self._delivered.setdefault(worker, set())
-        if all(cid in seen for cid in self.outbox.get(worker, {})):
-            ev = self._wakeups.setdefault(worker, asyncio.Event())
-            ev.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ev.wait(), timeout)
-        return self.batch_for(worker)
+    def has_unsent(self, worker: WorkerId) -> bool:
+        """``worker`` has a deliverable command no reply or poll carried yet (wakes a long poll)."""
+        seen = self._delivered.get(worker, set())
+        return any(
+            cid not in seen and self._gate.get(cid, 0) <= self._durable for cid in self.outbox.get(worker, {})
+        )
 
     # -- the loop ----------------------------------------------------------------------
-    def step(self, *, rebalance: bool = False) -> None:
+    def tick(self, now: float, *, rebalance: bool = True) -> PassResult:
         """One pass: drive migrations, answer requests and, if asked, consider Algorithm 3.
 
-        Heartbeats call it without ``rebalance`` (cheap: nothing is built unless a request
+        Inputs call it without ``rebalance`` (cheap: nothing is built unless a request
         waits); the manager's 1 s ticker calls it with ``rebalance=True``, which catches
         job completions within a second as well.
         """
-        now = self.clock()
         timeout = self.policy.messaging.worker_timeout
         if rebalance and now - self._pruned_at >= self.policy.messaging.heartbeat_interval:
             self.prune(now)
         if self.migrations:
             self._drive(now, self.state.alive(now, timeout))
         if self.restarted and now - self.started_at < timeout:
-            return  # a restarted manager decides only once every worker could have reported
+            return PassResult()  # a restarted manager decides only once every worker could have reported
         rebalance = rebalance and self._rebalance_may_trigger()
         if not (self.requests or rebalance):
-            return
+            return PassResult()
         t0 = time.perf_counter()
-        snap = self.state.snapshot(
-            now, timeout=timeout, marks=self.marks, in_flight=self.migrations.values(), placed=self.virtual
-        )
+        snap = self.state.view(now, marks=self.marks, in_flight=self.migrations.values(), placed=self.virtual)
         # One index per pass, shared by Algorithms 2 and 3 (building it dominates both).
-        index = ClusterIndex.of(snap)
-        self._decide(snap, index, now, rebalance=rebalance)
+        result = self._decide(ClusterIndex.of(snap), now, rebalance=rebalance)
         self.decision_seconds.append(time.perf_counter() - t0)
-        del self.decision_seconds[:-1000]
+        return result
 
     def prune(self, now: float) -> int:
         """Forget workers and containers unseen for ``prune_after`` worker timeouts, with
@@ -237,20 +272,20 @@ class Coordinator:
         if n:
             for w in before_w - self.state.workers.keys():
                 self.emit(Event("worker_forgotten", {"worker": w}))
-                self.outbox.pop(w, None)
+                for cid in self.outbox.pop(w, {}):
+                    self._gate.pop(cid, None)
                 self._delivered.pop(w, None)
-                ev = self._wakeups.pop(w, None)
-                if ev is not None:
-                    ev.set()
             for cid in [c for c in self.requests if c not in self.state.containers]:
                 del self.requests[cid]
                 self._deferred.discard(cid)
-            log.info("specon.manager.pruned", forgotten=n)
+            self._log("specon.manager.pruned", forgotten=n)
         return n
 
     def record(self, m: Migration) -> None:
-        """Journal ``m`` (write-ahead: durable before anything acts on it)."""
-        self.journal.put(m)
+        """Journal ``m`` (write-ahead: commands queued after this wait until it is durable)."""
+        self._written += 1
+        self._effects.append(PutMigration(self._written, m))
+        self.state.touch(m.container)
         self.revision += 1
         if m.state.terminal:
             self.recent.append(m)
@@ -264,14 +299,16 @@ class Coordinator:
             return True
         running = [r for r in self.state.containers.values() if r.report.phase == "running"]
         return bool(running) and all(
-            r.report.migrated or self.marks.get(r.id, Marks()).migrations > 0 for r in running
+            r.report.migrated or self.marks.get(r.id, _NO_MARKS).migrations > 0 for r in running
         )
 
     def _drive(self, now: float, alive: frozenset[WorkerId]) -> None:
         warming_up = now - self.started_at < self.policy.messaging.worker_timeout
         for mid in list(self.migrations):
             for _ in range(8):  # a few Advances may chain in one pass; never loop forever
-                m = self.migrations[mid]
+                m = self.migrations.get(mid)
+                if m is None:
+                    break
                 if warming_up and not {m.source, m.target} <= self.state.workers.keys():
                     break  # recovered migration: wait until its workers could have reported
                 where = self.state.running_on(m.container)
@@ -313,37 +350,37 @@ class Coordinator:
         self.record(new)
         self._retract(m)
         if new.state.terminal:
-            del self.migrations[m.id]
-            result = "done" if new.state is State.DONE else "rolled_back"
-            self.emit(
-                Event(
-                    "migration_finished",
-                    {"result": result, "reason": m.reason},
-                    downtime=new.downtime,
-                    duration=now - m.decided_at,
-                )
-            )
-            log.info(
-                "specon.manager.migration_finished",
-                migration=m.id,
-                container=m.container,
-                result=result,
-                downtime=new.downtime,
-                error=new.error,
-            )
+            self._finished(new, "done" if new.state is State.DONE else "rolled_back", now)
         else:
             self.migrations[m.id] = new
-            log.info(
-                "specon.manager.migration_state", migration=m.id, container=m.container, state=state.value
+            self._log("specon.manager.migration_state", migration=m.id, container=m.container,
+                      state=state.value)  # fmt: skip
+
+    def _finished(self, m: Migration, result: str, now: float) -> None:
+        del self.migrations[m.id]
+        self.emit(
+            Event(
+                "migration_finished",
+                {"result": result, "reason": m.reason},
+                downtime=m.downtime,
+                duration=now - m.decided_at,
             )
+        )
+        self._log("specon.manager.migration_finished", migration=m.id, container=m.container,
+                  result=result, downtime=m.downtime, error=m.error)  # fmt: skip
 
     # -- Algorithm 2 -------------------------------------------------------------------
-    def _decide(self, snap: ClusterSnapshot, index: ClusterIndex, now: float, *, rebalance: bool) -> None:
+    def _decide(self, index: ClusterIndex, now: float, *, rebalance: bool) -> PassResult:
         """Act on one ``decide_pass``: answer a request, defer, or start a rebalancing move."""
         queue = sorted(self.requests, key=self.requests.__getitem__)
         flights = [InFlight(m.container, m.source, m.target) for m in self.migrations.values()]
         p = decide_pass(
-            snap, requests=queue, in_flight=flights, policy=self.policy, index=index, rebalance=rebalance
+            index.snapshot,
+            requests=queue,
+            in_flight=flights,
+            policy=self.policy,
+            index=index,
+            rebalance=rebalance,
         )
         for cid in (*p.dropped, *p.answered):
             self.requests.pop(cid, None)
@@ -358,8 +395,8 @@ class Coordinator:
                 # Already answered (e.g. the agent missed our mark): answer again.
                 self._mark_command(r.container, now)
                 continue
-            log.warning("specon.manager.request_refused", container=r.container, reason=r.reason.value,
-                        detail=r.detail)  # fmt: skip
+            self._log("specon.manager.request_refused", level="warning", container=r.container,
+                      reason=r.reason.value, detail=r.detail)  # fmt: skip
             self.emit(Event("request_refused", {"reason": r.reason.value}))
         d = p.decision
         if d is not None:
@@ -367,24 +404,37 @@ class Coordinator:
             self._mark(d.container, now)
             scores = {str(k): round(v, 3) for k, v in d.scores.items()}
             if isinstance(d, Stay):
-                log.info("specon.manager.stay", container=d.container, worker=d.worker, scores=scores)
+                self._log("specon.manager.stay", container=d.container, worker=d.worker, scores=scores)
                 self._mark_command(d.container, now)
             elif isinstance(d, Move):
-                log.info("specon.manager.move", container=d.container, source=d.source, target=d.target,
-                         scores=scores)  # fmt: skip
+                self._log("specon.manager.move", container=d.container, source=d.source, target=d.target,
+                          scores=scores)  # fmt: skip
                 self.executor.begin(self, d, now)
                 if isinstance(self.executor, DryRunExecutor):
                     self._mark_command(d.container, now)
         if p.rebalance is not None:
             mv = p.rebalance
             self._mark(mv.container, now, rebalanced=True)
-            log.info("specon.manager.rebalance", container=mv.container, source=mv.source, target=mv.target)
+            self._log("specon.manager.rebalance", container=mv.container, source=mv.source,
+                      target=mv.target)  # fmt: skip
             self.executor.begin(self, mv, now)
+        return PassResult(decided=d is not None or p.rebalance is not None, deferred=list(p.deferred))
 
     def _mark(self, cid: ContainerId, now: float, *, rebalanced: bool = False) -> None:
-        mk = self.journal.mark(cid, migrated_at=None if rebalanced else now, rebalanced=rebalanced)
+        """Algorithm 2 decided for ``cid`` (the first time keeps its time), or 3 moved it."""
+        old = self.marks.get(cid, _NO_MARKS)
+        if rebalanced:
+            new = replace(old, rebalances=old.rebalances + 1)
+        else:
+            first = old.migrated_at if old.migrated_at is not None else now
+            new = replace(old, migrated_at=first, migrations=old.migrations + 1)
+        self.marks[cid] = new
+        self.state.touch(cid)
         self.revision += 1
-        self.marks[cid] = Marks(mk.migrated_at, mk.migrations, mk.rebalances)
+        self._written += 1
+        self._effects.append(
+            PutMark(self._written, Mark(cid, new.migrated_at, new.migrations, new.rebalances))
+        )
 
     def _mark_command(self, cid: ContainerId, now: float) -> None:
         worker = self.state.running_on(cid)
@@ -413,27 +463,16 @@ class Coordinator:
         m = m.to(State.ROLLED_BACK, at=now)
         self.record(m)
         self.emit(Event("migration_finished", {"result": "dry_run", "reason": m.reason}))
-        log.info(
-            "specon.manager.dry_run_move",
-            container=move.container,
-            source=move.source,
-            target=move.target,
-            reason=move.reason,
-        )
+        self._log("specon.manager.dry_run_move", container=move.container, source=move.source,
+                  target=move.target, reason=move.reason)  # fmt: skip
         return m
 
     def open_migration(self, move: Move, now: float) -> None:
         m = self.new_migration(move, now)
         self.record(m)
         self.migrations[m.id] = m
-        log.info(
-            "specon.manager.migration_decided",
-            migration=m.id,
-            container=m.container,
-            source=m.source,
-            target=m.target,
-            reason=m.reason,
-        )
+        self._log("specon.manager.migration_decided", migration=m.id, container=m.container,
+                  source=m.source, target=m.target, reason=m.reason)  # fmt: skip
         self._drive(now, self.state.alive(now, self.policy.messaging.worker_timeout))
 
     def _command(
@@ -456,7 +495,7 @@ class Coordinator:
             target=m.target if action is Action.SAVE else None,
             # The container arrives frozen in CC only if Algorithm 2 has decided for it; a
             # rebalanced container that never requested keeps being classified.
-            migrated=action is Action.START and self.marks.get(m.container, Marks()).migrations > 0,
+            migrated=action is Action.START and self.marks.get(m.container, _NO_MARKS).migrations > 0,
             # No spec: the target starts the job as it was submitted (its own runtime's
             # record), never as a save result reported it (SPEC §6, security model).
             rollback=rollback,
@@ -466,10 +505,9 @@ class Coordinator:
         box = self.outbox.setdefault(worker, {})
         if cmd.id not in box:
             box[cmd.id] = cmd
-            log.info("specon.manager.command_queued", worker=worker, command=cmd.id, action=cmd.action.value)
-            ev = self._wakeups.get(worker)
-            if ev is not None:
-                ev.set()
+            self._gate[cmd.id] = self._written
+            self._log("specon.manager.command_queued", worker=worker, command=cmd.id, action=cmd.action.value)
+            self._effects.append(CommandQueued(worker, cmd))
 
     def _retry_due(self, m: Migration, now: float) -> bool:
         """After n refused restarts, wait heartbeat_interval * 2^(n-1), at most worker_timeout."""
@@ -479,11 +517,6 @@ class Coordinator:
         msg = self.policy.messaging
         wait = min(msg.worker_timeout, msg.heartbeat_interval * float(2 ** min(n - 1, 16)))
         return now - m.updated_at >= wait
-
-    def wake_all(self) -> None:
-        """Release every parked long poll (shutdown must not wait for them)."""
-        for ev in self._wakeups.values():
-            ev.set()
 
     def _start_outstanding(self, m: Migration) -> bool:
         return any(
@@ -496,11 +529,13 @@ class Coordinator:
         for box in self.outbox.values():
             for cid in [c for c, cmd in box.items() if cmd.migration == m.id]:
                 del box[cid]
+                self._gate.pop(cid, None)
 
-    def on_result(self, worker: WorkerId, res: CommandResult, at: float) -> None:
+    def result(self, worker: WorkerId, res: CommandResult, at: float) -> None:
         """Apply one command result (repeats and results for finished work are ignored)."""
         box = self.outbox.get(worker, {})
         cmd = box.pop(res.command, None)
+        self._gate.pop(res.command, None)
         if cmd is None:
             return  # a repeat of a result already applied
         if cmd.action is Action.MARK_MIGRATED or cmd.migration is None:
@@ -510,7 +545,8 @@ class Coordinator:
             return
         rollback = cmd.rollback  # the command as we queued it, not the id the agent echoed
         if not res.ok:
-            log.warning("specon.manager.command_failed", command=res.command, worker=worker, error=res.error)
+            self._log("specon.manager.command_failed", level="warning", command=res.command, worker=worker,
+                      error=res.error)  # fmt: skip
             if not rollback and m.state in (State.SAVING, State.RESTORING):
                 self.record(new := m.to(State.FAILED, at=at, error=res.error, attempts=m.attempts + 1))
                 self.migrations[m.id] = new
@@ -541,13 +577,10 @@ class Coordinator:
             self.migrations[m.id] = new
         elif cmd.action is Action.START and rollback and m.state is State.FAILED:
             self.record(new := m.to(State.ROLLED_BACK, at=at, started_at=at))
-            del self.migrations[m.id]
-            self.emit(Event("migration_finished", {"result": "rolled_back", "reason": m.reason}))
-        self.step()
+            self._finished(new, "rolled_back", at)
 
-    def emit(self, event: Event) -> None:
-        if self.on_event is not None:
-            self.on_event(event)
+
+_NO_MARKS = Marks()
 
 
 def _why_failed(m: Migration, running_on: WorkerId | None, finished: bool) -> str:

@@ -5,6 +5,11 @@ category history and its converged time on the *manager's* clock (agent times ar
 translated with the same heartbeat's ``sent_at``, so clock skew between hosts does not
 leak into Algorithm 3's durations). ``snapshot`` turns it into the frozen
 ``ClusterSnapshot`` the policies decide on. No I/O here: callers pass ``now``.
+
+The snapshot is kept incrementally (``view``): only containers and workers whose inputs
+changed since the previous one are rebuilt, so a decision pass over 10,000 containers
+costs what changed, not what exists. The manager and the simulator share this code;
+the simulator models no worker failures and builds it ``always_heard``.
 """
 
 from __future__ import annotations
@@ -70,7 +75,10 @@ class Marks:
 
 
 class ClusterState:
-    def __init__(self) -> None:
+    def __init__(self, *, always_heard: bool = False) -> None:
+        # ``always_heard``: every known worker counts as heard from at every instant (the
+        # simulator, whose workers never fail, reports only what changed).
+        self.always_heard = always_heard
         self.workers: dict[WorkerId, WorkerRecord] = {}
         self.containers: dict[ContainerId, ContainerRecord] = {}
         self.heartbeats = 0
@@ -79,6 +87,15 @@ class ClusterState:
         # Ids in order, rebuilt only after an id came or went (status pages bisect them).
         self._worker_order: list[WorkerId] | None = None
         self._container_order: list[ContainerId] | None = None
+        # The incremental snapshot: container views in first-seen order, and what changed.
+        self._views: dict[ContainerId, ContainerSnapshot] = {}
+        self._view_tuple: tuple[ContainerSnapshot, ...] | None = None
+        self._dirty: set[ContainerId] = set()
+        self._worker_tuple: tuple[WorkerSnapshot, ...] | None = None
+
+    def touch(self, cid: ContainerId) -> None:
+        """``cid``'s view must be rebuilt: its marks, its migration or its placement changed."""
+        self._dirty.add(cid)
 
     def seq_plausible(self, hb: Heartbeat, now: float) -> bool:
         """False for a ``seq`` implausibly far ahead of the manager's clock (microseconds)
@@ -107,11 +124,33 @@ class ClusterState:
             rec = self.containers.get(cid)
             if rec is not None and rec.worker == hb.worker and rec.report.phase == "running":
                 rec.report = _with_phase(rec.report, "stopped")
+                self._dirty.add(cid)
         w.reported = reported
+        self._worker_tuple = None
         for rep in hb.containers:
             self._ingest_container(hb.worker, rep, now, skew)
         self.heartbeats += 1
         return True
+
+    def ingest_reports(
+        self, worker: WorkerId, reports: Iterable[ContainerReport], now: float, *, usage: float | None = None
+    ) -> None:
+        """Apply what changed on a known worker since its last report: these containers
+        (others stay as they were) and, if given, its usage. The simulator's lower-level
+        heartbeat: it reports changes only, with no clock skew."""
+        w = self.workers[worker]
+        w.last_seen = now
+        if usage is not None:
+            w.usage = usage
+        self._worker_tuple = None
+        listed = set(w.reported)
+        for rep in reports:
+            if rep.phase == "running":
+                listed.add(rep.id)
+            else:
+                listed.discard(rep.id)
+            self._ingest_container(worker, rep, now, 0.0)
+        w.reported = frozenset(listed)
 
     def _ingest_container(self, worker: WorkerId, rep: ContainerReport, now: float, skew: float) -> None:
         rec = self.containers.get(rep.id)
@@ -130,11 +169,13 @@ class ClusterState:
         if rep.phase == "finished" and rec.finished_at is None:
             rec.finished_at = now
         rec.worker, rec.report, rec.last_seen = worker, rep, now
+        self._dirty.add(rep.id)
 
     def goodbye(self, worker: WorkerId) -> None:
         w = self.workers.get(worker)
         if w is not None:
             w.said_goodbye = True
+            self._worker_tuple = None
 
     def prune(self, now: float, older_than: float, keep: Iterable[str] = ()) -> int:
         """Forget workers and containers unseen for ``older_than`` seconds, except ids in
@@ -147,6 +188,9 @@ class ClusterState:
             del self.workers[w]
         for c in containers:
             del self.containers[c]
+        self._dirty.update(containers)
+        if workers:
+            self._worker_tuple = None
         if workers:
             self._worker_order = None
         if containers:
@@ -166,7 +210,13 @@ class ClusterState:
 
     # -- queries -------------------------------------------------------------------------
     def alive(self, now: float, timeout: float) -> frozenset[WorkerId]:
-        return frozenset(w.id for w in self.workers.values() if _reachable(w, now, timeout))
+        return frozenset(w.id for w in self.workers.values() if self.reachable(w, now, timeout))
+
+    def reachable(self, w: WorkerRecord, now: float, timeout: float) -> bool:
+        return not w.said_goodbye and (self.always_heard or now - w.last_seen < timeout)
+
+    def _age(self, w: WorkerRecord, now: float) -> float:
+        return 0.0 if self.always_heard else max(0.0, now - w.last_seen)
 
     def running_on(self, cid: ContainerId) -> WorkerId | None:
         rec = self.containers.get(cid)
@@ -185,47 +235,85 @@ class ClusterState:
         in_flight: Iterable[Migration] = (),
         placed: Mapping[ContainerId, WorkerId] | None = None,
     ) -> ClusterSnapshot:
-        """The frozen view for the policies. Containers in a migration count on its target;
-        ``placed`` overrides where containers count (dry-run's virtual moves)."""
-        workers = tuple(
+        """The frozen view for the policies, built from scratch (containers by id).
+        Containers in a migration count on its target; ``placed`` overrides where
+        containers count (dry-run's virtual moves)."""
+        moving = _moving(in_flight)
+        views = (self._container_view(rec, marks, moving, placed or {}) for rec in self.containers.values())
+        containers = sorted((v for v in views if v is not None), key=lambda c: c.id)
+        return ClusterSnapshot(now=now, workers=self._worker_views(now), containers=tuple(containers))
+
+    def view(
+        self,
+        now: float,
+        *,
+        marks: Mapping[ContainerId, Marks],
+        in_flight: Iterable[Migration] = (),
+        placed: Mapping[ContainerId, WorkerId] | None = None,
+    ) -> ClusterSnapshot:
+        """``snapshot``, kept incrementally: only containers whose record changed, or that
+        the caller ``touch``-ed (marks, migration, placement), are rebuilt; containers in
+        first-seen order (no policy depends on the order: ties break by id)."""
+        if self._dirty:
+            moving = _moving(in_flight)
+            where = placed or {}
+            for cid in self._dirty:
+                rec = self.containers.get(cid)
+                v = None if rec is None else self._container_view(rec, marks, moving, where)
+                if v is None:
+                    self._views.pop(cid, None)
+                else:
+                    self._views[cid] = v
+            self._dirty.clear()
+            self._view_tuple = None
+        if self._view_tuple is None:
+            self._view_tuple = tuple(self._views.values())
+        workers = self._worker_tuple
+        if workers is None or not self.always_heard:  # ages move with ``now``
+            workers = self._worker_tuple = self._worker_views(now)
+        return ClusterSnapshot(now=now, workers=workers, containers=self._view_tuple)
+
+    def _worker_views(self, now: float) -> tuple[WorkerSnapshot, ...]:
+        return tuple(
             WorkerSnapshot(
                 id=w.id,
                 capacity=w.capacity,
                 usage=w.usage,
                 ready=not w.said_goodbye,
-                heartbeat_age=max(0.0, now - w.last_seen),
+                heartbeat_age=self._age(w, now),
                 labels=tuple(sorted(w.labels.items())),
                 taints=w.taints,
             )
             for w in sorted(self.workers.values(), key=lambda w: w.id)
         )
-        moving = {m.container: m for m in in_flight if m.state is not State.FAILED}
-        containers: list[ContainerSnapshot] = []
-        for rec in self.containers.values():
-            m = moving.get(rec.id)
-            if rec.report.phase != "running" and m is None:
-                continue
-            mk = marks.get(rec.id, Marks())
-            migrated = rec.report.migrated or mk.migrations > 0
-            selector = rec.report.selector
-            containers.append(
-                ContainerSnapshot(
-                    id=rec.id,
-                    worker=m.target if m is not None else (placed or {}).get(rec.id, rec.worker),
-                    category=Category.CONVERGED if migrated else rec.report.category,
-                    t_cc=rec.t_cc,
-                    migrated=migrated,
-                    t_migrated=mk.migrated_at,
-                    migrations=mk.migrations,
-                    rebalances=mk.rebalances,
-                    requests=rec.report.requests,
-                    movable=rec.report.job.get(MIGRATABLE_LABEL, "true") != "false",
-                    selector=tuple(sorted(selector.items())) if selector else (),
-                    tolerations=rec.report.tolerations,
-                )
-            )
-        containers.sort(key=lambda c: c.id)
-        return ClusterSnapshot(now=now, workers=workers, containers=tuple(containers))
+
+    @staticmethod
+    def _container_view(
+        rec: ContainerRecord,
+        marks: Mapping[ContainerId, Marks],
+        moving: Mapping[ContainerId, Migration],
+        placed: Mapping[ContainerId, WorkerId],
+    ) -> ContainerSnapshot | None:
+        m = moving.get(rec.id)
+        if rec.report.phase != "running" and m is None:
+            return None
+        mk = marks.get(rec.id, _NO_MARKS)
+        migrated = rec.report.migrated or mk.migrations > 0
+        selector = rec.report.selector
+        return ContainerSnapshot(
+            id=rec.id,
+            worker=m.target if m is not None else placed.get(rec.id, rec.worker),
+            category=Category.CONVERGED if migrated else rec.report.category,
+            t_cc=rec.t_cc,
+            migrated=migrated,
+            t_migrated=mk.migrated_at,
+            migrations=mk.migrations,
+            rebalances=mk.rebalances,
+            requests=rec.report.requests,
+            movable=rec.report.job.get(MIGRATABLE_LABEL, "true") != "false",
+            selector=tuple(sorted(selector.items())) if selector else (),
+            tolerations=rec.report.tolerations,
+        )
 
     def worker_status(
         self, now: float, timeout: float, ids: Iterable[WorkerId] | None = None
@@ -248,8 +336,8 @@ class ClusterState:
                     id=w.id,
                     address=w.address,
                     ready=not w.said_goodbye,
-                    reachable=_reachable(w, now, timeout),
-                    heartbeat_age=round(max(0.0, now - w.last_seen), 3),
+                    reachable=self.reachable(w, now, timeout),
+                    heartbeat_age=round(self._age(w, now), 3),
                     capacity=w.capacity,
                     usage=w.usage,
                     containers=here,
@@ -289,8 +377,12 @@ class ClusterState:
         return tuple(out)
 
 
-def _reachable(w: WorkerRecord, now: float, timeout: float) -> bool:
-    return not w.said_goodbye and now - w.last_seen < timeout
+_NO_MARKS = Marks()
+
+
+def _moving(in_flight: Iterable[Migration]) -> dict[ContainerId, Migration]:
+    """Migrations whose container counts on the target (all but failed ones)."""
+    return {m.container: m for m in in_flight if m.state is not State.FAILED}
 
 
 def _with_phase(rep: ContainerReport, phase: Phase) -> ContainerReport:

@@ -1,0 +1,107 @@
+"""What the coordinator asks its shell to do: the effects of one input, in order.
+
+The coordinator (``specon.coordinator``) performs no I/O. Each input returns nothing but
+leaves effects behind (``Coordinator.take_effects``): journal writes, commands for
+agents, metric events and log events. A shell performs them: the manager's (journal
+writes in a thread, off the event loop; commands to long polls; Prometheus; structlog)
+or the simulator's (an in-memory journal, simulated agents).
+
+Write-ahead: a command is only handed to an agent once every journal write made before
+it is durable. Journal writes carry a sequence number; the shell reports the highest
+one it has made durable with ``Coordinator.journaled`` and the coordinator keeps newer
+commands back until then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from specon.migration import Mark, Migration
+from specon.model import ContainerId, WorkerId
+from specon.protocol import Command
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Something the metrics and the status page count (decoupled from Prometheus here)."""
+
+    # "decision", "migration_finished", "request_refused", "request_deferred", "worker_forgotten"
+    kind: str
+    labels: dict[str, str] = field(default_factory=dict)
+    downtime: float | None = None
+    duration: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PutMigration:
+    """Journal this migration record (an upsert by id)."""
+
+    seq: int
+    migration: Migration
+
+
+@dataclass(frozen=True, slots=True)
+class PutMark:
+    """Journal this container's marks (absolute values: an upsert by container)."""
+
+    seq: int
+    mark: Mark
+
+
+@dataclass(frozen=True, slots=True)
+class CommandQueued:
+    """``command`` waits in ``worker``'s outbox (deliverable once its writes are durable)."""
+
+    worker: WorkerId
+    command: Command
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    """A structured log event (namespaced name, fields)."""
+
+    event: str
+    fields: dict[str, object]
+    level: Literal["info", "warning"] = "info"
+
+
+JournalWrite = PutMigration | PutMark
+Effect = PutMigration | PutMark | CommandQueued | Event | Log
+
+
+class JournalWriter(Protocol):
+    """The writes a journal backend takes (SQLite, Kubernetes ConfigMaps, memory)."""
+
+    def put(self, m: Migration) -> None: ...
+    def put_mark(self, mark: Mark) -> None: ...
+
+
+def write(store: JournalWriter, writes: Iterable[JournalWrite]) -> int:
+    """Make ``writes`` durable in ``store``, in order; the last sequence number written (0: none)."""
+    last = 0
+    for w in writes:
+        if isinstance(w, PutMigration):
+            store.put(w.migration)
+        else:
+            store.put_mark(w.mark)
+        last = w.seq
+    return last
+
+
+class MemoryJournal:
+    """A journal that lives as long as its process (the simulator's; tests)."""
+
+    def __init__(self) -> None:
+        self.migrations: dict[str, Migration] = {}
+        self.marks: dict[ContainerId, Mark] = {}
+
+    def put(self, m: Migration) -> None:
+        self.migrations[m.id] = m
+
+    def put_mark(self, mark: Mark) -> None:
+        self.marks[mark.container] = mark
+
+    def all(self) -> list[Migration]:
+        return sorted(self.migrations.values(), key=lambda m: (m.decided_at, m.id))
