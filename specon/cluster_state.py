@@ -92,6 +92,11 @@ class ClusterState:
         self._view_tuple: tuple[ContainerSnapshot, ...] | None = None
         self._dirty: set[ContainerId] = set()
         self._worker_tuple: tuple[WorkerSnapshot, ...] | None = None
+        # Worker views by id, and the workers whose record changed (kept only when ages do
+        # not move with the clock, i.e. ``always_heard``).
+        self._wviews: dict[WorkerId, WorkerSnapshot] = {}
+        self._dirty_workers: set[WorkerId] = set()
+        self._alive: frozenset[WorkerId] | None = None
 
     def touch(self, cid: ContainerId) -> None:
         """``cid``'s view must be rebuilt: its marks, its migration or its placement changed."""
@@ -113,6 +118,8 @@ class ClusterState:
             return False
         skew = now - hb.sent_at  # agent time + skew = manager time
         reported = frozenset(c.id for c in hb.containers)
+        if w is None or w.said_goodbye:
+            self._alive = None  # a worker joins (or comes back)
         if w is None:
             w = WorkerRecord(hb.worker, hb.address, hb.capacity, hb.usage, now, hb.seq)
             self.workers[hb.worker] = w
@@ -126,7 +133,7 @@ class ClusterState:
                 rec.report = _with_phase(rec.report, "stopped")
                 self._dirty.add(cid)
         w.reported = reported
-        self._worker_tuple = None
+        self._worker_changed(w.id)
         for rep in hb.containers:
             self._ingest_container(hb.worker, rep, now, skew)
         self.heartbeats += 1
@@ -142,7 +149,7 @@ class ClusterState:
         w.last_seen = now
         if usage is not None:
             w.usage = usage
-        self._worker_tuple = None
+        self._worker_changed(worker)
         listed = set(w.reported)
         for rep in reports:
             if rep.phase == "running":
@@ -175,11 +182,14 @@ class ClusterState:
         w = self.workers.get(worker)
         if w is not None:
             w.said_goodbye = True
-            self._worker_tuple = None
+            self._alive = None
+            self._worker_changed(worker)
 
     def prune(self, now: float, older_than: float, keep: Iterable[str] = ()) -> int:
         """Forget workers and containers unseen for ``older_than`` seconds, except ids in
         ``keep`` (those a migration in flight still names); how many were forgotten."""
+        if self.always_heard:
+            return 0  # every worker is heard from all the time: nothing is unseen
         kept = set(keep)
         cut = now - older_than
         workers = [w for w, r in self.workers.items() if r.last_seen < cut and w not in kept]
@@ -189,8 +199,10 @@ class ClusterState:
         for c in containers:
             del self.containers[c]
         self._dirty.update(containers)
+        for w in workers:
+            self._worker_changed(w)
         if workers:
-            self._worker_tuple = None
+            self._alive = None
         if workers:
             self._worker_order = None
         if containers:
@@ -210,7 +222,10 @@ class ClusterState:
 
     # -- queries -------------------------------------------------------------------------
     def alive(self, now: float, timeout: float) -> frozenset[WorkerId]:
-        return frozenset(w.id for w in self.workers.values() if self.reachable(w, now, timeout))
+        if self.always_heard and self._alive is not None:
+            return self._alive  # no age moves: only a change of the workers changes it
+        self._alive = frozenset(w.id for w in self.workers.values() if self.reachable(w, now, timeout))
+        return self._alive
 
     def reachable(self, w: WorkerRecord, now: float, timeout: float) -> bool:
         return not w.said_goodbye and (self.always_heard or now - w.last_seen < timeout)
@@ -268,23 +283,36 @@ class ClusterState:
             self._view_tuple = None
         if self._view_tuple is None:
             self._view_tuple = tuple(self._views.values())
-        workers = self._worker_tuple
-        if workers is None or not self.always_heard:  # ages move with ``now``
-            workers = self._worker_tuple = self._worker_views(now)
-        return ClusterSnapshot(now=now, workers=workers, containers=self._view_tuple)
+        if not self.always_heard:  # ages move with ``now``: every worker view is new
+            return ClusterSnapshot(now=now, workers=self._worker_views(now), containers=self._view_tuple)
+        if self._dirty_workers or self._worker_tuple is None:
+            for wid in self._dirty_workers:
+                wrec = self.workers.get(wid)
+                if wrec is None:
+                    self._wviews.pop(wid, None)
+                else:
+                    self._wviews[wid] = self._worker_view(wrec, now)
+            self._dirty_workers.clear()
+            self._worker_tuple = tuple(self._wviews[w] for w in self.worker_order())
+        return ClusterSnapshot(now=now, workers=self._worker_tuple, containers=self._view_tuple)
+
+    def _worker_changed(self, worker: WorkerId) -> None:
+        self._worker_tuple = None
+        if self.always_heard:
+            self._dirty_workers.add(worker)
 
     def _worker_views(self, now: float) -> tuple[WorkerSnapshot, ...]:
-        return tuple(
-            WorkerSnapshot(
-                id=w.id,
-                capacity=w.capacity,
-                usage=w.usage,
-                ready=not w.said_goodbye,
-                heartbeat_age=self._age(w, now),
-                labels=tuple(sorted(w.labels.items())),
-                taints=w.taints,
-            )
-            for w in sorted(self.workers.values(), key=lambda w: w.id)
+        return tuple(self._worker_view(self.workers[w], now) for w in self.worker_order())
+
+    def _worker_view(self, w: WorkerRecord, now: float) -> WorkerSnapshot:
+        return WorkerSnapshot(
+            id=w.id,
+            capacity=w.capacity,
+            usage=w.usage,
+            ready=not w.said_goodbye,
+            heartbeat_age=self._age(w, now),
+            labels=tuple(sorted(w.labels.items())),
+            taints=w.taints,
         )
 
     @staticmethod

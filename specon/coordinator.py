@@ -178,12 +178,14 @@ class Coordinator:
         containers: Iterable[ContainerReport] = (),
         results: Iterable[CommandResult] = (),
         usage: float | None = None,
+        step: bool = True,
     ) -> None:
         """The lower-level heartbeat: what changed on a known worker (the simulator's agents
-        report changes only; a container not listed stays as it was)."""
+        report changes only; a container not listed stays as it was). ``step=False``
+        leaves the pass to the caller (the simulator batches many workers' reports)."""
         listed = tuple(containers)
         self.state.ingest_reports(worker, listed, now, usage=usage)
-        self._ingested(worker, listed, tuple(results), now, skew=0.0)
+        self._ingested(worker, listed, tuple(results), now, skew=0.0, step=step)
 
     def _ingested(
         self,
@@ -193,6 +195,7 @@ class Coordinator:
         now: float,
         *,
         skew: float,
+        step: bool = True,
     ) -> None:
         self.revision += 1
         for res in results:
@@ -200,15 +203,18 @@ class Coordinator:
         for rep in containers:
             if rep.pending_request and rep.phase == "running":
                 self.requests.setdefault(rep.id, now)
-        self.tick(now, rebalance=False)
+        if step:
+            self.tick(now, rebalance=False)
 
-    def request(self, req: ReallocationRequest, now: float) -> None:
+    def request(self, req: ReallocationRequest, now: float, *, step: bool = True) -> None:
         """Queue ``req`` for Algorithm 2; ``NotHostedError`` unless the container runs on the
-        worker that asks (a worker may only ask to move its own containers)."""
+        worker that asks (a worker may only ask to move its own containers). ``step=False``
+        leaves the pass to the caller (the simulator answers a tick's requests together)."""
         if self.state.running_on(req.container) != req.worker:
             raise NotHostedError(f"container {req.container} is not running on worker {req.worker}")
         self.requests.setdefault(req.container, now)
-        self.tick(now, rebalance=False)
+        if step:
+            self.tick(now, rebalance=False)
 
     def goodbye(self, worker: WorkerId, now: float) -> None:
         self.state.goodbye(worker)
@@ -246,8 +252,7 @@ class Coordinator:
         timeout = self.policy.messaging.worker_timeout
         if rebalance and now - self._pruned_at >= self.policy.messaging.heartbeat_interval:
             self.prune(now)
-        if self.migrations:
-            self._drive(now, self.state.alive(now, timeout))
+        self.drive(now)
         if self.restarted and now - self.started_at < timeout:
             return PassResult()  # a restarted manager decides only once every worker could have reported
         rebalance = rebalance and self._rebalance_may_trigger()
@@ -259,6 +264,11 @@ class Coordinator:
         result = self._decide(ClusterIndex.of(snap), now, rebalance=rebalance)
         self.decision_seconds.append(time.perf_counter() - t0)
         return result
+
+    def drive(self, now: float) -> None:
+        """Drive every migration in flight one step further (part of every ``tick``)."""
+        if self.migrations:
+            self._drive(now, self.state.alive(now, self.policy.messaging.worker_timeout))
 
     def prune(self, now: float) -> int:
         """Forget workers and containers unseen for ``prune_after`` worker timeouts, with
@@ -297,10 +307,14 @@ class Coordinator:
             return False
         if cfg.when == "always":
             return True
-        running = [r for r in self.state.containers.values() if r.report.phase == "running"]
-        return bool(running) and all(
-            r.report.migrated or self.marks.get(r.id, _NO_MARKS).migrations > 0 for r in running
-        )
+        # Every running container migrated (there is at least one): one not yet ends the scan.
+        any_running = False
+        for r in self.state.containers.values():
+            if r.report.phase == "running":
+                if not (r.report.migrated or self.marks.get(r.id, _NO_MARKS).migrations > 0):
+                    return False
+                any_running = True
+        return any_running
 
     def _drive(self, now: float, alive: frozenset[WorkerId]) -> None:
         warming_up = now - self.started_at < self.policy.messaging.worker_timeout
@@ -402,7 +416,7 @@ class Coordinator:
         if d is not None:
             self.emit(Event("decision", {"kind": type(d).__name__.lower()}))
             self._mark(d.container, now)
-            scores = {str(k): round(v, 3) for k, v in d.scores.items()}
+            scores = dict(d.scores)  # not rounded here: 1,000 workers per decision add up
             if isinstance(d, Stay):
                 self._log("specon.manager.stay", container=d.container, worker=d.worker, scores=scores)
                 self._mark_command(d.container, now)
@@ -518,15 +532,18 @@ class Coordinator:
         wait = min(msg.worker_timeout, msg.heartbeat_interval * float(2 ** min(n - 1, 16)))
         return now - m.updated_at >= wait
 
+    def _boxes(self, m: Migration) -> list[dict[str, Command]]:
+        """The outboxes that can hold ``m``'s commands: a migration only ever commands its
+        source and its target."""
+        return [self.outbox[w] for w in {m.source, m.target} if w in self.outbox]
+
     def _start_outstanding(self, m: Migration) -> bool:
         return any(
-            c.migration == m.id and c.action is Action.START
-            for box in self.outbox.values()
-            for c in box.values()
+            c.migration == m.id and c.action is Action.START for box in self._boxes(m) for c in box.values()
         )
 
     def _retract(self, m: Migration) -> None:
-        for box in self.outbox.values():
+        for box in self._boxes(m):
             for cid in [c for c, cmd in box.items() if cmd.migration == m.id]:
                 del box[cid]
                 self._gate.pop(cid, None)

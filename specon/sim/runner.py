@@ -1,24 +1,27 @@
-"""One simulated run: a workload, a policy, the shared decision code, a virtual clock.
+"""One simulated run: a workload, a policy, the manager's own coordinator, a virtual clock.
 
-The run plays the agents and the manager the way the daemons do, calling the same pure
-code (``specon.policy``) and nothing else for the decisions:
+The manager is not re-implemented here: the run drives ``specon.coordinator.Coordinator``
+(through the inline shell, with an in-memory journal) exactly as the manager's shell
+does, and plays the agents around it:
 
 * every Δ (``monitor.interval``, from the first submission) each worker's agent hands
-  the samples its jobs logged since the last tick to ``classifier_for(cfg).tick_worker``;
-  requests it raises reach the manager at once;
-* the manager runs decision passes (``specon.policy.scheduler.decide_pass``) right after
-  requests arrive, every ``heartbeat_interval`` (when, as in the daemons, each agent
-  repeats its still-pending requests) and when a migration finishes. One pass decides at
-  most one request and one rebalancing move, like one ``Coordinator.step``; a burst of
-  passes is run until a pass decides nothing, at most one per worker heartbeat plus one
-  per waiting request (the real manager gets that many steps per heartbeat interval);
-* the manager acts on a pass as ``manager.coordinator`` does: Stay -> mark migrated
-  (the agent freezes the job in CC); Move -> mark migrated, save, restore on the target
-  after the migration downtime, where the job arrives frozen in CC; a rebalancing move
-  -> mark rebalanced and move the same way (a job never decided for keeps being
-  classified on its new worker); a refusal for the migration limit -> mark again.
+  the samples its jobs logged since the last tick to ``classifier_for(cfg).tick_worker``
+  and reports the containers whose view changed (``Coordinator.reports``, the
+  lower-level heartbeat: simulated workers never fail, so only changes travel); a
+  request it raises reaches the manager at once, as a ``ReallocationRequest``;
+* every ``heartbeat_interval`` the agents repeat their still-pending requests, as real
+  heartbeats do, and the manager runs decision passes: like the real manager, which
+  gets one pass per heartbeat, a burst of passes runs until one decides nothing, at
+  most one per worker plus one per waiting request; also after requests arrive and
+  when a migration finishes;
+* the agents carry out the coordinator's commands: ``mark_migrated`` freezes the job in
+  CC; ``save`` stops it on its worker and reports the checkpoint; ``start`` runs it on
+  the target after the migration downtime (frozen in CC if Algorithm 2 decided for it).
+  So every simulated migration passes through ``specon.migration.next_step`` and the
+  journal, as a real one does.
 
-Job completions are seen at the next heartbeat pass, as the manager sees them.
+The convergence-blind ``balancer`` sees every job as progressing since its start: its
+agents report that, and nothing else differs.
 """
 
 from __future__ import annotations
@@ -28,22 +31,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
+from specon.cluster_state import ClusterState
+from specon.coordinator_inline import InlineCoordinator
+from specon.effects import CommandQueued, Event, MemoryJournal
 from specon.evaluation import JobResult, MigrationRecord, RunResult
-from specon.model import (
-    Category,
-    ClusterSnapshot,
-    ContainerId,
-    ContainerSnapshot,
-    Resources,
-    WorkerId,
-    WorkerSnapshot,
-)
+from specon.migration import State
+from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.policy.classifier import Classifier, classifier_for
-from specon.policy.decisions import Move, RefusalReason, Stay
 from specon.policy.monitor import MonitorState
-from specon.policy.scheduler import InFlight, Pass, decide_pass
+from specon.protocol import (
+    Action,
+    Command,
+    CommandResult,
+    ContainerReport,
+    Heartbeat,
+    ReallocationRequest,
+)
+from specon.protocol import Phase as ReportPhase
 from specon.sim.cluster import DEFAULT_PARAMS, Cluster, Phase, SimJob, SimParams, Workload
-from specon.sim.engine import ARRIVE, PASS, TICK, Engine
+from specon.sim.engine import ARRIVE, COMPLETE, PASS, TICK, Engine
 from specon.sim.policies import SimPolicy
 
 
@@ -70,6 +76,17 @@ def simulate(
     return run.result()
 
 
+_REPORTED: dict[Phase, ReportPhase] = {
+    Phase.WAITING: "stopped",
+    Phase.RUNNING: "running",
+    Phase.MOVING: "stopped",
+    Phase.DONE: "finished",
+}
+
+# What the manager sees of a job; a report travels only when it changes.
+_Seen = tuple[str, Category, float | None, bool, bool]
+
+
 class _Run:
     def __init__(self, workload: Workload, policy: SimPolicy, params: SimParams) -> None:
         self.workload = workload
@@ -80,39 +97,40 @@ class _Run:
             self.engine, workload, params, on_finish=self._finished, on_change=self._worker_changed
         )
         self.placement = workload.placement()
-        self.manager = policy.manager
         self.classifier: Classifier | None = (
             classifier_for(policy.manager.monitor) if policy.classify and policy.manager is not None else None
         )
-        # Waiting requests, oldest first (insertion order = arrival order: time only grows).
-        self.requests: dict[ContainerId, float] = {}
-        self.flights: dict[str, InFlight] = {}
-        self.records: list[MigrationRecord] = []
         self.stats = RunStats()
+        self.journal = MemoryJournal()
+        self.coord: InlineCoordinator | None = None
+        if policy.manager is not None:
+            self.coord = InlineCoordinator(
+                policy=policy.manager,
+                journal=self.journal,
+                clock=lambda: self.engine.now,
+                state=ClusterState(always_heard=True),
+                on_event=self._event,
+                on_command=self._command,
+            )
         # Running jobs whose agent holds a request the manager has not answered.
         self._pending: set[str] = set()
-        # The manager's view, rebuilt piecewise: per live job (in start order) and per
-        # worker (by id), only what changed since the previous pass.
-        self._views: dict[str, ContainerSnapshot | None] = {}
-        self._stale_views: set[str] = set()
-        self._containers: tuple[ContainerSnapshot, ...] | None = None
-        self._workers = sorted(self.cluster.workers)
-        self._wviews: dict[str, WorkerSnapshot | None] = dict.fromkeys(self._workers)
-        self._stale_workers: set[str] = set(self._workers)
-        self._wtuple: tuple[WorkerSnapshot, ...] = ()
+        self._seen: dict[str, _Seen] = {}
+        self._stale_workers: set[WorkerId] = set()
 
     # -- schedule ----------------------------------------------------------------------
     def run(self, max_time: float) -> None:
         jobs = self.workload.jobs
         if not jobs:
             return
+        if self.coord is not None:
+            self._join_workers()
         for plan in jobs:
             self.engine.at(plan.submit, partial(self._arrive, self.cluster.jobs[plan.id]), priority=ARRIVE)
         t0 = jobs[0].submit
         if self.classifier is not None:
             self._every(t0, self.classifier.cfg.interval, self._tick, TICK)
-        if self.manager is not None:
-            self._every(t0, self.manager.messaging.heartbeat_interval, self._heartbeat, PASS)
+        if self.coord is not None:
+            self._every(t0, self.coord.policy.messaging.heartbeat_interval, self._heartbeat, PASS)
         self.engine.run(until=max_time, stop=lambda: self.cluster.unfinished == 0)
         self.stats.events = self.engine.events
 
@@ -126,33 +144,99 @@ class _Run:
 
         self.engine.at(t0 + period, partial(fire, 1), priority=priority)
 
-    # -- agents ------------------------------------------------------------------------
+    def _join_workers(self) -> None:
+        """Every agent's first heartbeat: its worker and capacity, nothing running yet."""
+        assert self.coord is not None
+        for wid in sorted(self.cluster.workers):
+            spec = self.cluster.workers[wid].spec
+            hb = Heartbeat(
+                worker=wid,
+                address=f"{wid}:0",
+                seq=1,
+                sent_at=0.0,
+                capacity=Resources(cpu=spec.cpu),
+                usage=0.0,
+            )
+            self.coord.on_heartbeat(hb)
+
+    # -- agents: what they report ----------------------------------------------------------
+    def _view(self, job: SimJob) -> ContainerReport:
+        """The job as its agent reports it."""
+        phase = _REPORTED[job.phase]
+        if self.policy.blind or job.state is None:
+            cid, pc = ContainerId(job.id), Category.PROGRESSING
+            return ContainerReport(id=cid, category=pc, phase=phase, t_cc=job.started)
+        st = job.state
+        return ContainerReport(
+            id=ContainerId(job.id),
+            category=st.display,
+            phase=phase,
+            t_cc=st.t_cc,
+            migrated=st.migrated,
+            pending_request=st.pending_request,
+        )
+
+    def _seen_of(self, job: SimJob) -> _Seen:
+        st = job.state
+        if self.policy.blind or st is None:
+            return (_REPORTED[job.phase], Category.PROGRESSING, job.started, False, False)
+        return (_REPORTED[job.phase], st.display, st.t_cc, st.migrated, st.pending_request)
+
+    def _report(
+        self, job: SimJob, worker: WorkerId, *, result: CommandResult | None = None, drive: bool = False
+    ) -> None:
+        """Send ``job``'s report from ``worker`` if it changed, and ``result`` if any (a
+        worker reports only the jobs it hosts); ``drive``: the migrations take their next
+        step (the decisions wait for the next pass)."""
+        if self.coord is None:
+            return
+        seen = self._seen_of(job)
+        changed = job.worker == worker and self._seen.get(job.id) != seen
+        if not (changed or result):
+            return
+        if changed:
+            self._seen[job.id] = seen
+        self._flush_usage()
+        core, now = self.coord.core, self.engine.now
+        core.reports(
+            worker,
+            now,
+            containers=(self._view(job),) if changed else (),
+            results=() if result is None else (result,),
+            step=False,
+        )
+        if drive:
+            core.drive(now)
+        self.coord.perform()
+
+    def _flush_usage(self) -> None:
+        """Workers whose jobs changed report their new usage R(w, t)."""
+        assert self.coord is not None
+        for wid in sorted(self._stale_workers):
+            self.coord.core.reports(wid, self.engine.now, usage=self.cluster.usage(wid), step=False)
+        self._stale_workers.clear()
+
     def _arrive(self, job: SimJob) -> None:
         if self.classifier is not None:
             job.state = self.classifier.initial()
         self.cluster.start(job, self.placement[job.id])
-        self._stale(job)
+        assert job.worker is not None
+        self._report(job, job.worker)
 
     def _finished(self, job: SimJob) -> None:
-        del self._views[job.id]
-        self._stale_views.discard(job.id)
         self._pending.discard(job.id)
-        self._containers = None
+        if job.worker is not None:
+            self._report(job, job.worker)
 
     def _worker_changed(self, worker: str) -> None:
-        self._stale_workers.add(worker)
-
-    def _stale(self, job: SimJob) -> None:
-        self._views[job.id] = None
-        self._stale_views.add(job.id)
-        self._containers = None
+        self._stale_workers.add(WorkerId(worker))
 
     def _tick(self) -> None:
         classifier = self.classifier
         assert classifier is not None
         now = self.engine.now
         self.stats.ticks += 1
-        raised = False
+        raised: list[SimJob] = []
         take = self.cluster.take_samples
         for w in self.cluster.workers.values():
             if not w.jobs:
@@ -169,155 +253,105 @@ class _Run:
             result = classifier.tick_worker(states, samples, now)
             for cid, st in result.states.items():
                 job = w.jobs[cid]
-                old = job.state
-                assert old is not None
-                if st.display is not old.display or st.t_cc != old.t_cc:
-                    self._stale(job)
                 job.state = st
                 if st.pending_request:
                     self._pending.add(job.id)
                 else:
                     self._pending.discard(job.id)
-            for cid in result.requests:
-                self.requests.setdefault(cid, now)
+                self._report(job, w.id)
+            raised += (w.jobs[cid] for cid in result.requests)
+        if raised and self.coord is not None:
+            for job in raised:
+                assert job.worker is not None and job.state is not None
                 self.stats.requests += 1
-                raised = True
-        if raised:
+                req = ReallocationRequest(
+                    worker=job.worker,
+                    container=ContainerId(job.id),
+                    t_cc=job.state.t_cc or now,
+                    g=0.0,
+                    sent_at=now,
+                )
+                self.coord.core.request(req, now, step=False)
             self._passes()
 
     def _heartbeat(self) -> None:
-        assert self.manager is not None
-        now = self.engine.now
-        for jid in sorted(self._pending, key=self._views_order):
-            if self.cluster.jobs[jid].phase is Phase.RUNNING:
-                self.requests.setdefault(ContainerId(jid), now)
-        if self.requests or self.manager.rebalance.mode != "off":
-            self._passes()
-
-    # -- manager -----------------------------------------------------------------------
-    def _passes(self) -> None:
-        manager = self.manager
-        assert manager is not None
-        for _ in range(len(self._workers) + len(self.requests)):
-            p = decide_pass(
-                self._snapshot(),
-                requests=list(self.requests),
-                in_flight=list(self.flights.values()),
-                policy=manager,
-            )
-            self.stats.passes += 1
-            self._apply(p)
-            if p.decision is None and p.rebalance is None:
-                break
-
-    def _apply(self, p: Pass) -> None:
-        jobs = self.cluster.jobs
-        for cid in (*p.dropped, *p.answered):
-            self.requests.pop(cid, None)
-        for r in p.refused:
-            self.stats.refusals[r.reason.value] = self.stats.refusals.get(r.reason.value, 0) + 1
-            job = jobs.get(r.container)
-            if r.reason is RefusalReason.MIGRATION_LIMIT and job is not None:
-                self._freeze(job)  # already decided: the agent missed its mark, send it again
-        d = p.decision
-        if isinstance(d, Stay):
-            self.stats.stays += 1
-            job = jobs[d.container]
-            self._mark(job)
-            self._freeze(job)
-        elif isinstance(d, Move):
-            job = jobs[d.container]
-            self._mark(job)
-            self._begin(job, d)
-        if p.rebalance is not None:
-            job = jobs[p.rebalance.container]
-            job.rebalances += 1
-            self._stale(job)
-            self._begin(job, p.rebalance)
-
-    def _mark(self, job: SimJob) -> None:
-        job.migrations += 1
-        job.t_migrated = self.engine.now
-        self._stale(job)
-
-    def _freeze(self, job: SimJob) -> None:
-        if self.classifier is not None and job.state is not None and job.phase is Phase.RUNNING:
-            job.state = self.classifier.mark_migrated(job.state, self.engine.now)
-            self._pending.discard(job.id)
-            self._stale(job)
-
-    def _begin(self, job: SimJob, move: Move) -> None:
-        self.flights[job.id] = InFlight(move.container, move.source, move.target)
-        self.records.append(
-            MigrationRecord(
-                job=job.id,
-                source=move.source,
-                target=move.target,
-                reason=move.reason,
-                t=self.engine.now,
-                downtime=self.params.migration_downtime,
-            )
-        )
-        self._stale(job)
-        self.cluster.move(job, move.target, self._arrived)
-
-    def _arrived(self, job: SimJob) -> None:
-        del self.flights[job.id]
-        if job.migrations > 0:
-            self._freeze(job)  # restored with ``migrated``: frozen in CC on the target
-        self._stale(job)
+        assert self.coord is not None
+        core = self.coord.core
+        for jid in sorted(self._pending, key=self._start_order):
+            job = self.cluster.jobs[jid]
+            if job.phase is Phase.RUNNING:
+                core.requests.setdefault(ContainerId(jid), self.engine.now)  # the heartbeat repeats it
         self._passes()
 
-    def _snapshot(self) -> ClusterSnapshot:
-        cluster = self.cluster
-        if self._stale_workers:
-            for wid in self._stale_workers:
-                self._wviews[wid] = WorkerSnapshot(
-                    id=WorkerId(wid),
-                    capacity=Resources(cpu=cluster.workers[WorkerId(wid)].spec.cpu),
-                    usage=cluster.usage(WorkerId(wid)),
-                )
-            self._stale_workers.clear()
-            self._wtuple = tuple(w for w in self._wviews.values() if w is not None)
-        if self._containers is None:
-            views, jobs = self._views, cluster.jobs
-            for jid in self._stale_views:
-                views[jid] = self._view(jobs[jid])
-            self._stale_views.clear()
-            self._containers = tuple(v for v in views.values() if v is not None)
-        return ClusterSnapshot(now=self.engine.now, workers=self._wtuple, containers=self._containers)
-
-    def _views_order(self, jid: str) -> tuple[float, str]:
+    def _start_order(self, jid: str) -> tuple[float, str]:
         """Requests repeated in a heartbeat queue in the order their jobs started."""
         started = self.cluster.jobs[jid].started
         return (math.inf if started is None else started), jid
 
-    def _view(self, job: SimJob) -> ContainerSnapshot:
-        assert job.worker is not None
-        cid = ContainerId(job.id)
-        if self.policy.blind:
-            snap = ContainerSnapshot(
-                id=cid,
-                worker=job.worker,
-                category=Category.PROGRESSING,
-                t_cc=job.started,
-                rebalances=job.rebalances,
+    # -- manager -----------------------------------------------------------------------
+    def _passes(self) -> None:
+        coord = self.coord
+        assert coord is not None
+        self._flush_usage()
+        for _ in range(len(self.cluster.workers) + len(coord.requests)):
+            self.stats.passes += 1
+            if not coord.step(rebalance=True):
+                break
+
+    def _event(self, ev: Event) -> None:
+        if ev.kind == "decision" and ev.labels.get("kind") == "stay":
+            self.stats.stays += 1
+        elif ev.kind == "request_refused":
+            reason = ev.labels["reason"]
+            self.stats.refusals[reason] = self.stats.refusals.get(reason, 0) + 1
+
+    # -- agents: carrying out commands ---------------------------------------------------
+    def _command(self, queued: CommandQueued) -> None:
+        """An agent receives a command: it runs on the simulated clock, never inside the
+        coordinator's own call."""
+        self.engine.at(
+            self.engine.now, partial(self._execute, queued.worker, queued.command), priority=COMPLETE
+        )
+
+    def _execute(self, worker: WorkerId, cmd: Command) -> None:
+        job = self.cluster.jobs.get(cmd.container)
+        now = self.engine.now
+        if job is None:
+            return
+        if cmd.action is Action.MARK_MIGRATED:
+            if self.classifier is not None and job.state is not None and job.phase is Phase.RUNNING:
+                job.state = self.classifier.mark_migrated(job.state, now)
+                self._pending.discard(job.id)
+            self._report(job, worker, result=CommandResult(command=cmd.id, ok=True, finished_at=now))
+        elif cmd.action is Action.SAVE:
+            if job.phase is Phase.RUNNING and job.worker == worker:
+                self.cluster.suspend(job)
+                self._pending.discard(job.id)
+                steps = round(self.cluster.steps_now(job))
+                done = CommandResult(command=cmd.id, ok=True, checkpoint=f"sim:{job.id}:{steps}",
+                                     checkpoint_step=steps, finished_at=now)  # fmt: skip
+            elif job.phase is Phase.DONE:  # nothing left to move
+                done = CommandResult(command=cmd.id, ok=True, finished_at=now, detail={"finished": True})
+            else:
+                done = CommandResult(command=cmd.id, ok=False, error="not running here", finished_at=now)
+            self._report(job, worker, result=done, drive=True)
+        elif cmd.action is Action.START:
+            self.engine.after(
+                self.params.migration_downtime, partial(self._started, worker, cmd), priority=COMPLETE
             )
-        else:
-            st = job.state
-            assert st is not None
-            migrated = job.migrations > 0 or st.migrated
-            snap = ContainerSnapshot(
-                id=cid,
-                worker=job.worker,
-                category=Category.CONVERGED if migrated else st.display,
-                t_cc=st.t_cc,
-                migrated=migrated,
-                t_migrated=job.t_migrated,
-                migrations=job.migrations,
-                rebalances=job.rebalances,
-            )
-        return snap
+
+    def _started(self, worker: WorkerId, cmd: Command) -> None:
+        job = self.cluster.jobs[cmd.container]
+        now = self.engine.now
+        if job.phase is Phase.RUNNING or job.phase is Phase.DONE:
+            res = CommandResult(command=cmd.id, ok=False, error="already running", finished_at=now)
+            self._report(job, worker, result=res, drive=True)
+            return
+        self.cluster.start(job, worker)
+        if cmd.migrated and self.classifier is not None and job.state is not None:
+            job.state = self.classifier.mark_migrated(job.state, now)  # restored frozen in CC
+        self._report(job, worker, result=CommandResult(command=cmd.id, ok=True, finished_at=now))
+        self._passes()  # the pass drives the migration to done first
 
     # -- result ------------------------------------------------------------------------
     def result(self) -> RunResult:
@@ -333,6 +367,19 @@ class _Run:
             )
             for j in self.cluster.jobs.values()
         )
+        journaled = self.journal.all()
+        moves = tuple(
+            MigrationRecord(
+                job=m.container,
+                source=m.source,
+                target=m.target,
+                reason=m.reason,
+                t=m.decided_at,
+                downtime=m.downtime,
+            )
+            for m in journaled
+            if m.state is State.DONE
+        )
         s = self.stats
         meta = {
             "policy": self.policy.name,
@@ -342,5 +389,7 @@ class _Run:
             "requests": s.requests,
             "stays": s.stays,
             "refusals": dict(sorted(s.refusals.items())),
+            "rolled_back": sum(m.state is State.ROLLED_BACK for m in journaled),
+            "in_flight": sum(m.in_flight for m in journaled),
         }
-        return RunResult(jobs=jobs, migrations=tuple(self.records), meta=meta)
+        return RunResult(jobs=jobs, migrations=moves, meta=meta)

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 import specon.policy
 import specon.sim
+from specon import coordinator_inline
 from specon.model import WorkerId
-from specon.policy import classifier, scheduler
+from specon.policy import classifier
 from specon.sim import runner
 from specon.sim.cluster import JobPlan, SimParams, WorkerSpec, Workload
 from specon.sim.policies import SIMULATED, lower_bound, make_policy
@@ -152,11 +153,13 @@ def test_the_bound_pools_the_cluster_when_it_is_full() -> None:
     assert simulate(wl, make_policy("ds"), params=SimParams()).avg_jct == 400.0  # ideal sharing
 
 
-def test_the_simulator_calls_the_shared_decision_code_and_copies_none_of_it() -> None:
-    assert vars(runner)["decide_pass"] is scheduler.decide_pass
+def test_the_simulator_drives_the_managers_coordinator_and_copies_none_of_it() -> None:
+    assert vars(runner)["InlineCoordinator"] is coordinator_inline.InlineCoordinator
     assert vars(runner)["classifier_for"] is classifier.classifier_for
+    assert "decide_pass" not in vars(runner) and "next_step" not in vars(runner)
     shared = {"decide_pass", "select_target", "plan_rebalance", "should_rebalance", "tick_worker",
-              "apply_request_rule", "mark_migrated", "normalised_change"}  # fmt: skip
+              "apply_request_rule", "mark_migrated", "normalised_change", "next_step", "snapshot",
+              "record", "open_migration", "batch_for"}  # fmt: skip
     for path in Path(specon.sim.__file__).parent.glob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
