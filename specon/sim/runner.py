@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from specon.cluster_state import ClusterState
+from specon.config import Policy
 from specon.coordinator_inline import InlineCoordinator
 from specon.effects import CommandQueued, Event, MemoryJournal
 from specon.evaluation import JobResult, MigrationRecord, RunResult
@@ -83,6 +84,26 @@ _REPORTED: dict[Phase, ReportPhase] = {
     Phase.DONE: "finished",
 }
 
+def simulated_manager(
+    policy: Policy,
+    clock: Callable[[], float],
+    *,
+    journal: MemoryJournal | None = None,
+    on_event: Callable[[Event], None] | None = None,
+    on_command: Callable[[CommandQueued], None] | None = None,
+) -> InlineCoordinator:
+    """The manager as the simulator runs it: the real coordinator, its effects performed
+    inline, an in-memory journal, workers that never fail (``always_heard``)."""
+    return InlineCoordinator(
+        policy=policy,
+        journal=journal if journal is not None else MemoryJournal(),
+        clock=clock,
+        state=ClusterState(always_heard=True),
+        on_event=on_event,
+        on_command=on_command,
+    )
+
+
 # What the manager sees of a job; a report travels only when it changes.
 _Seen = tuple[str, Category, float | None, bool, bool]
 
@@ -104,11 +125,10 @@ class _Run:
         self.journal = MemoryJournal()
         self.coord: InlineCoordinator | None = None
         if policy.manager is not None:
-            self.coord = InlineCoordinator(
-                policy=policy.manager,
+            self.coord = simulated_manager(
+                policy.manager,
+                lambda: self.engine.now,
                 journal=self.journal,
-                clock=lambda: self.engine.now,
-                state=ClusterState(always_heard=True),
                 on_event=self._event,
                 on_command=self._command,
             )
