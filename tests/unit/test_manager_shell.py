@@ -13,7 +13,7 @@ from manager.journal import Journal
 from manager.shell import ManagerShell
 from specon.migration import Mark, Migration
 from specon.model import Category
-from specon.protocol import Action, CommandResult
+from specon.protocol import Action, CommandResult, Heartbeat
 
 CC = Category.CONVERGED
 
@@ -26,7 +26,7 @@ def clock() -> FakeClock:
 async def _begin_move(sh: ManagerShell, a: FakeAgent, b: FakeAgent) -> None:
     """b idle, a loaded with c1 (CC, requesting) and two PC jobs: Algorithm 2 moves c1 a -> b."""
     await sh.heartbeat(b.heartbeat())
-    await sh.heartbeat(a.heartbeat(report("c1", CC, pending=True), report("c2"), report("c3")))
+    await sh.heartbeat(_a_asks(a))
 
 
 async def test_a_waiting_poll_returns_as_soon_as_a_command_is_queued(
@@ -86,25 +86,35 @@ class _GatedJournal(Journal):
         super().put_mark(mark)
 
 
-async def test_journal_writes_run_off_the_loop_and_commands_wait_for_them(
+async def _gated(
     tmp_path: Path, clock: FakeClock
-) -> None:
+) -> tuple[_GatedJournal, ManagerShell, FakeAgent, FakeAgent]:
+    """A shell on a gated journal; b (idle) has reported."""
     journal = _GatedJournal(tmp_path / "journal.db")
     sh = ManagerShell(policy=policy(), journal=journal, clock=clock)
     a, b = FakeAgent("a", clock), FakeAgent("b", clock)
     await sh.heartbeat(b.heartbeat())
+    return journal, sh, a, b
+
+
+def _a_asks(a: FakeAgent) -> Heartbeat:
+    """a loaded with c1 (CC, requesting) and two PC jobs: Algorithm 2 moves c1 to b."""
+    return a.heartbeat(report("c1", CC, pending=True), report("c2"), report("c3"))
+
+
+async def test_journal_writes_run_off_the_loop_and_commands_wait_for_them(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    journal, sh, a, b = await _gated(tmp_path, clock)
     journal.gate.clear()
     journal.entered.clear()
-    beat = asyncio.create_task(
-        sh.heartbeat(a.heartbeat(report("c1", CC, pending=True), report("c2"), report("c3")))
-    )
+    beat = asyncio.create_task(sh.heartbeat(_a_asks(a)))
     await asyncio.to_thread(journal.entered.wait, 5.0)
-    # The write blocks in its thread; the loop still serves, but the save is not handed out.
-    ticks = 0
+    # The write blocks in its thread; the loop still runs other tasks, but the save is
+    # not handed out.
     for _ in range(20):
         await asyncio.sleep(0)
-        ticks += 1
-    assert ticks == 20 and not beat.done()
+    assert not beat.done()
     assert not sh.core.batch_for(a.worker, clock()).commands, "a command never precedes its journal record"
     journal.gate.set()
     batch = await asyncio.wait_for(beat, 5.0)
@@ -115,12 +125,9 @@ async def test_journal_writes_run_off_the_loop_and_commands_wait_for_them(
 async def test_a_failed_journal_write_withholds_commands_until_a_retry_succeeds(
     tmp_path: Path, clock: FakeClock
 ) -> None:
-    journal = _GatedJournal(tmp_path / "journal.db")
-    sh = ManagerShell(policy=policy(), journal=journal, clock=clock)
-    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
-    await sh.heartbeat(b.heartbeat())
+    journal, sh, a, _ = await _gated(tmp_path, clock)
     journal.failing = True
-    batch = await sh.heartbeat(a.heartbeat(report("c1", CC, pending=True), report("c2"), report("c3")))
+    batch = await sh.heartbeat(_a_asks(a))
     assert not batch.commands and sh.journal_failures == 1
     assert journal.in_flight() == []
     journal.failing = False
