@@ -105,7 +105,7 @@ def _a_asks(a: FakeAgent) -> Heartbeat:
 async def test_journal_writes_run_off_the_loop_and_commands_wait_for_them(
     tmp_path: Path, clock: FakeClock
 ) -> None:
-    journal, sh, a, b = await _gated(tmp_path, clock)
+    journal, sh, a, _ = await _gated(tmp_path, clock)
     journal.gate.clear()
     journal.entered.clear()
     beat = asyncio.create_task(sh.heartbeat(_a_asks(a)))
