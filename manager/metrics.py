@@ -65,6 +65,17 @@ class ManagerMetrics:
             "Workers pruned after prune_after x worker_timeout of silence",
             registry=r,
         )
+        self.timeouts = Counter(
+            "specon_manager_migration_timeouts",
+            "Migrations rolled back for staying in a state past its deadline",
+            ["state"],
+            registry=r,
+        )
+        self.parked = Counter(
+            "specon_manager_migrations_parked",
+            "Failed migrations whose workers went silent: no longer holding the budget",
+            registry=r,
+        )
         self.in_flight = Gauge(
             "specon_manager_migrations_in_flight", "Migrations not yet finished", registry=r
         )
@@ -78,6 +89,10 @@ class ManagerMetrics:
             self.deferred.inc()
         elif ev.kind == "worker_forgotten":
             self.forgotten.inc()
+        elif ev.kind == "migration_timeout":
+            self.timeouts.labels(**ev.labels).inc()
+        elif ev.kind == "migration_parked":
+            self.parked.inc()
             with contextlib.suppress(KeyError):  # never heard from: no series to drop
                 self.heartbeats.remove(ev.labels["worker"])
         elif ev.kind == "migration_finished":

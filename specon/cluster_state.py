@@ -227,6 +227,13 @@ class ClusterState:
         self._alive = frozenset(w.id for w in self.workers.values() if self.reachable(w, now, timeout))
         return self._alive
 
+    def silent_for(self, worker: WorkerId, now: float) -> float:
+        """Seconds since ``worker`` was last heard from (inf: unknown or said goodbye)."""
+        w = self.workers.get(worker)
+        if w is None or w.said_goodbye:
+            return float("inf")
+        return self._age(w, now)
+
     def reachable(self, w: WorkerRecord, now: float, timeout: float) -> bool:
         return not w.said_goodbye and (self.always_heard or now - w.last_seen < timeout)
 

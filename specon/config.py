@@ -129,6 +129,17 @@ class MigrationConfig:
     max_concurrent_per_worker: int = 1
     grace_period: float = 30.0  # seconds between SIGTERM and SIGKILL on save
     dry_run: bool = False
+    # Deadlines (seconds in one state) past which a migration rolls back. A save ends within
+    # grace_period (then SIGKILL; measured saves take 0.2-2 s) and its result rides the next
+    # heartbeat: 120 s leaves room for both on a busy node. A start is a process or pod start
+    # plus the job's own set-up (measured 3.7-18 s locally, 2.9 s for a CRIU restore); 300 s
+    # also covers pulling a training image on Kubernetes.
+    save_timeout: float = 120.0
+    restore_timeout: float = 300.0
+    # A failed migration whose source and target have both been silent this many
+    # worker_timeouts stops holding the migration budget (it still restarts the job as
+    # soon as one of them is back).
+    park_after: float = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +236,10 @@ DOCS: dict[str, str] = {
     "migration.max_concurrent": "migrations in flight cluster-wide",
     "migration.max_concurrent_per_worker": "migrations in flight touching one worker",
     "migration.grace_period": "seconds between SIGTERM and SIGKILL when saving",
+    "migration.save_timeout": "seconds a save may take before the migration rolls back",
+    "migration.restore_timeout": "seconds a start on the target may take before the migration rolls back",
+    "migration.park_after": "worker_timeouts both workers of a failed migration may be silent "
+    "before it stops holding the budget",
     "migration.dry_run": "decide and record migrations but never touch a container",
     "messaging": "Agent <-> manager messaging (SPEC §7)",
     "messaging.heartbeat_interval": "seconds between an agent's heartbeats",
@@ -450,6 +465,13 @@ def _semantic_problems(p: Policy) -> list[codec.Problem]:
     at_least("migration.max_concurrent", mi.max_concurrent, 1)
     at_least("migration.max_concurrent_per_worker", mi.max_concurrent_per_worker, 1)
     positive("migration.grace_period", mi.grace_period)
+    need(
+        mi.save_timeout > mi.grace_period,
+        "migration.save_timeout",
+        f"must be > grace_period ({mi.grace_period}): a save may take that long, got {mi.save_timeout}",
+    )
+    positive("migration.restore_timeout", mi.restore_timeout)
+    positive("migration.park_after", mi.park_after)
 
     ms = p.messaging
     positive("messaging.heartbeat_interval", ms.heartbeat_interval)

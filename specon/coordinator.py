@@ -140,6 +140,8 @@ class Coordinator:
         self._durable = 0
         self._gate: dict[str, int] = {}
         self._effects: list[Effect] = []
+        # Failed migrations whose workers are all silent: they no longer hold the budget.
+        self._parked: set[str] = set()
         self.decision_seconds: deque[float] = deque(maxlen=1000)
         if self.migrations:
             self._log("specon.manager.recovered", in_flight=len(self.migrations), ids=sorted(self.migrations))
@@ -255,7 +257,7 @@ class Coordinator:
         self.drive(now)
         if self.restarted and now - self.started_at < timeout:
             return PassResult()  # a restarted manager decides only once every worker could have reported
-        rebalance = rebalance and self._rebalance_may_trigger()
+        rebalance = rebalance and self._rebalance_may_trigger(now)
         if not (self.requests or rebalance):
             return PassResult()
         t0 = time.perf_counter()
@@ -300,10 +302,10 @@ class Coordinator:
         if m.state.terminal:
             self.recent.append(m)
 
-    def _rebalance_may_trigger(self) -> bool:
+    def _rebalance_may_trigger(self, now: float) -> bool:
         """A cheap pre-check of Algorithm 3's trigger, before any snapshot is built."""
         cfg = self.policy.rebalance
-        if cfg.mode == "off" or self.migrations:
+        if cfg.mode == "off" or (self.migrations and self._budgeted(now)):
             return False
         if cfg.when == "always":
             return True
@@ -325,6 +327,8 @@ class Coordinator:
                     break
                 if warming_up and not {m.source, m.target} <= self.state.workers.keys():
                     break  # recovered migration: wait until its workers could have reported
+                if not warming_up and self._overdue(m, now):
+                    continue
                 where = self.state.running_on(m.container)
                 step = next_step(
                     m,
@@ -350,13 +354,57 @@ class Coordinator:
                     pass
                 break
 
-    def _advance(self, m: Migration, state: State, now: float) -> None:
+    def _overdue(self, m: Migration, now: float) -> bool:
+        """Roll ``m`` back if it stayed in a save or a start past its deadline (time in the
+        state as this manager saw it: a restart does not count its own downtime)."""
+        cfg = self.policy.migration
+        limit = {State.SAVING: cfg.save_timeout, State.RESTORING: cfg.restore_timeout}.get(m.state)
+        if limit is None:
+            return False
+        spent = now - max(m.updated_at, self.started_at)
+        if spent <= limit:
+            return False
+        error = f"deadline: {m.state.value} for {spent:.0f} s (limit {limit:g} s)"
+        self.emit(Event("migration_timeout", {"state": m.state.value}))
+        self._log("specon.manager.migration_timeout", level="warning", migration=m.id, container=m.container,
+                  state=m.state.value, seconds=round(spent, 1))  # fmt: skip
+        self._advance(m, State.FAILED, now, error=error)
+        return True
+
+    def holds_budget(self, m: Migration, now: float) -> bool:
+        """False for a failed migration whose source and target have both been silent for
+        ``park_after`` worker timeouts: it still restarts the job when one comes back, but
+        stops blocking every other migration meanwhile."""
+        if m.state is not State.FAILED:
+            return True
+        msg = self.policy.messaging
+        limit = self.policy.migration.park_after * msg.worker_timeout
+        silent = min(self.state.silent_for(m.source, now), self.state.silent_for(m.target, now))
+        if silent < limit:
+            return True
+        if m.id not in self._parked:
+            self._parked.add(m.id)
+            note = f"parked: {m.source} and {m.target} silent for {min(silent, 1e9):.0f} s (budget released)"
+            self.record(new := replace(m, error=f"{m.error}; {note}" if m.error else note))
+            self.migrations[m.id] = new
+            self.emit(Event("migration_parked"))
+            self._log("specon.manager.migration_parked", level="warning", migration=m.id,
+                      container=m.container, source=m.source, target=m.target)  # fmt: skip
+        return False
+
+    def _budgeted(self, now: float) -> list[Migration]:
+        """The migrations in flight that count against the migration budget."""
+        return [m for m in list(self.migrations.values()) if self.holds_budget(m, now)]
+
+    def _advance(self, m: Migration, state: State, now: float, *, error: str | None = None) -> None:
         changes: dict[str, object] = {}
+        if error is not None:
+            changes["error"] = error
         if state is State.RUNNING and m.started_at is None:
             # Seen running on the target before the start result arrived: the heartbeat
             # time bounds the restart from above.
             changes["started_at"] = now
-        if state is State.FAILED and m.error is None:
+        if state is State.FAILED and m.error is None and error is None:
             changes["error"] = _why_failed(
                 m, self.state.running_on(m.container), self.state.finished(m.container)
             )
@@ -372,6 +420,7 @@ class Coordinator:
 
     def _finished(self, m: Migration, result: str, now: float) -> None:
         del self.migrations[m.id]
+        self._parked.discard(m.id)
         self.emit(
             Event(
                 "migration_finished",
@@ -387,7 +436,7 @@ class Coordinator:
     def _decide(self, index: ClusterIndex, now: float, *, rebalance: bool) -> PassResult:
         """Act on one ``decide_pass``: answer a request, defer, or start a rebalancing move."""
         queue = sorted(self.requests, key=self.requests.__getitem__)
-        flights = [InFlight(m.container, m.source, m.target) for m in self.migrations.values()]
+        flights = [InFlight(m.container, m.source, m.target) for m in self._budgeted(now)]
         p = decide_pass(
             index.snapshot,
             requests=queue,
