@@ -13,7 +13,7 @@ PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/specon
 export SPECON_CACHE := $(CACHE)
 
-.PHONY: install install-dev run test lint typecheck imports unit bench clean help
+.PHONY: install install-dev run test lint typecheck imports unit bench chaos clean help
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -54,6 +54,12 @@ test: install lint typecheck imports unit ## Lint, type check, import contracts 
 
 bench: install ## Benchmarks: print figures and write bench/results/*.json
 	$(BIN)/python -m bench
+
+CHAOS_SEED ?= 1
+CHAOS_MIGRATIONS ?= 100
+chaos: install ## Seeded chaos run: random kills and hangs while >= 100 jobs migrate; counts to bench/results/chaos.json
+	cd tests/integration && $(abspath $(VENV))/bin/python chaos_run.py --seed $(CHAOS_SEED) \
+		--migrations $(CHAOS_MIGRATIONS) --out $(abspath bench/results/chaos.json)
 
 clean: ## Remove build products (keeps .venv and the cache)
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -31,6 +31,7 @@ from specon.progress.fields import TS_KEYS
 from specon.progress.last import last_record
 from specon.protocol import Action, Command, CommandBatch, CommandResult, ContainerReport, Heartbeat, Phase
 from specon.runtime.base import (
+    AlreadyFinished,
     AlreadyRunning,
     ContainerInfo,
     JobSpec,
@@ -418,6 +419,9 @@ class Agent:
                     self._save_states()
                 return CommandResult(command=cmd.id, ok=True, finished_at=self.runtime.now())
             return CommandResult(command=cmd.id, ok=False, error=str(exc))
+        except AlreadyFinished as exc:
+            # Not an error to retry: the manager ends the migration (nothing left to run).
+            return CommandResult(command=cmd.id, ok=False, error=str(exc), detail={"finished": True})
         except RuntimeFailure as exc:
             return CommandResult(command=cmd.id, ok=False, error=str(exc))
         self._watch(info)

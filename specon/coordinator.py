@@ -610,6 +610,13 @@ class Coordinator:
         if m is None:
             return
         rollback = cmd.rollback  # the command as we queued it, not the id the agent echoed
+        if cmd.action is Action.START and not res.ok and res.detail.get("finished"):
+            # The runtime says the job has completed (e.g. during a save cut short): there is
+            # nothing to start, and retrying would hold the budget for ever.
+            if m.state is not State.FAILED:
+                self._advance(m, State.FAILED, at, error="job finished during the migration")
+            self._advance(self.migrations[m.id], State.ROLLED_BACK, at)
+            return
         if not res.ok:
             self._log("specon.manager.command_failed", level="warning", command=res.command, worker=worker,
                       error=res.error)  # fmt: skip

@@ -214,6 +214,10 @@ class AlreadyRunning(StartFailed):
     """The job is running somewhere already: a job never runs twice at once."""
 
 
+class AlreadyFinished(StartFailed):
+    """The job has completed its work (done marker or final progress record): nothing to start."""
+
+
 class StillRunning(RuntimeFailure):
     """The operation needs a container that has stopped (e.g. ``forget``)."""
 

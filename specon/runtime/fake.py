@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from specon.model import ContainerId, Resources, WorkerId
 from specon.runtime.base import (
+    AlreadyFinished,
     AlreadyRunning,
     ContainerInfo,
     ContainerState,
@@ -324,7 +325,7 @@ class FakeRuntime:
         if job is not None and job.running:
             raise AlreadyRunning(spec.id, f"already running on worker {job.owner}")
         if job is not None and job.finished:
-            raise StartFailed(spec.id, "already finished")
+            raise AlreadyFinished(spec.id, "already finished")
         if job is None:
             job = self.volume.jobs[spec.id] = _Job(spec, self.volume.scripts.get(spec.id, JobScript()))
         if checkpoint is not None and checkpoint not in {self._ckpt_path(job, s) for s in job.checkpoints}:

@@ -57,6 +57,7 @@ from specon.progress.last import last_event
 from specon.runtime import k8s_pods as pods
 from specon.runtime import k8s_restore as restore
 from specon.runtime.base import (
+    AlreadyFinished,
     AlreadyRunning,
     ContainerInfo,
     ContainerState,
@@ -299,7 +300,7 @@ class KubernetesRuntime:
                 relative = PurePosixPath(manifest.relative_to(self.volume_root).as_posix())
                 restore_in_pod = pods.to_pod(probe, relative, self.volume)
         if _finished(self.volume_root / files.progress, ckpt_dir):
-            raise StartFailed(job, "already finished (done marker or final progress record)")
+            raise AlreadyFinished(job, "already finished (done marker or final progress record)")
         gen = max([pods.generation(original), *(pods.generation(o) for o in existing)]) + 1
         try:
             body = pods.restored_pod(

@@ -54,6 +54,7 @@ from specon.runtime.base import (
     ENV_JOB_ID,
     ENV_PROGRESS_FILE,
     ENV_WORKER,
+    AlreadyFinished,
     AlreadyRunning,
     ContainerInfo,
     ContainerState,
@@ -243,7 +244,7 @@ class LocalRuntime:
             if owner is not None and self._alive(owner):
                 raise AlreadyRunning(spec.id, f"already running on worker {owner.worker} (pid {owner.pid})")
             if paths.finished():
-                raise StartFailed(spec.id, "already finished (done marker or final progress record)")
+                raise AlreadyFinished(spec.id, "already finished (done marker or final progress record)")
             paths.write_spec(spec)
             owner = self._launch(spec, paths)
         resume = checkpoint_step(paths.checkpoints)

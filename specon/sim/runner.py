@@ -84,6 +84,7 @@ _REPORTED: dict[Phase, ReportPhase] = {
     Phase.DONE: "finished",
 }
 
+
 def simulated_manager(
     policy: Policy,
     clock: Callable[[], float],

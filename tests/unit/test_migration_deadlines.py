@@ -152,3 +152,26 @@ def test_failed_migrations_of_silent_workers_stop_holding_the_budget(
     back = coord.on_heartbeat(a1.heartbeat(report("p1"), report("p2")))
     restart = only(back, Action.START)
     assert restart.rollback and restart.container == ContainerId("c1")
+
+
+def test_a_start_refused_because_the_job_finished_ends_the_migration(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Found by the chaos run: a job that completed while its save was cut short is reported
+    nowhere, and its rollback start is refused ("already finished") again and again, holding
+    the budget for ever. The runtime's word that it finished ends the migration."""
+    coord = coordinator(tmp_path, clock)
+    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
+    coord.on_heartbeat(b.heartbeat())
+    save = only(coord.on_heartbeat(a.heartbeat(*_asks("c1", "c2", "c3"))), Action.SAVE)
+    failed = CommandResult(save.id, ok=False, error="source agent restarted mid-save", finished_at=a.now())
+    clock.advance(1.0)
+    batch = coord.on_heartbeat(a.heartbeat(report("c2"), report("c3"), results=(failed,)))
+    restart = only(batch, Action.START)
+    assert restart.rollback and _states(coord)["c1"] is State.FAILED
+    refused = CommandResult(
+        restart.id, ok=False, error="c1: already finished", finished_at=a.now(), detail={"finished": True}
+    )
+    clock.advance(1.0)
+    coord.on_heartbeat(a.heartbeat(report("c2"), report("c3"), results=(refused,)))
+    assert _states(coord)["c1"] is State.ROLLED_BACK and not coord.migrations

@@ -1,0 +1,444 @@
+"""A seeded chaos run on the embedded cluster: random faults while jobs migrate (``make chaos``).
+
+Real manager, agent and training-job processes (``EmbeddedCluster``, ``jobs/curve_job.py``).
+Waves of converging jobs are submitted onto one worker at a time, so Algorithm 2 moves
+them off it and Algorithm 3 evens the workers out: migrations go on all the time. Meanwhile,
+at random points drawn from ``--seed``:
+
+* SIGKILL the manager or an agent (restarted after a random pause), or a job in the middle
+  of its save;
+* SIGSTOP a manager, an agent or a job for a while, then SIGCONT (a hang, not a crash);
+* corrupt the newest checkpoint of a job (the one a migration in flight restores from,
+  when there is one: bit rot between save and restore).
+
+Judged from the jobs' own progress logs and from ``/proc`` (``jobwatch``): no job lost
+(every job ends ``finished``), none ran twice at once (a ``/proc`` watchdog over every
+job's processes), no step lost beyond the last complete checkpoint, every job ends with
+exactly its steps. The counts (faults by kind, kills by the migration states in flight,
+recoveries, migrations done and rolled back) are printed and written to a JSON file.
+
+``python tests/integration/chaos_run.py --seed 1 --migrations 100 --out chaos.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import sqlite3
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import structlog
+from jobwatch import JOB, assert_exactly_its_steps, finished, restart_agent, spec
+
+from specon import checkpoint
+from specon.embedded import EmbeddedCluster
+from specon.model import ContainerId, WorkerId
+from specon.protocol import Status
+from specon.runtime.volume import JobPaths
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    seed: int = 1
+    migrations: int = 100  # finished migrations (done or rolled back) to reach
+    min_faults: int = 0  # ... and at least this many faults
+    workers: int = 3
+    cpus_per_worker: float = 0.5
+    jobs_per_wave: int = 6
+    steps: int = 300
+    step_seconds: float = 0.03
+    max_seconds: float = 1800.0  # give up (and fail) after this long
+    lost_after: float = 40.0  # running nowhere longer than this (unfinished) = lost
+    fault_every: tuple[float, float] = (0.5, 2.5)  # seconds between faults, uniform
+
+
+@dataclass
+class ChaosReport:
+    seed: int
+    seconds: float = 0.0
+    jobs: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+    # Daemon kills by the migration states in flight at that moment ("none": no migration).
+    kills_by_state: Counter[str] = field(default_factory=Counter)
+    recoveries: int = 0  # daemons restarted after a kill
+    migrations: Counter[str] = field(default_factory=Counter)  # journaled, by final state
+    max_copies: int = 0
+    longest_down: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def kills(self) -> int:
+        return sum(n for k, n in self.faults.items() if k.startswith("kill"))
+
+    def summary(self) -> str:
+        lines = [
+            f"chaos seed {self.seed}: {self.jobs} jobs, {self.seconds:.0f} s",
+            f"  faults: {dict(sorted(self.faults.items()))} ({self.kills} kills)",
+            f"  kills by migration state in flight: {dict(sorted(self.kills_by_state.items()))}",
+            f"  recoveries: {self.recoveries}; migrations: {dict(sorted(self.migrations.items()))}",
+            f"  most copies of one job at once: {self.max_copies}; longest unfinished job"
+            f" running nowhere: {self.longest_down:.1f} s",
+            f"  problems: {len(self.problems)}" + "".join(f"\n    - {p}" for p in self.problems),
+        ]
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        for name in ("faults", "kills_by_state", "migrations"):  # asdict mangles Counters
+            data[name] = dict(sorted(getattr(self, name).items()))
+        data["kills"] = self.kills
+        return json.dumps(data, indent=2, sort_keys=True)
+
+
+_ENDED = ("done", "rolled_back")
+
+
+def _policy(path: Path) -> Path:
+    path.write_text(
+        "apiVersion: specon/v1alpha1\n"
+        "kind: Policy\n"
+        "monitor: {interval: 1, alpha: 0.02}\n"
+        "messaging: {heartbeat_interval: 0.5, worker_timeout: 4}\n"
+        "migration: {grace_period: 5, max_concurrent: 2, save_timeout: 30, restore_timeout: 30}\n"
+        "placement: {max_migrations_per_container: 3}\n"
+        'rebalance: {mode: "balanced", when: "always", max_rebalances_per_container: 3}\n'
+    )
+    return path
+
+
+class ProcessWatch:
+    """Every job's processes, from one ``/proc`` scan every 0.2 s: copies at once and time
+    spent running nowhere while unfinished (SIGSTOPped processes still count as running)."""
+
+    def __init__(self, c: EmbeddedCluster) -> None:
+        self.c = c
+        self.markers: dict[bytes, str] = {}
+        self.max_copies: dict[str, int] = {}
+        self.down_since: dict[str, float] = {}
+        self.longest_down: dict[str, float] = {}
+        self.pids: dict[str, dict[int, str]] = {}
+
+    def add(self, jid: str) -> None:
+        path = JobPaths(self.c.volume, ContainerId(jid)).progress
+        self.markers[f"SPECON_PROGRESS_FILE={path}".encode()] = jid
+
+    def scan(self) -> None:
+        found: dict[str, dict[int, str]] = {jid: {} for jid in self.markers.values()}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+                if JOB.name.encode() not in cmdline or b"launcher.py" in cmdline:
+                    continue
+                env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            jid = next((self.markers[e] for e in env if e in self.markers), None)
+            if jid is not None:
+                worker = next((e.split(b"=", 1)[1] for e in env if e.startswith(b"SPECON_WORKER=")), b"?")
+                found[jid][int(name)] = worker.decode()
+        now = time.monotonic()
+        for jid, procs in found.items():
+            self.max_copies[jid] = max(self.max_copies.get(jid, 0), len(procs))
+            if procs or finished(self.c, jid):
+                self.down_since.pop(jid, None)
+            else:
+                since = self.down_since.setdefault(jid, now)
+                self.longest_down[jid] = max(self.longest_down.get(jid, 0.0), now - since)
+        self.pids = found
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.to_thread(self.scan)
+            await asyncio.sleep(0.2)
+
+
+class Chaos:
+    def __init__(self, c: EmbeddedCluster, cfg: ChaosConfig, report: ChaosReport) -> None:
+        self.c, self.cfg, self.report = c, cfg, report
+        self.rng = random.Random(cfg.seed)
+        self.watch = ProcessWatch(c)
+        self.jobs: list[str] = []
+        self.corrupt: dict[str, set[int]] = {}
+
+    # -- facts ------------------------------------------------------------------------------
+    async def status(self) -> Status | None:
+        m = self.c.manager
+        if m is None or m.proc.poll() is not None:
+            return None
+        try:
+            return await asyncio.wait_for(self.c.status(), 2.0)
+        except Exception:  # down, stopped, restarting: no answer is an answer here
+            return None
+
+    def journal_counts(self) -> Counter[str]:
+        """Migrations by state, read from the manager's journal (also while it is down)."""
+        path = self.c.root / "manager" / "journal.db"
+        if not path.exists():
+            return Counter()
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+            return Counter(
+                dict(db.execute("SELECT state, COUNT(*) FROM migrations GROUP BY state").fetchall())
+            )
+
+    def finished_migrations(self) -> int:
+        counts = self.journal_counts()
+        return counts["done"] + counts["rolled_back"]
+
+    # -- jobs -------------------------------------------------------------------------------
+    async def submit_waves(self, stop: asyncio.Event) -> None:
+        wave = 0
+        while not stop.is_set():
+            worker = self.c.workers[wave % len(self.c.workers)]
+            for i in range(self.cfg.jobs_per_wave):
+                jid = f"j{wave:03d}-{i}"
+                self.watch.add(jid)
+                self.jobs.append(jid)
+                await self.c.submit(
+                    spec(jid, self.cfg.steps, "converge", step_seconds=self.cfg.step_seconds), worker
+                )
+            wave += 1
+            # The next wave once most of this one has finished (a steady stream of moves).
+            while (
+                not stop.is_set() and sum(not finished(self.c, j) for j in self.jobs) > self.cfg.jobs_per_wave
+            ):
+                await asyncio.sleep(0.5)
+
+    # -- faults -----------------------------------------------------------------------------
+    async def in_flight_states(self) -> list[str]:
+        st = await self.status()
+        if st is None:
+            return ["unknown"]
+        states = [m.state.value for m in st.migrations if m.state.value not in _ENDED]
+        return states or ["none"]
+
+    async def mid_migration(self, *states: str, within: float = 4.0) -> Status | None:
+        """Wait (at most ``within`` s) for a migration in one of ``states`` (any in flight if
+        none given), so that most faults land in the middle of one; the status then."""
+        deadline = time.monotonic() + within
+        while True:
+            st = await self.status()
+            if st is not None and any(
+                m.state.value in states if states else m.state.value not in _ENDED for m in st.migrations
+            ):
+                return st
+            if time.monotonic() > deadline:
+                return st
+            await asyncio.sleep(0.05)
+
+    async def kill_daemon(self, kind: str, worker: WorkerId | None = None) -> None:
+        await self.mid_migration(within=self.rng.uniform(0.0, 4.0))
+        d = self.c.manager if worker is None else self.c.agents[worker]
+        assert d is not None
+        for s in await self.in_flight_states():
+            self.report.kills_by_state[s] += 1
+        self.report.faults[f"kill-{kind}"] += 1
+        self.c.kill(d)
+        await asyncio.sleep(self.rng.uniform(0.0, 2.0))
+
+    async def fault(self) -> None:
+        rng, c = self.rng, self.c
+        action = rng.choices(
+            [
+                "kill-manager",
+                "kill-agent",
+                "stop-manager",
+                "stop-agent",
+                "stop-job",
+                "kill-saving-job",
+                "corrupt",
+            ],
+            weights=[3, 4, 1, 2, 2, 2, 2],
+        )[0]
+        if action == "kill-manager" and c.manager is not None:
+            await self.kill_daemon("manager")
+            await c.start_manager()
+            self.report.recoveries += 1
+        elif action == "kill-agent":
+            w = rng.choice(c.workers)
+            await self.kill_daemon("agent", w)
+            await restart_agent(c, w)
+            self.report.recoveries += 1
+        elif action in ("stop-manager", "stop-agent"):
+            d = c.manager if action == "stop-manager" else c.agents[rng.choice(c.workers)]
+            if d is not None:
+                self.report.faults[action] += 1
+                await self.pause(d.proc.pid)
+        elif action == "stop-job":
+            live = [(jid, pid) for jid, procs in self.watch.pids.items() for pid in procs]
+            if live:
+                self.report.faults[action] += 1
+                await self.pause(rng.choice(live)[1])
+        elif action == "kill-saving-job":
+            await self.kill_saving_job()
+        elif action == "corrupt":
+            await self.corrupt_checkpoint()
+
+    async def pause(self, pid: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(self.rng.uniform(0.5, 3.0))
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+    async def kill_saving_job(self) -> None:
+        st = await self.mid_migration("saving")
+        saving = [m.container for m in (st.migrations if st else ()) if m.state.value == "saving"]
+        for jid in saving:
+            for pid in self.watch.pids.get(jid, {}):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                self.report.faults["kill-saving-job"] += 1
+                self.report.kills_by_state["saving"] += 1
+                return
+
+    async def corrupt_checkpoint(self) -> None:
+        """Flip a byte of a job's newest checkpoint: the one a migration in flight restores
+        from if there is one, else a running job's. Once per job (with two kept, twice
+        could leave none intact: then refusing to restart is the right answer, not a loss)."""
+        st = await self.mid_migration("saved", "restoring")
+        candidates = [
+            (m.container, Path(m.checkpoint))
+            for m in (st.migrations if st else ())
+            if m.state.value in ("saved", "restoring") and m.checkpoint and m.container not in self.corrupt
+        ]
+        if not candidates:
+            for jid in self.rng.sample(self.jobs, min(5, len(self.jobs))):
+                info = checkpoint.latest_complete(JobPaths(self.c.volume, ContainerId(jid)).checkpoints)
+                if info is not None and jid not in self.corrupt and not finished(self.c, jid):
+                    candidates.append((jid, info.manifest))
+                    break
+        if not candidates:
+            return
+        jid, manifest = candidates[0]
+        try:
+            info = checkpoint.verify(manifest)
+            data = bytearray(info.payload.read_bytes())
+            data[0] ^= 0xFF  # same size, wrong checksum
+            info.payload.write_bytes(bytes(data))
+        except (OSError, checkpoint.CheckpointError):
+            return  # rotated away meanwhile
+        self.corrupt.setdefault(jid, set()).add(info.step)
+        self.report.faults["corrupt-checkpoint"] += 1
+
+    async def faults(self, stop: asyncio.Event) -> None:
+        lo, hi = self.cfg.fault_every
+        while not stop.is_set():
+            await asyncio.sleep(self.rng.uniform(lo, hi))
+            if not stop.is_set():
+                await self.fault()
+
+    # -- the run ----------------------------------------------------------------------------
+    async def run(self) -> None:
+        t0 = time.monotonic()
+        stop = asyncio.Event()
+        tasks = [
+            asyncio.create_task(self.watch.run()),
+            asyncio.create_task(self.submit_waves(stop)),
+            asyncio.create_task(self.faults(stop)),
+        ]
+        try:
+            last = -1
+            while self.finished_migrations() < self.cfg.migrations or self.report.kills < self.cfg.min_faults:
+                if time.monotonic() - t0 > self.cfg.max_seconds:
+                    self.report.problems.append(f"gave up after {self.cfg.max_seconds:.0f} s")
+                    break
+                done = self.finished_migrations()
+                if done != last:
+                    print(f"  .. {time.monotonic() - t0:5.0f} s: {done} migrations finished, "
+                          f"{self.report.kills} kills, {len(self.jobs)} jobs", flush=True)  # fmt: skip
+                    last = done
+                await asyncio.sleep(1.0)
+            stop.set()
+            await asyncio.gather(tasks[1], tasks[2])
+            print("  .. faults stopped; waiting for every job to finish", flush=True)
+            deadline = time.monotonic() + 180.0
+            while not all(finished(self.c, j) for j in self.jobs) and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # the last scans see the last processes end
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self.judge(time.monotonic() - t0)
+
+    def judge(self, seconds: float) -> None:
+        r = self.report
+        r.seconds, r.jobs = seconds, len(self.jobs)
+        r.migrations = self.journal_counts()
+        r.max_copies = max(self.watch.max_copies.values(), default=0)
+        r.longest_down = max(self.watch.longest_down.values(), default=0.0)
+        for jid in self.jobs:
+            if not finished(self.c, jid):
+                r.problems.append(f"{jid}: lost (never finished)")
+                continue
+            if self.watch.max_copies.get(jid, 0) > 1:
+                r.problems.append(f"{jid}: ran {self.watch.max_copies[jid]} times at once")
+            if self.watch.longest_down.get(jid, 0.0) >= self.cfg.lost_after:
+                r.problems.append(f"{jid}: ran nowhere for {self.watch.longest_down[jid]:.1f} s")
+            try:
+                assert_exactly_its_steps(
+                    self.c, jid, self.cfg.steps, corrupt=frozenset(self.corrupt.get(jid, ()))
+                )
+            except AssertionError as exc:
+                r.problems.append(f"{jid}: {exc}")
+
+
+async def run_chaos(root: Path, cfg: ChaosConfig) -> ChaosReport:
+    report = ChaosReport(seed=cfg.seed)
+    root.mkdir(parents=True, exist_ok=True)
+    policy = _policy(root / "policy.yaml")
+    async with EmbeddedCluster(
+        root / "c", workers=cfg.workers, cpus_per_worker=cfg.cpus_per_worker, policy=policy
+    ) as c:
+        try:
+            await Chaos(c, cfg, report).run()
+        finally:
+            if c.manager is not None:  # a SIGTERMed manager waits out open long polls
+                c.kill(c.manager)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="make chaos", description=__doc__.splitlines()[0])
+    p.add_argument("--seed", type=int, default=1, help="the random faults' seed (default 1)")
+    p.add_argument("--migrations", type=int, default=100, help="finished migrations to reach (default 100)")
+    p.add_argument("--out", type=Path, default=Path("chaos.json"), help="where to write the counts (JSON)")
+    p.add_argument(
+        "--dir", type=Path, default=None, help="keep the cluster's files here (default: a temp dir)"
+    )
+    args = p.parse_args(argv)
+    cfg = ChaosConfig(seed=args.seed, migrations=args.migrations)
+    # SIGTERM (a timeout, Ctrl-C's cousin) tears the cluster down like an interrupt does.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # This process's own runtime (it submits the jobs) logs one line per job: errors only.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    with contextlib.ExitStack() as stack:
+        root = args.dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="specon-chaos-")))
+        print(
+            f"chaos: seed {cfg.seed}, until {cfg.migrations} migrations have finished; files in {root}",
+            flush=True,
+        )
+        report = asyncio.run(run_chaos(root, cfg))
+    print(report.summary(), flush=True)
+    args.out.write_text(report.to_json() + "\n")
+    print(f"counts written to {args.out}")
+    return 1 if report.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

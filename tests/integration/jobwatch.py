@@ -1,0 +1,342 @@
+"""Watching real training jobs on the embedded cluster: their progress logs, their processes.
+
+Shared by the fault tests and the chaos run. A job's progress log tells its runs (where
+each resumed, what it trained, the checkpoints it wrote, how it ended); ``/proc`` tells
+where its processes run. "Nothing lost" is judged from both: never two copies at once,
+never running nowhere for long, exactly its steps, redoing only steps after the last
+complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from specon.embedded import Daemon, EmbeddedCluster
+from specon.model import ContainerId, WorkerId
+from specon.protocol import MigrationStatus, Status
+from specon.runtime.base import JobSpec
+from specon.runtime.volume import JobPaths
+
+JOB = Path(__file__).parent / "jobs" / "curve_job.py"
+CHECKPOINT_EVERY = 50
+# A job may legitimately run nowhere while it is being moved or while the worker that
+# must restart it is down; longer than this, it has been lost.
+LOST_AFTER = 15.0
+
+
+def spec(
+    jid: str,
+    steps: int,
+    curve: str,
+    *,
+    step_seconds: float = 0.05,
+    save_seconds: float = 0.0,
+    ignore_sigterm: bool = False,
+) -> JobSpec:
+    argv = [sys.executable, str(JOB), "--steps", str(steps), "--curve", curve]
+    argv += ["--step-seconds", str(step_seconds), "--checkpoint-every", str(CHECKPOINT_EVERY)]
+    argv += ["--save-seconds", str(save_seconds)] + (["--ignore-sigterm"] if ignore_sigterm else [])
+    return JobSpec(id=ContainerId(jid), command=tuple(argv), steps=steps, model=curve)
+
+
+# -- the job's progress log ----------------------------------------------------------------
+def records(c: EmbeddedCluster, jid: str) -> list[dict[str, Any]]:
+    path = JobPaths(c.volume, ContainerId(jid)).progress
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    # Only whole lines: the job may be halfway through appending the last one.
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
+
+def has_event(c: EmbeddedCluster, jid: str, event: str) -> bool:
+    return any(r.get("event") == event for r in records(c, jid))
+
+
+def finished(c: EmbeddedCluster, jid: str) -> bool:
+    return has_event(c, jid, "finished")
+
+
+@dataclass
+class Run:
+    """One process lifetime of a job, as its progress log tells it."""
+
+    resumed_from: int
+    trained: list[int] = field(default_factory=list)
+    # Steps of the checkpoints it recorded (periodic, and the one written on SIGTERM).
+    checkpoints: list[int] = field(default_factory=list)
+    ending: str | None = None  # "checkpointed" | "finished" | None (killed)
+
+
+def runs(c: EmbeddedCluster, jid: str) -> list[Run]:
+    out: list[Run] = []
+    for r in records(c, jid):
+        event = r.get("event")
+        if event == "started":
+            out.append(Run(int(r["step"])))
+        elif event in ("checkpoint", "checkpointed"):
+            out[-1].checkpoints.append(int(r["step"]))
+            if event == "checkpointed":
+                out[-1].ending = "checkpointed"
+        elif event == "finished":
+            out[-1].ending = "finished"
+        elif "loss" in r:
+            # The job's own state counts the steps it trained: a run restored from garbage
+            # (or from the wrong checkpoint) would disagree with the step number.
+            assert r["trained"] == r["step"], f"{jid}: state says {r['trained']} at step {r['step']}"
+            out[-1].trained.append(int(r["step"]))
+    return out
+
+
+def assert_exactly_its_steps(
+    c: EmbeddedCluster, jid: str, steps: int, *, corrupt: frozenset[int] = frozenset()
+) -> list[Run]:
+    """Every step 1..steps trained, in order within each run, and each restart resumes from
+    the newest checkpoint the previous run completed: exactly where it stopped after a clean
+    stop, else (killed, or its last checkpoint is in ``corrupt``) from its newest good one
+    or later. So only steps after the last good checkpoint are ever redone."""
+    rs = runs(c, jid)
+    assert rs and rs[0].resumed_from == 0, f"{jid}: no first run from step 0"
+    for prev, run in itertools.pairwise(rs):
+        newest = max((s for s in prev.checkpoints if s not in corrupt), default=prev.resumed_from)
+        last = prev.trained[-1] if prev.trained else prev.resumed_from
+        # A killed run may have completed a checkpoint without living to record it.
+        lo = last if prev.ending == "checkpointed" and last not in corrupt else newest
+        assert lo <= run.resumed_from <= last, f"{jid}: resumed at {run.resumed_from}, not in [{lo}, {last}]"
+    for run in rs:
+        assert run.trained == list(range(run.resumed_from + 1, run.resumed_from + 1 + len(run.trained)))
+    assert rs[-1].ending == "finished" and rs[-1].trained[-1:] == [steps], f"{jid}: did not finish"
+    assert sorted(set().union(*(r.trained for r in rs))) == list(range(1, steps + 1))
+    return rs
+
+
+async def assert_finished_once(
+    c: EmbeddedCluster, dog: Watchdog, steps: int, *, corrupt: frozenset[int] = frozenset()
+) -> list[Run]:
+    """The job finished with exactly its steps, never ran twice at once, and the volume
+    names the worker of its last run as its owner (one container record, ended)."""
+    rs = assert_exactly_its_steps(c, dog.jid, steps, corrupt=corrupt)
+
+    async def records_of_its_run() -> list[tuple[str, bool, bool]]:
+        return [(ci.worker, ci.alive, ci.finished) for ci in await c.containers() if ci.id == dog.jid]
+
+    async def exited() -> bool:  # it logs "finished" a moment before its process ends
+        return not any(alive for _, alive, _ in await records_of_its_run())
+
+    await wait_for(exited, f"{dog.jid} to exit", timeout=10)
+    dog.check()
+    mine = await records_of_its_run()
+    assert mine == [(dog.workers[-1], False, True)], f"{dog.jid}: {mine}, last ran on {dog.workers[-1]}"
+    return rs
+
+
+# -- processes -------------------------------------------------------------------------------
+def job_processes(c: EmbeddedCluster, jid: str) -> dict[int, str]:
+    """pid -> worker of every live process running ``jid`` (the job itself, not its launcher),
+    found in /proc by the progress file its environment names (unique to this cluster)."""
+    marker = f"SPECON_PROGRESS_FILE={JobPaths(c.volume, ContainerId(jid)).progress}".encode()
+    out: dict[int, str] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            if JOB.name.encode() not in cmdline or b"launcher.py" in cmdline:
+                continue
+            env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours
+            continue
+        if marker in env:
+            worker = next((e.split(b"=", 1)[1] for e in env if e.startswith(b"SPECON_WORKER=")), b"?")
+            out[int(name)] = worker.decode()
+    return out
+
+
+class Watchdog:
+    """Samples a job's processes every 0.1 s for the whole test: never two copies at once,
+    and never running nowhere for longer than ``LOST_AFTER`` (unless it has finished).
+
+    (Two copies overlapping between samples would still show in the progress log: their
+    records would interleave, which ``assert_exactly_its_steps`` rejects.)"""
+
+    def __init__(self, c: EmbeddedCluster, jid: str) -> None:
+        self.c, self.jid = c, jid
+        self.max_copies = 0
+        self.workers: list[str] = []  # the worker of each run seen, in order
+        self.down_since: float | None = None
+        self.longest_down = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def sample(self) -> None:
+        procs = job_processes(self.c, self.jid)
+        now = time.monotonic()
+        self.max_copies = max(self.max_copies, len(procs))
+        for worker in procs.values():
+            if not self.workers or self.workers[-1] != worker:
+                self.workers.append(worker)
+        if procs or not self.workers or finished(self.c, self.jid):
+            self.down_since = None  # running, not submitted yet, or done
+        elif self.down_since is None:
+            self.down_since = now
+        else:
+            self.longest_down = max(self.longest_down, now - self.down_since)
+
+    def check(self) -> None:
+        assert self.max_copies <= 1, f"{self.jid} ran {self.max_copies} times at once"
+        assert self.longest_down < LOST_AFTER, f"{self.jid} ran nowhere for {self.longest_down:.1f}s"
+
+    async def _loop(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(0.1)
+
+    async def __aenter__(self) -> Watchdog:
+        self.sample()
+        self._task = asyncio.create_task(self._loop())
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        if exc is None:
+            self.check()
+
+
+# -- waiting -----------------------------------------------------------------------------------
+async def wait_for(
+    cond: Callable[[], Awaitable[bool]] | Callable[[], bool],
+    what: str,
+    *,
+    timeout: float,
+    watchdog: Watchdog | None = None,
+) -> None:
+    """Poll ``cond`` until true; fail at ``timeout`` or as soon as the watchdog objects."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if await got if asyncio.iscoroutine(got) else got:
+            return
+        if watchdog is not None:
+            watchdog.check()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def status(c: EmbeddedCluster) -> Status | None:
+    """The manager's status, or None while it is down or not answering."""
+    if c.manager is None or c.manager.proc.poll() is not None:
+        return None
+    try:
+        return await c.status()
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        return None
+
+
+async def migration_of(c: EmbeddedCluster, jid: str) -> MigrationStatus | None:
+    st = await status(c)
+    ms = [m for m in (st.migrations if st else ()) if m.container == jid]
+    return max(ms, key=lambda m: m.decided_at) if ms else None
+
+
+def in_state(c: EmbeddedCluster, jid: str, *states: str) -> Callable[[], Awaitable[bool]]:
+    async def cond() -> bool:
+        m = await migration_of(c, jid)
+        return m is not None and m.state.value in states
+
+    return cond
+
+
+async def worker_reachable(c: EmbeddedCluster, worker: WorkerId) -> bool | None:
+    st = await status(c)
+    w = next((w for w in st.workers if w.id == worker), None) if st else None
+    return None if w is None else w.reachable
+
+
+async def agent_health(d: Daemon) -> dict[str, Any] | None:
+    try:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(d.url + "/healthz", timeout=aiohttp.ClientTimeout(total=2)) as r,
+        ):
+            return dict(await r.json())
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        return None
+
+
+SAVES = 'specon_agent_commands_total{action="save"}'
+STARTS = 'specon_agent_commands_total{action="start"}'
+
+
+async def agent_metric(d: Daemon, name: str, *, default: float | None = None) -> float:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(d.url + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as r,
+    ):
+        text = await r.text()
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == name:
+            return float(value)
+    if default is not None:
+        return default
+    raise AssertionError(f"{d.name} has no metric {name}")
+
+
+def address(d: Daemon) -> tuple[str, int]:
+    host, port = d.url.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
+def manager_port(c: EmbeddedCluster) -> int:
+    assert c.manager is not None
+    return address(c.manager)[1]
+
+
+async def restart_agent(c: EmbeddedCluster, worker: WorkerId) -> Daemon:
+    """Start ``worker``'s agent again on the address it had (after a kill)."""
+    host, port = address(c.agents[worker])
+    return await c.start_agent(worker, host, port)
+
+
+def pending_request(c: EmbeddedCluster, worker: WorkerId, jid: str) -> bool:
+    """Whether ``worker``'s agent holds an unanswered reallocation request for ``jid`` (its
+    persisted monitor state, written after every tick)."""
+    with contextlib.suppress(OSError, ValueError):  # not written yet
+        states = json.loads((c.volume / "agents" / worker / "monitor.json").read_text())
+        return bool(states.get(jid, {}).get("pending_request"))
+    return False
+
+
+async def marked_migrated(c: EmbeddedCluster, jid: str) -> bool:
+    st = await status(c)
+    return st is not None and any(ci.id == jid and ci.migrated for ci in st.containers)
+
+
+@contextlib.contextmanager
+def frozen(d: Daemon) -> Iterator[None]:
+    """SIGSTOP a daemon for the block (a hung process, not a dead one); SIGCONT however it ends."""
+    d.proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        d.proc.send_signal(signal.SIGCONT)
