@@ -11,16 +11,9 @@ import time
 from collections.abc import Callable
 
 from bench.figures import Figure
+from specon.builders import container, snapshot, worker
 from specon.config import PlacementConfig, RebalanceConfig
-from specon.model import (
-    Category,
-    ClusterSnapshot,
-    ContainerId,
-    ContainerSnapshot,
-    Resources,
-    WorkerId,
-    WorkerSnapshot,
-)
+from specon.model import Category, ClusterSnapshot, WorkerSnapshot
 from specon.policy.placement import ClusterIndex, select_target
 from specon.policy.rebalance import plan_rebalance
 
@@ -30,9 +23,11 @@ CATEGORIES = (Category.PROGRESSING, Category.WATCHING, Category.CONVERGED)
 
 def _workers(n: int, rng: random.Random) -> tuple[WorkerSnapshot, ...]:
     return tuple(
-        WorkerSnapshot(
-            id=WorkerId(f"worker-{i:05d}"),
-            capacity=Resources(cpu=64.0, memory=256 << 30, gpu=0),
+        worker(
+            f"worker-{i:05d}",
+            cpu=64.0,
+            memory=256 << 30,
+            gpu=0,
             usage=rng.random(),
             heartbeat_age=rng.uniform(0, 10),
         )
@@ -43,18 +38,19 @@ def _workers(n: int, rng: random.Random) -> tuple[WorkerSnapshot, ...]:
 def _snapshot(n_workers: int, hosts: list[int], rng: random.Random) -> ClusterSnapshot:
     """Container i runs on worker hosts[i]; categories and converged stamps are random."""
     workers = _workers(n_workers, rng)
-    containers = tuple(
-        ContainerSnapshot(
-            id=ContainerId(f"job-{i:06d}"),
-            worker=workers[w].id,
-            category=rng.choice(CATEGORIES),
+    containers = (
+        container(
+            f"job-{i:06d}",
+            workers[w].id,
+            rng.choice(CATEGORIES),
             t_cc=rng.uniform(0, 900),
             migrated=True,
-            requests=Resources(cpu=2.0, memory=4 << 30),
+            cpu=2.0,
+            memory=4 << 30,
         )
         for i, w in enumerate(hosts)
     )
-    return ClusterSnapshot(now=1000.0, workers=workers, containers=containers)
+    return snapshot(workers, containers, now=1000.0)
 
 
 def _median_ms(fn: Callable[[], object], repeats: int) -> tuple[float, float]:

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specon.builders import container, snapshot, worker
 from specon.config import PlacementConfig, Weights
 from specon.model import (
     Category,
@@ -23,16 +24,6 @@ from specon.policy.placement import ClusterIndex, fits, select_target, tolerates
 
 PC, WC, CC = Category.PROGRESSING, Category.WATCHING, Category.CONVERGED
 TIMEOUT = 20.0
-BIG = Resources(cpu=64.0, memory=1 << 40, gpu=8)
-
-
-def worker(wid: str, **kw: object) -> WorkerSnapshot:
-    kw.setdefault("capacity", BIG)
-    return WorkerSnapshot(id=WorkerId(wid), **kw)  # type: ignore[arg-type]
-
-
-def container(cid: str, wid: str, category: Category = CC, **kw: object) -> ContainerSnapshot:
-    return ContainerSnapshot(id=ContainerId(cid), worker=WorkerId(wid), category=category, **kw)  # type: ignore[arg-type]
 
 
 def fill(wid: str, *, pc: int = 0, wc: int = 0, cc: int = 0) -> list[ContainerSnapshot]:
@@ -41,17 +32,13 @@ def fill(wid: str, *, pc: int = 0, wc: int = 0, cc: int = 0) -> list[ContainerSn
     return [container(f"{wid}-bg{i}", wid, cat) for i, cat in enumerate(cats)]
 
 
-def snap(workers: list[WorkerSnapshot], containers: list[ContainerSnapshot]) -> ClusterSnapshot:
-    return ClusterSnapshot(now=1000.0, workers=tuple(workers), containers=tuple(containers))
-
-
 def decide(s: ClusterSnapshot, cid: str = "req", **cfg: object) -> Stay | Move | Refuse:
     return select_target(s, ContainerId(cid), cfg=PlacementConfig(**cfg), worker_timeout=TIMEOUT)  # type: ignore[arg-type]
 
 
 def test_paper_fig9_scores_pick_worker_1() -> None:
     # Fig. 9: Job-14 on Worker-2; scores of Worker-1..4 were 63, 88, 92, 72 (weights 2/1.5/1).
-    s = snap(
+    s = snapshot(
         [worker(f"worker-{i}") for i in range(1, 5)],
         [
             *fill("worker-1", pc=20, wc=10, cc=8),  # 40 + 15 + 8
@@ -68,7 +55,7 @@ def test_paper_fig9_scores_pick_worker_1() -> None:
 
 
 def test_source_among_the_minimum_stays() -> None:
-    s = snap(
+    s = snapshot(
         [worker("a", usage=0.9), worker("b", usage=0.1)],
         [container("req", "a"), *fill("a", pc=1), *fill("b", pc=1, cc=1)],
     )
@@ -79,7 +66,7 @@ def test_source_among_the_minimum_stays() -> None:
 
 def test_requester_counts_as_cc_on_its_source_whatever_it_reports() -> None:
     # Reported PC, the requester would score 2 and lose to b's 1; as CC it ties and stays.
-    s = snap([worker("a"), worker("b")], [container("req", "a", PC), *fill("b", cc=1)])
+    s = snapshot([worker("a"), worker("b")], [container("req", "a", PC), *fill("b", cc=1)])
     d = decide(s)
     assert isinstance(d, Stay)
     assert d.scores["a"] == 1.0
@@ -87,7 +74,7 @@ def test_requester_counts_as_cc_on_its_source_whatever_it_reports() -> None:
 
 @pytest.mark.parametrize("category", [Category.DIVERGING, Category.STALLED])
 def test_diverging_and_stalled_weigh_like_progressing(category: Category) -> None:
-    s = snap(
+    s = snapshot(
         [worker("a"), worker("b"), worker("c")],
         [container("req", "c"), *fill("c", pc=5), container("x", "a", category), *fill("b", wc=1)],
     )
@@ -99,11 +86,11 @@ def test_diverging_and_stalled_weigh_like_progressing(category: Category) -> Non
 
 def test_scores_within_tolerance_tie_and_r_decides() -> None:
     # a: 2/1.0 = 2.0; b: 2/(1 - 5e-13) = 2.000000000001 -> a tie under 1e-9, not under 0.
-    s = snap(
+    s = snapshot(
         [
-            worker("a", capacity=Resources(1.0, 1 << 30), usage=0.8),
-            worker("b", capacity=Resources(1.0 - 5e-13, 1 << 30), usage=0.2),
-            worker("src", capacity=Resources(1.0, 1 << 30)),
+            worker("a", cpu=1.0, memory=1 << 30, gpu=0, usage=0.8),
+            worker("b", cpu=1.0 - 5e-13, memory=1 << 30, gpu=0, usage=0.2),
+            worker("src", cpu=1.0, memory=1 << 30, gpu=0),
         ],
         [*fill("a", pc=1), *fill("b", pc=1), container("req", "src"), *fill("src", pc=3)],
     )
@@ -119,28 +106,28 @@ def test_scores_within_tolerance_tie_and_r_decides() -> None:
 def test_t_tie_breaks_usage_then_active_containers_then_id() -> None:
     bg = [container("req", "src"), *fill("src", pc=5)]
     # Lowest usage wins even with more containers.
-    s = snap(
+    s = snapshot(
         [worker("src"), worker("a", usage=0.5), worker("b", usage=0.4)],
         [*bg, *fill("a", pc=1), *fill("b", cc=2)],
     )
     assert decide(s).target == "b"  # type: ignore[union-attr]
     # Equal usage: fewest active containers (1 PC scores like 2 CC).
-    s = snap(
+    s = snapshot(
         [worker("src"), worker("a", usage=0.4), worker("b", usage=0.4)],
         [*bg, *fill("a", cc=2), *fill("b", pc=1)],
     )
     assert decide(s).target == "b"  # type: ignore[union-attr]
     # Equal usage and load: the lower worker id.
-    s = snap([worker("src"), worker("b"), worker("a")], [*bg, *fill("a", pc=1), *fill("b", pc=1)])
+    s = snapshot([worker("src"), worker("b"), worker("a")], [*bg, *fill("a", pc=1), *fill("b", pc=1)])
     assert decide(s).target == "a"  # type: ignore[union-attr]
 
 
 def test_per_capacity_divides_by_cpu_cores() -> None:
-    s = snap(
+    s = snapshot(
         [
-            worker("big", capacity=Resources(16.0, 1 << 40)),
-            worker("small", capacity=Resources(2.0, 1 << 40)),
-            worker("src", capacity=Resources(1.0, 1 << 40)),
+            worker("big", cpu=16.0, memory=1 << 40, gpu=0),
+            worker("small", cpu=2.0, memory=1 << 40, gpu=0),
+            worker("src", cpu=1.0, memory=1 << 40, gpu=0),
         ],
         [*fill("big", pc=4), *fill("small", pc=2), container("req", "src"), *fill("src", pc=8)],
     )
@@ -152,8 +139,8 @@ def test_per_capacity_divides_by_cpu_cores() -> None:
 
 
 def test_per_capacity_ranks_zero_capacity_last_without_crashing() -> None:
-    s = snap(
-        [worker("zero", capacity=Resources(0.0, 1 << 40)), worker("one", capacity=Resources(1.0, 1 << 40))],
+    s = snapshot(
+        [worker("zero", cpu=0.0, memory=1 << 40, gpu=0), worker("one", cpu=1.0, memory=1 << 40, gpu=0)],
         [container("req", "one"), *fill("one", pc=3)],
     )
     d = decide(s, score="per_capacity")
@@ -164,27 +151,27 @@ def test_per_capacity_ranks_zero_capacity_last_without_crashing() -> None:
 @pytest.mark.parametrize(
     ("target", "requester"),
     [
-        pytest.param(worker("t", capacity=Resources(1.0, 1 << 40, 1)), {}, id="cpu"),
-        pytest.param(worker("t", capacity=Resources(64.0, 1 << 20, 1)), {}, id="memory"),
-        pytest.param(worker("t", capacity=Resources(64.0, 1 << 40, 0)), {}, id="gpu"),
+        pytest.param(worker("t", cpu=1.0, memory=1 << 40, gpu=1), {}, id="cpu"),
+        pytest.param(worker("t", cpu=64.0, memory=1 << 20, gpu=1), {}, id="memory"),
+        pytest.param(worker("t", cpu=64.0, memory=1 << 40, gpu=0), {}, id="gpu"),
         pytest.param(worker("t", labels=(("zone", "b"),)), {"selector": (("zone", "a"),)}, id="selector"),
         pytest.param(worker("t", taints=("gpu-only",)), {}, id="taint"),
         pytest.param(worker("t", taints=("x", "y")), {"tolerations": ("x",)}, id="one-taint-untolerated"),
     ],
 )
 def test_infeasible_workers_are_not_candidates(target: WorkerSnapshot, requester: dict[str, object]) -> None:
-    req = container("req", "src", requests=Resources(2.0, 1 << 30, 1), **requester)
+    req = container("req", "src", cpu=2.0, memory=1 << 30, gpu=1, **requester)  # type: ignore[arg-type]
     z = worker("z", labels=(("zone", "a"),))
-    s = snap([target, worker("src"), z], [req, *fill("src", pc=3), *fill("z", pc=1)])
+    s = snapshot([target, worker("src"), z], [req, *fill("src", pc=3), *fill("z", pc=1)])
     d = decide(s)
     assert isinstance(d, Move)
     assert d.target == "z"  # t (score 0) is skipped, the next best is z
 
 
 def test_free_capacity_subtracts_containers_already_there() -> None:
-    hog = container("hog", "t", CC, requests=Resources(3.0))
-    req = container("req", "src", requests=Resources(2.0))
-    s = snap([worker("t", capacity=Resources(4.0, 1 << 40)), worker("src")], [hog, req, *fill("src", pc=3)])
+    hog = container("hog", "t", CC, cpu=3.0)
+    req = container("req", "src", cpu=2.0)
+    s = snapshot([worker("t", cpu=4.0, memory=1 << 40, gpu=0), worker("src")], [hog, req, *fill("src", pc=3)])
     assert isinstance(decide(s), Stay)  # t would score 1 < 7 but has 1 core free
     s = replace(s, containers=(replace(hog, requests=Resources(2.0)), *s.containers[1:]))
     assert decide(s).target == "t"  # type: ignore[union-attr]
@@ -193,7 +180,7 @@ def test_free_capacity_subtracts_containers_already_there() -> None:
 def test_tolerated_taint_and_matching_selector_are_feasible() -> None:
     req = container("req", "src", selector=(("zone", "a"),), tolerations=("gpu-only",))
     t = worker("t", labels=(("zone", "a"), ("os", "linux")), taints=("gpu-only",))
-    s = snap([t, worker("src", labels=(("zone", "a"),))], [req, *fill("src", pc=2)])
+    s = snapshot([t, worker("src", labels=(("zone", "a"),))], [req, *fill("src", pc=2)])
     assert decide(s).target == "t"  # type: ignore[union-attr]
 
 
@@ -232,9 +219,9 @@ def test_every_taint_needs_a_toleration() -> None:
 
 def test_source_is_a_candidate_even_if_it_no_longer_fits_new_rules() -> None:
     # The source is over-committed and tainted, yet the container already runs there.
-    req = container("req", "src", requests=Resources(8.0))
-    s = snap(
-        [worker("src", capacity=Resources(1.0), taints=("drain",)), worker("t", capacity=Resources(1.0))],
+    req = container("req", "src", cpu=8.0)
+    s = snapshot(
+        [worker("src", cpu=1.0, memory=0, gpu=0, taints=("drain",)), worker("t", cpu=1.0, memory=0, gpu=0)],
         [req],
     )
     assert isinstance(decide(s), Stay)
@@ -246,8 +233,8 @@ def test_source_is_a_candidate_even_if_it_no_longer_fits_new_rules() -> None:
     ids=["not-ready", "age-equals-timeout", "age-over-timeout", "age-nan"],
 )
 def test_unready_or_unreachable_workers_are_not_candidates(bad: dict[str, object]) -> None:
-    s = snap(
-        [worker("t", **bad), worker("z"), worker("src")],
+    s = snapshot(
+        [worker("t", **bad), worker("z"), worker("src")],  # type: ignore[arg-type]
         [container("req", "src"), *fill("src", pc=1), *fill("z", cc=1)],
     )
     d = decide(s)
@@ -257,22 +244,24 @@ def test_unready_or_unreachable_workers_are_not_candidates(bad: dict[str, object
 
 
 def test_unreachable_source_moves_to_a_feasible_worker() -> None:
-    s = snap([worker("src", heartbeat_age=60.0), worker("t")], [container("req", "src"), *fill("t", pc=4)])
+    s = snapshot(
+        [worker("src", heartbeat_age=60.0), worker("t")], [container("req", "src"), *fill("t", pc=4)]
+    )
     d = decide(s)
     assert isinstance(d, Move)
     assert (d.source, d.target) == ("src", "t")
 
 
 def test_unreachable_source_and_nothing_feasible_is_refused() -> None:
-    req = container("req", "src", requests=Resources(2.0))
-    s = snap([worker("src", ready=False), worker("t", capacity=Resources(1.0))], [req])
+    req = container("req", "src", cpu=2.0)
+    s = snapshot([worker("src", ready=False), worker("t", cpu=1.0, memory=0, gpu=0)], [req])
     d = decide(s)
     assert isinstance(d, Refuse)
     assert d.reason is RefusalReason.NO_CANDIDATE
 
 
 def test_refusals() -> None:
-    s = snap([worker("a")], [container("req", "a", migrations=1), container("orphan", "gone")])
+    s = snapshot([worker("a")], [container("req", "a", migrations=1), container("orphan", "gone")])
     unknown = decide(s, "nope")
     assert isinstance(unknown, Refuse)
     assert unknown.reason is RefusalReason.UNKNOWN_CONTAINER
@@ -286,7 +275,7 @@ def test_refusals() -> None:
 
 
 def test_weights_come_from_the_config() -> None:
-    s = snap(
+    s = snapshot(
         [worker("a"), worker("b"), worker("src")],
         [*fill("a", pc=1), *fill("b", wc=1, cc=1), container("req", "src"), *fill("src", pc=2)],
     )
@@ -297,7 +286,7 @@ def test_weights_come_from_the_config() -> None:
 
 
 def test_index_is_reused_and_must_match_the_snapshot() -> None:
-    s = snap([worker("a"), worker("b")], [container("req", "a"), *fill("a", pc=2)])
+    s = snapshot([worker("a"), worker("b")], [container("req", "a"), *fill("a", pc=2)])
     idx = ClusterIndex.of(s)
     cfg = PlacementConfig()
     assert select_target(s, ContainerId("req"), cfg=cfg, worker_timeout=TIMEOUT, index=idx) == decide(s)
@@ -309,8 +298,8 @@ def test_index_is_reused_and_must_match_the_snapshot() -> None:
 @pytest.mark.parametrize(
     "s",
     [
-        snap([worker("a"), worker("a")], []),
-        snap([worker("a")], [container("x", "a"), container("x", "a")]),
+        snapshot([worker("a"), worker("a")], []),
+        snapshot([worker("a")], [container("x", "a"), container("x", "a")]),
     ],
     ids=["workers", "containers"],
 )
@@ -346,19 +335,19 @@ def _cluster(draw: st.DrawFn) -> ClusterSnapshot:
     ids = [w.id for w in workers]
     n = draw(st.integers(1, 16))
     containers = [
-        ContainerSnapshot(
-            id=ContainerId(f"c{i}"),
-            worker=draw(st.sampled_from(ids)),
-            category=draw(st.sampled_from(list(Category))),
-            requests=Resources(
-                draw(st.sampled_from([0.0, 1.0, 2.0])), draw(st.integers(0, 8)), draw(st.integers(0, 1))
-            ),
+        container(
+            f"c{i}",
+            draw(st.sampled_from(ids)),
+            draw(st.sampled_from(list(Category))),
+            cpu=draw(st.sampled_from([0.0, 1.0, 2.0])),
+            memory=draw(st.integers(0, 8)),
+            gpu=draw(st.integers(0, 1)),
             selector=draw(st.sampled_from([(), (("zone", "a"),)])),
             tolerations=draw(st.sampled_from([(), ("t",)])),
         )
         for i in range(n)
     ]
-    return snap(workers, containers)
+    return snapshot(workers, containers)
 
 
 @settings(max_examples=200, deadline=None)
@@ -388,8 +377,8 @@ def test_select_target_never_returns_an_infeasible_or_unready_target(s: ClusterS
 
 
 def test_a_job_that_opted_out_of_moves_is_told_to_stay() -> None:
-    w0, w1 = WorkerId("w0"), WorkerId("w1")
-    c = ContainerSnapshot(ContainerId("c"), w0, Category.CONVERGED, t_cc=1.0, movable=False)
-    busy = ContainerSnapshot(ContainerId("p"), w0, Category.PROGRESSING)
-    snap = ClusterSnapshot(10.0, (WorkerSnapshot(w0), WorkerSnapshot(w1)), (c, busy))
+    c = container("c", "w0", CC, t_cc=1.0, movable=False)
+    busy = container("p", "w0", PC)
+    bare = [worker(w, cpu=0.0, memory=0, gpu=0) for w in ("w0", "w1")]  # no capacity at all
+    snap = snapshot(bare, [c, busy], now=10.0)
     assert isinstance(select_target(snap, c.id, cfg=PlacementConfig(), worker_timeout=20.0), Stay)

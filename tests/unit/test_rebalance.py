@@ -10,16 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specon import builders
+from specon.builders import container, snapshot, worker
 from specon.config import RebalanceConfig
-from specon.model import (
-    Category,
-    ClusterSnapshot,
-    ContainerId,
-    ContainerSnapshot,
-    Resources,
-    WorkerId,
-    WorkerSnapshot,
-)
+from specon.model import ClusterSnapshot, ContainerId, Resources, WorkerId
 from specon.policy.decisions import Move
 from specon.policy.placement import fits
 from specon.policy.rebalance import plan_rebalance, should_rebalance
@@ -28,28 +22,21 @@ TIMEOUT = 20.0
 NOW = 1000.0
 
 
-def worker(wid: str, **kw: object) -> WorkerSnapshot:
-    kw.setdefault("capacity", Resources(64.0, 1 << 40, 8))
-    return WorkerSnapshot(id=WorkerId(wid), **kw)  # type: ignore[arg-type]
+def _stamp(i: int, k: int) -> float:
+    return 100.0 * i + k
 
 
-def cluster(loads: list[int], **worker_kw: object) -> ClusterSnapshot:
+def cluster(loads: list[int], *, ready: bool = True) -> ClusterSnapshot:
     """Workers w0.. with the given loads. Container wI-cK has t_cc = t_migrated = 100 I + K:
     a higher worker index or a higher K converged later, i.e. has a smaller d."""
-    workers = [worker(f"w{i}", **worker_kw) for i in range(len(loads))]
-    containers = [
-        ContainerSnapshot(
-            id=ContainerId(f"w{i}-c{k}"),
-            worker=WorkerId(f"w{i}"),
-            category=Category.CONVERGED,
-            t_cc=100.0 * i + k,
-            migrated=True,
-            t_migrated=100.0 * i + k,
-        )
-        for i, n in enumerate(loads)
-        for k in range(n)
-    ]
-    return ClusterSnapshot(now=NOW, workers=tuple(workers), containers=tuple(containers))
+    return builders.cluster(
+        {f"w{i}": ["CC"] * n for i, n in enumerate(loads)},
+        now=NOW,
+        t_cc=_stamp,
+        migrated=True,
+        t_migrated=_stamp,
+        make_worker=lambda w: worker(w, ready=ready),
+    )
 
 
 def plan(s: ClusterSnapshot, **cfg: object) -> list[Move]:
@@ -209,7 +196,7 @@ def test_mode_off_plans_nothing() -> None:
 
 def test_no_eligible_worker_plans_nothing() -> None:
     assert plan(cluster([3, 0], ready=False)) == []
-    assert plan(ClusterSnapshot(now=NOW, workers=(), containers=())) == []
+    assert plan(snapshot([], now=NOW)) == []
 
 
 def test_containers_on_unknown_workers_are_ignored() -> None:
@@ -245,11 +232,11 @@ def test_plan_ignores_container_order_in_the_snapshot() -> None:
 def _cluster(draw: st.DrawFn) -> ClusterSnapshot:
     n_workers = draw(st.integers(1, 7))
     workers = [
-        WorkerSnapshot(
-            id=WorkerId(f"w{i}"),
-            capacity=Resources(
-                draw(st.sampled_from([2.0, 4.0, 64.0])), 1 << 40, draw(st.sampled_from([0, 4]))
-            ),
+        worker(
+            f"w{i}",
+            cpu=draw(st.sampled_from([2.0, 4.0, 64.0])),
+            memory=1 << 40,
+            gpu=draw(st.sampled_from([0, 4])),
             ready=draw(st.sampled_from([True, True, True, False])),
             heartbeat_age=draw(st.sampled_from([0.0, 0.0, 0.0, 30.0])),
             taints=draw(st.sampled_from([(), (), (), ("x",)])),
@@ -260,19 +247,18 @@ def _cluster(draw: st.DrawFn) -> ClusterSnapshot:
     for i in range(n_workers):
         for k in range(draw(st.integers(0, 9))):
             containers.append(
-                ContainerSnapshot(
-                    id=ContainerId(f"w{i}-c{k}"),
-                    worker=WorkerId(f"w{i}"),
-                    category=Category.CONVERGED,
+                container(
+                    f"w{i}-c{k}",
+                    f"w{i}",
+                    "CC",
                     t_cc=draw(st.one_of(st.none(), st.sampled_from([1.0, 2.0, 3.0]), st.floats(0, NOW))),
                     rebalances=draw(st.sampled_from([0, 0, 0, 1])),
-                    requests=Resources(
-                        draw(st.sampled_from([0.0, 0.5, 1.0])), 0, draw(st.sampled_from([0, 0, 1]))
-                    ),
+                    cpu=draw(st.sampled_from([0.0, 0.5, 1.0])),
+                    gpu=draw(st.sampled_from([0, 0, 1])),
                     tolerations=draw(st.sampled_from([(), ("x",)])),
                 )
             )
-    return ClusterSnapshot(now=NOW, workers=tuple(workers), containers=tuple(containers))
+    return snapshot(workers, containers, now=NOW)
 
 
 def _eligible_spread(s: ClusterSnapshot, where: dict[ContainerId, WorkerId]) -> int:

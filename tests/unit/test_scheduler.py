@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from specon import builders
+from specon.builders import worker
 from specon.config import Policy, RebalanceConfig, default_policy
-from specon.model import Category, ClusterSnapshot, ContainerId, ContainerSnapshot, WorkerId, WorkerSnapshot
+from specon.model import Category, ClusterSnapshot, ContainerId, WorkerId
 from specon.policy.decisions import Move, RefusalReason, Stay
 from specon.policy.scheduler import InFlight, decide_pass
 
@@ -13,16 +15,16 @@ PC, CC = Category.PROGRESSING, Category.CONVERGED
 
 
 def snap(*loads: list[Category], migrated: bool = False, now: float = 100.0) -> ClusterSnapshot:
-    workers = tuple(WorkerSnapshot(WorkerId(f"w{i}")) for i in range(len(loads)))
-    containers = tuple(
-        ContainerSnapshot(
-            ContainerId(f"c{i}{j}"), WorkerId(f"w{i}"), cat, t_cc=50.0 + j, migrated=migrated,
-            migrations=int(migrated),
-        )
-        for i, cats in enumerate(loads)
-        for j, cat in enumerate(cats)
-    )  # fmt: skip
-    return ClusterSnapshot(now, workers, containers)
+    """Workers w0.. (no capacity: nothing here requests any) holding containers cIJ, t_cc = 50 + J."""
+    return builders.cluster(
+        {f"w{i}": cats for i, cats in enumerate(loads)},
+        now=now,
+        ids="c{i}{k}",
+        t_cc=lambda i, k: 50.0 + k,
+        migrated=migrated,
+        migrations=int(migrated),
+        make_worker=lambda w: worker(w, cpu=0.0, memory=0, gpu=0),
+    )
 
 
 def pol(**migration: int) -> Policy:

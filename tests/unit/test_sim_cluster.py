@@ -7,37 +7,28 @@ import statistics
 
 import pytest
 
+from specon.builders import job_plan, trace, workload
 from specon.model import WorkerId
-from specon.sim.cluster import (
-    Cluster,
-    JobPlan,
-    Phase,
-    SimJob,
-    SimParams,
-    WorkerSpec,
-    Workload,
-)
+from specon.sim.cluster import Cluster, JobPlan, Phase, SimJob, SimParams, WorkerSpec, Workload
 from specon.sim.engine import Engine
 from specon.sim.trace import Trace
 
 
-def _trace(n: int = 100, stride: int = 1) -> Trace:
-    return Trace("m", n * stride, 1.0, tuple(float(n - i) for i in range(n)), "test", stride)
+def _countdown(n: int = 100, stride: int = 1) -> Trace:
+    """n records n, n - 1, ..., 1, one every ``stride`` steps."""
+    return trace([float(n - i) for i in range(n)], stride=stride)
 
 
-def _job(
-    jid: str, *, submit: float = 0.0, steps: int = 100, cost: float = 1.0, worker: str = "w1"
-) -> JobPlan:
-    return JobPlan(jid, "m", submit, _trace(steps), steps, cost, WorkerId(worker))
+T100 = _countdown(100)
 
 
 IDEAL = SimParams()  # processor sharing without interference: the arithmetic below
 
 
-def _run(workers: list[tuple[str, float]], jobs: list[JobPlan], params: SimParams = IDEAL) -> Cluster:
+def _run(workers: dict[str, float], jobs: list[JobPlan], params: SimParams = IDEAL) -> Cluster:
     """Start every job at its submit time on its own worker; run to the end."""
     engine = Engine()
-    wl = Workload(tuple(WorkerSpec(WorkerId(w), c) for w, c in workers), tuple(jobs))
+    wl = workload(workers, jobs)
     cluster = Cluster(engine, wl, params)
     for plan in wl.jobs:
         job = cluster.jobs[plan.id]
@@ -48,43 +39,43 @@ def _run(workers: list[tuple[str, float]], jobs: list[JobPlan], params: SimParam
 
 
 def test_a_job_alone_runs_at_one_core() -> None:
-    c = _run([("w1", 1.0)], [_job("a", steps=100, cost=2.0)])
+    c = _run({"w1": 1.0}, [job_plan("a", T100, cost=2.0)])
     assert c.jobs["a"].finish == pytest.approx(200.0)
     assert c.unfinished == 0
 
 
 def test_two_jobs_on_a_one_core_worker_take_twice_as_long() -> None:
-    c = _run([("w1", 1.0)], [_job("a"), _job("b")])
+    c = _run({"w1": 1.0}, [job_plan("a", T100), job_plan("b", T100)])
     assert c.jobs["a"].finish == pytest.approx(200.0)
     assert c.jobs["b"].finish == pytest.approx(200.0)
 
 
 def test_a_single_threaded_job_cannot_use_a_second_core() -> None:
-    c = _run([("w1", 2.0)], [_job("a"), _job("b")])
+    c = _run({"w1": 2.0}, [job_plan("a", T100), job_plan("b", T100)])
     assert c.jobs["a"].finish == pytest.approx(100.0)  # each has its own core
-    c = _run([("w1", 2.0)], [_job("a"), _job("b"), _job("c")])
+    c = _run({"w1": 2.0}, [job_plan("a", T100), job_plan("b", T100), job_plan("c", T100)])
     assert c.jobs["a"].finish == pytest.approx(150.0)  # 2 cores / 3 jobs
 
 
 def test_a_job_speeds_up_when_its_neighbour_finishes() -> None:
     # a: 100 s of work; b: 50 s. Shared until b finishes at 100 s (50 s of work each done),
     # then a does its last 50 s alone.
-    c = _run([("w1", 1.0)], [_job("a"), _job("b", steps=50)])
+    c = _run({"w1": 1.0}, [job_plan("a", T100), job_plan("b", _countdown(50))])
     assert c.jobs["b"].finish == pytest.approx(100.0)
     assert c.jobs["a"].finish == pytest.approx(150.0)
 
 
 def test_interference_slows_oversubscribed_workers_only() -> None:
     params = SimParams(interference=1.25)
-    c = _run([("w1", 1.0)], [_job("a"), _job("b")], params)
+    c = _run({"w1": 1.0}, [job_plan("a", T100), job_plan("b", T100)], params)
     assert c.jobs["a"].finish == pytest.approx(250.0)
-    c = _run([("w1", 1.0)], [_job("a")], params)
+    c = _run({"w1": 1.0}, [job_plan("a", T100)], params)
     assert c.jobs["a"].finish == pytest.approx(100.0)
 
 
 def test_a_move_costs_the_downtime_and_keeps_progress() -> None:
     engine = Engine()
-    wl = Workload((WorkerSpec(WorkerId("w1")), WorkerSpec(WorkerId("w2"))), (_job("a"),))
+    wl = workload(2, [job_plan("a", T100)])
     cluster = Cluster(engine, wl, SimParams(migration_downtime=4.0))
     job = cluster.jobs["a"]
     arrived: list[float] = []
@@ -108,8 +99,7 @@ def _sampled(job: SimJob, cluster: Cluster, engine: Engine, at: float) -> list[f
 
 def test_samples_are_the_trace_records_passed_since_the_last_tick() -> None:
     engine = Engine()
-    plan = JobPlan("a", "m", 0.0, _trace(100, stride=5), 500, 0.2, WorkerId("w1"))  # 25 s of work
-    wl = Workload((WorkerSpec(WorkerId("w1")),), (plan,))
+    wl = workload(1, [job_plan("a", _countdown(100, stride=5), cost=0.2)])  # 500 steps: 25 s of work
     cluster = Cluster(engine, wl, SimParams(max_samples_per_tick=64))
     job = cluster.jobs["a"]
     engine.at(0.0, lambda: cluster.start(job, WorkerId("w1")))
@@ -121,8 +111,7 @@ def test_samples_are_the_trace_records_passed_since_the_last_tick() -> None:
 
 def test_many_samples_are_compressed_keeping_their_mean_and_last_value() -> None:
     engine = Engine()
-    plan = JobPlan("a", "m", 0.0, _trace(100), 100, 1.0, WorkerId("w1"))
-    wl = Workload((WorkerSpec(WorkerId("w1")),), (plan,))
+    wl = workload(1, [job_plan("a", T100)])
     small = Cluster(engine, wl, SimParams(max_samples_per_tick=4))
     job = small.jobs["a"]
     engine.at(0.0, lambda: small.start(job, WorkerId("w1")))
@@ -139,22 +128,20 @@ def test_bad_parameters_are_rejected_with_a_reason() -> None:
     with pytest.raises(ValueError, match="cpu"):
         WorkerSpec(WorkerId("w"), cpu=0.0)
     with pytest.raises(ValueError, match="step_cost"):
-        JobPlan("a", "m", 0.0, _trace(), 10, math.nan)
+        JobPlan("a", "m", 0.0, T100, 10, math.nan)
     with pytest.raises(ValueError, match="unknown workers"):
-        Workload((WorkerSpec(WorkerId("w1")),), (_job("a", worker="w9"),))
+        Workload((WorkerSpec(WorkerId("w1")),), (job_plan("a", T100, worker="w9"),))
 
 
 def test_round_robin_placement_by_submission_order() -> None:
-    jobs = tuple(JobPlan(f"j{i}", "m", 10.0 - i, _trace(), 100, 1.0) for i in range(5))
-    wl = Workload((WorkerSpec(WorkerId("w1")), WorkerSpec(WorkerId("w2"))), jobs)
+    wl = workload(2, [job_plan(f"j{i}", T100, submit=10.0 - i, worker=None) for i in range(5)])
     # Submitted j4 (t=6), j3, j2, j1, j0 (t=10).
     assert wl.placement() == {"j4": "w1", "j3": "w2", "j2": "w1", "j1": "w2", "j0": "w1"}
 
 
 def test_records_past_the_end_of_a_trace_repeat_its_last_loss() -> None:
-    trace = Trace("m", 110, 1.0, tuple(float(100 - i) for i in range(100)), "test")  # 100 records, 110 steps
-    plan = JobPlan("a", "m", 0.0, trace, 110, 1.0, WorkerId("w1"))
-    wl = Workload((WorkerSpec(WorkerId("w1")),), (plan,))
+    losses = [float(100 - i) for i in range(100)]
+    wl = workload(1, [job_plan("a", trace(losses, steps=110))])  # 100 records, 110 steps
     for cap in (4, 1000):
         engine = Engine()
         cluster = Cluster(engine, wl, SimParams(max_samples_per_tick=cap))

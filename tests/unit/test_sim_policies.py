@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 import specon.policy
 import specon.sim
 from specon import coordinator_inline
-from specon.model import WorkerId
+from specon.builders import job_plan, trace, workload
 from specon.policy import classifier
 from specon.sim import runner
-from specon.sim.cluster import JobPlan, SimParams, WorkerSpec, Workload
+from specon.sim.cluster import SimParams, Workload
 from specon.sim.policies import SIMULATED, lower_bound, make_policy
 from specon.sim.runner import simulate
 from specon.sim.trace import Trace
@@ -25,24 +25,12 @@ STEPS = 300
 
 def _falling(tau: float, n: int = STEPS) -> Trace:
     """Loss decaying with time constant ``tau`` (a share of the run) to a floor of 0.1."""
-    return Trace("fast", n, 1.0, tuple(0.1 + 0.9 * math.exp(-i / (tau * n)) for i in range(n)), "test")
+    return trace([0.1 + 0.9 * math.exp(-i / (tau * n)) for i in range(n)], model="fast")
 
 
 def _linear(n: int = STEPS) -> Trace:
     """Loss falling by the same amount every step: never converges before the end."""
-    return Trace("linear", n, 1.0, tuple(1.0 - i / n for i in range(n)), "test")
-
-
-def _workers(n: int, cpu: float = 1.0) -> tuple[WorkerSpec, ...]:
-    return tuple(WorkerSpec(WorkerId(f"w{i + 1}"), cpu) for i in range(n))
-
-
-def _job(
-    jid: str, trace: Trace, *, submit: float = 0.0, worker: str | None = "w1", cost: float = 1.0
-) -> JobPlan:
-    return JobPlan(
-        jid, trace.model, submit, trace, trace.steps, cost, None if worker is None else WorkerId(worker)
-    )
+    return trace([1.0 - i / n for i in range(n)], model="linear")
 
 
 def _moves(policy: str, workload: Workload) -> list[tuple[str, str, str, str]]:
@@ -55,7 +43,7 @@ def _moved(policy: str, workload: Workload) -> list[tuple[str, str, str]]:
 
 
 def test_specon_moves_a_converged_job_off_a_crowded_worker_and_both_jobs_gain() -> None:
-    wl = Workload(_workers(2), (_job("a", _falling(0.05)), _job("b", _linear())))
+    wl = workload(2, (job_plan("a", _falling(0.05)), job_plan("b", _linear())))
     ds = simulate(wl, make_policy("ds"))
     run = simulate(wl, make_policy("specon"))
     # With the default trigger (rebalance every pass) Algorithm 3 moves a as soon as it
@@ -70,7 +58,7 @@ def test_specon_moves_a_converged_job_off_a_crowded_worker_and_both_jobs_gain() 
 
 
 def test_ds_never_migrates() -> None:
-    wl = Workload(_workers(4), tuple(_job(f"j{i}", _falling(0.05)) for i in range(6)))
+    wl = workload(4, tuple(job_plan(f"j{i}", _falling(0.05)) for i in range(6)))
     run = simulate(wl, make_policy("ds"))
     assert run.migrations == ()
     assert all(len(j.worker_history) == 1 for j in run.jobs)
@@ -80,8 +68,8 @@ def test_paper_mode_and_defaults_differ_on_a_crowded_worker() -> None:
     # Loads [3, 0, 0, 0]: a converges first, then b, while c keeps training. Both modes
     # move a; only the defaults move b (paper mode's Algorithm 2 needs |PC| + |WC| > 1,
     # SPEC §3.3, and its Algorithm 3 never acts on [3, 0, 0, 0]).
-    jobs = (_job("a", _falling(0.03)), _job("b", _falling(0.15)), _job("c", _linear()))
-    wl = Workload(_workers(4), jobs)
+    jobs = (job_plan("a", _falling(0.03)), job_plan("b", _falling(0.15)), job_plan("c", _linear()))
+    wl = workload(4, jobs)
     # The defaults also rebalance on every pass, so both converged jobs leave w1 that way.
     assert _moved("specon", wl) == [("a", "w1", "rebalance"), ("b", "w1", "rebalance")]
     assert _moved("specon-paper", wl) == [("a", "w1", "converged")]
@@ -90,14 +78,18 @@ def test_paper_mode_and_defaults_differ_on_a_crowded_worker() -> None:
 def test_the_balancer_moves_the_most_recently_started_job_to_the_least_loaded_worker() -> None:
     # All on w1: at 10 s loads are [2, 0, 0] -> b moves; at 20 s c arrives: [2, 1, 0] -> c
     # (started last) moves; then [1, 1, 1].
-    jobs = (_job("a", _linear()), _job("b", _linear(), submit=10.0), _job("c", _linear(), submit=20.0))
-    wl = Workload(_workers(3), jobs)
+    jobs = (
+        job_plan("a", _linear()),
+        job_plan("b", _linear(), submit=10.0),
+        job_plan("c", _linear(), submit=20.0),
+    )
+    wl = workload(3, jobs)
     assert _moves("balancer", wl) == [("b", "w1", "w2", "rebalance"), ("c", "w1", "w3", "rebalance")]
 
 
 def test_same_workload_same_result() -> None:
-    jobs = tuple(_job(f"j{i}", _falling(0.05 + 0.05 * i), submit=15.0 * i, worker=None) for i in range(8))
-    wl = Workload(_workers(3), jobs)
+    jobs = tuple(job_plan(f"j{i}", _falling(0.05 + 0.05 * i), submit=15.0 * i, worker=None) for i in range(8))
+    wl = workload(3, jobs)
     for policy in SIMULATED:
         first = simulate(wl, make_policy(policy)).to_json()
         assert simulate(wl, make_policy(policy)).to_json() == first
@@ -108,18 +100,15 @@ _curves = st.sampled_from([0.02, 0.1, 0.4, None])  # None: linear
 
 @st.composite
 def _workloads(draw: st.DrawFn) -> Workload:
-    workers = tuple(
-        WorkerSpec(WorkerId(f"w{i + 1}"), draw(st.sampled_from([1.0, 2.0])))
-        for i in range(draw(st.integers(1, 3)))
-    )
+    workers = {f"w{i + 1}": draw(st.sampled_from([1.0, 2.0])) for i in range(draw(st.integers(1, 3)))}
     jobs = []
     for i in range(draw(st.integers(1, 6))):
         tau = draw(_curves)
-        trace = _linear(100) if tau is None else _falling(tau, 100)
+        tr = _linear(100) if tau is None else _falling(tau, 100)
         submit = draw(st.floats(0.0, 200.0, allow_nan=False))
         cost = draw(st.floats(0.3, 3.0, allow_nan=False))
-        jobs.append(_job(f"j{i}", trace, submit=round(submit, 1), worker=None, cost=cost))
-    return Workload(workers, tuple(jobs))
+        jobs.append(job_plan(f"j{i}", tr, submit=round(submit, 1), worker=None, cost=cost))
+    return workload(workers, jobs)
 
 
 @settings(max_examples=30, deadline=None)
@@ -138,7 +127,7 @@ def test_no_policy_beats_the_lower_bound(wl: Workload) -> None:
 
 
 def test_the_bound_of_one_job_alone_is_its_run_time() -> None:
-    wl = Workload(_workers(2), (_job("a", _linear(), submit=5.0, cost=2.0),))
+    wl = workload(2, (job_plan("a", _linear(), submit=5.0, cost=2.0),))
     b = lower_bound(wl)
     assert (b.avg_jct, b.makespan) == (600.0, 600.0)
 
@@ -146,7 +135,7 @@ def test_the_bound_of_one_job_alone_is_its_run_time() -> None:
 def test_the_bound_pools_the_cluster_when_it_is_full() -> None:
     # Four 100 s jobs at once on one one-core worker: makespan >= 400 s; SRPT on the
     # pooled machine finishes them at 100, 200, 300, 400 -> mean 250 s.
-    wl = Workload(_workers(1), tuple(_job(f"j{i}", _linear(100)) for i in range(4)))
+    wl = workload(1, tuple(job_plan(f"j{i}", _linear(100)) for i in range(4)))
     b = lower_bound(wl)
     assert b.makespan == 400.0
     assert b.avg_jct == 250.0
