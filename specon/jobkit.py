@@ -35,6 +35,13 @@ opened with ``O_APPEND`` so a tailer only ever sees whole lines:
   SIGTERM/SIGINT: its checkpoint at step ``N`` is complete; exit code ``EXIT_CHECKPOINTED``.
 * ``{"event": "finished", "step": N, "steps": N, "ts": T}`` - all configured steps are done;
   exit code 0 and ``done.json`` written.
+* ``{"event": "checkpoint_failed", "step": N, "ts": T}`` - stopped by SIGTERM, but the disk
+  was full: no checkpoint at ``N``; exit code 1 (restarted from the newest complete one).
+
+A full disk (ENOSPC, EDQUOT) is transient: progress records it refuses are kept and written,
+in order, once there is room (up to ``PENDING_LIMIT`` bytes); a periodic checkpoint it
+refuses is retried ``RETRY_AFTER_FULL`` s later; at the end the final checkpoint and
+``done.json`` are retried for ``FINISH_PATIENCE`` s before giving up.
 
 Event records carry no metric, so a reader looking for ``loss`` skips them.
 
@@ -54,6 +61,8 @@ loss.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import json
 import os
@@ -82,10 +91,20 @@ DEFAULT_CHECKPOINT_EVERY = 200
 DEFAULT_CHECKPOINT_INTERVAL = 60.0
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# A full disk or quota: transient, worth retrying, never a reason to die mid-training.
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+PENDING_LIMIT = 1 << 20  # bytes of progress records kept while the disk is full
+# At the end, the final checkpoint and done marker are retried this long on a full disk.
+FINISH_PATIENCE = 600.0
+# After a checkpoint a full disk refused, the next periodic attempt waits this long (each
+# attempt serialises the whole model state).
+RETRY_AFTER_FULL = 5.0
 
 
 def _warn(message: str) -> None:
-    print(f"specon.jobkit: {message}", file=sys.stderr, flush=True)
+    # stderr is often a file on the same volume: a full disk must not turn a warning into a crash.
+    with contextlib.suppress(OSError):
+        print(f"specon.jobkit: {message}", file=sys.stderr, flush=True)
 
 
 def _env_path(name: str) -> Path | None:
@@ -102,18 +121,41 @@ class ProgressLog:
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self.path: Path | None = Path(path) if path is not None else _env_path(ENV_PROGRESS_FILE)
         self._fd: int | None = None
+        # Records a full disk refused, oldest first, kept (in order) for the next write.
+        self._pending = b""
+        self.dropped = 0  # records given up on (the backlog outgrew PENDING_LIMIT)
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one record as a single line, written with one ``write`` call."""
+        """Append one record as a single line, written with one ``write`` call.
+
+        A write the disk refuses (full, over quota) is kept and retried, in order, before
+        the next record: training goes on through a transient full disk and the log stays
+        complete. A backlog over ``PENDING_LIMIT`` bytes is dropped (and counted)."""
         if self._fd is None:
             return
         data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-        while data:  # a short write to a regular file is rare, but never leave half a line
-            written = os.write(self._fd, data)
-            data = data[written:]
+        if len(self._pending) + len(data) > PENDING_LIMIT:
+            self.dropped += self._pending.count(b"\n")
+            _warn(f"progress log: dropped {self.dropped} records a full disk refused")
+            self._pending = b""
+        self._pending += data
+        self.flush()
+
+    def flush(self) -> bool:
+        """Write what is pending; False if the disk still refuses some of it."""
+        while self._pending and self._fd is not None:
+            try:
+                written = os.write(self._fd, self._pending)
+            except OSError as exc:
+                if exc.errno not in _DISK_FULL:
+                    raise
+                return False
+            # A short write to a regular file is rare, but never leave half a line behind.
+            self._pending = self._pending[written:]
+        return True
 
     def log(self, step: int, loss: float, **metrics: float) -> None:
         """A training sample: ``{"step", "loss", "ts", **metrics}``."""
@@ -124,6 +166,9 @@ class ProgressLog:
 
     def close(self) -> None:
         if self._fd is not None:
+            if not self.flush():
+                lost = self._pending.count(b"\n")
+                _warn(f"progress log: {lost} records lost to a full disk at exit")
             os.close(self._fd)
             self._fd = None
 
@@ -199,6 +244,8 @@ class Job:
         self.completed = 0  # steps done so far, counting those restored from the checkpoint
         self.outcome: Literal["finished", "checkpointed"] | None = None  # once the loop ends
         self._stop_signal: int | None = None
+        self._checkpoint_failing = False
+        self._retry_at = 0.0  # after a full disk: no periodic checkpoint attempt before this
         self._resumed: tuple[int, bytes | None] | None = None
         self._last_checkpoint_step: int | None = None
         self._last_checkpoint_time = time.monotonic()
@@ -302,20 +349,34 @@ class Job:
         """Append a training sample to the progress log."""
         self.progress.log(step, loss, **metrics)
 
-    def checkpoint(self, event: str | None = None) -> None:
-        """Write a checkpoint of the completed steps now (no-op without dir or ``save``)."""
+    def checkpoint(self, event: str | None = None) -> bool:
+        """Write a checkpoint of the completed steps now (no-op without dir or ``save``).
+
+        False when the disk is full: nothing is recorded (the previous complete checkpoint
+        stays the newest) and a periodic checkpoint is simply tried again when next due."""
         if self.checkpoint_dir is None or self._save is None:
-            return
+            return True
         if self._last_checkpoint_step != self.completed:
-            checkpoint.write(self.checkpoint_dir, self.completed, self._save(), keep=self.keep)
+            try:
+                checkpoint.write(self.checkpoint_dir, self.completed, self._save(), keep=self.keep)
+            except OSError as exc:
+                if exc.errno not in _DISK_FULL:
+                    raise
+                if not self._checkpoint_failing:  # once per streak, not once per step
+                    _warn(f"checkpoint at step {self.completed} not written (retried when due): {exc}")
+                self._checkpoint_failing = True
+                self._retry_at = time.monotonic() + RETRY_AFTER_FULL
+                return False
+            self._checkpoint_failing = False
             self._last_checkpoint_step = self.completed
         self._last_checkpoint_time = time.monotonic()
         if event is not None:
             self.progress.event(event, step=self.completed)
+        return True
 
     def _checkpoint_due(self) -> bool:
         last = self._last_checkpoint_step if self._last_checkpoint_step is not None else 0
-        if self.completed == last:
+        if self.completed == last or time.monotonic() < self._retry_at:
             return False
         if self.checkpoint_every is not None and self.completed - last >= self.checkpoint_every:
             return True
@@ -325,7 +386,12 @@ class Job:
         )
 
     def _stop(self) -> None:
-        self.checkpoint()
+        if not self.checkpoint():
+            # The disk is full: claim nothing. The job exits as failed and is restarted
+            # from its newest complete checkpoint (the runtime's save reports that one).
+            self.progress.event("checkpoint_failed", step=self.completed)
+            self.progress.close()
+            raise SystemExit(1)
         self.progress.event("checkpointed", step=self.completed)
         self.outcome = "checkpointed"
         if self.exit_on_stop:
@@ -333,12 +399,26 @@ class Job:
 
     def _finish(self) -> None:
         # A final checkpoint makes a restart after completion a no-op instead of a retrain.
-        self.checkpoint()
-        if self.checkpoint_dir is not None:
-            marker = {"job": self.job_id, "steps": self.total, "finished": time.time()}
-            _atomic_write_json(done_marker(self.checkpoint_dir), marker)
+        # Its work done, the job waits out a full disk rather than die unrecorded.
+        deadline = time.monotonic() + FINISH_PATIENCE
+        while not self.checkpoint() or not self._write_done():
+            if time.monotonic() > deadline or self.should_stop:
+                raise OSError(errno.ENOSPC, "the disk stayed full: cannot record that the job finished")
+            time.sleep(1.0)
         self.progress.event("finished", step=self.completed, steps=self.total)
         self.outcome = "finished"
+
+    def _write_done(self) -> bool:
+        if self.checkpoint_dir is None:
+            return True
+        marker = {"job": self.job_id, "steps": self.total, "finished": time.time()}
+        try:
+            _atomic_write_json(done_marker(self.checkpoint_dir), marker)
+        except OSError as exc:
+            if exc.errno not in _DISK_FULL:
+                raise
+            return False
+        return True
 
 
 def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:

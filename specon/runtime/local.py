@@ -235,7 +235,10 @@ class LocalRuntime:
             except ckpt.CheckpointError as exc:
                 raise StartFailed(spec.id, f"checkpoint does not verify: {exc}") from exc
             log.debug("specon.runtime.checkpoint_verified", container=spec.id, step=from_ckpt.step)
-        paths.create()
+        try:
+            paths.create()
+        except OSError as exc:  # e.g. a full volume
+            raise StartFailed(spec.id, f"cannot create the job's directories: {exc}") from exc
         async with self._locked(paths):
             try:
                 owner = paths.read_owner()
@@ -245,7 +248,10 @@ class LocalRuntime:
                 raise AlreadyRunning(spec.id, f"already running on worker {owner.worker} (pid {owner.pid})")
             if paths.finished():
                 raise AlreadyFinished(spec.id, "already finished (done marker or final progress record)")
-            paths.write_spec(spec)
+            try:
+                paths.write_spec(spec)
+            except OSError as exc:  # e.g. a full volume: nothing started
+                raise StartFailed(spec.id, f"cannot record the job spec: {exc}") from exc
             owner = self._launch(spec, paths)
         resume = checkpoint_step(paths.checkpoints)
         log.info(
@@ -426,7 +432,10 @@ class LocalRuntime:
                 # The launcher records every exit it lives to see; none means the group was
                 # killed from outside (OOM killer, reboot). Record that once.
                 record = self._exit_record(owner, REASON_LOST, None)
-                paths.append_exit(record)
+                try:
+                    paths.append_exit(record)
+                except OSError as exc:  # a full volume: recorded at a later listing instead
+                    log.warning("specon.runtime.exit_unrecorded", container=paths.job, error=str(exc))
                 log.warning("specon.runtime.exit_lost", worker=self._worker, container=paths.job)
             exit_code = record.exit_code
             state = ContainerState.EXITED if exit_code == 0 else ContainerState.FAILED

@@ -9,7 +9,9 @@ at random points drawn from ``--seed``:
   of its save;
 * SIGSTOP a manager, an agent or a job for a while, then SIGCONT (a hang, not a crash);
 * corrupt the newest checkpoint of a job (the one a migration in flight restores from,
-  when there is one: bit rot between save and restore).
+  when there is one: bit rot between save and restore);
+* fill the volume (a size-limited tmpfs mounted for the run; needs root, skipped and said
+  so otherwise) for a few seconds, mostly while a save is under way.
 
 Judged from the jobs' own progress logs and from ``/proc`` (``jobwatch``): no job lost
 (every job ends ``finished``), none ran twice at once (a ``/proc`` watchdog over every
@@ -31,9 +33,11 @@ import os
 import random
 import signal
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +49,7 @@ from specon import checkpoint
 from specon.embedded import EmbeddedCluster
 from specon.model import ContainerId, WorkerId
 from specon.protocol import Status
+from specon.runtime.base import StartFailed
 from specon.runtime.volume import JobPaths
 
 
@@ -61,6 +66,7 @@ class ChaosConfig:
     max_seconds: float = 1800.0  # give up (and fail) after this long
     lost_after: float = 40.0  # running nowhere longer than this (unfinished) = lost
     fault_every: tuple[float, float] = (0.5, 2.5)  # seconds between faults, uniform
+    volume_bytes: int = 256 << 20  # the tmpfs the volume lives on (the full-disk fault)
 
 
 @dataclass
@@ -76,6 +82,7 @@ class ChaosReport:
     max_copies: int = 0
     longest_down: float = 0.0
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def kills(self) -> int:
@@ -89,6 +96,7 @@ class ChaosReport:
             f"  recoveries: {self.recoveries}; migrations: {dict(sorted(self.migrations.items()))}",
             f"  most copies of one job at once: {self.max_copies}; longest unfinished job"
             f" running nowhere: {self.longest_down:.1f} s",
+            *(f"  note: {n}" for n in self.notes),
             f"  problems: {len(self.problems)}" + "".join(f"\n    - {p}" for p in self.problems),
         ]
         return "\n".join(lines)
@@ -102,6 +110,17 @@ class ChaosReport:
 
 
 _ENDED = ("done", "rolled_back")
+# How often each fault is drawn, relative to the others.
+FAULT_WEIGHTS = {
+    "kill-manager": 3,
+    "kill-agent": 4,
+    "stop-manager": 1,
+    "stop-agent": 2,
+    "stop-job": 2,
+    "kill-saving-job": 2,
+    "corrupt": 2,
+    "full-disk": 2,
+}
 
 
 def _policy(path: Path) -> Path:
@@ -166,8 +185,9 @@ class ProcessWatch:
 
 
 class Chaos:
-    def __init__(self, c: EmbeddedCluster, cfg: ChaosConfig, report: ChaosReport) -> None:
+    def __init__(self, c: EmbeddedCluster, cfg: ChaosConfig, report: ChaosReport, *, disk: bool) -> None:
         self.c, self.cfg, self.report = c, cfg, report
+        self.disk = disk  # the volume is a tmpfs of its own: it can be filled
         self.rng = random.Random(cfg.seed)
         self.watch = ProcessWatch(c)
         self.jobs: list[str] = []
@@ -206,15 +226,26 @@ class Chaos:
                 jid = f"j{wave:03d}-{i}"
                 self.watch.add(jid)
                 self.jobs.append(jid)
-                await self.c.submit(
-                    spec(jid, self.cfg.steps, "converge", step_seconds=self.cfg.step_seconds), worker
-                )
+                await self.submit(jid, worker)
             wave += 1
             # The next wave once most of this one has finished (a steady stream of moves).
             while (
                 not stop.is_set() and sum(not finished(self.c, j) for j in self.jobs) > self.cfg.jobs_per_wave
             ):
                 await asyncio.sleep(0.5)
+
+    async def submit(self, jid: str, worker: WorkerId) -> None:
+        """Submit as a user would: again, a moment later, when the volume is full."""
+        job = spec(jid, self.cfg.steps, "converge", step_seconds=self.cfg.step_seconds)
+        for _ in range(120):
+            try:
+                await self.c.submit(job, worker)
+                return
+            except StartFailed as exc:
+                if "No space left" not in str(exc):
+                    raise
+                await asyncio.sleep(0.5)
+        raise RuntimeError(f"{jid}: the volume stayed full for a minute")
 
     # -- faults -----------------------------------------------------------------------------
     async def in_flight_states(self) -> list[str]:
@@ -250,18 +281,8 @@ class Chaos:
 
     async def fault(self) -> None:
         rng, c = self.rng, self.c
-        action = rng.choices(
-            [
-                "kill-manager",
-                "kill-agent",
-                "stop-manager",
-                "stop-agent",
-                "stop-job",
-                "kill-saving-job",
-                "corrupt",
-            ],
-            weights=[3, 4, 1, 2, 2, 2, 2],
-        )[0]
+        weights = {k: w for k, w in FAULT_WEIGHTS.items() if self.disk or k != "full-disk"}
+        action = rng.choices(list(weights), weights=list(weights.values()))[0]
         if action == "kill-manager" and c.manager is not None:
             await self.kill_daemon("manager")
             await c.start_manager()
@@ -285,6 +306,8 @@ class Chaos:
             await self.kill_saving_job()
         elif action == "corrupt":
             await self.corrupt_checkpoint()
+        elif action == "full-disk":
+            await self.fill_volume()
 
     async def pause(self, pid: int) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -335,6 +358,17 @@ class Chaos:
         self.corrupt.setdefault(jid, set()).add(info.step)
         self.report.faults["corrupt-checkpoint"] += 1
 
+    async def fill_volume(self) -> None:
+        """Fill the volume to the last byte for a few seconds (mostly during a save)."""
+        await self.mid_migration("saving")
+        filler = self.c.volume / ".chaos-filler"
+        self.report.faults["full-disk"] += 1
+        try:
+            await asyncio.to_thread(_fill, filler)
+            await asyncio.sleep(self.rng.uniform(0.5, 3.0))
+        finally:
+            filler.unlink(missing_ok=True)
+
     async def faults(self, stop: asyncio.Event) -> None:
         lo, hi = self.cfg.fault_every
         while not stop.is_set():
@@ -354,6 +388,12 @@ class Chaos:
         try:
             last = -1
             while self.finished_migrations() < self.cfg.migrations or self.report.kills < self.cfg.min_faults:
+                broken = [t for t in tasks if t.done()]
+                if broken:  # a fault or the submitter failed (e.g. a daemon did not come back)
+                    exc = broken[0].exception()
+                    where = "".join(traceback.format_exception(exc)[-4:]) if exc else ""
+                    self.report.problems.append(f"the run itself failed: {exc!r}\n{where}")
+                    break
                 if time.monotonic() - t0 > self.cfg.max_seconds:
                     self.report.problems.append(f"gave up after {self.cfg.max_seconds:.0f} s")
                     break
@@ -364,7 +404,7 @@ class Chaos:
                     last = done
                 await asyncio.sleep(1.0)
             stop.set()
-            await asyncio.gather(tasks[1], tasks[2])
+            await asyncio.gather(tasks[1], tasks[2], return_exceptions=True)
             print("  .. faults stopped; waiting for every job to finish", flush=True)
             deadline = time.monotonic() + 180.0
             while not all(finished(self.c, j) for j in self.jobs) and time.monotonic() < deadline:
@@ -398,18 +438,51 @@ class Chaos:
                 r.problems.append(f"{jid}: {exc}")
 
 
+def _fill(path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for size in (1 << 20, 4096, 64):  # to the last bytes, in smaller and smaller pieces
+            with contextlib.suppress(OSError):  # ENOSPC: full at this size
+                while True:
+                    os.write(fd, b"\0" * size)
+    finally:
+        os.close(fd)
+
+
+def _mount_tmpfs(path: Path, size: int) -> str | None:
+    """Mount a tmpfs of ``size`` bytes at ``path``; None, or why it cannot be done here."""
+    if os.geteuid() != 0:
+        return "not root: no tmpfs for the volume, so no full-disk faults"
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        return f"cannot mount a tmpfs ({done.stderr.strip()}): no full-disk faults"
+    return None
+
+
 async def run_chaos(root: Path, cfg: ChaosConfig) -> ChaosReport:
     report = ChaosReport(seed=cfg.seed)
     root.mkdir(parents=True, exist_ok=True)
     policy = _policy(root / "policy.yaml")
-    async with EmbeddedCluster(
-        root / "c", workers=cfg.workers, cpus_per_worker=cfg.cpus_per_worker, policy=policy
-    ) as c:
-        try:
-            await Chaos(c, cfg, report).run()
-        finally:
-            if c.manager is not None:  # a SIGTERMed manager waits out open long polls
-                c.kill(c.manager)
+    volume = root / "c" / "volume"
+    volume.mkdir(parents=True, exist_ok=True)
+    why_not = _mount_tmpfs(volume, cfg.volume_bytes)
+    if why_not:
+        report.notes.append(why_not)
+    try:
+        async with EmbeddedCluster(
+            root / "c", workers=cfg.workers, cpus_per_worker=cfg.cpus_per_worker, policy=policy
+        ) as c:
+            try:
+                await Chaos(c, cfg, report, disk=why_not is None).run()
+            finally:
+                if c.manager is not None:  # a SIGTERMed manager waits out open long polls
+                    c.kill(c.manager)
+    finally:
+        if why_not is None:
+            subprocess.run(["umount", "--lazy", str(volume)], check=False)
     return report
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -403,3 +404,78 @@ def test_second_sigint_interrupts_at_once(tmp_path: Path) -> None:
             assert job.should_stop
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.01)
+
+
+# -- a full disk (transient) ------------------------------------------------------------------
+class _FullDisk:
+    """Makes ``os.write`` (progress records) and ``checkpoint.write`` fail with ENOSPC while on."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.on = False
+        real_write, real_ckpt = os.write, checkpoint.write
+
+        def write(fd: int, data: bytes) -> int:
+            if self.on:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_write(fd, data)
+
+        def ckpt(*args: Any, **kwargs: Any) -> checkpoint.CheckpointInfo:
+            if self.on:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_ckpt(*args, **kwargs)
+
+        monkeypatch.setattr(jobkit.os, "write", write)
+        monkeypatch.setattr(jobkit.checkpoint, "write", ckpt)
+
+
+def test_progress_records_refused_by_a_full_disk_are_written_later_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = _FullDisk(monkeypatch)
+    log = jobkit.ProgressLog(tmp_path / "p.jsonl")
+    log.log(1, 1.0)
+    disk.on = True
+    log.log(2, 0.5)
+    log.log(3, 0.25)
+    assert [r["step"] for r in _records(tmp_path / "p.jsonl")] == [1]
+    disk.on = False
+    log.log(4, 0.125)
+    log.close()
+    assert [r["step"] for r in _records(tmp_path / "p.jsonl")] == [1, 2, 3, 4]
+    assert log.dropped == 0
+
+
+def test_a_job_trains_through_a_full_disk_and_skipped_checkpoints_are_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = _FullDisk(monkeypatch)
+    monkeypatch.setattr(jobkit, "RETRY_AFTER_FULL", 0.0)
+    loop = Loop(tmp_path, steps=30, checkpoint_every=10)
+    with loop.job() as job:
+        for step in job.steps():
+            disk.on = 8 <= step <= 12  # full around the checkpoint due at 10
+            loop.state["sum"] += step
+            job.log(step, 1.0 / step)
+    assert job.outcome == "finished" and loop.state["sum"] == 465
+    # The checkpoint due at 10 failed; it was retried once the disk had room again.
+    assert [e["step"] for e in _events(loop.progress, "checkpoint")] == [13, 23]
+    assert [r["step"] for r in _records(loop.progress) if "loss" in r] == list(range(1, 31))
+
+
+def test_a_stop_on_a_full_disk_claims_no_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = _FullDisk(monkeypatch)
+    loop = Loop(tmp_path, steps=30, checkpoint_every=10)
+    with pytest.raises(SystemExit) as stopped, loop.job() as job:
+        for step in job.steps():
+            loop.state["sum"] += step
+            job.log(step, 1.0 / step)
+            if step == 15:
+                disk.on = True
+                job.request_stop()
+    assert stopped.value.code == 1
+    disk.on = False
+    events = [r.get("event") for r in _records(loop.progress)]
+    # Its last record ("checkpoint_failed") could not be written either: nothing claims a save.
+    assert "checkpointed" not in events
+    loop.run()  # restarted: from the complete checkpoint at 10, steps 11.. redone
+    assert _events(loop.progress, "started")[-1]["step"] == 10
