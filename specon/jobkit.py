@@ -145,16 +145,25 @@ class ProgressLog:
         self.flush()
 
     def flush(self) -> bool:
-        """Write what is pending; False if the disk still refuses some of it."""
-        while self._pending and self._fd is not None:
+        """Write what is pending; False if the disk still refuses some of it.
+
+        All or nothing: a full disk may take part of a write (a short write) and then refuse
+        the rest; the part is cut off again, so the file never ends in half a line that a
+        later run (a restart, a move) would append to."""
+        if not self._pending or self._fd is None:
+            return True
+        start = os.fstat(self._fd).st_size
+        data = self._pending
+        while data:
             try:
-                written = os.write(self._fd, self._pending)
+                written = os.write(self._fd, data)
             except OSError as exc:
                 if exc.errno not in _DISK_FULL:
                     raise
+                os.ftruncate(self._fd, start)  # shrinking needs no space
                 return False
-            # A short write to a regular file is rare, but never leave half a line behind.
-            self._pending = self._pending[written:]
+            data = data[written:]
+        self._pending = b""
         return True
 
     def log(self, step: int, loss: float, **metrics: float) -> None:

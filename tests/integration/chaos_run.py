@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import structlog
-from jobwatch import JOB, assert_exactly_its_steps, finished, restart_agent, spec
+from jobwatch import JOB, BrokenLogError, assert_exactly_its_steps, finished, restart_agent, spec
 
 from specon import checkpoint
 from specon.embedded import EmbeddedCluster
@@ -136,6 +136,14 @@ def _policy(path: Path) -> Path:
     return path
 
 
+def _ended(c: EmbeddedCluster, jid: str) -> bool:
+    """``finished``, with a broken log counting as ended (it is judged as a problem later)."""
+    try:
+        return finished(c, jid)
+    except BrokenLogError:
+        return True
+
+
 class ProcessWatch:
     """Every job's processes, from one ``/proc`` scan every 0.2 s: copies at once and time
     spent running nowhere while unfinished (SIGSTOPped processes still count as running)."""
@@ -171,7 +179,7 @@ class ProcessWatch:
         now = time.monotonic()
         for jid, procs in found.items():
             self.max_copies[jid] = max(self.max_copies.get(jid, 0), len(procs))
-            if procs or finished(self.c, jid):
+            if procs or _ended(self.c, jid):
                 self.down_since.pop(jid, None)
             else:
                 since = self.down_since.setdefault(jid, now)
@@ -192,6 +200,15 @@ class Chaos:
         self.watch = ProcessWatch(c)
         self.jobs: list[str] = []
         self.corrupt: dict[str, set[int]] = {}
+
+    def finished(self, jid: str) -> bool:
+        """Whether ``jid`` logged its end; a broken log counts as a problem, once."""
+        try:
+            return finished(self.c, jid)
+        except BrokenLogError as exc:
+            if str(exc) not in self.report.problems:
+                self.report.problems.append(str(exc))
+            return True  # judged already: do not wait for it
 
     # -- facts ------------------------------------------------------------------------------
     async def status(self) -> Status | None:
@@ -229,9 +246,7 @@ class Chaos:
                 await self.submit(jid, worker)
             wave += 1
             # The next wave once most of this one has finished (a steady stream of moves).
-            while (
-                not stop.is_set() and sum(not finished(self.c, j) for j in self.jobs) > self.cfg.jobs_per_wave
-            ):
+            while not stop.is_set() and sum(not self.finished(j) for j in self.jobs) > self.cfg.jobs_per_wave:
                 await asyncio.sleep(0.5)
 
     async def submit(self, jid: str, worker: WorkerId) -> None:
@@ -342,7 +357,7 @@ class Chaos:
         if not candidates:
             for jid in self.rng.sample(self.jobs, min(5, len(self.jobs))):
                 info = checkpoint.latest_complete(JobPaths(self.c.volume, ContainerId(jid)).checkpoints)
-                if info is not None and jid not in self.corrupt and not finished(self.c, jid):
+                if info is not None and jid not in self.corrupt and not self.finished(jid):
                     candidates.append((jid, info.manifest))
                     break
         if not candidates:
@@ -407,7 +422,7 @@ class Chaos:
             await asyncio.gather(tasks[1], tasks[2], return_exceptions=True)
             print("  .. faults stopped; waiting for every job to finish", flush=True)
             deadline = time.monotonic() + 180.0
-            while not all(finished(self.c, j) for j in self.jobs) and time.monotonic() < deadline:
+            while not all(self.finished(j) for j in self.jobs) and time.monotonic() < deadline:
                 await asyncio.sleep(0.5)
             await asyncio.sleep(0.5)  # the last scans see the last processes end
         finally:
@@ -423,7 +438,7 @@ class Chaos:
         r.max_copies = max(self.watch.max_copies.values(), default=0)
         r.longest_down = max(self.watch.longest_down.values(), default=0.0)
         for jid in self.jobs:
-            if not finished(self.c, jid):
+            if not self.finished(jid):
                 r.problems.append(f"{jid}: lost (never finished)")
                 continue
             if self.watch.max_copies.get(jid, 0) > 1:

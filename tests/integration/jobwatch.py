@@ -61,7 +61,21 @@ def records(c: EmbeddedCluster, jid: str) -> list[dict[str, Any]]:
     except FileNotFoundError:
         return []
     # Only whole lines: the job may be halfway through appending the last one.
-    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+    out = []
+    for n, line in enumerate(text.split("\n")[:-1], 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError as exc:
+            raise BrokenLogError(
+                f"{jid}: line {n} of its progress log is not a record: {line[:80]!r}"
+            ) from exc
+    return out
+
+
+class BrokenLogError(AssertionError):
+    """A progress log with a line that is not a whole record (the writer left half a line)."""
 
 
 def has_event(c: EmbeddedCluster, jid: str, event: str) -> bool:

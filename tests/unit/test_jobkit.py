@@ -479,3 +479,29 @@ def test_a_stop_on_a_full_disk_claims_no_checkpoint(tmp_path: Path, monkeypatch:
     assert "checkpointed" not in events
     loop.run()  # restarted: from the complete checkpoint at 10, steps 11.. redone
     assert _events(loop.progress, "started")[-1]["step"] == 10
+
+
+def test_a_short_write_on_a_full_disk_leaves_no_half_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the chaos run: the disk took part of a record, refused the rest, and a later
+    run appended to the half line. The part is cut off again and written whole later."""
+    real_write = os.write
+    calls = {"n": 0}
+
+    def short_then_full(fd: int, data: bytes) -> int:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            return real_write(fd, data[:7])  # the disk had room for 7 bytes ...
+        if calls["n"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")  # ... and then none
+        return real_write(fd, data)
+
+    monkeypatch.setattr(jobkit.os, "write", short_then_full)
+    log = jobkit.ProgressLog(tmp_path / "p.jsonl")
+    log.log(1, 1.0)
+    log.log(2, 0.5)  # 7 bytes written, then refused: cut off again
+    assert (tmp_path / "p.jsonl").read_bytes().endswith(b"\n")
+    log.log(3, 0.25)
+    log.close()
+    assert [r["step"] for r in _records(tmp_path / "p.jsonl")] == [1, 2, 3]
