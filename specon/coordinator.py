@@ -22,13 +22,26 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Literal
 
 from specon.cluster_state import ClusterState, Marks
 from specon.config import Policy
 from specon.effects import CommandQueued, Effect, Event, Log, PutMark, PutMigration
-from specon.migration import Advance, IssueSave, IssueStart, Mark, Migration, Reason, State, Wait, next_step
+from specon.executors import DryRunExecutor, Executor, LiveExecutor
+from specon.migration import (
+    Advance,
+    IssueSave,
+    IssueStart,
+    Mark,
+    Migration,
+    Reason,
+    State,
+    Wait,
+    next_step,
+    why_failed,
+)
 from specon.model import ContainerId, WorkerId
+from specon.outbox import Outbox, mark_command, migration_command
 from specon.policy.decisions import Move, RefusalReason, Stay
 from specon.policy.placement import ClusterIndex
 from specon.policy.scheduler import InFlight, decide_pass
@@ -61,24 +74,6 @@ class Recovered:
     restarted: bool = False
 
 
-class Executor(Protocol):
-    """How a decided move is carried out: for real, or recorded only (dry-run)."""
-
-    def begin(self, coord: Coordinator, move: Move, now: float) -> None: ...
-
-
-class LiveExecutor:
-    def begin(self, coord: Coordinator, move: Move, now: float) -> None:
-        coord.open_migration(move, now)
-
-
-class DryRunExecutor:
-    """Journal the decision as a migration that never touched anything."""
-
-    def begin(self, coord: Coordinator, move: Move, now: float) -> None:
-        coord.record_dry_run(move, now)
-
-
 @dataclass(slots=True)
 class PassResult:
     """What one decision pass did (the simulator runs passes until one decides nothing)."""
@@ -106,7 +101,7 @@ class Coordinator:
         self.generation = 1
         # Reallocation requests waiting for a decision: container -> first seen.
         self.requests: dict[ContainerId, float] = {}
-        self.outbox: dict[WorkerId, dict[str, Command]] = {}
+        self.commands = Outbox()
         self.marks: dict[ContainerId, Marks] = {
             m.container: Marks(m.migrated_at, m.migrations, m.rebalances) for m in recovered.marks
         }
@@ -127,18 +122,15 @@ class Coordinator:
         # manager simply retries at once).
         self._refusals: dict[str, int] = {}
         self._ids = itertools.count(1)
-        # Command ids each worker has already been sent (by a reply or a poll).
-        self._delivered: dict[WorkerId, set[str]] = {}
         # Requests counted as deferred (once each, not once per pass).
         self._deferred: set[ContainerId] = set()
         # Dry-run only: where decided moves would have put containers, so the next
         # decisions see the loads a live run would see.
         self.virtual: dict[ContainerId, WorkerId] = {}
         # Write-ahead: journal writes are numbered; a command waits for the writes made
-        # before it (``_gate``: command id -> write number) to be durable (``journaled``).
+        # before it to be durable (``journaled``).
         self._written = 0
         self._durable = 0
-        self._gate: dict[str, int] = {}
         self._effects: list[Effect] = []
         # Failed migrations whose workers are all silent: they no longer hold the budget.
         self._parked: set[str] = set()
@@ -226,22 +218,17 @@ class Coordinator:
     # -- outputs -------------------------------------------------------------------------
     def batch_for(self, worker: WorkerId, now: float, *, ack: int | None = None) -> CommandBatch:
         """The commands for ``worker`` whose journal writes are durable; counts them as sent."""
-        box = self.outbox.get(worker, {})
-        ready = {cid: cmd for cid, cmd in box.items() if self._gate.get(cid, 0) <= self._durable}
-        if ready or worker in self._delivered:  # nothing is kept for a worker never sent anything
-            delivered = self._delivered.setdefault(worker, set())
-            delivered.intersection_update(box)
-            delivered.update(ready)
-        return CommandBatch(
-            manager_time=now, policy_generation=self.generation, commands=tuple(ready.values()), ack=ack
-        )
+        ready = self.commands.deliver(worker, self._durable)
+        return CommandBatch(manager_time=now, policy_generation=self.generation, commands=ready, ack=ack)
 
     def has_unsent(self, worker: WorkerId) -> bool:
         """``worker`` has a deliverable command no reply or poll carried yet (wakes a long poll)."""
-        seen = self._delivered.get(worker, set())
-        return any(
-            cid not in seen and self._gate.get(cid, 0) <= self._durable for cid in self.outbox.get(worker, {})
-        )
+        return self.commands.has_unsent(worker, self._durable)
+
+    @property
+    def outbox(self) -> dict[WorkerId, dict[str, Command]]:
+        """Each worker's queued commands by id (read-only by convention)."""
+        return self.commands.boxes
 
     # -- the loop ----------------------------------------------------------------------
     def tick(self, now: float, *, rebalance: bool = True) -> PassResult:
@@ -284,9 +271,7 @@ class Coordinator:
         if n:
             for w in before_w - self.state.workers.keys():
                 self.emit(Event("worker_forgotten", {"worker": w}))
-                for cid in self.outbox.pop(w, {}):
-                    self._gate.pop(cid, None)
-                self._delivered.pop(w, None)
+                self.commands.forget(w)
             for cid in [c for c in self.requests if c not in self.state.containers]:
                 del self.requests[cid]
                 self._deferred.discard(cid)
@@ -347,7 +332,9 @@ class Coordinator:
                 elif isinstance(step, IssueStart):
                     if step.rollback and not self._retry_due(m, now):
                         pass  # a refused restart is retried with backoff, by the ticker
-                    elif not self._start_outstanding(m):  # never two starts of one job at once
+                    elif not self.commands.has_start(
+                        m.id, (m.source, m.target)
+                    ):  # never two starts of one job at once
                         cmd = self._command(m, Action.START, step.worker, now, rollback=step.rollback)
                         self._send(step.worker, cmd)
                 elif isinstance(step, Wait):
@@ -405,12 +392,12 @@ class Coordinator:
             # time bounds the restart from above.
             changes["started_at"] = now
         if state is State.FAILED and m.error is None and error is None:
-            changes["error"] = _why_failed(
+            changes["error"] = why_failed(
                 m, self.state.running_on(m.container), self.state.finished(m.container)
             )
         new = m.to(state, at=now, **changes)
         self.record(new)
-        self._retract(m)
+        self.commands.retract(m.id, (m.source, m.target))
         if new.state.terminal:
             self._finished(new, "done" if new.state is State.DONE else "rolled_back", now)
         else:
@@ -503,13 +490,7 @@ class Coordinator:
         worker = self.state.running_on(cid)
         if worker is None:
             return
-        cmd = Command(
-            id=f"mark:{cid}",
-            action=Action.MARK_MIGRATED,
-            container=cid,
-            deadline=now + self.policy.messaging.worker_timeout,
-        )
-        self._send(worker, cmd)
+        self._send(worker, mark_command(cid, now, self.policy))
 
     # -- migrations and commands -------------------------------------------------------
     def new_migration(self, move: Move, now: float) -> Migration:
@@ -541,34 +522,13 @@ class Coordinator:
     def _command(
         self, m: Migration, action: Action, worker: WorkerId, now: float, *, rollback: bool = False
     ) -> Command:
-        grace = self.policy.migration.grace_period
-        kind = "rollback" if rollback else action.value
-        return Command(
-            # A retry after a failed result is a new command: the agent answers a repeated
-            # id from its memory instead of running it again. The id is unique per step and
-            # attempt; what the command means is in its fields (``rollback``), never parsed
-            # back out of the id.
-            id=f"{m.id}:{kind}:{worker}:{m.attempts}",
-            action=action,
-            container=m.container,
-            deadline=now + grace + self.policy.messaging.worker_timeout,
-            migration=m.id,
-            checkpoint=m.checkpoint,
-            checkpoint_step=m.checkpoint_step,
-            target=m.target if action is Action.SAVE else None,
-            # The container arrives frozen in CC only if Algorithm 2 has decided for it; a
-            # rebalanced container that never requested keeps being classified.
-            migrated=action is Action.START and self.marks.get(m.container, _NO_MARKS).migrations > 0,
-            # No spec: the target starts the job as it was submitted (its own runtime's
-            # record), never as a save result reported it (SPEC §6, security model).
-            rollback=rollback,
-        )
+        # The container arrives frozen in CC only if Algorithm 2 has decided for it; a
+        # rebalanced container that never requested keeps being classified.
+        migrated = action is Action.START and self.marks.get(m.container, _NO_MARKS).migrations > 0
+        return migration_command(m, action, worker, now, self.policy, migrated=migrated, rollback=rollback)
 
     def _send(self, worker: WorkerId, cmd: Command) -> None:
-        box = self.outbox.setdefault(worker, {})
-        if cmd.id not in box:
-            box[cmd.id] = cmd
-            self._gate[cmd.id] = self._written
+        if self.commands.put(worker, cmd, after_write=self._written):
             self._log("specon.manager.command_queued", worker=worker, command=cmd.id, action=cmd.action.value)
             self._effects.append(CommandQueued(worker, cmd))
 
@@ -581,27 +541,9 @@ class Coordinator:
         wait = min(msg.worker_timeout, msg.heartbeat_interval * float(2 ** min(n - 1, 16)))
         return now - m.updated_at >= wait
 
-    def _boxes(self, m: Migration) -> list[dict[str, Command]]:
-        """The outboxes that can hold ``m``'s commands: a migration only ever commands its
-        source and its target."""
-        return [self.outbox[w] for w in {m.source, m.target} if w in self.outbox]
-
-    def _start_outstanding(self, m: Migration) -> bool:
-        return any(
-            c.migration == m.id and c.action is Action.START for box in self._boxes(m) for c in box.values()
-        )
-
-    def _retract(self, m: Migration) -> None:
-        for box in self._boxes(m):
-            for cid in [c for c, cmd in box.items() if cmd.migration == m.id]:
-                del box[cid]
-                self._gate.pop(cid, None)
-
     def result(self, worker: WorkerId, res: CommandResult, at: float) -> None:
         """Apply one command result (repeats and results for finished work are ignored)."""
-        box = self.outbox.get(worker, {})
-        cmd = box.pop(res.command, None)
-        self._gate.pop(res.command, None)
+        cmd = self.commands.pop(worker, res.command)
         if cmd is None:
             return  # a repeat of a result already applied
         if cmd.action is Action.MARK_MIGRATED or cmd.migration is None:
@@ -654,11 +596,3 @@ class Coordinator:
 
 
 _NO_MARKS = Marks()
-
-
-def _why_failed(m: Migration, running_on: WorkerId | None, finished: bool) -> str:
-    if finished:
-        return "job finished during the migration"
-    if running_on is not None and running_on not in (m.source, m.target):
-        return f"container seen running on {running_on}"
-    return f"gave up in state {m.state.value} (worker unreachable or container moved)"

@@ -14,8 +14,9 @@ from collections.abc import Callable
 
 from specon.cluster_state import ClusterState, Marks
 from specon.config import Policy
-from specon.coordinator import Coordinator, Executor, Recovered
+from specon.coordinator import Coordinator, Recovered
 from specon.effects import CommandQueued, Event, JournalWriter, Log, PutMark, PutMigration, write
+from specon.executors import Executor
 from specon.migration import Migration
 from specon.model import ContainerId, WorkerId
 from specon.policy.decisions import Move

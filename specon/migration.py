@@ -184,3 +184,12 @@ def next_step(
     if home is None:
         return Wait("no live worker to restart on")
     return IssueStart(home, m.checkpoint, rollback=True)
+
+
+def why_failed(m: Migration, running_on: WorkerId | None, finished: bool) -> str:
+    """The journal's reason for a migration the facts turned to ``failed``."""
+    if finished:
+        return "job finished during the migration"
+    if running_on is not None and running_on not in (m.source, m.target):
+        return f"container seen running on {running_on}"
+    return f"gave up in state {m.state.value} (worker unreachable or container moved)"

@@ -15,9 +15,9 @@ from manager_fakes import START, FakeAgent, FakeClock, commands, coordinator, on
 
 from manager.journal import Journal
 from manager.shell import recover
-from specon.coordinator import DryRunExecutor
 from specon.coordinator_inline import InlineCoordinator
 from specon.effects import Event
+from specon.executors import DryRunExecutor
 from specon.migration import Mark, Migration, State
 from specon.model import Category, ContainerId, WorkerId
 from specon.policy.decisions import Move
