@@ -48,7 +48,8 @@ from specon.demo import DemoJob, job_spec, make_workload, run_once
 from specon.evaluation import RunResult, percentile
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import JobSpec
-from specon.runtime.local import LocalCluster, LocalRuntime
+from specon.runtime.local import LocalRuntime
+from specon.runtime.local_cluster import LocalCluster
 from specon.sim.calibration import (
     Gap,
     RateSample,

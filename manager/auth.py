@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from specon.config import YamlError, load_yaml
 from specon.daemon_cli import WeakTokenError, check_token_strength
 from specon.model import WorkerId
 from specon.validate import InvalidIdError, valid_id
+from specon.yaml12 import YamlError, load_yaml
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,8 @@ from specon import protocol
 from specon.model import WorkerId
 from specon.protocol import Status
 from specon.runtime.base import ContainerInfo, JobSpec
-from specon.runtime.local import LocalCluster, LocalRuntime
+from specon.runtime.local import LocalRuntime
+from specon.runtime.local_cluster import LocalCluster
 
 log = structlog.get_logger()
 

@@ -20,7 +20,8 @@ from specon.runtime.base import (
     StillRunning,
     WorkerUsage,
 )
-from specon.runtime.local import LocalCluster, LocalRuntime
+from specon.runtime.local import LocalRuntime
+from specon.runtime.local_cluster import LocalCluster
 from specon.runtime.volume import JobPaths
 
 __all__ = [

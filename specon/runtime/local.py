@@ -30,18 +30,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import math
 import os
-import secrets
 import signal
 import stat
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import BinaryIO
 
 import structlog
@@ -582,77 +579,6 @@ def checkpoint_step(directory: Path) -> int | None:
     """The step a job started now would resume from (newest complete checkpoint)."""
     info = ckpt.latest_complete(directory)
     return None if info is None else info.step
-
-
-class LocalCluster:
-    """W local workers sharing one volume root: for the demo and tests.
-
-    ``teardown`` kills every job and removes every cgroup; use it in a ``finally`` (or as
-    ``async with``) so tests clean up after themselves even when they fail.
-    """
-
-    def __init__(
-        self,
-        root: Path,
-        cpus: Sequence[float],
-        *,
-        name: str | None = None,
-        budget: Mode = "auto",
-        cgroup_parent: str = "specon",
-        cgroup_root: Path = CGROUP_ROOT,
-    ) -> None:
-        self.root = root
-        self.name = name or f"c{os.getpid()}-{secrets.token_hex(3)}"
-        self.runtimes: dict[WorkerId, LocalRuntime] = {}
-        offset = 0
-        try:
-            for i, c in enumerate(cpus):
-                wid = WorkerId(f"w{i}")
-                self.runtimes[wid] = LocalRuntime(
-                    root,
-                    wid,
-                    c,
-                    cgroup_parent,
-                    cluster=self.name,
-                    budget=budget,
-                    cgroup_root=cgroup_root,
-                    affinity_offset=offset,
-                )
-                offset += max(1, math.ceil(c))
-        except BaseException:
-            for rt in self.runtimes.values():
-                rt.close()
-            raise
-
-    def __getitem__(self, worker: str) -> LocalRuntime:
-        return self.runtimes[WorkerId(worker)]
-
-    @property
-    def workers(self) -> list[WorkerId]:
-        return list(self.runtimes)
-
-    async def teardown(self) -> bool:
-        """Kill every job of every worker and remove every cgroup; True when all is gone."""
-        clean = True
-        for rt in self.runtimes.values():
-            try:
-                await rt.stop_all()
-            except RuntimeFailure as exc:
-                log.error("specon.runtime.teardown_failed", worker=rt.worker, error=str(exc))
-                clean = False
-            clean = rt.close() and clean
-        return clean
-
-    async def __aenter__(self) -> LocalCluster:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.teardown()
 
 
 def _implements_runtime(rt: LocalRuntime) -> Runtime:

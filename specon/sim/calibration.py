@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from specon import codec
-from specon.config import load_yaml
 from specon.evaluation import RunResult
 from specon.model import WorkerId
 from specon.sim.cluster import DEFAULT_PARAMS, JobPlan, SimParams, WorkerSpec, Workload
 from specon.sim.trace import Trace
+from specon.yaml12 import load_yaml
 
 
 class PlannedJob(Protocol):
@@ -280,7 +280,7 @@ def params_from_dict(
 def load_params(path: Path | str, *, base: SimParams = DEFAULT_PARAMS) -> SimParams:
     """Simulator parameters from a JSON or YAML file (a mapping of ``SimParams`` fields).
 
-    Read with the policy file's YAML loader (``specon.config.load_yaml``, YAML 1.2), which
+    Read with the policy file's YAML loader (``specon.yaml12.load_yaml``, YAML 1.2), which
     reads JSON as well.
     """
     p = Path(path)

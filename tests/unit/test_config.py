@@ -18,10 +18,8 @@ from specon.config import (
     Mode,
     Policy,
     PolicyError,
-    YamlError,
     default_policy,
     load_policy,
-    load_yaml,
     metric_pattern,
     parse_policy,
     policy_from_dict,
@@ -29,6 +27,7 @@ from specon.config import (
     policy_to_yaml,
 )
 from specon.model import Direction
+from specon.yaml12 import YamlError, load_yaml
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 HEAD = f"apiVersion: {API_VERSION}\nkind: Policy\n"
