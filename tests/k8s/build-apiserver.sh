@@ -31,6 +31,19 @@ impossible() {
     exit 3
 }
 
+# Every apt-get here: wait up to 10 min for the dpkg/apt locks another apt holds (a fresh
+# machine often runs unattended-upgrades) instead of failing at once, and retry a failed
+# run once after 15 s (a flaky mirror or a download cut short).
+APT_LOCK_WAIT=600
+apt_get() {
+    local try
+    for try in 1 2; do
+        apt-get -o "DPkg::Lock::Timeout=$APT_LOCK_WAIT" "$@" && return 0
+        [[ $try -eq 2 ]] || { log "apt-get $* failed; retrying once in 15 s"; sleep 15; }
+    done
+    return 1
+}
+
 # True when $1 is an executable kube-apiserver of the pinned version.
 valid() { [[ -x "$1" ]] && "$1" --version 2>/dev/null | grep -qx "Kubernetes $VERSION"; }
 
@@ -85,9 +98,9 @@ build() {
         [[ $(id -u) -eq 0 ]] || impossible "golang-go, rsync and jq are missing and installing them needs root"
         log "apt-get install golang-go rsync jq"
         export DEBIAN_FRONTEND=noninteractive
-        apt-get install -y -q golang-go rsync jq >/dev/null 2>&1 || {
-            apt-get update -q >/dev/null
-            apt-get install -y -q golang-go rsync jq >/dev/null
+        apt-get -o "DPkg::Lock::Timeout=$APT_LOCK_WAIT" install -y -q golang-go rsync jq >/dev/null 2>&1 || {
+            apt_get update -q >/dev/null
+            apt_get install -y -q golang-go rsync jq >/dev/null
         }
     fi
 
@@ -110,8 +123,8 @@ build() {
         -o "APT::Sandbox::User=root" # the private dirs are root's; no _apt sandbox to hand them to
     )
     log "fetching the kubernetes source package from $mirror ($SUITE)"
-    apt-get "${aptopts[@]}" update -q >/dev/null
-    (cd "$apt/src" && apt-get "${aptopts[@]}" source --download-only -q kubernetes >/dev/null)
+    apt_get "${aptopts[@]}" update -q >/dev/null
+    (cd "$apt/src" && apt_get "${aptopts[@]}" source --download-only -q kubernetes >/dev/null)
 
     local orig
     # Debian versions it 1.20.5+really1.20.2: match any orig tarball of the package.
