@@ -23,7 +23,7 @@ import stat
 import threading
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Literal, Self
 
 import structlog
 
@@ -109,6 +109,23 @@ class _Tailing(abc.ABC):
         except OSError as exc:
             self.error = f"reading {self}: {exc}"
             return 0
+
+    def _skip_backlog(self, reader: FileReader, out: list[Sample]) -> None:
+        """A file first met longer than one poll may read: read its head (the format, a CSV
+        header), then go on from near its end. A backlog that long is history, not progress:
+        the agent's first poll of a job only finds where its log ends (the job appends from
+        now on), and Algorithm 1 wants a window of recent samples, which the tail holds."""
+        if self._limit is None:
+            return
+        edge = min(READ_SIZE, self._limit)
+        try:
+            size = reader.size
+            if size <= self._limit:
+                return
+            self._read(reader, out, edge)
+            reader.skip_to(size - edge)
+        except OSError as exc:
+            self.error = f"reading {self}: {exc}"
 
     def _refuse(self, name: str, st: os.stat_result | None, kind: str | None = None) -> None:
         kind = kind or (file_kind(st.st_mode) if st is not None else "not a regular file")
@@ -217,23 +234,6 @@ class Tailer(_Tailing):
             self._read(self._current, out)
         return out
 
-    def _skip_backlog(self, reader: FileReader, out: list[Sample]) -> None:
-        """A first poll that meets a file longer than one poll may read reads its head (the
-        format, a CSV header), then goes on from near its end: the agent's first poll of a
-        job only finds where its log ends (the job appends from now on), and a backlog that
-        long is history, not progress."""
-        if self._limit is None:
-            return
-        edge = min(READ_SIZE, self._limit)
-        try:
-            size = reader.size
-            if size <= self._limit:
-                return
-            self._read(reader, out, edge)
-            reader.skip_to(size - edge)
-        except OSError as exc:
-            self.error = f"reading {self}: {exc}"
-
     def _close_retired(self) -> None:
         if self._retired is not None:
             self._retired.drop_partial()
@@ -251,9 +251,14 @@ class DirectoryTailer(_Tailing):
     Files are followed by identity (device, inode), not by name: a file renamed within
     the directory (``log`` -> ``log.1``) is not read again, it is read on from where it was.
     A file that leaves the directory (or no longer matches) is read until idle, then closed.
-    Each poll reads at most ``max_poll_bytes`` of each file (no first-poll skip: every file
-    of the directory is read whole, over as many polls as it takes). Matching entries that
-    are not regular files are refused; subdirectories are passed over.
+    Each poll reads at most ``max_poll_bytes`` of each file. ``backlog`` says where a file
+    first met starts: ``"tail"`` (the default) reads a file longer than one poll's worth
+    from its head (the format) and then its last bytes only, like ``Tailer``'s first poll:
+    an agent restarted beside a long-running job classifies it from recent samples at
+    once instead of spending many polls (and CPU) on its history, and a new job's log is
+    short enough to be read whole anyway; ``"all"`` reads every file whole, over as many
+    polls as it takes. Matching entries that are not regular files are refused;
+    subdirectories are passed over.
     """
 
     def __init__(
@@ -263,8 +268,12 @@ class DirectoryTailer(_Tailing):
         pattern: str = "*",
         *,
         read_size: int = READ_SIZE,
+        backlog: Literal["tail", "all"] = "tail",
     ) -> None:
         super().__init__(config or ProgressConfig(), read_size, True)
+        if backlog not in ("tail", "all"):
+            raise ValueError(f"backlog must be 'tail' or 'all', got {backlog!r}")
+        self.backlog = backlog
         self.directory = Path(directory)
         self.pattern = pattern
         self._active: dict[Identity, FileReader] = {}
@@ -297,19 +306,21 @@ class DirectoryTailer(_Tailing):
             self._read(reader, out)
             self._retired[identity] = reader
         for identity, name in sorted(present.items(), key=lambda item: item[1]):
-            active = self._active.get(identity) or self._open_new(identity, name)
+            active = self._active.get(identity) or self._open_new(identity, name, out)
             if active is not None:
                 self._names[identity] = name
                 self._read(active, out)
         return out
 
-    def _open_new(self, identity: Identity, name: str) -> FileReader | None:
+    def _open_new(self, identity: Identity, name: str, out: list[Sample]) -> FileReader | None:
         reader = self._open(self.directory / name, None)
         if reader is not None and reader.identity != identity:  # replaced since the scan: next poll
             reader.close()
             return None
         if reader is not None:
             self._active[identity] = reader
+            if self.backlog == "tail":
+                self._skip_backlog(reader, out)
         return reader
 
     def _scan(self) -> dict[Identity, str]:

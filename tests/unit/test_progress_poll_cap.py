@@ -85,7 +85,7 @@ def test_a_first_poll_that_lands_on_a_line_start_loses_no_line(tmp_path: Path) -
         assert len(got) == head + min(READ_SIZE, CAP) // len(line)
 
 
-def test_read_file_and_the_directory_tailer_never_skip(tmp_path: Path) -> None:
+def test_read_file_and_the_directory_tailer_with_backlog_all_never_skip(tmp_path: Path) -> None:
     log = tmp_path / "progress.jsonl"
     log.write_bytes(records(0, 20_000))
     config = ProgressConfig(max_poll_bytes=CAP)
@@ -93,11 +93,29 @@ def test_read_file_and_the_directory_tailer_never_skip(tmp_path: Path) -> None:
     samples, stats = read_file(log, config)
 
     assert len(samples) == 20_000 and stats.bytes_skipped == 0
-    with DirectoryTailer(tmp_path, config) as tailer:
+    with DirectoryTailer(tmp_path, config, backlog="all") as tailer:
         got = 0
         for _ in range(log.stat().st_size // CAP + 1):
             got += len(tailer.poll())
         assert got == 20_000 and tailer.stats.bytes_skipped == 0
+
+
+def test_the_directory_tailer_starts_a_long_file_from_its_tail_by_default(tmp_path: Path) -> None:
+    """A backlog of 20,000 records costs one bounded poll, which still yields the most recent
+    samples (a window for Algorithm 1); what is appended later is read in full."""
+    log = tmp_path / "progress.jsonl"
+    log.write_bytes(records(0, 20_000))
+    with DirectoryTailer(tmp_path, ProgressConfig(max_poll_bytes=CAP)) as tailer:
+        first = tailer.poll()
+        assert 0 < len(first) < 20_000 // 5 and tailer.stats.bytes_skipped > 0
+        assert first[-1].step == 19_999, "the newest sample is in the first poll"
+        with log.open("ab") as f:
+            f.write(records(20_000, 50))
+        later = tailer.poll()
+        assert [s.step for s in later] == list(range(20_000, 20_050))
+        # A short new file is read whole.
+        (tmp_path / "b.jsonl").write_bytes(records(0, 10))
+        assert len(tailer.poll()) == 10
 
 
 def test_the_cap_is_a_policy_knob_that_must_be_positive(tmp_path: Path) -> None:
