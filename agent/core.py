@@ -30,6 +30,7 @@ from specon.progress import SkipReason, Tailer
 from specon.progress.fields import TS_KEYS
 from specon.progress.last import last_record
 from specon.protocol import Action, Command, CommandBatch, CommandResult, ContainerReport, Heartbeat, Phase
+from specon.retention import expired
 from specon.runtime.base import (
     AlreadyFinished,
     AlreadyRunning,
@@ -72,6 +73,7 @@ class AgentCounters:
     commands: dict[str, int] = field(default_factory=dict)
     command_failures: int = 0
     state_write_failures: int = 0
+    states_forgotten: int = 0
 
 
 class Agent:
@@ -96,6 +98,9 @@ class Agent:
         # Containers that ended here (finished or failed) and are still reported.
         self.ended: dict[ContainerId, tuple[ContainerInfo, Phase]] = {}
         self.saved_states: dict[ContainerId, MonitorState] = self._load_states()
+        # When each container was last here (running, ended, or being saved away): the saved
+        # state of one gone longer than ``state_retention`` is forgotten.
+        self._last_here: dict[ContainerId, float] = dict.fromkeys(self.saved_states, runtime.now())
         # Containers being saved or stopped away from here: never re-adopted by a refresh
         # that raced with the save (that would report a stopped job as running).
         self.leaving: set[ContainerId] = set()
@@ -147,6 +152,23 @@ class Agent:
             if cid not in seen:
                 self.ended.pop(cid)
         self.leaving &= seen
+        self._forget_old_states(seen)
+
+    def _forget_old_states(self, seen: set[ContainerId]) -> None:
+        now = self.runtime.now()
+        for cid in (*seen, *self.watched, *self.leaving):
+            self._last_here[cid] = now
+        for cid in self.saved_states:
+            self._last_here.setdefault(cid, now)  # saved or started since the last refresh
+        here = self.watched.keys() | self.ended.keys() | self.leaving
+        gone = expired(self._last_here, now, self.settings.state_retention, here)
+        for cid in gone:
+            del self._last_here[cid]
+            self.saved_states.pop(cid, None)
+        if gone:
+            self.counters.states_forgotten += len(gone)
+            log.info("specon.agent.states_forgotten", containers=len(gone))
+            self._save_states()
 
     def _progress_config(self, spec: JobSpec) -> ProgressConfig:
         labels = dict(spec.labels)

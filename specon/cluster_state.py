@@ -28,6 +28,7 @@ from specon.model import (
     WorkerSnapshot,
 )
 from specon.protocol import ContainerReport, ContainerStatus, Heartbeat, Phase, WorkerStatus
+from specon.retention import expired
 
 # A job's opt-out from moves, carried in its report's job labels.
 MIGRATABLE_LABEL = "specon.io/migratable"
@@ -191,9 +192,8 @@ class ClusterState:
         if self.always_heard:
             return 0  # every worker is heard from all the time: nothing is unseen
         kept = set(keep)
-        cut = now - older_than
-        workers = [w for w, r in self.workers.items() if r.last_seen < cut and w not in kept]
-        containers = [c for c, r in self.containers.items() if r.last_seen < cut and c not in kept]
+        workers = expired({w: r.last_seen for w, r in self.workers.items()}, now, older_than, kept)
+        containers = expired({c: r.last_seen for c, r in self.containers.items()}, now, older_than, kept)
         for w in workers:
             del self.workers[w]
         for c in containers:

@@ -181,6 +181,12 @@ class AgentSettings(_Settings):
     result_memory: int = _setting(
         1000, "Results of executed commands kept, so that a repeated command is answered, not run again."
     )
+    state_retention: float = _setting(
+        3600.0,
+        "Seconds the classifier state of a container gone from this worker is kept (it comes back "
+        "with a rollback or a restart of the agent); then it is forgotten, so the state file stays "
+        "bounded. The default outlasts a migration's deadlines (save 120 s, restore 300 s) many times.",
+    )
 
     def _cross_problems(self) -> list[str]:
         if self.backoff_max < self.backoff_initial:

@@ -27,6 +27,7 @@ from specon.model import Category, ContainerId, Resources
 from specon.protocol import Action, Command, CommandBatch, CommandResult, ContainerReport
 from specon.runtime import ContainerInfo, JobSpec
 from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume, JobScript
+from specon.settings import AgentSettings
 
 PC, WC, CC = Category.PROGRESSING, Category.WATCHING, Category.CONVERGED
 TICK = 10.0  # fake seconds between ticks: ten samples per tick
@@ -657,3 +658,23 @@ async def test_the_heartbeat_carries_node_taints_and_each_jobs_selector_and_tole
     assert by_id["tol"].selector == {"zone": "a"}
     assert by_id["tol"].tolerations == ("gpu:NoSchedule", "*:NoExecute")
     assert (by_id["plain"].selector, by_id["plain"].tolerations) == ({}, ())
+
+
+async def test_the_state_of_a_container_gone_longer_than_the_retention_is_forgotten(world: World) -> None:
+    """The state file stays bounded: a container saved away keeps its state here for
+    ``state_retention`` seconds (a rollback brings it back), then it is forgotten."""
+    state_file = world.tmp / "monitor.json"
+    await world.run("a")
+    await world.run("b")
+    agent = world.agent(state_file=state_file, settings=AgentSettings(state_retention=300.0))
+    await tick(agent, world.clock, 3)
+    assert set(agent.saved_states) | set(agent.watched) >= {"a", "b"}
+    await agent.execute(command("s1", Action.SAVE, "a"), remaining=60.0)  # a leaves w0
+    await tick(agent, world.clock)
+    assert "a" in agent.saved_states and "a" not in agent.watched
+    await tick(agent, world.clock, int(250 / TICK))
+    assert "a" in agent.saved_states, "kept within the retention"
+    await tick(agent, world.clock, int(100 / TICK))
+    assert "a" not in agent.saved_states and agent.counters.states_forgotten == 1
+    assert "b" in agent.watched, "a container still here is never forgotten"
+    assert "a" not in json.loads(state_file.read_text())
