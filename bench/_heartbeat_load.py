@@ -61,8 +61,11 @@ class Template:
         return b"".join((head, str(seq).encode(), mid, repr(sent_at).encode(), tail))
 
 
-def heartbeat(i: int, containers: int, rng: random.Random, now: float) -> Heartbeat:
-    """Agent ``i``'s heartbeat (with sentinel seq and sent_at; converged ``now - 0..600 s`` ago)."""
+def heartbeat(
+    i: int, containers: int, rng: random.Random, now: float, *, requesting: bool = False
+) -> Heartbeat:
+    """Agent ``i``'s heartbeat (with sentinel seq and sent_at; converged ``now - 0..600 s`` ago).
+    ``requesting``: its converged containers ask to move (``pending_request``)."""
     worker = WorkerId(f"sim-{i:05d}")
     reports = []
     for j in range(containers):
@@ -74,6 +77,7 @@ def heartbeat(i: int, containers: int, rng: random.Random, now: float) -> Heartb
                 category=category,
                 last_g=rng.uniform(0.0, 0.05),
                 t_cc=now - rng.uniform(0, 600) if category is Category.CONVERGED else None,
+                pending_request=requesting and category is Category.CONVERGED,
                 step=rng.randrange(steps),
                 requests=Resources(cpu=rng.choice((0.5, 1.0, 2.0)), memory=rng.choice((1, 2, 4)) << 30),
                 job={
@@ -242,7 +246,12 @@ def _quantile(sorted_values: Sequence[float], q: float) -> float:
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
     rng = random.Random(args.seed)
     now = time.time()
-    templates = [template(heartbeat(i, args.containers, rng, now)) for i in range(args.agents)]
+    # Which agents ask: their own draws, so the default load's templates do not change.
+    asking = random.Random(args.seed + 1)
+    templates = [
+        template(heartbeat(i, args.containers, rng, now, requesting=asking.random() < args.requesting))
+        for i in range(args.agents)
+    ]
     load = Load(args, templates)
     try:
         try:
@@ -275,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--manager-pid", type=int, help="to report the manager's CPU time in the timed phase")
     p.add_argument("--warmup-timeout", type=float, default=120.0, help="seconds allowed for the warm-up")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--requesting", type=float, default=0.0, help="share of agents whose converged containers ask to move"
+    )
     p.add_argument("--out", type=Path, required=True, help="where to write the JSON result")
     return p
 

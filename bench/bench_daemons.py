@@ -210,6 +210,7 @@ def _load(
     cpu: int | None,
     rate: float | None = None,
     warmup_timeout: float = 120.0,
+    extra: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run the load generator once (its own process, pinned to ``cpu``); its JSON result."""
     out = mgr.dir / f"load-{name}.json"
@@ -225,6 +226,7 @@ def _load(
         "--manager-pid", str(mgr.proc.pid),
         "--warmup-timeout", str(warmup_timeout),
         "--out", str(out),
+        *extra,
     ]  # fmt: skip
     if rate is not None:
         argv += ["--rate", str(rate)]

@@ -24,8 +24,8 @@ import structlog
 
 from manager.journal import JournalStore
 from specon.config import Policy
-from specon.coordinator import Coordinator, Recovered
-from specon.effects import CommandQueued, Event, JournalWrite, Log, PutMark, PutMigration, write
+from specon.coordinator import Coordinator
+from specon.effects import CommandQueued, Event, JournalWrite, Log, PutMark, PutMigration, Recovered, write
 from specon.executors import Executor
 from specon.model import WorkerId
 from specon.protocol import CommandBatch, Heartbeat, ReallocationRequest

@@ -18,15 +18,16 @@ reported exactly as in a live run, but no save or start is ever sent.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Literal
 
 from specon.cluster_state import ClusterState, Marks
 from specon.config import Policy
-from specon.effects import CommandQueued, Effect, Event, Log, PutMark, PutMigration
+from specon.effects import CommandQueued, Effect, Event, Log, PassResult, PutMark, PutMigration, Recovered
 from specon.executors import DryRunExecutor, Executor, LiveExecutor
 from specon.migration import (
     Advance,
@@ -40,6 +41,7 @@ from specon.migration import (
     next_step,
     why_failed,
 )
+from specon.migration_limits import deadline_passed, parked
 from specon.model import ContainerId, WorkerId
 from specon.outbox import Outbox, mark_command, migration_command
 from specon.policy.decisions import Move, RefusalReason, Stay
@@ -54,6 +56,7 @@ from specon.protocol import (
     Heartbeat,
     ReallocationRequest,
 )
+from specon.retention import expired
 
 # Finished migrations the status keeps in memory (the journal keeps them all).
 RECENT_MIGRATIONS = 1000
@@ -61,25 +64,6 @@ RECENT_MIGRATIONS = 1000
 
 class NotHostedError(ValueError):
     """A worker asked about a container it does not run."""
-
-
-@dataclass(frozen=True, slots=True)
-class Recovered:
-    """What a restarted manager reads back from its journal before the first input."""
-
-    in_flight: tuple[Migration, ...] = ()
-    finished: tuple[Migration, ...] = ()
-    marks: tuple[Mark, ...] = ()
-    # The journal was opened by a manager before: a restart into a running cluster.
-    restarted: bool = False
-
-
-@dataclass(slots=True)
-class PassResult:
-    """What one decision pass did (the simulator runs passes until one decides nothing)."""
-
-    decided: bool = False
-    deferred: list[ContainerId] = field(default_factory=list)
 
 
 class Coordinator:
@@ -132,6 +116,10 @@ class Coordinator:
         self._written = 0
         self._durable = 0
         self._effects: list[Effect] = []
+        # When each request was last answered (decided, refused, dropped): asked again within
+        # ``_quiet`` seconds it waits for the ticker instead of buying a pass of its own.
+        self._answered: dict[ContainerId, float] = {}
+        self._quiet = policy.messaging.heartbeat_interval
         # Failed migrations whose workers are all silent: they no longer hold the budget.
         self._parked: set[str] = set()
         self.decision_seconds: deque[float] = deque(maxlen=1000)
@@ -192,12 +180,25 @@ class Coordinator:
         step: bool = True,
     ) -> None:
         self.revision += 1
+        in_flight = len(self.migrations)
         for res in results:
             self.result(worker, res, now if res.finished_at is None else res.finished_at + skew)
+        fresh = False
         for rep in containers:
-            if rep.pending_request and rep.phase == "running":
-                self.requests.setdefault(rep.id, now)
-        if step:
+            if rep.pending_request and rep.phase == "running" and rep.id not in self.requests:
+                self.requests[rep.id] = now
+                # Asked again right after an answer (the agent has not applied it yet): no news.
+                fresh = fresh or now - self._answered.get(rep.id, -math.inf) >= self._quiet
+        if not step:
+            return
+        if not fresh:
+            # A heartbeat with nothing new to decide drives migrations only: requests already
+            # waiting are decided by the next tick (every second), not by every heartbeat:
+            # 1,000 agents must not buy 1,000 decision passes a second. A migration that
+            # ended frees budget: that is news for the waiting requests.
+            self.drive(now)
+            fresh = bool(self.requests) and len(self.migrations) < in_flight
+        if fresh:
             self.tick(now, rebalance=False)
 
     def request(self, req: ReallocationRequest, now: float, *, step: bool = True) -> None:
@@ -276,6 +277,8 @@ class Coordinator:
                 del self.requests[cid]
                 self._deferred.discard(cid)
             self._log("specon.manager.pruned", forgotten=n)
+        for cid in expired(self._answered, now, self._quiet):
+            del self._answered[cid]
         return n
 
     def record(self, m: Migration) -> None:
@@ -344,17 +347,12 @@ class Coordinator:
     def _overdue(self, m: Migration, now: float) -> bool:
         """Roll ``m`` back if it stayed in a save or a start past its deadline (time in the
         state as this manager saw it: a restart does not count its own downtime)."""
-        cfg = self.policy.migration
-        limit = {State.SAVING: cfg.save_timeout, State.RESTORING: cfg.restore_timeout}.get(m.state)
-        if limit is None:
+        error = deadline_passed(m, now - max(m.updated_at, self.started_at), self.policy.migration)
+        if error is None:
             return False
-        spent = now - max(m.updated_at, self.started_at)
-        if spent <= limit:
-            return False
-        error = f"deadline: {m.state.value} for {spent:.0f} s (limit {limit:g} s)"
         self.emit(Event("migration_timeout", {"state": m.state.value}))
         self._log("specon.manager.migration_timeout", level="warning", migration=m.id, container=m.container,
-                  state=m.state.value, seconds=round(spent, 1))  # fmt: skip
+                  state=m.state.value, error=error)  # fmt: skip
         self._advance(m, State.FAILED, now, error=error)
         return True
 
@@ -364,14 +362,12 @@ class Coordinator:
         stops blocking every other migration meanwhile."""
         if m.state is not State.FAILED:
             return True
-        msg = self.policy.messaging
-        limit = self.policy.migration.park_after * msg.worker_timeout
         silent = min(self.state.silent_for(m.source, now), self.state.silent_for(m.target, now))
-        if silent < limit:
+        note = parked(m, silent, self.policy)
+        if note is None:
             return True
         if m.id not in self._parked:
             self._parked.add(m.id)
-            note = f"parked: {m.source} and {m.target} silent for {min(silent, 1e9):.0f} s (budget released)"
             self.record(new := replace(m, error=f"{m.error}; {note}" if m.error else note))
             self.migrations[m.id] = new
             self.emit(Event("migration_parked"))
@@ -435,6 +431,7 @@ class Coordinator:
         for cid in (*p.dropped, *p.answered):
             self.requests.pop(cid, None)
             self._deferred.discard(cid)
+            self._answered[cid] = now
         for cid in p.deferred:
             if cid not in self._deferred:  # count a request once, not once per pass
                 self._deferred.add(cid)

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 from specon.cluster_state import ClusterState, Marks
 from specon.config import Policy
-from specon.coordinator import Coordinator, Recovered
-from specon.effects import CommandQueued, Event, JournalWriter, Log, PutMark, PutMigration, write
+from specon.coordinator import Coordinator
+from specon.effects import CommandQueued, Event, JournalWriter, Log, PutMark, PutMigration, Recovered, write
 from specon.executors import Executor
 from specon.migration import Migration
 from specon.model import ContainerId, WorkerId

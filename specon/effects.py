@@ -1,4 +1,5 @@
-"""What the coordinator asks its shell to do: the effects of one input, in order.
+"""The coordinator's exchange with its shell: the effects of each input, in order, and
+what the shell hands it at start (``Recovered``).
 
 The coordinator (``specon.coordinator``) performs no I/O. Each input returns nothing but
 leaves effects behind (``Coordinator.take_effects``): journal writes, commands for
@@ -65,6 +66,25 @@ class Log:
     event: str
     fields: dict[str, object]
     level: Literal["info", "warning"] = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """What a restarted manager reads back from its journal before the first input."""
+
+    in_flight: tuple[Migration, ...] = ()
+    finished: tuple[Migration, ...] = ()
+    marks: tuple[Mark, ...] = ()
+    # The journal was opened by a manager before: a restart into a running cluster.
+    restarted: bool = False
+
+
+@dataclass(slots=True)
+class PassResult:
+    """What one decision pass did (the simulator runs passes until one decides nothing)."""
+
+    decided: bool = False
+    deferred: list[ContainerId] = field(default_factory=list)
 
 
 JournalWrite = PutMigration | PutMark

@@ -43,7 +43,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import structlog
-from jobwatch import JOB, BrokenLogError, assert_exactly_its_steps, finished, restart_agent, spec
+from jobwatch import (
+    BrokenLogError,
+    assert_exactly_its_steps,
+    finished,
+    job_environs,
+    restart_agent,
+    spec,
+    worker_of,
+)
 
 from specon import checkpoint
 from specon.embedded import EmbeddedCluster
@@ -162,20 +170,10 @@ class ProcessWatch:
 
     def scan(self) -> None:
         found: dict[str, dict[int, str]] = {jid: {} for jid in self.markers.values()}
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
-                if JOB.name.encode() not in cmdline or b"launcher.py" in cmdline:
-                    continue
-                env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
+        for pid, env in job_environs():
             jid = next((self.markers[e] for e in env if e in self.markers), None)
             if jid is not None:
-                worker = next((e.split(b"=", 1)[1] for e in env if e.startswith(b"SPECON_WORKER=")), b"?")
-                found[jid][int(name)] = worker.decode()
+                found[jid][pid] = worker_of(env)
         now = time.monotonic()
         for jid, procs in found.items():
             self.max_copies[jid] = max(self.max_copies.get(jid, 0), len(procs))

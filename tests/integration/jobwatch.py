@@ -160,11 +160,9 @@ async def assert_finished_once(
 
 
 # -- processes -------------------------------------------------------------------------------
-def job_processes(c: EmbeddedCluster, jid: str) -> dict[int, str]:
-    """pid -> worker of every live process running ``jid`` (the job itself, not its launcher),
-    found in /proc by the progress file its environment names (unique to this cluster)."""
-    marker = f"SPECON_PROGRESS_FILE={JobPaths(c.volume, ContainerId(jid)).progress}".encode()
-    out: dict[int, str] = {}
+def job_environs() -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, environment) of every live training-job process (the job itself, not its
+    launcher) of ``jobs/curve_job.py``, from /proc."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -175,10 +173,18 @@ def job_processes(c: EmbeddedCluster, jid: str) -> dict[int, str]:
             env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
         except OSError:  # gone meanwhile, or not ours
             continue
-        if marker in env:
-            worker = next((e.split(b"=", 1)[1] for e in env if e.startswith(b"SPECON_WORKER=")), b"?")
-            out[int(name)] = worker.decode()
-    return out
+        yield int(name), env
+
+
+def worker_of(env: list[bytes]) -> str:
+    return next((e.split(b"=", 1)[1] for e in env if e.startswith(b"SPECON_WORKER=")), b"?").decode()
+
+
+def job_processes(c: EmbeddedCluster, jid: str) -> dict[int, str]:
+    """pid -> worker of every live process running ``jid``, found by the progress file its
+    environment names (unique to this cluster)."""
+    marker = f"SPECON_PROGRESS_FILE={JobPaths(c.volume, ContainerId(jid)).progress}".encode()
+    return {pid: worker_of(env) for pid, env in job_environs() if marker in env}
 
 
 class Watchdog:

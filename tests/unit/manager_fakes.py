@@ -10,6 +10,7 @@ from manager.journal import Journal
 from manager.shell import ManagerShell, recover
 from specon.config import Policy, default_policy
 from specon.coordinator_inline import InlineCoordinator
+from specon.effects import Event
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.protocol import Action, Command, CommandBatch, CommandResult, ContainerReport, Heartbeat, Phase
 
@@ -98,6 +99,13 @@ def coordinator(tmp_path: Path, clock: FakeClock, pol: Policy | None = None) -> 
 def shell(tmp_path: Path, clock: FakeClock, pol: Policy | None = None) -> ManagerShell:
     """The manager's shell (journal writes in a thread) on ``tmp_path/journal.db``."""
     return ManagerShell(policy=pol or policy(), journal=Journal(tmp_path / "journal.db"), clock=clock)
+
+
+def record_events(coord: InlineCoordinator) -> list[Event]:
+    """The metric events ``coord`` emits from now on."""
+    seen: list[Event] = []
+    coord.on_event = seen.append
+    return seen
 
 
 def commands(batch: CommandBatch, action: Action | None = None) -> list[Command]:

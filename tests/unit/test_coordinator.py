@@ -11,12 +11,21 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from manager_fakes import START, FakeAgent, FakeClock, commands, coordinator, only, policy, report
+from manager_fakes import (
+    START,
+    FakeAgent,
+    FakeClock,
+    commands,
+    coordinator,
+    only,
+    policy,
+    record_events,
+    report,
+)
 
 from manager.journal import Journal
 from manager.shell import recover
 from specon.coordinator_inline import InlineCoordinator
-from specon.effects import Event
 from specon.executors import DryRunExecutor
 from specon.migration import Mark, Migration, State
 from specon.model import Category, ContainerId, WorkerId
@@ -34,17 +43,6 @@ from specon.protocol import (
 CC = Category.CONVERGED
 C1 = ContainerId("c1")
 CKPT = "/vol/c1/ckpt-100.json"
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-def _events(coord: InlineCoordinator) -> list[Event]:
-    seen: list[Event] = []
-    coord.on_event = seen.append
-    return seen
 
 
 def _one_migration(coord: InlineCoordinator) -> Migration:
@@ -82,7 +80,7 @@ def test_move_runs_save_then_start_and_measures_downtime_across_skewed_clocks(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     coord = coordinator(tmp_path, clock)
-    events = _events(coord)
+    events = record_events(coord)
     a, b = FakeAgent("a", clock, skew=-500.0), FakeAgent("b", clock, skew=300.0)
     t0 = clock()
 
@@ -189,7 +187,7 @@ def test_failed_save_with_the_job_still_running_rolls_back_without_a_start(
 
 def test_failed_save_with_the_job_stopped_restarts_it_on_the_source(tmp_path: Path, clock: FakeClock) -> None:
     coord = coordinator(tmp_path, clock)
-    events = _events(coord)
+    events = record_events(coord)
     a, b = FakeAgent("a", clock), FakeAgent("b", clock)
     save = _begin_move(coord, a, b)
     failed = CommandResult(command=save.id, ok=False, error="killed", finished_at=a.now())
@@ -237,7 +235,7 @@ def test_global_budget_defers_a_second_request_until_the_first_migration_ends(
     coord = coordinator(
         tmp_path, clock, policy(migration={"max_concurrent": 1, "max_concurrent_per_worker": 2})
     )
-    events = _events(coord)
+    events = record_events(coord)
     a, b, x = FakeAgent("a", clock), FakeAgent("b", clock), FakeAgent("x", clock)
     coord.on_heartbeat(b.heartbeat())
     save_c1 = only(
@@ -278,7 +276,7 @@ def test_dry_run_journals_decisions_as_rolled_back_and_never_saves_or_starts(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     coord = coordinator(tmp_path, clock, policy(migration={"dry_run": True}))
-    events = _events(coord)
+    events = record_events(coord)
     a, b = FakeAgent("a", clock), FakeAgent("b", clock)
     coord.on_heartbeat(b.heartbeat())
     replies = [coord.on_heartbeat(a.heartbeat(report("c1", CC, pending=True), report("c2"), report("c3")))]
@@ -572,7 +570,7 @@ def test_record_dry_run_journals_and_counts_the_container_on_its_target(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     coord = coordinator(tmp_path, clock, policy(migration={"dry_run": True}))
-    events = _events(coord)
+    events = record_events(coord)
     m = coord.record_dry_run(Move(C1, WorkerId("a"), WorkerId("b"), "converged"), clock())
     assert _one_migration(coord) == m and m.state is State.ROLLED_BACK
     assert m.error is not None and m.error.startswith("dry-run")
@@ -653,7 +651,7 @@ def test_a_selector_no_other_worker_satisfies_leaves_the_container_in_place(
 ) -> None:
     # Only the source (which needs no check: the job runs there) remains: a stay, never a move.
     coord = coordinator(tmp_path, clock)
-    events = _events(coord)
+    events = record_events(coord)
     reply = _constrained_cluster(coord, clock, tolerations=("*",), selector={"zone": "nowhere"})
     assert not commands(reply, Action.SAVE) and not coord.migrations
     assert any(e.kind == "decision" for e in events)

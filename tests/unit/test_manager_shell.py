@@ -6,7 +6,6 @@ import asyncio
 import threading
 from pathlib import Path
 
-import pytest
 from manager_fakes import FakeAgent, FakeClock, only, policy, report, shell
 
 from manager.journal import Journal
@@ -16,11 +15,6 @@ from specon.model import Category
 from specon.protocol import Action, CommandResult, Heartbeat
 
 CC = Category.CONVERGED
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 async def _begin_move(sh: ManagerShell, a: FakeAgent, b: FakeAgent) -> None:

@@ -5,27 +5,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-from manager_fakes import FakeAgent, FakeClock, commands, coordinator, only, policy, report
+from manager_fakes import (
+    FakeAgent,
+    FakeClock,
+    commands,
+    coordinator,
+    only,
+    policy,
+    record_events,
+    report,
+)
 
 from specon.coordinator_inline import InlineCoordinator
-from specon.effects import Event
 from specon.migration import State
 from specon.model import Category, ContainerId
 from specon.protocol import Action, Command, CommandResult, ContainerReport
 
 CC = Category.CONVERGED
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-def _events(coord: InlineCoordinator) -> list[Event]:
-    seen: list[Event] = []
-    coord.on_event = seen.append
-    return seen
 
 
 def _asks(cid: str, *others: str) -> tuple[ContainerReport, ...]:
@@ -44,7 +40,7 @@ def _states(coord: InlineCoordinator) -> dict[str, State]:
 
 def test_a_save_that_never_returns_rolls_back_at_its_deadline(tmp_path: Path, clock: FakeClock) -> None:
     coord = coordinator(tmp_path, clock, policy(migration={"save_timeout": 60.0}))
-    events = _events(coord)
+    events = record_events(coord)
     a, b = FakeAgent("a", clock), FakeAgent("b", clock)
     coord.on_heartbeat(b.heartbeat())
     save = only(coord.on_heartbeat(a.heartbeat(*_asks("c1", "c2", "c3"))), Action.SAVE)
@@ -121,7 +117,7 @@ def test_failed_migrations_of_silent_workers_stop_holding_the_budget(
     migrations no longer block others, and one still restarts its job when its worker is back."""
     pol = policy(migration={"park_after": 2.0}, rebalance={"mode": "off"})
     coord = coordinator(tmp_path, clock, pol)
-    events = _events(coord)
+    events = record_events(coord)
     a1, a2, a3, b1, b2, b3 = (FakeAgent(n, clock) for n in ("a1", "a2", "a3", "b1", "b2", "b3"))
     for agent in (b1, b2, b3):
         coord.on_heartbeat(agent.heartbeat(report(f"q-{agent.worker}")))
