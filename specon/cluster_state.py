@@ -162,6 +162,7 @@ class ClusterState:
 
     def _ingest_container(self, worker: WorkerId, rep: ContainerReport, now: float, skew: float) -> None:
         rec = self.containers.get(rep.id)
+        changed = rec is None or rec.worker != worker or _view_changed(rec.report, rep)
         if rec is None:
             rec = ContainerRecord(rep.id, worker, rep, now)
             self.containers[rep.id] = rec
@@ -172,12 +173,16 @@ class ClusterState:
         if not rec.history or rec.history[-1][1] != rep.category:
             rec.history.append((now, rep.category))
             del rec.history[:-HISTORY_LIMIT]
-        if rep.t_cc is not None:
+        # Each heartbeat's skew differs by milliseconds: a shift under T_CC_JITTER is noise
+        # (Algorithm 3 ranks converged durations of seconds and more).
+        if rep.t_cc is not None and (rec.t_cc is None or abs(rep.t_cc + skew - rec.t_cc) > T_CC_JITTER):
             rec.t_cc = rep.t_cc + skew
+            changed = True
         if rep.phase == "finished" and rec.finished_at is None:
             rec.finished_at = now
         rec.worker, rec.report, rec.last_seen = worker, rep, now
-        self._dirty.add(rep.id)
+        if changed:  # the view only: most heartbeats change a step count, not what decides
+            self._dirty.add(rep.id)
 
     def goodbye(self, worker: WorkerId) -> None:
         w = self.workers.get(worker)
@@ -413,6 +418,20 @@ class ClusterState:
 
 
 _NO_MARKS = Marks()
+T_CC_JITTER = 0.5  # seconds
+
+
+def _view_changed(old: ContainerReport, new: ContainerReport) -> bool:
+    """Whether ``new`` changes what the container's snapshot view is built from."""
+    return (
+        old.category is not new.category
+        or old.phase != new.phase
+        or old.migrated != new.migrated
+        or old.requests != new.requests
+        or old.job.get(MIGRATABLE_LABEL) != new.job.get(MIGRATABLE_LABEL)
+        or old.selector != new.selector
+        or old.tolerations != new.tolerations
+    )
 
 
 def _moving(in_flight: Iterable[Migration]) -> dict[ContainerId, Migration]:

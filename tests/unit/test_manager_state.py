@@ -181,3 +181,36 @@ def test_reachability_follows_heartbeat_age_and_goodbye() -> None:
     # A restarted agent is welcome back.
     s.ingest(b.heartbeat(), clock())
     assert s.alive(clock(), TIMEOUT) == {B}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2),  # worker
+            st.lists(
+                st.tuples(st.integers(0, 5), st.sampled_from(list(Category)), st.booleans()), max_size=4
+            ),
+            st.floats(0.0, 3.0),  # seconds before this heartbeat
+        ),
+        max_size=25,
+    )
+)
+def test_the_incremental_view_is_the_snapshot_built_from_scratch(
+    beats: list[tuple[int, list[tuple[int, Category, bool]], float]],
+) -> None:
+    """``view`` rebuilds only what changed; it must always equal ``snapshot`` (up to order)."""
+    clock = FakeClock()
+    agents = [FakeAgent(f"w{i}", clock) for i in range(3)]
+    state = ClusterState()
+    marks: dict[ContainerId, Marks] = {}
+    for w, containers, dt in beats:
+        clock.advance(dt)
+        reps = {
+            c: report(f"c{c}", cat, t_cc=START - 100.0 * c if mig else None) for c, cat, mig in containers
+        }
+        state.ingest(agents[w].heartbeat(*reps.values()), clock())
+        view = state.view(clock(), marks=marks)
+        full = state.snapshot(clock(), timeout=20.0, marks=marks)
+        assert sorted(view.containers, key=lambda c: c.id) == list(full.containers)
+        assert view.workers == full.workers
