@@ -148,7 +148,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     t0 = time.perf_counter()
     seen = coord.state.heartbeats
     batch = await shell.heartbeat(msg)
-    request.app[METRICS].decision_latency.observe(time.perf_counter() - t0)
+    request.app[METRICS].heartbeat_latency.observe(time.perf_counter() - t0)
     if coord.state.heartbeats > seen:
         request.app[METRICS].heartbeats.labels(worker=msg.worker).inc()
     else:

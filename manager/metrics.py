@@ -60,6 +60,12 @@ class ManagerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.heartbeat_latency = Histogram(
+            "specon_manager_heartbeat_seconds",
+            "Answering one heartbeat (ingest, decisions it triggers, its journal writes)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.forgotten = Counter(
             "specon_manager_workers_forgotten",
             "Workers pruned after prune_after x worker_timeout of silence",
@@ -93,6 +99,8 @@ class ManagerMetrics:
             self.timeouts.labels(**ev.labels).inc()
         elif ev.kind == "migration_parked":
             self.parked.inc()
+        elif ev.kind == "decision_pass" and ev.duration is not None:
+            self.decision_latency.observe(ev.duration)
             with contextlib.suppress(KeyError):  # never heard from: no series to drop
                 self.heartbeats.remove(ev.labels["worker"])
         elif ev.kind == "migration_finished":

@@ -27,7 +27,7 @@ from typing import Literal
 
 from specon.cluster_state import ClusterState, Marks
 from specon.config import Policy
-from specon.effects import CommandQueued, Effect, Event, Log, PassResult, PutMark, PutMigration, Recovered
+from specon.effects import CommandQueued, Effect, Event, Log, PutMark, PutMigration, Recovered
 from specon.executors import DryRunExecutor, Executor, LiveExecutor
 from specon.migration import (
     Advance,
@@ -122,7 +122,6 @@ class Coordinator:
         self._quiet = policy.messaging.heartbeat_interval
         # Failed migrations whose workers are all silent: they no longer hold the budget.
         self._parked: set[str] = set()
-        self.decision_seconds: deque[float] = deque(maxlen=1000)
         if self.migrations:
             self._log("specon.manager.recovered", in_flight=len(self.migrations), ids=sorted(self.migrations))
 
@@ -232,8 +231,9 @@ class Coordinator:
         return self.commands.boxes
 
     # -- the loop ----------------------------------------------------------------------
-    def tick(self, now: float, *, rebalance: bool = True) -> PassResult:
-        """One pass: drive migrations, answer requests and, if asked, consider Algorithm 3.
+    def tick(self, now: float, *, rebalance: bool = True) -> bool:
+        """One pass: drive migrations, answer requests and, if asked, consider Algorithm 3;
+        True if it decided something (the simulator runs passes until one decides nothing).
 
         Inputs call it without ``rebalance`` (cheap: nothing is built unless a request
         waits); the manager's 1 s ticker calls it with ``rebalance=True``, which catches
@@ -244,21 +244,23 @@ class Coordinator:
             self.prune(now)
         self.drive(now)
         if self.restarted and now - self.started_at < timeout:
-            return PassResult()  # a restarted manager decides only once every worker could have reported
-        rebalance = rebalance and self._rebalance_may_trigger(now)
+            return False  # a restarted manager decides only once every worker could have reported
+        rebalance = rebalance and self._rebalance_may_trigger()
         if not (self.requests or rebalance):
-            return PassResult()
+            return False
         t0 = time.perf_counter()
         snap = self.state.view(now, marks=self.marks, in_flight=self.migrations.values(), placed=self.virtual)
         # One index per pass, shared by Algorithms 2 and 3 (building it dominates both).
-        result = self._decide(ClusterIndex.of(snap), now, rebalance=rebalance)
-        self.decision_seconds.append(time.perf_counter() - t0)
-        return result
+        decided = self._decide(ClusterIndex.of(snap), now, rebalance=rebalance)
+        self.emit(Event("decision_pass", duration=time.perf_counter() - t0))
+        return decided
 
     def drive(self, now: float) -> None:
         """Drive every migration in flight one step further (part of every ``tick``)."""
         if self.migrations:
-            self._drive(now, self.state.alive(now, self.policy.messaging.worker_timeout))
+            alive = self.state.alive(now, self.policy.messaging.worker_timeout)
+            for mid in list(self.migrations):
+                self._drive(mid, now, alive)
 
     def prune(self, now: float) -> int:
         """Forget workers and containers unseen for ``prune_after`` worker timeouts, with
@@ -290,10 +292,10 @@ class Coordinator:
         if m.state.terminal:
             self.recent.append(m)
 
-    def _rebalance_may_trigger(self, now: float) -> bool:
+    def _rebalance_may_trigger(self) -> bool:
         """A cheap pre-check of Algorithm 3's trigger, before any snapshot is built."""
         cfg = self.policy.rebalance
-        if cfg.mode == "off" or (self.migrations and self._budgeted(now)):
+        if cfg.mode == "off" or any(self.holds_budget(m) for m in self.migrations.values()):
             return False
         if cfg.when == "always":
             return True
@@ -306,43 +308,43 @@ class Coordinator:
                 any_running = True
         return any_running
 
-    def _drive(self, now: float, alive: frozenset[WorkerId]) -> None:
+    def _drive(self, mid: str, now: float, alive: frozenset[WorkerId]) -> None:
+        """Drive migration ``mid`` one step further (a few Advances may chain)."""
         warming_up = now - self.started_at < self.policy.messaging.worker_timeout
-        for mid in list(self.migrations):
-            for _ in range(8):  # a few Advances may chain in one pass; never loop forever
-                m = self.migrations.get(mid)
-                if m is None:
-                    break
-                if warming_up and not {m.source, m.target} <= self.state.workers.keys():
-                    break  # recovered migration: wait until its workers could have reported
-                if not warming_up and self._overdue(m, now):
-                    continue
-                where = self.state.running_on(m.container)
-                step = next_step(
-                    m,
-                    # A silent worker's last heartbeat is no evidence the job still runs there.
-                    running_on=where if where in alive else None,
-                    finished=self.state.finished(m.container),
-                    alive=alive,
-                )
-                if isinstance(step, Advance):
-                    self._advance(m, step.state, now)
-                    if step.state.terminal:
-                        break
-                    continue
-                if isinstance(step, IssueSave):
-                    self._send(step.worker, self._command(m, Action.SAVE, step.worker, now))
-                elif isinstance(step, IssueStart):
-                    if step.rollback and not self._retry_due(m, now):
-                        pass  # a refused restart is retried with backoff, by the ticker
-                    elif not self.commands.has_start(
-                        m.id, (m.source, m.target)
-                    ):  # never two starts of one job at once
-                        cmd = self._command(m, Action.START, step.worker, now, rollback=step.rollback)
-                        self._send(step.worker, cmd)
-                elif isinstance(step, Wait):
-                    pass
-                break
+        for _ in range(8):  # never loop forever
+            m = self.migrations.get(mid)
+            if m is None:
+                return
+            if warming_up and not {m.source, m.target} <= self.state.workers.keys():
+                return  # recovered migration: wait until its workers could have reported
+            if not warming_up and self._overdue(m, now):
+                continue
+            where = self.state.running_on(m.container)
+            step = next_step(
+                m,
+                # A silent worker's last heartbeat is no evidence the job still runs there.
+                running_on=where if where in alive else None,
+                finished=self.state.finished(m.container),
+                alive=alive,
+            )
+            if isinstance(step, Advance):
+                self._advance(m, step.state, now)
+                if step.state.terminal:
+                    return
+                continue
+            if isinstance(step, Wait):
+                self._park_if_abandoned(m, now)
+                return
+            self._parked.discard(mid)  # a worker to act on is back: it holds the budget again
+            if isinstance(step, IssueSave):
+                self._send(step.worker, self._command(m, Action.SAVE, step.worker, now))
+            elif isinstance(step, IssueStart):
+                if step.rollback and not self._retry_due(m, now):
+                    pass  # a refused restart is retried with backoff, by the ticker
+                elif not self.commands.has_start(m.id, (m.source, m.target)):  # never two at once
+                    cmd = self._command(m, Action.START, step.worker, now, rollback=step.rollback)
+                    self._send(step.worker, cmd)
+            return
 
     def _overdue(self, m: Migration, now: float) -> bool:
         """Roll ``m`` back if it stayed in a save or a start past its deadline (time in the
@@ -356,28 +358,23 @@ class Coordinator:
         self._advance(m, State.FAILED, now, error=error)
         return True
 
-    def holds_budget(self, m: Migration, now: float) -> bool:
-        """False for a failed migration whose source and target have both been silent for
-        ``park_after`` worker timeouts: it still restarts the job when one comes back, but
-        stops blocking every other migration meanwhile."""
-        if m.state is not State.FAILED:
-            return True
+    def holds_budget(self, m: Migration) -> bool:
+        """False for a parked migration (see ``_park_if_abandoned``)."""
+        return m.id not in self._parked
+
+    def _park_if_abandoned(self, m: Migration, now: float) -> None:
+        """A failed migration waiting for a live worker whose source and target have both
+        been silent for ``park_after`` worker timeouts stops holding the budget (journaled
+        once); it still restarts the job when one of them comes back."""
         silent = min(self.state.silent_for(m.source, now), self.state.silent_for(m.target, now))
         note = parked(m, silent, self.policy)
-        if note is None:
-            return True
-        if m.id not in self._parked:
+        if note is not None and m.id not in self._parked:
             self._parked.add(m.id)
             self.record(new := replace(m, error=f"{m.error}; {note}" if m.error else note))
             self.migrations[m.id] = new
             self.emit(Event("migration_parked"))
             self._log("specon.manager.migration_parked", level="warning", migration=m.id,
                       container=m.container, source=m.source, target=m.target)  # fmt: skip
-        return False
-
-    def _budgeted(self, now: float) -> list[Migration]:
-        """The migrations in flight that count against the migration budget."""
-        return [m for m in list(self.migrations.values()) if self.holds_budget(m, now)]
 
     def _advance(self, m: Migration, state: State, now: float, *, error: str | None = None) -> None:
         changes: dict[str, object] = {}
@@ -416,10 +413,14 @@ class Coordinator:
                   result=result, downtime=m.downtime, error=m.error)  # fmt: skip
 
     # -- Algorithm 2 -------------------------------------------------------------------
-    def _decide(self, index: ClusterIndex, now: float, *, rebalance: bool) -> PassResult:
+    def _decide(self, index: ClusterIndex, now: float, *, rebalance: bool) -> bool:
         """Act on one ``decide_pass``: answer a request, defer, or start a rebalancing move."""
         queue = sorted(self.requests, key=self.requests.__getitem__)
-        flights = [InFlight(m.container, m.source, m.target) for m in self._budgeted(now)]
+        flights = [
+            InFlight(m.container, m.source, m.target)
+            for m in self.migrations.values()
+            if self.holds_budget(m)
+        ]
         p = decide_pass(
             index.snapshot,
             requests=queue,
@@ -465,7 +466,7 @@ class Coordinator:
             self._log("specon.manager.rebalance", container=mv.container, source=mv.source,
                       target=mv.target)  # fmt: skip
             self.executor.begin(self, mv, now)
-        return PassResult(decided=d is not None or p.rebalance is not None, deferred=list(p.deferred))
+        return d is not None or p.rebalance is not None
 
     def _mark(self, cid: ContainerId, now: float, *, rebalanced: bool = False) -> None:
         """Algorithm 2 decided for ``cid`` (the first time keeps its time), or 3 moved it."""
@@ -514,7 +515,7 @@ class Coordinator:
         self.migrations[m.id] = m
         self._log("specon.manager.migration_decided", migration=m.id, container=m.container,
                   source=m.source, target=m.target, reason=m.reason)  # fmt: skip
-        self._drive(now, self.state.alive(now, self.policy.messaging.worker_timeout))
+        self._drive(m.id, now, self.state.alive(now, self.policy.messaging.worker_timeout))
 
     def _command(
         self, m: Migration, action: Action, worker: WorkerId, now: float, *, rollback: bool = False

@@ -86,7 +86,7 @@ class InlineCoordinator:
 
     def step(self, *, rebalance: bool = False) -> bool:
         """One pass; True if it decided something."""
-        decided = self.core.tick(self.clock(), rebalance=rebalance).decided
+        decided = self.core.tick(self.clock(), rebalance=rebalance)
         self.perform()
         return decided
 

@@ -28,7 +28,8 @@ from specon.protocol import Command
 class Event:
     """Something the metrics and the status page count (decoupled from Prometheus here)."""
 
-    # "decision", "migration_finished", "request_refused", "request_deferred", "worker_forgotten"
+    # "decision", "decision_pass", "migration_finished", "migration_timeout", "migration_parked",
+    # "request_refused", "request_deferred", "worker_forgotten"
     kind: str
     labels: dict[str, str] = field(default_factory=dict)
     downtime: float | None = None
@@ -77,14 +78,6 @@ class Recovered:
     marks: tuple[Mark, ...] = ()
     # The journal was opened by a manager before: a restart into a running cluster.
     restarted: bool = False
-
-
-@dataclass(slots=True)
-class PassResult:
-    """What one decision pass did (the simulator runs passes until one decides nothing)."""
-
-    decided: bool = False
-    deferred: list[ContainerId] = field(default_factory=list)
 
 
 JournalWrite = PutMigration | PutMark
