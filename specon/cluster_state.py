@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from specon.migration import Migration, State
+from specon.migration import Mark, Migration, State
 from specon.model import (
     Category,
     ClusterSnapshot,
@@ -64,15 +64,6 @@ class ContainerRecord:
     # Converged stamp on the manager clock; survives moves (the new agent starts fresh).
     t_cc: float | None = None
     finished_at: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Marks:
-    """What the journal says Algorithms 2/3 have done to a container."""
-
-    migrated_at: float | None = None
-    migrations: int = 0
-    rebalances: int = 0
 
 
 class ClusterState:
@@ -258,7 +249,7 @@ class ClusterState:
         now: float,
         *,
         timeout: float,
-        marks: Mapping[ContainerId, Marks],
+        marks: Mapping[ContainerId, Mark],
         in_flight: Iterable[Migration] = (),
         placed: Mapping[ContainerId, WorkerId] | None = None,
     ) -> ClusterSnapshot:
@@ -274,7 +265,7 @@ class ClusterState:
         self,
         now: float,
         *,
-        marks: Mapping[ContainerId, Marks],
+        marks: Mapping[ContainerId, Mark],
         in_flight: Iterable[Migration] = (),
         placed: Mapping[ContainerId, WorkerId] | None = None,
     ) -> ClusterSnapshot:
@@ -330,14 +321,14 @@ class ClusterState:
     @staticmethod
     def _container_view(
         rec: ContainerRecord,
-        marks: Mapping[ContainerId, Marks],
+        marks: Mapping[ContainerId, Mark],
         moving: Mapping[ContainerId, Migration],
         placed: Mapping[ContainerId, WorkerId],
     ) -> ContainerSnapshot | None:
         m = moving.get(rec.id)
         if rec.report.phase != "running" and m is None:
             return None
-        mk = marks.get(rec.id, _NO_MARKS)
+        mk = marks.get(rec.id, UNMARKED)
         migrated = rec.report.migrated or mk.migrations > 0
         selector = rec.report.selector
         return ContainerSnapshot(
@@ -388,13 +379,13 @@ class ClusterState:
         return tuple(out)
 
     def container_status(
-        self, marks: Mapping[ContainerId, Marks], ids: Iterable[ContainerId] | None = None
+        self, marks: Mapping[ContainerId, Mark], ids: Iterable[ContainerId] | None = None
     ) -> tuple[ContainerStatus, ...]:
         """Status of the containers ``ids`` (default: all, by id)."""
         out = []
         for cid in self.container_order() if ids is None else ids:
             rec = self.containers[cid]
-            mk = marks.get(rec.id, Marks())
+            mk = marks.get(rec.id, UNMARKED)
             rep = rec.report
             out.append(
                 ContainerStatus(
@@ -417,7 +408,8 @@ class ClusterState:
         return tuple(out)
 
 
-_NO_MARKS = Marks()
+# The marks of a container nothing was decided for (its id is never read).
+UNMARKED = Mark(ContainerId(""))
 T_CC_JITTER = 0.5  # seconds
 
 

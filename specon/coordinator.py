@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Literal
 
-from specon.cluster_state import ClusterState, Marks
+from specon.cluster_state import UNMARKED, ClusterState
 from specon.config import Policy
 from specon.effects import CommandQueued, Effect, Event, Log, PutMark, PutMigration, Recovered
 from specon.executors import DryRunExecutor, Executor, LiveExecutor
@@ -86,9 +86,7 @@ class Coordinator:
         # Reallocation requests waiting for a decision: container -> first seen.
         self.requests: dict[ContainerId, float] = {}
         self.commands = Outbox()
-        self.marks: dict[ContainerId, Marks] = {
-            m.container: Marks(m.migrated_at, m.migrations, m.rebalances) for m in recovered.marks
-        }
+        self.marks: dict[ContainerId, Mark] = {m.container: m for m in recovered.marks}
         self.migrations: dict[str, Migration] = {m.id: m for m in recovered.in_flight}
         # The newest finished migrations, oldest first, for the status (never the whole journal).
         self.recent: deque[Migration] = deque(
@@ -303,7 +301,7 @@ class Coordinator:
         any_running = False
         for r in self.state.containers.values():
             if r.report.phase == "running":
-                if not (r.report.migrated or self.marks.get(r.id, _NO_MARKS).migrations > 0):
+                if not (r.report.migrated or self.marks.get(r.id, UNMARKED).migrations > 0):
                     return False
                 any_running = True
         return any_running
@@ -470,7 +468,7 @@ class Coordinator:
 
     def _mark(self, cid: ContainerId, now: float, *, rebalanced: bool = False) -> None:
         """Algorithm 2 decided for ``cid`` (the first time keeps its time), or 3 moved it."""
-        old = self.marks.get(cid, _NO_MARKS)
+        old = self.marks.get(cid) or Mark(cid)
         if rebalanced:
             new = replace(old, rebalances=old.rebalances + 1)
         else:
@@ -480,9 +478,7 @@ class Coordinator:
         self.state.touch(cid)
         self.revision += 1
         self._written += 1
-        self._effects.append(
-            PutMark(self._written, Mark(cid, new.migrated_at, new.migrations, new.rebalances))
-        )
+        self._effects.append(PutMark(self._written, new))
 
     def _mark_command(self, cid: ContainerId, now: float) -> None:
         worker = self.state.running_on(cid)
@@ -522,7 +518,7 @@ class Coordinator:
     ) -> Command:
         # The container arrives frozen in CC only if Algorithm 2 has decided for it; a
         # rebalanced container that never requested keeps being classified.
-        migrated = action is Action.START and self.marks.get(m.container, _NO_MARKS).migrations > 0
+        migrated = action is Action.START and self.marks.get(m.container, UNMARKED).migrations > 0
         return migration_command(m, action, worker, now, self.policy, migrated=migrated, rollback=rollback)
 
     def _send(self, worker: WorkerId, cmd: Command) -> None:
@@ -591,6 +587,3 @@ class Coordinator:
         elif cmd.action is Action.START and rollback and m.state is State.FAILED:
             self.record(new := m.to(State.ROLLED_BACK, at=at, started_at=at))
             self._finished(new, "rolled_back", at)
-
-
-_NO_MARKS = Marks()

@@ -12,12 +12,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from specon.cluster_state import ClusterState, Marks
+from specon.cluster_state import ClusterState
 from specon.config import Policy
 from specon.coordinator import Coordinator
 from specon.effects import CommandQueued, Event, JournalWriter, Log, PutMark, PutMigration, Recovered, write
 from specon.executors import Executor
-from specon.migration import Migration
+from specon.migration import Mark, Migration
 from specon.model import ContainerId, WorkerId
 from specon.policy.decisions import Move
 from specon.protocol import Command, CommandBatch, Heartbeat, ReallocationRequest
@@ -112,7 +112,7 @@ class InlineCoordinator:
         return self.core.migrations
 
     @property
-    def marks(self) -> dict[ContainerId, Marks]:
+    def marks(self) -> dict[ContainerId, Mark]:
         return self.core.marks
 
     @property

@@ -100,9 +100,9 @@ class Mark:
     often) and Algorithm 3 moved it (how often). Every journal backend returns these."""
 
     container: ContainerId
-    migrated_at: float | None
-    migrations: int
-    rebalances: int
+    migrated_at: float | None = None
+    migrations: int = 0
+    rebalances: int = 0
 
 
 # What the coordinator should do next for one migration.

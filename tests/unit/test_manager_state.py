@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from manager_fakes import START, FakeAgent, FakeClock, report
 
-from specon.cluster_state import ClusterState, Marks
-from specon.migration import Migration, State
+from specon.cluster_state import ClusterState
+from specon.migration import Mark, Migration, State
 from specon.model import Category, ContainerId, WorkerId
 
 CC, PC, WC = Category.CONVERGED, Category.PROGRESSING, Category.WATCHING
@@ -136,7 +136,7 @@ def test_in_flight_containers_count_on_their_target_until_the_migration_fails() 
     s = ClusterState()
     s.ingest(b.heartbeat(), clock())
     s.ingest(a.heartbeat(report("c1", CC), report("c2")), clock())
-    marks = {C1: Marks(migrated_at=START, migrations=1)}
+    marks = {C1: Mark(C1, migrated_at=START, migrations=1)}
     for state in (State.SAVING, State.SAVED, State.RESTORING):
         snap = s.snapshot(clock(), timeout=TIMEOUT, marks=marks, in_flight=[_migration(state)])
         assert [c.id for c in snap.on(B)] == ["c1"], state
@@ -156,9 +156,9 @@ def test_marks_freeze_a_container_in_cc_in_the_snapshot() -> None:
     a = FakeAgent("a", clock)
     s = ClusterState()
     s.ingest(a.heartbeat(report("c1", PC)), clock())
-    c = s.snapshot(clock(), timeout=TIMEOUT, marks={C1: Marks(START - 5.0, 1, 1)}).containers[0]
+    c = s.snapshot(clock(), timeout=TIMEOUT, marks={C1: Mark(C1, START - 5.0, 1, 1)}).containers[0]
     assert (c.category, c.migrated, c.t_migrated, c.migrations, c.rebalances) == (CC, True, START - 5.0, 1, 1)
-    status = s.container_status({C1: Marks(START - 5.0, 1, 1)})[0]
+    status = s.container_status({C1: Mark(C1, START - 5.0, 1, 1)})[0]
     assert status.migrated and status.category is PC  # the status shows what the agent reports
 
 
@@ -203,7 +203,7 @@ def test_the_incremental_view_is_the_snapshot_built_from_scratch(
     clock = FakeClock()
     agents = [FakeAgent(f"w{i}", clock) for i in range(3)]
     state = ClusterState()
-    marks: dict[ContainerId, Marks] = {}
+    marks: dict[ContainerId, Mark] = {}
     for w, containers, dt in beats:
         clock.advance(dt)
         reps = {
