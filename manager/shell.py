@@ -88,17 +88,20 @@ class ManagerShell:
         """Make the queued journal writes durable (in a thread), then wake the long polls
         of workers with new commands. Never raises: a failed write stays queued."""
         self._perform()
-        async with self._writer:  # FIFO: writes reach the journal in the order they were made
-            batch, self._pending = self._pending, []
-            if batch:
-                try:
-                    seq = await asyncio.to_thread(write, self.journal, batch)
-                except Exception as exc:
-                    self._pending[:0] = batch  # retried, in order, by the next flush
-                    self.journal_failures += 1
-                    log.error("specon.manager.journal_failed", writes=len(batch), error=str(exc))
-                    return
-                self.core.journaled(seq)
+        if self._pending:  # an input without writes of its own never queues behind another's
+            async with self._writer:  # FIFO: writes reach the journal in the order they were made
+                batch, self._pending = self._pending, []
+                if batch:
+                    try:
+                        seq = await asyncio.to_thread(write, self.journal, batch)
+                    except Exception as exc:
+                        self._pending[:0] = batch  # retried, in order, by the next flush
+                        self.journal_failures += 1
+                        log.error("specon.manager.journal_failed", writes=len(batch), error=str(exc))
+                        return
+                    self.core.journaled(seq)
+        if self._writer.locked():
+            return  # a write is in flight: its writer wakes the polls once it is durable
         waking, self._waking = self._waking, set()
         for w in waking:
             ev = self._wakeups.get(w)

@@ -129,3 +129,19 @@ async def test_a_failed_journal_write_withholds_commands_until_a_retry_succeeds(
     assert [m.container for m in journal.in_flight()] == ["c1"]
     assert journal.marks()["c1"].migrations == 1  # type: ignore[index]
     assert only(sh.core.batch_for(a.worker, clock()), Action.SAVE).container == "c1"
+
+
+async def test_a_heartbeat_with_nothing_to_journal_does_not_wait_for_anothers_write(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Journal writes are serialised; heartbeats that bring none are not: a slow journal
+    (the Kubernetes one is an HTTP read-modify-write) must not stall every agent."""
+    journal, sh, a, b = await _gated(tmp_path, clock)
+    journal.gate.clear()
+    journal.entered.clear()
+    beat = asyncio.create_task(sh.heartbeat(_a_asks(a)))
+    await asyncio.to_thread(journal.entered.wait, 5.0)  # a's decision is being journaled
+    other = await asyncio.wait_for(sh.heartbeat(b.heartbeat()), 2.0)
+    assert other.ack is not None and not beat.done()
+    journal.gate.set()
+    assert only(await asyncio.wait_for(beat, 5.0), Action.SAVE).container == "c1"
