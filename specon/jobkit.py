@@ -152,17 +152,17 @@ class ProgressLog:
         later run (a restart, a move) would append to."""
         if not self._pending or self._fd is None:
             return True
-        start = os.fstat(self._fd).st_size
-        data = self._pending
+        data, done = self._pending, 0
         while data:
             try:
                 written = os.write(self._fd, data)
             except OSError as exc:
                 if exc.errno not in _DISK_FULL:
                     raise
-                os.ftruncate(self._fd, start)  # shrinking needs no space
+                if done:  # only this process appends: the file ends with our ``done`` bytes
+                    os.ftruncate(self._fd, os.fstat(self._fd).st_size - done)  # needs no space
                 return False
-            data = data[written:]
+            data, done = data[written:], done + written
         self._pending = b""
         return True
 
