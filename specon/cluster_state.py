@@ -198,9 +198,7 @@ class ClusterState:
         for w in workers:
             self._worker_changed(w)
         if workers:
-            self._alive = None
-        if workers:
-            self._worker_order = None
+            self._alive = self._worker_order = None
         if containers:
             self._container_order = None
         self.pruned += len(workers) + len(containers)

@@ -182,9 +182,6 @@ class SimJob:
     state: MonitorState | None = None
     started: float | None = None
     finish: float | None = None
-    migrations: int = 0  # Algorithm 2 decisions (Stay or Move) for it
-    rebalances: int = 0
-    t_migrated: float | None = None
     history: list[tuple[float, str]] = field(default_factory=list)
 
     @property
