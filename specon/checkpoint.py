@@ -42,6 +42,9 @@ MANIFEST_MAX = 1 << 16
 # followed (the agent runs as root), opening a FIFO never blocks, a terminal never becomes
 # the controlling tty. What was opened is then checked to be a regular file (``open_regular``).
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+APPEND_FLAGS = (
+    os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+)
 
 
 class CheckpointError(Exception):
@@ -77,15 +80,16 @@ def file_kind(mode: int) -> str:
     return "a special file"
 
 
-def open_regular(path: str | os.PathLike[str]) -> int:
-    """A read-only descriptor of the regular file at ``path``.
+def open_regular(path: str | os.PathLike[str], flags: int = READ_FLAGS) -> int:
+    """A read-only descriptor of the regular file at ``path`` (``flags=APPEND_FLAGS``: one
+    to append to, created if missing).
 
     ``FileNotFoundError`` if nothing is there, ``NotRegularFileError`` for a symlink, FIFO,
     device, socket or directory (never a hang, never an endless read), other ``OSError``s
     as the system gives them. The caller closes the descriptor.
     """
     try:
-        fd = os.open(path, READ_FLAGS)
+        fd = os.open(path, flags, 0o644)
     except OSError as exc:
         # O_NOFOLLOW fails with ELOOP exactly when the last component is a symlink.
         if exc.errno == errno.ELOOP:

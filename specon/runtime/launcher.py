@@ -81,6 +81,27 @@ def _ignore(_signum: int, _frame: FrameType | None) -> None:
     """Outlive the job's SIGTERM so its exit can be recorded."""
 
 
+def launcher_argv(python: str, exit_log: os.PathLike[str] | str, run_id: str, worker: str) -> list[str]:
+    """How a runtime starts a job under this launcher (the job's command follows)."""
+    return [python, "-I", "-S", os.path.abspath(__file__), os.fspath(exit_log), run_id, worker, "--"]
+
+
+def find_launcher(run_id: str, proc: os.PathLike[str] | str = "/proc") -> int | None:
+    """The pid of the launcher running ``run_id`` (its argv carries it), if one runs."""
+    marker, me = run_id.encode(), os.path.basename(__file__).encode()
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc, name, "cmdline"), "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if marker in argv and any(a.endswith(me) for a in argv):
+            return int(name)
+    return None
+
+
 def main(argv: list[str]) -> int:
     """``launcher.py EXIT_LOG RUN_ID WORKER -- COMMAND...``"""
     if len(argv) < 5 or argv[3] != "--":

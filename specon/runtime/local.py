@@ -32,12 +32,12 @@ import contextlib
 import fcntl
 import os
 import signal
-import stat
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -76,13 +76,12 @@ from specon.runtime.cgroups import (
     process_alive,
     read_stat,
 )
-from specon.runtime.launcher import REASON_KILLED, REASON_LOST, ExitRecord
+from specon.runtime.launcher import REASON_KILLED, REASON_LOST, ExitRecord, find_launcher, launcher_argv
 from specon.runtime.saving import run_save, unrecoverable
 from specon.runtime.volume import CorruptRecordError, JobPaths, Owner, iter_job_ids
 
 log = structlog.get_logger()
 
-_LAUNCHER = Path(__file__).with_name("launcher.py")
 _POLL_S = 0.05  # between liveness checks while waiting for a job to exit
 _KILL_WAIT_S = 5.0  # for a SIGKILLed group to disappear
 _LOCK_TIMEOUT_S = 10.0
@@ -238,7 +237,7 @@ class LocalRuntime:
             raise StartFailed(spec.id, f"cannot create the job's directories: {exc}") from exc
         async with self._locked(paths):
             try:
-                owner = paths.read_owner()
+                owner = self._read_owner(paths)
             except CorruptRecordError as exc:
                 raise StartFailed(spec.id, f"cannot tell whether it runs elsewhere: {exc}") from exc
             if owner is not None and self._alive(owner):
@@ -250,13 +249,13 @@ class LocalRuntime:
             except OSError as exc:  # e.g. a full volume: nothing started
                 raise StartFailed(spec.id, f"cannot record the job spec: {exc}") from exc
             owner = self._launch(spec, paths)
-        resume = checkpoint_step(paths.checkpoints)
+        newest = ckpt.latest_complete(paths.checkpoints)
         log.info(
             "specon.runtime.started",
             worker=self._worker,
             container=spec.id,
             pid=owner.pid,
-            resume_step=resume,
+            resume_step=None if newest is None else newest.step,
             enforcement=self._budget.enforcement.value,
         )
         info = self._info(paths, owner)
@@ -370,7 +369,7 @@ class LocalRuntime:
         for job in iter_job_ids(self.root):
             paths = JobPaths(self.root, job)
             try:
-                owner = paths.read_owner()
+                owner = self._read_owner(paths)
             except CorruptRecordError as exc:
                 self._skip(paths.owner, exc)
                 continue
@@ -384,7 +383,7 @@ class LocalRuntime:
         except ValueError as exc:
             raise NoSuchContainer(container_id, str(exc)) from exc
         try:
-            owner = paths.read_owner()
+            owner = self._read_owner(paths)
         except CorruptRecordError as exc:
             raise NoSuchContainer(container_id, str(exc)) from exc
         if owner is None or owner.worker != self._worker:
@@ -394,6 +393,23 @@ class LocalRuntime:
             # Its pid means nothing here: signalling it could hit an unrelated process.
             raise NoSuchContainer(container_id, f"recorded by another host (boot {owner.host})")
         return paths, owner
+
+    def _read_owner(self, paths: JobPaths) -> Owner | None:
+        """``owner.json``, with a provisional record (written before the launch, no pid yet)
+        completed from ``/proc`` when its launcher runs: a runtime that died between the
+        launch and the full record leaves a job that a later start must see running."""
+        owner = paths.read_owner()
+        if owner is None or owner.pid is not None or owner.host != self._host:
+            return owner
+        pid = find_launcher(owner.run_id, self._proc)
+        stat = None if pid is None else read_stat(pid, proc=self._proc)
+        if pid is None or stat is None:
+            return owner  # never launched, or gone: ``_alive`` says no
+        full = replace(owner, pid=pid, start_ticks=stat.start_ticks)
+        with contextlib.suppress(OSError):  # a full volume: completed again at the next read
+            paths.write_owner(full)
+        log.warning("specon.runtime.owner_completed", worker=self._worker, container=paths.job, pid=pid)
+        return full
 
     def _skip(self, path: Path, exc: Exception) -> None:
         self.skipped_records += 1
@@ -471,10 +487,18 @@ class LocalRuntime:
     def _launch(self, spec: JobSpec, paths: JobPaths) -> Owner:
         """Start the job detached, in the worker's budget, and record it as the owner."""
         run_id = uuid.uuid4().hex
-        argv = [sys.executable, "-I", "-S", str(_LAUNCHER), str(paths.exits), run_id, self._worker, "--"]
+        argv = launcher_argv(sys.executable, paths.exits, run_id, self._worker)
+        # Write-ahead: the run is on record before it exists, so a runtime killed between the
+        # launch and the full record below leaves a record that names it (``_read_owner``
+        # finds its launcher by ``run_id``) instead of a running copy no record names.
+        provisional = Owner(worker=self._worker, run_id=run_id, started_at=self.now(), host=self._host)
+        try:
+            paths.write_owner(provisional)
+        except OSError as exc:
+            raise StartFailed(spec.id, f"cannot record the owner: {exc}") from exc
         try:
             # Never through a symlink or into a FIFO planted in the job's directory.
-            with _append_log(paths.stdout) as out, _append_log(paths.stderr) as err:
+            with _append(paths.stdout) as out, _append(paths.stderr) as err:
                 child = subprocess.Popen(
                     [*argv, *spec.command],
                     cwd=paths.dir,
@@ -489,6 +513,7 @@ class LocalRuntime:
                     close_fds=True,
                 )
         except (OSError, subprocess.SubprocessError) as exc:
+            paths.clear_owner()
             raise StartFailed(spec.id, f"cannot launch {spec.command[0]!r}: {exc}") from exc
         _children[child.pid] = child
         stat = read_stat(child.pid, proc=self._proc)  # an unreaped child is readable even if dead
@@ -539,7 +564,7 @@ class LocalRuntime:
     def _clear_owner(self, paths: JobPaths, owner: Owner) -> None:
         """Remove owner.json if it still records *this* run (call with the lock held)."""
         try:
-            current = paths.read_owner()
+            current = self._read_owner(paths)
         except CorruptRecordError:
             current = None
         if current is not None and current.run_id == owner.run_id:
@@ -564,21 +589,8 @@ class LocalRuntime:
             os.close(fd)
 
 
-def _append_log(path: Path) -> BinaryIO:
-    """``path`` opened for appending: a regular file, never followed through a symlink."""
-    fd = os.open(
-        path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644
-    )
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(f"{path}: not a regular file")
-    return os.fdopen(fd, "ab")
-
-
-def checkpoint_step(directory: Path) -> int | None:
-    """The step a job started now would resume from (newest complete checkpoint)."""
-    info = ckpt.latest_complete(directory)
-    return None if info is None else info.step
+def _append(path: Path) -> BinaryIO:
+    return os.fdopen(ckpt.open_regular(path, ckpt.APPEND_FLAGS), "ab")
 
 
 def _implements_runtime(rt: LocalRuntime) -> Runtime:

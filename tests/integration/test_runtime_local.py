@@ -368,3 +368,44 @@ async def test_start_refuses_a_checkpoint_that_does_not_verify_or_belongs_elsewh
     with pytest.raises(StartFailed, match="does not verify"):
         await rt.start(spec(tmp_path, "picky"), checkpoint=mine.payload)
     assert await rt.list_containers() == []
+
+
+class _Killed(BaseException):
+    """The agent process dies here (SIGKILL): no ``except`` and no ``finally`` of ours runs."""
+
+
+async def test_a_runtime_killed_between_launch_and_owner_record_never_starts_a_second_copy(
+    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the chaos run (seed 7): an agent killed after launching a job but before
+    recording it left a running copy no record named, and the repeated start launched a
+    second one. The run is recorded (provisionally) before the launch; a later start finds
+    its launcher by run id and refuses."""
+    job = spec(tmp_path, "crash", steps=10**6)
+    real_write = JobPaths.write_owner
+
+    def dies_at_the_full_record(self: JobPaths, owner: Owner) -> None:
+        if owner.pid is not None:  # the record naming the launched process
+            raise _Killed
+        real_write(self, owner)
+
+    monkeypatch.setattr(JobPaths, "write_owner", dies_at_the_full_record)
+    with pytest.raises(_Killed):
+        await cluster["w0"].start(job)
+    monkeypatch.setattr(JobPaths, "write_owner", real_write)
+    await wait_for(lambda: last_step(cluster["w0"], "crash") >= 1, "the orphaned copy trains")
+
+    restarted = LocalRuntime(cluster.root, WorkerId("w0"), 0.5, cluster=cluster.name)
+    try:
+        with pytest.raises(AlreadyRunning):
+            await restarted.start(job)
+        with pytest.raises(AlreadyRunning):
+            await cluster["w1"].start(job)
+        [seen] = await restarted.list_containers()
+        assert seen.state is ContainerState.RUNNING and seen.pid is not None
+        owner = JobPaths.of(cluster.root, "crash").read_owner()
+        assert owner is not None and owner.pid == seen.pid, "the record was completed"
+        starts = [r for r in records(restarted, "crash") if r.get("event") in ("started", "resumed")]
+        assert len(starts) == 1, "one copy only"
+    finally:
+        restarted.close()
