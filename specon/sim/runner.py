@@ -106,7 +106,19 @@ def simulated_manager(
 
 
 # What the manager sees of a job; a report travels only when it changes.
-_Seen = tuple[str, Category, float | None, bool, bool]
+_Seen = tuple[ReportPhase, Category, float | None, bool, bool]
+
+
+def _report_of(job: SimJob, seen: _Seen) -> ContainerReport:
+    phase, category, t_cc, migrated, pending = seen
+    return ContainerReport(
+        id=ContainerId(job.id),
+        category=category,
+        phase=phase,
+        t_cc=t_cc,
+        migrated=migrated,
+        pending_request=pending,
+    )
 
 
 class _Run:
@@ -181,23 +193,8 @@ class _Run:
             self.coord.on_heartbeat(hb)
 
     # -- agents: what they report ----------------------------------------------------------
-    def _view(self, job: SimJob) -> ContainerReport:
-        """The job as its agent reports it."""
-        phase = _REPORTED[job.phase]
-        if self.policy.blind or job.state is None:
-            cid, pc = ContainerId(job.id), Category.PROGRESSING
-            return ContainerReport(id=cid, category=pc, phase=phase, t_cc=job.started)
-        st = job.state
-        return ContainerReport(
-            id=ContainerId(job.id),
-            category=st.display,
-            phase=phase,
-            t_cc=st.t_cc,
-            migrated=st.migrated,
-            pending_request=st.pending_request,
-        )
-
     def _seen_of(self, job: SimJob) -> _Seen:
+        """What the job's agent reports of it (a blind policy's agents see no convergence)."""
         st = job.state
         if self.policy.blind or st is None:
             return (_REPORTED[job.phase], Category.PROGRESSING, job.started, False, False)
@@ -222,7 +219,7 @@ class _Run:
         core.reports(
             worker,
             now,
-            containers=(self._view(job),) if changed else (),
+            containers=(_report_of(job, seen),) if changed else (),
             results=() if result is None else (result,),
             step=False,
         )
