@@ -428,6 +428,8 @@ class LocalRuntime:
         return {job: o.pid for job, o in running.items() if o.pid is not None}
 
     def _info(self, paths: JobPaths, owner: Owner) -> ContainerInfo | None:
+        if owner.pid is None and owner.host == self._host and paths.job not in self._busy:
+            return None  # provisional, no launcher: a launch under way or one that never ran
         try:
             spec = paths.read_spec()
         except CorruptRecordError as exc:
