@@ -146,10 +146,11 @@ async def heartbeat(request: web.Request) -> web.Response:
         log.warning("specon.manager.seq_implausible", worker=msg.worker, seq=msg.seq)
         return _error(400, "seq: implausibly far ahead of the manager's clock (expected microseconds)", "seq")
     t0 = time.perf_counter()
-    seen = coord.state.heartbeats
     batch = await shell.heartbeat(msg)
     request.app[METRICS].heartbeat_latency.observe(time.perf_counter() - t0)
-    if coord.state.heartbeats > seen:
+    # The ack says whether it was applied (other heartbeats may be applied meanwhile: the
+    # journal write is awaited, so a count taken before it would not tell).
+    if batch.ack is not None:
         request.app[METRICS].heartbeats.labels(worker=msg.worker).inc()
     else:
         request.app[METRICS].rejected.labels(reason="stale").inc()
