@@ -521,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         report = asyncio.run(run_chaos(root, cfg))
     print(report.summary(), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)  # bench/results/ is not in a fresh clone
     args.out.write_text(report.to_json() + "\n")
     print(f"counts written to {args.out}")
     return 1 if report.problems else 0
