@@ -23,6 +23,11 @@ from typing import Any, Literal
 
 from specon import codec
 from specon.model import Direction
+from specon.policy.priority import hermes as hermes_rule
+from specon.policy.priority import optimus as optimus_rule
+from specon.policy.priority import slaq as slaq_rule
+from specon.policy.priority import srpt as srpt_rule
+from specon.policy.priority import tiresias as tiresias_rule
 from specon.yaml12 import YamlError, load_yaml, scalar_yaml
 
 API_VERSION = "specon/v1alpha1"
@@ -38,6 +43,7 @@ ScoreMode = Literal["count", "per_capacity"]
 RebalanceMode = Literal["balanced", "paper", "off"]
 RebalanceWhen = Literal["all_migrated", "always"]
 DurationFrom = Literal["converged", "migrated"]
+PriorityRule = Literal["none", "srpt", "optimus", "tiresias", "hermes", "slaq"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +148,19 @@ class MigrationConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class PriorityConfig:
+    """Priority on the node: the CPU weights a worker's agent gives its containers
+    (``specon.policy.priority``; each rule's module documents its paper and its arguments)."""
+
+    rule: PriorityRule = "none"
+    srpt: srpt_rule.Args = field(default_factory=srpt_rule.Args)
+    optimus: optimus_rule.Args = field(default_factory=optimus_rule.Args)
+    tiresias: tiresias_rule.Args = field(default_factory=tiresias_rule.Args)
+    hermes: hermes_rule.Args = field(default_factory=hermes_rule.Args)
+    slaq: slaq_rule.Args = field(default_factory=slaq_rule.Args)
+
+
+@dataclass(frozen=True, slots=True)
 class MessagingConfig:
     """Agent <-> manager messaging (SPEC §7)."""
 
@@ -169,6 +188,7 @@ class Policy:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
     migration: MigrationConfig = field(default_factory=MigrationConfig)
+    priority: PriorityConfig = field(default_factory=PriorityConfig)
     messaging: MessagingConfig = field(default_factory=MessagingConfig)
 
 
@@ -240,6 +260,22 @@ DOCS: dict[str, str] = {
     "migration.park_after": "worker_timeouts both workers of a failed migration may be silent "
     "before it stops holding the budget",
     "migration.dry_run": "decide and record migrations but never touch a container",
+    "priority": "Priority on the node: CPU weights among a worker's containers (specon.policy.priority)",
+    "priority.rule": "none: equal weights; srpt: least remaining work first; optimus: shares by "
+    "remaining work; tiresias: least attained CPU first; hermes: fastest-converging first; "
+    "slaq: weights by recent loss improvement",
+    "priority.srpt": "srpt: shortest remaining work (declared or predicted steps x CPU per step) first",
+    "priority.srpt.ratio": "weight of one rank over the next (100: near-strict; 1: fair sharing)",
+    "priority.optimus": "optimus: shares by marginal gain in remaining time (Optimus, EuroSys '18)",
+    "priority.optimus.exponent": "shares proportional to remaining work ** exponent "
+    "(0.5: the paper's greedy)",
+    "priority.tiresias": "tiresias: discretized least attained service (Tiresias, NSDI '19)",
+    "priority.tiresias.thresholds": "queue thresholds in attained CPU-seconds, ascending",
+    "priority.tiresias.ratio": "weight of one queue rank over the next",
+    "priority.hermes": "hermes: the fastest-converging job first (Hermes, Electronics 2021)",
+    "priority.hermes.ratio": "weight of one rank over the next",
+    "priority.slaq": "slaq: weights proportional to the recent loss improvement (SLAQ, SoCC '17)",
+    "priority.slaq.floor": "share of the top weight every job keeps, in (0, 1]",
     "messaging": "Agent <-> manager messaging (SPEC §7)",
     "messaging.heartbeat_interval": "seconds between an agent's heartbeats",
     "messaging.worker_timeout": "a worker without a heartbeat this long is unreachable",
@@ -445,6 +481,18 @@ def _semantic_problems(p: Policy) -> list[codec.Problem]:
     )
     positive("migration.restore_timeout", mi.restore_timeout)
     positive("migration.park_after", mi.park_after)
+
+    pri = p.priority
+    for name, found in (
+        ("srpt", srpt_rule.problems(pri.srpt)),
+        ("optimus", optimus_rule.problems(pri.optimus)),
+        ("tiresias", tiresias_rule.problems(pri.tiresias)),
+        ("hermes", hermes_rule.problems(pri.hermes)),
+        ("slaq", slaq_rule.problems(pri.slaq)),
+    ):
+        for message in found:  # each rule's own checks, "field: problem"
+            key, _, text = message.partition(": ")
+            need(False, f"priority.{name}.{key}", text)
 
     ms = p.messaging
     positive("messaging.heartbeat_interval", ms.heartbeat_interval)

@@ -26,10 +26,17 @@ class JobResult:
     steps_done: int
     # (time, worker) at the start and at every move, oldest first.
     worker_history: tuple[tuple[float, str], ...] = ()
+    # When it reached 95 % of its final loss reduction (None: not known or not reached).
+    quality_time: float | None = None
 
     @property
     def jct(self) -> float | None:
         return None if self.finish is None else self.finish - self.submit
+
+    @property
+    def time_to_quality(self) -> float | None:
+        """Seconds from submission to 95 % of the final loss reduction (SLAQ's, Hermes's measure)."""
+        return None if self.quality_time is None else self.quality_time - self.submit
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +65,12 @@ class RunResult:
         return statistics.fmean(jcts) if jcts and len(jcts) == len(self.jobs) else None
 
     @property
+    def avg_time_to_quality(self) -> float | None:
+        """Mean time-to-quality; None unless every job has one."""
+        ttqs = [t for j in self.jobs if (t := j.time_to_quality) is not None]
+        return statistics.fmean(ttqs) if ttqs and len(ttqs) == len(self.jobs) else None
+
+    @property
     def makespan(self) -> float | None:
         if not self.jobs or any(j.finish is None for j in self.jobs):
             return None
@@ -68,6 +81,7 @@ class RunResult:
         return {
             "avg_jct": _r(self.avg_jct),
             "makespan": _r(self.makespan),
+            "avg_time_to_quality": _r(self.avg_time_to_quality),
             "jobs": [
                 {
                     "id": j.id,
@@ -75,6 +89,7 @@ class RunResult:
                     "submit": _r(j.submit),
                     "finish": _r(j.finish),
                     "jct": _r(j.jct),
+                    "time_to_quality": _r(j.time_to_quality),
                     "steps": j.steps,
                     "steps_done": j.steps_done,
                     "worker_history": [[_r(t), w] for t, w in j.worker_history],
@@ -96,6 +111,10 @@ class Comparison:
     best_reduction: float | None  # the largest single-job JCT reduction (fraction)
     migrations: int
     rebalances: int
+    # The largest single-job JCT over its baseline JCT (1.5 = one job took 50 % longer).
+    worst_slowdown: float | None = None
+    # Mean time-to-quality against the baseline's (fraction, positive = sooner).
+    ttq_reduction: float | None = None
 
 
 def compare(baseline: RunResult, run: RunResult) -> Comparison:
@@ -111,6 +130,8 @@ def compare(baseline: RunResult, run: RunResult) -> Comparison:
         best_reduction=max(reductions) if reductions else None,
         migrations=sum(m.reason == "converged" for m in run.migrations),
         rebalances=sum(m.reason == "rebalance" for m in run.migrations),
+        worst_slowdown=max((1 / (1 - r) for r in reductions if r < 1), default=None),
+        ttq_reduction=_reduction(baseline.avg_time_to_quality, run.avg_time_to_quality),
     )
 
 

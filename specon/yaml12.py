@@ -100,5 +100,6 @@ _Loader.add_constructor(_TAG + "int", _construct_int)
 
 
 def scalar_yaml(value: object) -> str:
-    text = yaml.dump(value, Dumper=Dumper, width=1 << 30)
+    # Flow style: a list stays on its key's line (``[100.0, 600.0]``).
+    text = yaml.dump(value, Dumper=Dumper, width=1 << 30, default_flow_style=True)
     return text.removesuffix("\n").removesuffix("\n...").strip()

@@ -1,8 +1,11 @@
 """The simulated runtime: workers with CPU capacity, jobs that train on them, migrations.
 
-Contention model (processor sharing). A job is single-threaded: it uses at most
-``job_cores`` (default 1) cores. A worker's capacity is split evenly among the jobs
-running on it, so each gets ``min(job_cores, capacity / n)`` cores. When the worker is
+Contention model (weighted processor sharing). A job is single-threaded: it uses at most
+``job_cores`` (default 1) cores. A worker's capacity is split among the jobs running on
+it in proportion to their CPU weights (all equal unless a priority rule sets them, see
+``specon.policy.priority``), none getting more than ``job_cores``: what a capped job
+cannot use goes to the others by the same weights (water-filling), as the kernel's fair
+scheduler shares a cgroup's CPU among weighted children. When the worker is
 oversubscribed (r = ``n * job_cores / capacity`` > 1), every step also costs
 ``interference * r ** interference_exponent`` times as much (cache and context-switch
 losses of time-sharing and of quota throttling). ``SimParams()`` is ideal sharing;
@@ -29,12 +32,13 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
 from specon.model import WorkerId
 from specon.policy.monitor import MonitorState
+from specon.sim.detection import ground_truth_step
 from specon.sim.engine import COMPLETE, Engine, Handle
 from specon.sim.trace import Trace
 
@@ -157,13 +161,16 @@ class Phase(enum.Enum):
 
 
 class _TraceData:
-    """A trace's losses with prefix sums, shared by every job of that trace in a run."""
+    """A trace's losses with prefix sums, shared by every job of that trace in a run, and
+    the share of its steps after which it has reached 95 % of its final loss reduction
+    (``specon.sim.detection.ground_truth_step``: time-to-quality, as SLAQ and Hermes measure)."""
 
-    __slots__ = ("losses", "prefix")
+    __slots__ = ("losses", "prefix", "quality_at")
 
     def __init__(self, trace: Trace) -> None:
         self.losses = trace.losses
         self.prefix = (0.0, *accumulate(trace.losses))
+        self.quality_at = min(1.0, ground_truth_step(trace) / trace.steps)
 
 
 @dataclass(slots=True, eq=False)
@@ -179,6 +186,10 @@ class SimJob:
     rate: float = 0.0  # steps per second now
     updated: float = 0.0
     logged: float = 0.0  # steps done at the previous Algorithm 1 tick
+    cores: float = 0.0  # cores it gets now
+    cpu: float = 0.0  # CPU-seconds used as of ``updated`` (attained service)
+    weight: float = 1.0  # its CPU weight on the worker
+    quality_time: float | None = None  # when it reached 95 % of its final loss reduction
     state: MonitorState | None = None
     started: float | None = None
     finish: float | None = None
@@ -211,10 +222,14 @@ class Cluster:
         *,
         on_finish: Callable[[SimJob], None] | None = None,
         on_change: Callable[[WorkerId], None] | None = None,
+        weigh: Callable[[Sequence[SimJob]], Mapping[str, float]] | None = None,
     ) -> None:
         self.engine = engine
         self.params = params
         self.on_finish = on_finish
+        # The worker's agent's priority rule: CPU weights for a worker's jobs, asked
+        # whenever the worker's jobs change and by ``reweigh`` (None: equal weights).
+        self.weigh = weigh
         # Called whenever a worker's set of running jobs changes (its usage may change).
         self.on_change = on_change
         self.workers = {w.id: SimWorker(w) for w in workload.workers}
@@ -234,7 +249,13 @@ class Cluster:
         """Bring every job on ``w`` up to now at its current rate."""
         now = self.engine.now
         for job in w.jobs.values():
-            job.done = min(job.plan.steps, job.done + job.rate * (now - job.updated))
+            dt = now - job.updated
+            before = job.done
+            job.done = min(job.plan.steps, before + job.rate * dt)
+            if job.quality_time is None and job.done >= (q := job.data.quality_at * job.plan.steps):
+                # The rate was constant since ``updated``: the crossing is exact.
+                job.quality_time = job.updated + (q - before) / job.rate if job.rate > 0 else now
+            job.cpu += job.cores * dt
             job.updated = now
 
     def _rerate(self, w: SimWorker) -> None:
@@ -248,16 +269,32 @@ class Cluster:
         if n == 0:
             return
         p = self.params
-        cores = min(p.job_cores, w.spec.cpu / n)
+        jobs = list(w.jobs.values())
+        if self.weigh is not None:
+            weights = self.weigh(jobs)
+            for job in jobs:
+                job.weight = weights[job.id]
+        shares = water_fill(w.spec.cpu, [j.weight for j in jobs], p.job_cores)
         over = n * p.job_cores / w.spec.cpu
         slowdown = p.interference * over**p.interference_exponent if over > 1 + 1e-12 else 1.0
         first = math.inf
-        for job in w.jobs.values():
+        for job, cores in zip(jobs, shares, strict=True):
+            job.cores = cores
             job.rate = cores / (job.plan.step_cost * slowdown)
-            first = min(first, (job.plan.steps - job.done) / job.rate)
+            if job.rate > 0:
+                first = min(first, (job.plan.steps - job.done) / job.rate)
+        if math.isinf(first):
+            return
         w.event = self.engine.at(
             self.engine.now + max(first, 0.0), lambda: self._complete(w), priority=COMPLETE
         )
+
+    def reweigh(self, worker: WorkerId) -> None:
+        """Ask the priority rule again (its inputs moved on: steps, CPU used, losses)."""
+        w = self.workers[worker]
+        if self.weigh is not None and w.jobs:
+            self._settle(w)
+            self._rerate(w)
 
     def _complete(self, w: SimWorker) -> None:
         w.event = None
@@ -267,7 +304,9 @@ class Cluster:
         for job in finished:
             del w.jobs[job.id]
             job.done = job.plan.steps
-            job.rate = 0.0
+            job.rate = job.cores = 0.0
+            if job.quality_time is None:
+                job.quality_time = now
             job.phase = Phase.DONE
             job.finish = now
             self.unfinished -= 1
@@ -301,7 +340,7 @@ class Cluster:
         w = self.workers[job.worker]
         self._settle(w)
         del w.jobs[job.id]
-        job.rate = 0.0
+        job.rate = job.cores = 0.0
         job.phase = Phase.MOVING
         self._rerate(w)
 
@@ -347,6 +386,10 @@ class Cluster:
         final = data.losses[real_hi - 1]
         return [2.0 * total / count - final, final]
 
+    def cpu_now(self, job: SimJob) -> float:
+        """CPU-seconds ``job`` has used so far."""
+        return job.cpu + job.cores * (self.engine.now - job.updated)
+
     def usage(self, worker: WorkerId) -> float:
         """R(w, t): the share of the worker's CPU its running jobs use, in [0, 1]."""
         w = self.workers[worker]
@@ -355,3 +398,26 @@ class Cluster:
     def live(self) -> list[SimJob]:
         """Running or moving jobs, in the order they first started."""
         return list(self._live.values())
+
+
+def water_fill(capacity: float, weights: Sequence[float], cap: float) -> list[float]:
+    """Cores per job: ``capacity`` split by ``weights`` (> 0), none over ``cap``, what a capped
+    job cannot use shared again by the same weights among the rest."""
+    n = len(weights)
+    if n and min(weights) == max(weights):  # equal weights: the plain fair share
+        return [min(cap, capacity / n)] * n
+    shares = [0.0] * n
+    open_ = list(range(len(weights)))
+    left = capacity
+    while open_ and left > 1e-12:
+        total = sum(weights[i] for i in open_)
+        capped = [i for i in open_ if left * weights[i] / total >= cap]
+        if not capped:
+            for i in open_:
+                shares[i] = left * weights[i] / total
+            break
+        for i in capped:
+            shares[i] = cap
+        left -= cap * len(capped)
+        open_ = [i for i in open_ if i not in capped]
+    return shares

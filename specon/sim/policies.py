@@ -11,10 +11,15 @@
   view in which every job's "converged since" time is its first start, so Algorithm 3's
   "smallest d first" picks the most recently started job. No per-job move limit (the
   descheduler has none); a move only happens when it narrows the spread.
+* ``optimus``, ``tiresias``, ``hermes``, ``slaq`` — the peers: DS's placement, no
+  migration, and the paper's rule for sharing a worker among its jobs as CPU weights
+  (``specon.policy.priority``: each module states the paper's rule and where ours
+  differs). Their agents classify (Algorithm 1) where the rule reads the loss.
+* ``srpt`` — DS's placement, no migration, shortest remaining work first on each worker.
 * ``bound`` — not a policy but a lower bound on average JCT and makespan over *every*
   placement-and-migration policy on that workload (see ``lower_bound``).
 
-The simulator (``specon.sim.runner``) runs the first four; none of them has code of its
+The simulator (``specon.sim.runner``) runs all but the bound; none of them has code of its
 own for Algorithms 1-3: ``SimPolicy`` only says which ``Policy`` the shared decision code
 gets and how the manager sees the jobs.
 """
@@ -24,14 +29,29 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specon.config import Policy, default_policy, policy_from_dict, policy_to_dict
+from specon.config import (
+    Policy,
+    PriorityConfig,
+    PriorityRule,
+    default_policy,
+    policy_from_dict,
+    policy_to_dict,
+)
+from specon.policy.priority.rules import NEEDS_GAIN
 from specon.sim.cluster import DEFAULT_PARAMS, SimParams, Workload
 
-POLICIES = ("ds", "specon-paper", "specon", "balancer", "bound")
-SIMULATED = ("ds", "specon-paper", "specon", "balancer")
+PEERS: dict[str, PriorityRule] = {
+    "optimus": "optimus",
+    "tiresias": "tiresias",
+    "hermes": "hermes",
+    "slaq": "slaq",
+    "srpt": "srpt",
+}
+SIMULATED = ("ds", "specon-paper", "specon", "balancer", *PEERS)
+POLICIES = (*SIMULATED, "bound")
 
 # "No limit" for the balancer's moves per job (the field is an int).
 _UNLIMITED = 1 << 30
@@ -46,6 +66,10 @@ class SimPolicy:
     classify: bool
     # The manager sees no convergence: every job progressing, "converged" since it started.
     blind: bool = False
+    # How each worker's agent weights its jobs' CPU (the manager's policy's, if any).
+    priority: PriorityConfig = field(default_factory=PriorityConfig)
+    # Jobs declare their total steps (else remaining work is predicted from the loss).
+    declared: bool = True
 
 
 def with_overrides(
@@ -87,10 +111,14 @@ def make_policy(
     under ``specon``; the overrides still apply on top of it."""
     if name == "ds":
         return SimPolicy(name, None, classify=False)
+    if name in PEERS:
+        priority = replace(PriorityConfig(), rule=PEERS[name])
+        return SimPolicy(name, None, classify=PEERS[name] in NEEDS_GAIN, priority=priority)
     if name in ("specon", "specon-paper"):
         if base is None or name == "specon-paper":
             base = default_policy("paper" if name == "specon-paper" else "default")
-        return SimPolicy(name, with_overrides(base, alpha=alpha, interval=interval, weights=weights), True)
+        policy = with_overrides(base, alpha=alpha, interval=interval, weights=weights)
+        return SimPolicy(name, policy, True, priority=policy.priority)
     if name == "balancer":
         base = default_policy()
         rebalance = replace(

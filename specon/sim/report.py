@@ -60,9 +60,16 @@ def _paper_share(x: float | None) -> str:
 
 
 _HEADER = (
-    "| policy | avg JCT (s) | vs DS | makespan (s) | vs DS | jobs improved | best job | moves |",
-    "|---|---:|---:|---:|---:|---:|---:|---:|",
+    "| policy | avg JCT (s) | vs DS | makespan (s) | vs DS | jobs improved | best job | worst job "
+    "| time-to-quality vs DS | moves |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
 )
+
+
+def _worst(s: Summary) -> str:
+    """The slowest job against its DS JCT, the worst over the seeds (x1.50 = 50 % slower)."""
+    x = s.high.get("worst_slowdown", math.nan)
+    return _NA if not math.isfinite(x) else f"x{x:.2f}"
 
 
 def point_table(point: PointResult, *, policies: tuple[str, ...]) -> list[str]:
@@ -73,7 +80,7 @@ def point_table(point: PointResult, *, policies: tuple[str, ...]) -> list[str]:
             continue
         label = f"{name} (lower bound)" if name == "bound" else name
         if name == "ds":
-            row = [label, _pm(s, "avg_jct"), _NA, _pm(s, "makespan"), _NA, _NA, _NA, "0"]
+            row = [label, _pm(s, "avg_jct"), _NA, _pm(s, "makespan"), _NA, _NA, _NA, _NA, _NA, "0"]
         else:
             moves = _NA if name == "bound" else _num(s.mean.get("migrations"), 1)
             row = [
@@ -84,13 +91,15 @@ def point_table(point: PointResult, *, policies: tuple[str, ...]) -> list[str]:
                 _change(s, "makespan_reduction"),
                 _share(s, "jobs_improved"),
                 _change(s, "best_reduction"),
+                _worst(s),
+                _change(s, "ttq_reduction"),
                 moves,
             ]
         lines.append("| " + " | ".join(row) + " |")
     p = point.paper
     if p is not None:
         if p.ds_avg_jct is not None or p.ds_makespan is not None:
-            cells = [_num(p.ds_avg_jct, 1), _NA, _num(p.ds_makespan), _NA, _NA, _NA, _NA]
+            cells = [_num(p.ds_avg_jct, 1), _NA, _num(p.ds_makespan), _NA, _NA, _NA, _NA, _NA, _NA]
             lines.append("| *paper: DS* | " + " | ".join(cells) + " |")
         lines.append(
             "| *paper: SpeCon* | "
@@ -102,6 +111,8 @@ def point_table(point: PointResult, *, policies: tuple[str, ...]) -> list[str]:
                     _paper_change(p.makespan_reduction),
                     _paper_share(p.jobs_improved),
                     _paper_change(p.best_reduction),
+                    _NA,
+                    _NA,
                     _NA,
                 ]
             )
@@ -166,6 +177,7 @@ def _summary_json(s: Summary) -> dict[str, Any]:
 
     out: dict[str, Any] = {k: clean(s.mean[k]) for k in METRICS}
     out["ci95"] = {k: clean(s.ci95[k]) for k in METRICS}
+    out["max"] = {k: clean(s.high.get(k, math.nan)) for k in METRICS}
     out["seeds"] = s.seeds
     return out
 
@@ -187,9 +199,12 @@ def _point_json(point: PointResult) -> dict[str, Any]:
 
 def to_json(result: ScenarioResult) -> dict[str, Any]:
     """``{"scenario", "policies": {NAME: {"avg_jct", "makespan", "jobs_improved",
-    "best_reduction", "migrations", "ci95": {...}, ...}}, ...}``: seconds and fractions,
-    means over the seeds; reductions, jobs_improved and best_reduction against DS on the
-    same seed; ``migrations`` counts every move (``rebalances`` those by rebalancing)."""
+    "best_reduction", "worst_slowdown", "ttq_reduction", "migrations", "ci95": {...},
+    "max": {...}, ...}}, ...}``: seconds and fractions, means over the seeds (``max``: the
+    largest over the seeds); reductions, jobs_improved, best_reduction, worst_slowdown
+    (slowest job's JCT over its DS JCT) and ttq_reduction (mean time-to-quality) against
+    DS on the same seed; ``migrations`` counts every move (``rebalances`` those by
+    rebalancing)."""
     sc = result.scenario
     main = _point_json(result.main)
     out: dict[str, Any] = {

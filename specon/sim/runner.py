@@ -27,12 +27,12 @@ agents report that, and nothing else differs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
 from specon.cluster_state import ClusterState
-from specon.config import Policy
+from specon.config import Policy, default_policy
 from specon.coordinator_inline import InlineCoordinator
 from specon.effects import CommandQueued, Event, MemoryJournal
 from specon.evaluation import JobResult, MigrationRecord, RunResult
@@ -40,6 +40,8 @@ from specon.migration import State
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.policy.classifier import Classifier, classifier_for
 from specon.policy.monitor import MonitorState
+from specon.policy.priority.base import JobProgress
+from specon.policy.priority.rules import weights as priority_weights
 from specon.protocol import (
     Action,
     Command,
@@ -127,13 +129,18 @@ class _Run:
         self.policy = policy
         self.params = params
         self.engine = Engine()
+        self.prioritised = policy.priority.rule != "none"
         self.cluster = Cluster(
-            self.engine, workload, params, on_finish=self._finished, on_change=self._worker_changed
+            self.engine,
+            workload,
+            params,
+            on_finish=self._finished,
+            on_change=self._worker_changed,
+            weigh=self._weigh if self.prioritised else None,
         )
         self.placement = workload.placement()
-        self.classifier: Classifier | None = (
-            classifier_for(policy.manager.monitor) if policy.classify and policy.manager is not None else None
-        )
+        monitor = (policy.manager or default_policy()).monitor
+        self.classifier: Classifier | None = classifier_for(monitor) if policy.classify else None
         self.stats = RunStats()
         self.journal = MemoryJournal()
         self.coord: InlineCoordinator | None = None
@@ -249,6 +256,22 @@ class _Run:
     def _worker_changed(self, worker: str) -> None:
         self._stale_workers.add(WorkerId(worker))
 
+    def _weigh(self, jobs: Sequence[SimJob]) -> dict[str, float]:
+        """The agent's priority rule over a worker's jobs (``Cluster.weigh``)."""
+        declared = self.policy.declared
+        progress = [
+            JobProgress(
+                id=ContainerId(j.id),
+                started=j.started if j.started is not None else self.engine.now,
+                step=j.done,
+                total=j.plan.steps if declared else None,
+                cpu_seconds=j.cpu,
+                gain=j.state.last_g if j.state is not None else None,
+            )
+            for j in jobs
+        ]
+        return {str(cid): float(w) for cid, w in priority_weights(progress, self.policy.priority).items()}
+
     def _tick(self) -> None:
         classifier = self.classifier
         assert classifier is not None
@@ -278,6 +301,8 @@ class _Run:
                     self._pending.discard(job.id)
                 self._report(job, w.id)
             raised += (w.jobs[cid] for cid in result.requests)
+            if self.prioritised:
+                self.cluster.reweigh(w.id)
         if raised and self.coord is not None:
             for job in raised:
                 assert job.worker is not None and job.state is not None
@@ -382,6 +407,7 @@ class _Run:
                 steps=j.plan.steps,
                 steps_done=round(self.cluster.steps_now(j)),
                 worker_history=tuple(j.history),
+                quality_time=j.quality_time,
             )
             for j in self.cluster.jobs.values()
         )

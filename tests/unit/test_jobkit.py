@@ -50,7 +50,9 @@ JOB_SCRIPT = textwrap.dedent(
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    """The complete records: a reader polling a running job may see a line being written."""
+    lines = path.read_text().split("\n")
+    return [json.loads(line) for line in lines[:-1]]  # the last is "" or still being written
 
 
 def _events(path: Path, name: str) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ import pytest
 
 from specon.sim.curves import CurveParams, synthetic_trace
 from specon.sim.experiment import mean_ci, run_scenario, t95
+from specon.sim.policies import POLICIES
 from specon.sim.scenarios import (
     PAPER_MODELS,
     SCENARIOS,
@@ -124,7 +125,7 @@ def test_t_quantiles_and_confidence_intervals() -> None:
 def test_run_scenario_compares_every_policy_with_ds_on_the_same_seeds() -> None:
     result = run_scenario(SCENARIOS["A1"], _traces(), seeds=2)
     s = result.main.summaries
-    assert set(s) == {"ds", "specon-paper", "specon", "balancer", "bound"}
+    assert set(s) == set(POLICIES)
     assert s["ds"].mean["avg_jct_reduction"] == 0.0
     assert s["bound"].mean["avg_jct"] <= min(s[p].mean["avg_jct"] for p in s if p != "bound")
     assert all(len(runs) == 2 for runs in result.main.runs.values())

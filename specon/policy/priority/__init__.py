@@ -1,0 +1,14 @@
+"""Priority on the node: CPU weights for the containers that share one worker.
+
+A placement policy decides *where* a job runs; a priority rule decides *how the worker's CPU
+is shared* among the jobs already there. Each rule is a module with its own arguments,
+defaults and validation, and orders a worker's jobs from most to least deserving
+(``specon.policy.priority.rules``); ``weights`` turns that order into per-container CPU
+weights in cgroup v2's ``cpu.weight`` range (1..10,000), which every backend applies as it
+can (cgroup ``cpu.weight`` / ``cpu.shares``, Docker ``cpu_shares``, a pod's cgroup).
+
+The weights are near-strict by default (``ratio`` 100 between neighbours): the first job
+gets all the CPU it can use, the second what is left, and so on, which is how
+shortest-remaining-first and least-attained-service are defined. A smaller ratio shares
+more evenly.
+"""

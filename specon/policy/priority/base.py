@@ -1,0 +1,70 @@
+"""What a priority rule sees of a job, and how an order becomes CPU weights."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from specon.model import ContainerId
+
+# cgroup v2 ``cpu.weight``: 1..10,000, 100 for a container nobody prioritised.
+WEIGHT_MIN = 1
+WEIGHT_MAX = 10_000
+WEIGHT_DEFAULT = 100
+
+
+@dataclass(frozen=True, slots=True)
+class JobProgress:
+    """One job on the worker, as its agent knows it.
+
+    ``cpu_seconds`` is the CPU the job has used so far (Tiresias's attained service);
+    ``total`` the steps the job declared it will train (None: it declared none);
+    ``gain`` Algorithm 1's last normalised improvement per interval (None: not classified
+    yet) and ``predicted_steps`` the steps the loss curve predicts until convergence
+    (Optimus's fit, None where there is no fit yet).
+    """
+
+    id: ContainerId
+    started: float
+    step: float = 0.0
+    total: int | None = None
+    cpu_seconds: float = 0.0
+    gain: float | None = None
+    predicted_steps: float | None = None
+
+    @property
+    def cpu_per_step(self) -> float | None:
+        """Measured CPU-seconds per step (None before the first step)."""
+        return self.cpu_seconds / self.step if self.step > 0 and self.cpu_seconds > 0 else None
+
+    @property
+    def steps_left(self) -> float | None:
+        """Steps left: declared, else predicted from the loss curve, else unknown."""
+        if self.total is not None:
+            return max(0.0, self.total - self.step)
+        return self.predicted_steps
+
+
+def ranked_weights(order: Sequence[ContainerId], ratio: float) -> dict[ContainerId, int]:
+    """Weights for jobs in priority order: the first ``WEIGHT_MAX``, each next one ``ratio``
+    times less, never under ``WEIGHT_MIN``. Ratio 1 is plain fair sharing."""
+    out: dict[ContainerId, int] = {}
+    w = float(WEIGHT_MAX)
+    for cid in order:
+        out[cid] = max(WEIGHT_MIN, round(w))
+        w /= ratio
+    return out
+
+
+def proportional_weights(values: Mapping[ContainerId, float]) -> dict[ContainerId, int]:
+    """Weights proportional to ``values`` (>= 0), the largest at ``WEIGHT_MAX``; all equal
+    (the default weight) when every value is zero."""
+    top = max(values.values(), default=0.0)
+    if top <= 0:
+        return dict.fromkeys(values, WEIGHT_DEFAULT)
+    return {cid: max(WEIGHT_MIN, round(WEIGHT_MAX * v / top)) for cid, v in values.items()}
+
+
+def fifo_key(job: JobProgress) -> tuple[float, str]:
+    """Ties go to the job that started first (then the id, so the order is total)."""
+    return job.started, str(job.id)
