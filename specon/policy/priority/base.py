@@ -18,6 +18,9 @@ class JobProgress:
     """One job on the worker, as its agent knows it.
 
     ``cpu_seconds`` is the CPU the job has used so far (Tiresias's attained service);
+    ``fair_seconds`` the CPU an equal share of its workers would have given it since it
+    started (each interval: the worker's cores over its running jobs, at most the job's own
+    CPU limit), the attained service of a virtual processor-sharing run;
     ``total`` the steps the job declared it will train (None: it declared none);
     ``gain`` Algorithm 1's last normalised improvement per interval (None: not classified
     yet) and ``predicted_steps`` the steps the loss curve predicts until convergence
@@ -29,6 +32,7 @@ class JobProgress:
     step: float = 0.0
     total: int | None = None
     cpu_seconds: float = 0.0
+    fair_seconds: float = 0.0
     gain: float | None = None
     predicted_steps: float | None = None
 
