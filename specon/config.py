@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from specon import codec
 from specon.model import Direction
+from specon.policy.priority import fsp as fsp_rule
 from specon.policy.priority import hermes as hermes_rule
 from specon.policy.priority import optimus as optimus_rule
 from specon.policy.priority import slaq as slaq_rule
@@ -43,7 +44,7 @@ ScoreMode = Literal["count", "per_capacity"]
 RebalanceMode = Literal["balanced", "paper", "off"]
 RebalanceWhen = Literal["all_migrated", "always"]
 DurationFrom = Literal["converged", "migrated"]
-PriorityRule = Literal["none", "srpt", "optimus", "tiresias", "hermes", "slaq"]
+PriorityRule = Literal["none", "fsp", "srpt", "optimus", "tiresias", "hermes", "slaq"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +154,7 @@ class PriorityConfig:
     (``specon.policy.priority``; each rule's module documents its paper and its arguments)."""
 
     rule: PriorityRule = "none"
+    fsp: fsp_rule.Args = field(default_factory=fsp_rule.Args)
     srpt: srpt_rule.Args = field(default_factory=srpt_rule.Args)
     optimus: optimus_rule.Args = field(default_factory=optimus_rule.Args)
     tiresias: tiresias_rule.Args = field(default_factory=tiresias_rule.Args)
@@ -261,9 +263,12 @@ DOCS: dict[str, str] = {
     "before it stops holding the budget",
     "migration.dry_run": "decide and record migrations but never touch a container",
     "priority": "Priority on the node: CPU weights among a worker's containers (specon.policy.priority)",
-    "priority.rule": "none: equal weights; srpt: least remaining work first; optimus: shares by "
+    "priority.rule": "none: equal weights; fsp: first to finish under equal sharing first; srpt: least remaining work first; optimus: shares by "
     "remaining work; tiresias: least attained CPU first; hermes: fastest-converging first; "
     "slaq: weights by recent loss improvement",
+    "priority.fsp": "fsp: the job that would finish first under equal sharing first "
+    "(Fair Sojourn Protocol: SRPT's mean, no job far behind its fair-shared time)",
+    "priority.fsp.ratio": "weight of one rank over the next (100: near-strict; 1: fair sharing)",
     "priority.srpt": "srpt: shortest remaining work (declared or predicted steps x CPU per step) first",
     "priority.srpt.ratio": "weight of one rank over the next (100: near-strict; 1: fair sharing)",
     "priority.optimus": "optimus: shares by marginal gain in remaining time (Optimus, EuroSys '18)",
@@ -484,6 +489,7 @@ def _semantic_problems(p: Policy) -> list[codec.Problem]:
 
     pri = p.priority
     for name, found in (
+        ("fsp", fsp_rule.problems(pri.fsp)),
         ("srpt", srpt_rule.problems(pri.srpt)),
         ("optimus", optimus_rule.problems(pri.optimus)),
         ("tiresias", tiresias_rule.problems(pri.tiresias)),

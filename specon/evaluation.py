@@ -130,7 +130,7 @@ def compare(baseline: RunResult, run: RunResult) -> Comparison:
         best_reduction=max(reductions) if reductions else None,
         migrations=sum(m.reason == "converged" for m in run.migrations),
         rebalances=sum(m.reason == "rebalance" for m in run.migrations),
-        worst_slowdown=max((1 / (1 - r) for r in reductions if r < 1), default=None),
+        worst_slowdown=max((1 - r for r in reductions), default=None),  # JCT / baseline JCT
         ttq_reduction=_reduction(baseline.avg_time_to_quality, run.avg_time_to_quality),
     )
 

@@ -188,6 +188,7 @@ class SimJob:
     logged: float = 0.0  # steps done at the previous Algorithm 1 tick
     cores: float = 0.0  # cores it gets now
     cpu: float = 0.0  # CPU-seconds used as of ``updated`` (attained service)
+    fair: float = 0.0  # CPU-seconds an equal share of its workers gave it (virtual service)
     weight: float = 1.0  # its CPU weight on the worker
     quality_time: float | None = None  # when it reached 95 % of its final loss reduction
     state: MonitorState | None = None
@@ -248,8 +249,10 @@ class Cluster:
     def _settle(self, w: SimWorker) -> None:
         """Bring every job on ``w`` up to now at its current rate."""
         now = self.engine.now
+        fair = min(self.params.job_cores, w.spec.cpu / len(w.jobs)) if w.jobs else 0.0
         for job in w.jobs.values():
             dt = now - job.updated
+            job.fair += fair * dt
             before = job.done
             job.done = min(job.plan.steps, before + job.rate * dt)
             if job.quality_time is None and job.done >= (q := job.data.quality_at * job.plan.steps):

@@ -44,6 +44,7 @@ from specon.policy.priority.rules import NEEDS_GAIN
 from specon.sim.cluster import DEFAULT_PARAMS, SimParams, Workload
 
 PEERS: dict[str, PriorityRule] = {
+    "fsp": "fsp",
     "optimus": "optimus",
     "tiresias": "tiresias",
     "hermes": "hermes",

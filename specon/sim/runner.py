@@ -266,6 +266,7 @@ class _Run:
                 step=j.done,
                 total=j.plan.steps if declared else None,
                 cpu_seconds=j.cpu,
+                fair_seconds=j.fair,
                 gain=j.state.last_g if j.state is not None else None,
             )
             for j in jobs

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from specon.config import PriorityConfig
 from specon.model import ContainerId
-from specon.policy.priority import hermes, optimus, slaq, srpt, tiresias
+from specon.policy.priority import fsp, hermes, optimus, slaq, srpt, tiresias
 from specon.policy.priority.base import WEIGHT_DEFAULT, JobProgress
 
 # Rules that read Algorithm 1's gain: their agents must classify even under a policy that
@@ -18,6 +18,8 @@ NEEDS_GAIN = frozenset({"hermes", "slaq"})
 def weights(jobs: Sequence[JobProgress], cfg: PriorityConfig) -> dict[ContainerId, int]:
     """Each job's CPU weight under ``cfg.rule`` (``none``: every job the default weight)."""
     rule = cfg.rule
+    if rule == "fsp":
+        return fsp.weights(jobs, cfg.fsp)
     if rule == "srpt":
         return srpt.weights(jobs, cfg.srpt)
     if rule == "optimus":

@@ -1,0 +1,67 @@
+"""``fsp``: the Fair Sojourn Protocol on each worker (Friedman & Henderson, SIGMETRICS '03).
+
+Rule: run first the job that would finish first if the worker were shared equally
+(processor sharing, what DS does). Under equal sharing every job advances at the same
+rate, so that order is the order of each job's *virtual* remaining work: its total work
+minus the CPU an equal share would have given it so far (``fair_seconds``). The first
+gets near-strict priority (``ratio``), as in ``srpt``.
+
+Why not plain ``srpt``: SRPT's order uses the CPU a job actually got, so a long job behind
+a stream of short ones never moves up and can take many times its fair-shared time. FSP's
+key falls for every job as time passes, whether it ran or not, so a starved job reaches the
+front by the time equal sharing would have finished it: on one machine with known sizes no
+job finishes later than under processor sharing, and the mean stays close to SRPT's.
+
+Ours: total work is the steps done plus the steps left (declared, else the loss curve's
+prediction) times the job's measured CPU per step (the worker's median before its first
+step); the equal share is the worker's CPU over its running jobs, at most the job's own
+limit (accumulated by the agent, or by the simulator). Migration, interference and jobs
+that arrive on the worker late make the guarantee approximate, not exact. Jobs with no
+size estimate come last, least attained service first among them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specon.model import ContainerId
+from specon.policy.priority.base import JobProgress, fifo_key, ranked_weights
+
+
+@dataclass(frozen=True, slots=True)
+class Args:
+    # Weight of one rank over the next: 100 is near-strict priority, 1 fair sharing.
+    ratio: float = 100.0
+
+
+def problems(args: Args) -> list[str]:
+    return [] if args.ratio >= 1 and math.isfinite(args.ratio) else [f"ratio: must be >= 1, got {args.ratio}"]
+
+
+def virtual_remaining(jobs: Sequence[JobProgress]) -> dict[ContainerId, float | None]:
+    """Each job's work left under equal sharing, CPU-seconds (None: its size is unknown)."""
+    costs = [c for j in jobs if (c := j.cpu_per_step) is not None]
+    typical = statistics.median(costs) if costs else 1.0
+    out: dict[ContainerId, float | None] = {}
+    for j in jobs:
+        left = j.steps_left
+        cost = j.cpu_per_step or typical
+        out[j.id] = None if left is None else (j.step + left) * cost - j.fair_seconds
+    return out
+
+
+def order(jobs: Sequence[JobProgress]) -> list[ContainerId]:
+    work = virtual_remaining(jobs)
+
+    def key(j: JobProgress) -> tuple[int, float, tuple[float, str]]:
+        w = work[j.id]
+        return (0, w, fifo_key(j)) if w is not None else (1, j.cpu_seconds, fifo_key(j))
+
+    return [j.id for j in sorted(jobs, key=key)]
+
+
+def weights(jobs: Sequence[JobProgress], args: Args) -> dict[ContainerId, int]:
+    return ranked_weights(order(jobs), args.ratio)
