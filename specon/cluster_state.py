@@ -64,6 +64,8 @@ class ContainerRecord:
     # Converged stamp on the manager clock; survives moves (the new agent starts fresh).
     t_cc: float | None = None
     finished_at: float | None = None
+    # When it was first reported on ``worker`` (manager clock).
+    since: float = 0.0
 
 
 class ClusterState:
@@ -155,7 +157,7 @@ class ClusterState:
         rec = self.containers.get(rep.id)
         changed = rec is None or rec.worker != worker or _view_changed(rec.report, rep)
         if rec is None:
-            rec = ContainerRecord(rep.id, worker, rep, now)
+            rec = ContainerRecord(rep.id, worker, rep, now, since=now)
             self.containers[rep.id] = rec
             self._container_order = None
         elif rec.worker != worker and rep.phase != "running" and rec.report.phase == "running":
@@ -171,6 +173,8 @@ class ClusterState:
             changed = True
         if rep.phase == "finished" and rec.finished_at is None:
             rec.finished_at = now
+        if rec.worker != worker:
+            rec.since = now
         rec.worker, rec.report, rec.last_seen = worker, rep, now
         if changed:  # the view only: most heartbeats change a step count, not what decides
             self._dirty.add(rep.id)
@@ -342,6 +346,8 @@ class ClusterState:
             movable=rec.report.job.get(MIGRATABLE_LABEL, "true") != "false",
             selector=tuple(sorted(selector.items())) if selector else (),
             tolerations=rec.report.tolerations,
+            remaining_work=rec.report.remaining_work,
+            since=rec.since if m is None else None,
         )
 
     def worker_status(
@@ -421,7 +427,19 @@ def _view_changed(old: ContainerReport, new: ContainerReport) -> bool:
         or old.job.get(MIGRATABLE_LABEL) != new.job.get(MIGRATABLE_LABEL)
         or old.selector != new.selector
         or old.tolerations != new.tolerations
+        or _work_moved(old.remaining_work, new.remaining_work)
     )
+
+
+# Remaining work is an estimate that changes with every step: a view is rebuilt for it
+# only when it moved by more than this share (moves are decided on gains of seconds).
+WORK_RESOLUTION = 0.02
+
+
+def _work_moved(old: float | None, new: float | None) -> bool:
+    if old is None or new is None:
+        return old is not new
+    return abs(new - old) > WORK_RESOLUTION * max(abs(old), 1.0)
 
 
 def _moving(in_flight: Iterable[Migration]) -> dict[ContainerId, Migration]:

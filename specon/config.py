@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import re
 import typing
 from collections.abc import Sequence
@@ -41,7 +42,7 @@ Aggregate = Literal["mean", "last"]
 StaleHandling = Literal["skip", "zero"]
 FormatName = Literal["auto", "jsonl", "csv", "text"]
 ScoreMode = Literal["count", "per_capacity"]
-RebalanceMode = Literal["balanced", "paper", "off"]
+RebalanceMode = Literal["balanced", "work", "paper", "off"]
 RebalanceWhen = Literal["all_migrated", "always"]
 DurationFrom = Literal["converged", "migrated"]
 PriorityRule = Literal["none", "fsp", "srpt", "optimus", "tiresias", "hermes", "slaq"]
@@ -112,6 +113,10 @@ class PlacementConfig:
     score: ScoreMode = "count"
     tolerance: float = 1e-9
     max_migrations_per_container: int = 1
+    # A move Algorithm 2 picks is made only if the work model (specon.policy.work) predicts
+    # it saves more completion time than it costs; otherwise the job stays. Jobs that report
+    # no remaining work are decided by the scores alone.
+    require_gain: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +151,14 @@ class MigrationConfig:
     # worker_timeouts stops holding the migration budget (it still restarts the job as
     # soon as one of them is back).
     park_after: float = 3.0
+    # No thrashing: a job stays at least this long on a worker before any move (a move
+    # back 1.6 s after a move was seen in a real run). The cost of a move, for the work
+    # model: measured downtime (SIGTERM to the first record on the target, `python -m bench
+    # bench_calibration`: 7.9-8.9 s onto a worker with one job) and the CPU the restore
+    # takes from the target's jobs (interpreter, torch, data set-up: 2.0-2.8 CPU-s).
+    min_residence: float = 60.0
+    move_downtime: float = 8.4
+    restore_cpu: float = 2.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +166,9 @@ class PriorityConfig:
     """Priority on the node: the CPU weights a worker's agent gives its containers
     (``specon.policy.priority``; each rule's module documents its paper and its arguments)."""
 
-    rule: PriorityRule = "none"
+    # Shortest remaining work first: the default because it won the simulated benchmark on
+    # A1, A3-A5 (`python -m bench bench_sim`; README "Choosing the default").
+    rule: PriorityRule = "srpt"
     fsp: fsp_rule.Args = field(default_factory=fsp_rule.Args)
     srpt: srpt_rule.Args = field(default_factory=srpt_rule.Args)
     optimus: optimus_rule.Args = field(default_factory=optimus_rule.Args)
@@ -204,8 +219,11 @@ PAPER_OVERRIDES: dict[str, dict[str, object]] = {
         "stale": "zero",
         "request_min_active": 2,  # paper line 15: |PC| + |WC| > 1
     },
-    "placement": {"score": "count"},
+    "placement": {"score": "count", "require_gain": False},
     "rebalance": {"mode": "paper", "when": "all_migrated"},
+    # The paper has no priority on the node and no residence time or cost model.
+    "migration": {"min_residence": 0.0},
+    "priority": {"rule": "none"},
 }
 
 
@@ -248,8 +266,12 @@ DOCS: dict[str, str] = {
     "placement.score": "count: the paper's score; per_capacity: divided by the worker's CPU cores",
     "placement.tolerance": "scores closer than this are equal",
     "placement.max_migrations_per_container": "times one container may be reallocated",
+    "placement.require_gain": "make a move Algorithm 2 picks only if the work model predicts it "
+    "saves more completion time than it costs (else the job stays)",
     "rebalance": "Algorithm 3, rebalancing (SPEC §5)",
-    "rebalance.mode": "balanced: even out loads; paper: the printed algorithm; off: never",
+    "rebalance.mode": "balanced: even out loads; work: the move that saves the most predicted "
+    "completion time, if it saves more than it costs (specon.policy.work); paper: the printed "
+    "algorithm; off: never",
     "rebalance.when": "all_migrated: once every live container is migrated; always: every tick",
     "rebalance.duration_from": "converged duration counted from t_cc or from the migrated mark",
     "rebalance.max_rebalances_per_container": "times one container may be moved by rebalancing",
@@ -261,9 +283,13 @@ DOCS: dict[str, str] = {
     "migration.restore_timeout": "seconds a start on the target may take before the migration rolls back",
     "migration.park_after": "worker_timeouts both workers of a failed migration may be silent "
     "before it stops holding the budget",
+    "migration.min_residence": "seconds a job stays on a worker before any move (no thrashing)",
+    "migration.move_downtime": "seconds a moved job is expected not to run (measured), a cost of a move",
+    "migration.restore_cpu": "CPU-seconds a restore is expected to take from the target's jobs (measured)",
     "migration.dry_run": "decide and record migrations but never touch a container",
     "priority": "Priority on the node: CPU weights among a worker's containers (specon.policy.priority)",
-    "priority.rule": "none: equal weights; fsp: first to finish under equal sharing first; srpt: least remaining work first; optimus: shares by "
+    "priority.rule": "none: equal weights; fsp: first to finish under equal sharing first; "
+    "srpt: least remaining work first; optimus: shares by "
     "remaining work; tiresias: least attained CPU first; hermes: fastest-converging first; "
     "slaq: weights by recent loss improvement",
     "priority.fsp": "fsp: the job that would finish first under equal sharing first "
@@ -486,6 +512,9 @@ def _semantic_problems(p: Policy) -> list[codec.Problem]:
     )
     positive("migration.restore_timeout", mi.restore_timeout)
     positive("migration.park_after", mi.park_after)
+    for name in ("min_residence", "move_downtime", "restore_cpu"):
+        value = getattr(mi, name)
+        need(math.isfinite(value) and value >= 0, f"migration.{name}", f"must be >= 0, got {value}")
 
     pri = p.priority
     for name, found in (

@@ -92,6 +92,11 @@ class ContainerSnapshot:
     # False for a job that opted out of moves (``specon.io/migratable: "false"``): it is
     # classified and scored, but Algorithm 2 answers it "stay" and Algorithm 3 skips it.
     movable: bool = True
+    # CPU-seconds on one core the job still needs (None: unknown), for work-aware moves.
+    remaining_work: float | None = None
+    # Since when it runs on ``worker`` (manager clock; None: unknown): the minimum
+    # residence time after a move counts from here.
+    since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,7 @@ from specon.migration import Migration, Reason, State
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.protocol_checks import check
 
-VERSION = "1.1"
+VERSION = "1.2"
 MAJOR, MINOR = (int(part) for part in VERSION.split("."))
 
 CONTENT_TYPE = "application/json"
@@ -104,6 +104,9 @@ class ContainerReport:
     # A reallocation request is waiting for the manager's answer (repeated until answered).
     pending_request: bool = False
     step: int | None = None  # training steps done, if the job logs them
+    # CPU-seconds (one core) the job still needs, the agent's estimate from its declared or
+    # predicted steps left and its measured CPU per step (protocol 1.2; None: unknown).
+    remaining_work: float | None = None
     requests: Resources = field(default_factory=Resources)
     # Labels / metadata of the job (model, submit time, ...), free-form.
     job: dict[str, str] = field(default_factory=dict, hash=False)

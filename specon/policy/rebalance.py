@@ -25,6 +25,7 @@ Readings fixed here:
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -52,11 +53,14 @@ def plan_rebalance(
     worker_timeout: float,
     index: ClusterIndex | None = None,
     fits: Fits = fits,
+    min_residence: float = 0.0,
 ) -> list[Move]:
-    """Algorithm 3 in ``cfg.mode``: the moves to run, in order (``off`` -> none)."""
-    if cfg.mode == "off":
+    """Algorithm 3 in ``cfg.mode``: the moves to run, in order (``off`` -> none; ``work`` is
+    ``specon.policy.work``'s, not planned here). A container that has been on its worker for
+    less than ``min_residence`` seconds stays."""
+    if cfg.mode in ("off", "work"):
         return []
-    plan = _Plan.of(index_for(snapshot, index), cfg, worker_timeout, fits)
+    plan = _Plan.of(index_for(snapshot, index), cfg, worker_timeout, fits, min_residence)
     if not plan.workers:
         return []
     if cfg.mode == "paper":
@@ -64,7 +68,9 @@ def plan_rebalance(
     return plan.balanced()
 
 
-def _movable(index: ClusterIndex, cfg: RebalanceConfig, eligible: BoolArray) -> tuple[list[int], list[float]]:
+def _movable(
+    index: ClusterIndex, cfg: RebalanceConfig, eligible: BoolArray, min_residence: float
+) -> tuple[list[int], list[float]]:
     """The movable containers on eligible workers (snapshot indices) and their d, grouped
     by worker position and ordered by (worker position, d, container id)."""
     containers = index.snapshot.containers
@@ -75,6 +81,9 @@ def _movable(index: ClusterIndex, cfg: RebalanceConfig, eligible: BoolArray) -> 
     pos = index.container_pos
     movable = np.fromiter(map(attrgetter("movable"), containers), np.bool_, len(containers))
     ok = (pos >= 0) & np.isfinite(d) & (rebalances < cfg.max_rebalances_per_container) & movable
+    if min_residence > 0:
+        since = np.array([-math.inf if c.since is None else c.since for c in containers], dtype=np.float64)
+        ok &= index.snapshot.now - since >= min_residence
     ok[ok] = eligible[pos[ok]]
     chosen = np.flatnonzero(ok)
     chosen = chosen[np.lexsort((d[chosen], pos[chosen]))]
@@ -121,10 +130,17 @@ class _Plan:
     moves: list[Move]
 
     @classmethod
-    def of(cls, index: ClusterIndex, cfg: RebalanceConfig, worker_timeout: float, fits: Fits) -> _Plan:
+    def of(
+        cls,
+        index: ClusterIndex,
+        cfg: RebalanceConfig,
+        worker_timeout: float,
+        fits: Fits,
+        min_residence: float,
+    ) -> _Plan:
         eligible = index.eligible(worker_timeout)
         workers = sorted(np.flatnonzero(eligible).tolist(), key=index.ids.__getitem__)
-        order, d = _movable(index, cfg, eligible)
+        order, d = _movable(index, cfg, eligible, min_residence)
         grouped = index.container_pos[order] if order else np.zeros(0, np.int64)
         every = np.arange(len(index.ids))
         start = np.searchsorted(grouped, every, side="left").tolist()

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 from specon.config import Policy
 from specon.model import ClusterSnapshot, ContainerId, WorkerId
+from specon.policy import work
 from specon.policy.decisions import Move, Refuse, Stay
-from specon.policy.placement import ClusterIndex, index_for, select_target
+from specon.policy.placement import ClusterIndex, fits, index_for, select_target
 from specon.policy.rebalance import plan_rebalance, should_rebalance
 
 
@@ -102,6 +103,10 @@ def decide_pass(
         if isinstance(d, Refuse):
             refused.append(d)
             continue
+        if isinstance(d, Move) and policy.placement.require_gain:
+            gain = work.move_gain(snapshot, d, costs_of(policy))
+            if gain is not None and gain <= 0:  # predicted to cost more than it saves
+                d = Stay(d.container, d.source, d.scores)
         if isinstance(d, Move) and not budget.free(d.target):
             deferred.append(cid)
             continue
@@ -111,7 +116,41 @@ def decide_pass(
     waiting = bool(deferred) or decision is not None
     move = None
     if rebalance and not in_flight and not waiting and should_rebalance(snapshot, policy.rebalance):
-        moves = plan_rebalance(snapshot, cfg=policy.rebalance, worker_timeout=timeout, index=idx)
+        moves = _rebalance_moves(snapshot, policy, idx)
         if moves and budget.room() and budget.free(moves[0].source) and budget.free(moves[0].target):
             move = moves[0]
     return Pass(tuple(dropped), tuple(deferred), tuple(refused), decision, move)
+
+
+def costs_of(policy: Policy) -> work.Costs:
+    """What a move costs and how a node serves its jobs, for the work model."""
+    mi = policy.migration
+    return work.Costs(
+        downtime=mi.move_downtime,
+        restore_cpu=mi.restore_cpu,
+        min_residence=mi.min_residence,
+        shortest_first=policy.priority.rule in SHORTEST_FIRST,
+    )
+
+
+# Priority rules under which a node runs its shortest remaining work first.
+SHORTEST_FIRST = frozenset({"srpt", "fsp"})
+
+
+def _rebalance_moves(snapshot: ClusterSnapshot, policy: Policy, idx: ClusterIndex) -> list[Move]:
+    timeout = policy.messaging.worker_timeout
+    if policy.rebalance.mode != "work":
+        return plan_rebalance(
+            snapshot,
+            cfg=policy.rebalance,
+            worker_timeout=timeout,
+            index=idx,
+            min_residence=policy.migration.min_residence,
+        )
+    best = work.best_move(
+        snapshot,
+        costs_of(policy),
+        eligible=lambda w: w.ready and w.heartbeat_age < timeout,
+        fits=lambda c, w: fits(c, w, idx.used(idx.position[w.id])),
+    )
+    return [] if best is None else [best[0]]

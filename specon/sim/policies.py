@@ -54,6 +54,9 @@ PEERS: dict[str, PriorityRule] = {
 SIMULATED = ("ds", "specon-paper", "specon", "balancer", *PEERS)
 POLICIES = (*SIMULATED, "bound")
 
+# Every job the same CPU weight (DS and the balancer know no priority).
+EQUAL_SHARES = PriorityConfig(rule="none")
+
 # "No limit" for the balancer's moves per job (the field is an int).
 _UNLIMITED = 1 << 30
 
@@ -68,7 +71,7 @@ class SimPolicy:
     # The manager sees no convergence: every job progressing, "converged" since it started.
     blind: bool = False
     # How each worker's agent weights its jobs' CPU (the manager's policy's, if any).
-    priority: PriorityConfig = field(default_factory=PriorityConfig)
+    priority: PriorityConfig = field(default_factory=lambda: EQUAL_SHARES)
     # Jobs declare their total steps (else remaining work is predicted from the loss).
     declared: bool = True
 
@@ -113,7 +116,7 @@ def make_policy(
     if name == "ds":
         return SimPolicy(name, None, classify=False)
     if name in PEERS:
-        priority = replace(PriorityConfig(), rule=PEERS[name])
+        priority = replace(EQUAL_SHARES, rule=PEERS[name])
         return SimPolicy(name, None, classify=PEERS[name] in NEEDS_GAIN, priority=priority)
     if name in ("specon", "specon-paper"):
         if base is None or name == "specon-paper":
@@ -129,7 +132,14 @@ def make_policy(
             duration_from="converged",
             max_rebalances_per_container=_UNLIMITED,
         )
-        return SimPolicy(name, replace(base, rebalance=rebalance), classify=False, blind=True)
+        balancer = replace(
+            base,
+            rebalance=rebalance,
+            priority=EQUAL_SHARES,
+            placement=replace(base.placement, require_gain=False),
+            migration=replace(base.migration, min_residence=0.0),
+        )
+        return SimPolicy(name, balancer, classify=False, blind=True)
     if name == "bound":
         raise ValueError("bound is computed, not simulated: use lower_bound()")
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")

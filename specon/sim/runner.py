@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from specon.cluster_state import ClusterState
+from specon.cluster_state import WORK_RESOLUTION, ClusterState
 from specon.config import Policy, default_policy
 from specon.coordinator_inline import InlineCoordinator
 from specon.effects import CommandQueued, Event, MemoryJournal
@@ -107,12 +107,13 @@ def simulated_manager(
     )
 
 
-# What the manager sees of a job; a report travels only when it changes.
-_Seen = tuple[ReportPhase, Category, float | None, bool, bool]
+# What the manager sees of a job; a report travels only when it changes (the remaining
+# work as its agent estimates it, in steps of the manager's ``WORK_RESOLUTION``).
+_Seen = tuple[ReportPhase, Category, float | None, bool, bool, float | None]
 
 
 def _report_of(job: SimJob, seen: _Seen) -> ContainerReport:
-    phase, category, t_cc, migrated, pending = seen
+    phase, category, t_cc, migrated, pending, remaining = seen
     return ContainerReport(
         id=ContainerId(job.id),
         category=category,
@@ -120,7 +121,16 @@ def _report_of(job: SimJob, seen: _Seen) -> ContainerReport:
         t_cc=t_cc,
         migrated=migrated,
         pending_request=pending,
+        remaining_work=remaining,
     )
+
+
+def _quantised(work: float | None) -> float | None:
+    """``work`` rounded to the manager's resolution (geometric steps of WORK_RESOLUTION)."""
+    if work is None or work <= 1.0:
+        return None if work is None else round(work, 1)
+    step = math.log1p(WORK_RESOLUTION)
+    return math.exp(round(math.log(work) / step) * step)
 
 
 class _Run:
@@ -130,6 +140,9 @@ class _Run:
         self.params = params
         self.engine = Engine()
         self.prioritised = policy.priority.rule != "none"
+        # Agents report remaining work where the manager's policy uses it.
+        m = policy.manager
+        self.reports_work = m is not None and (m.rebalance.mode == "work" or m.placement.require_gain)
         self.cluster = Cluster(
             self.engine,
             workload,
@@ -203,9 +216,18 @@ class _Run:
     def _seen_of(self, job: SimJob) -> _Seen:
         """What the job's agent reports of it (a blind policy's agents see no convergence)."""
         st = job.state
+        remaining = self._remaining(job) if self.reports_work else None
         if self.policy.blind or st is None:
-            return (_REPORTED[job.phase], Category.PROGRESSING, job.started, False, False)
-        return (_REPORTED[job.phase], st.display, st.t_cc, st.migrated, st.pending_request)
+            return (_REPORTED[job.phase], Category.PROGRESSING, job.started, False, False, remaining)
+        return (_REPORTED[job.phase], st.display, st.t_cc, st.migrated, st.pending_request, remaining)
+
+    def _remaining(self, job: SimJob) -> float | None:
+        """The job's remaining work as its agent reports it (None until it stepped)."""
+        if job.phase is not Phase.RUNNING:
+            return None
+        p = self._progress(job)
+        left, cost = p.steps_left, p.cpu_per_step
+        return None if left is None or cost is None else _quantised(left * cost)
 
     def _report(
         self, job: SimJob, worker: WorkerId, *, result: CommandResult | None = None, drive: bool = False
@@ -258,20 +280,20 @@ class _Run:
 
     def _weigh(self, jobs: Sequence[SimJob]) -> dict[str, float]:
         """The agent's priority rule over a worker's jobs (``Cluster.weigh``)."""
-        declared = self.policy.declared
-        progress = [
-            JobProgress(
-                id=ContainerId(j.id),
-                started=j.started if j.started is not None else self.engine.now,
-                step=j.done,
-                total=j.plan.steps if declared else None,
-                cpu_seconds=j.cpu,
-                fair_seconds=j.fair,
-                gain=j.state.last_g if j.state is not None else None,
-            )
-            for j in jobs
-        ]
+        progress = [self._progress(j) for j in jobs]
         return {str(cid): float(w) for cid, w in priority_weights(progress, self.policy.priority).items()}
+
+    def _progress(self, j: SimJob) -> JobProgress:
+        """What ``j``'s agent knows of its progress now."""
+        return JobProgress(
+            id=ContainerId(j.id),
+            started=j.started if j.started is not None else self.engine.now,
+            step=self.cluster.steps_now(j),
+            total=j.plan.steps if self.policy.declared else None,
+            cpu_seconds=self.cluster.cpu_now(j),
+            fair_seconds=j.fair,
+            gain=j.state.last_g if j.state is not None else None,
+        )
 
     def _tick(self) -> None:
         classifier = self.classifier

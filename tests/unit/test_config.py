@@ -146,7 +146,7 @@ def test_yaml_output_revalidates_and_is_documented(mode: Mode) -> None:
     text = policy_to_yaml(default_policy(mode))
     assert parse_policy(text) == default_policy(mode)
     assert "# threshold alpha" in text
-    assert "[balanced | paper | off]" in text  # allowed values come from the schema
+    assert "[balanced | work | paper | off]" in text  # allowed values come from the schema
 
 
 def test_yaml_output_marks_paper_values() -> None:

@@ -333,12 +333,16 @@ def test_downtime_is_recorded_when_the_running_job_is_seen_before_the_start_resu
     assert m.downtime == pytest.approx(2.0)
 
 
-def _three_on_a(clock: FakeClock, tmp_path: Path, **sections: dict[str, object]) -> InlineCoordinator:
-    """r1..r3 (already decided by Algorithm 2) all on a; b idle; rebalancing on every pass."""
+def _three_on_a(
+    clock: FakeClock, tmp_path: Path, *, residence: float = 0.0, **sections: dict[str, object]
+) -> InlineCoordinator:
+    """r1..r3 (already decided by Algorithm 2) all on a; b idle; rebalancing on every pass;
+    no minimum residence unless ``residence`` says so."""
     journal = Journal(tmp_path / "journal.db")
     for cid in ("r1", "r2", "r3"):
         journal.put_mark(Mark(ContainerId(cid), clock() - 100.0, 1, 0))
-    pol = policy(rebalance={"mode": "balanced", "when": "always"}, **sections)
+    migration = {"min_residence": residence, **sections.pop("migration", {})}
+    pol = policy(rebalance={"mode": "balanced", "when": "always"}, migration=migration, **sections)
     coord = InlineCoordinator(policy=pol, journal=journal, clock=clock, recovered=recover(journal, clock()))
     # A journal with marks is a restart: decisions wait until every worker could report.
     coord.core.started_at -= pol.messaging.worker_timeout
@@ -379,6 +383,23 @@ def test_rebalance_always_moves_one_container_off_the_loaded_worker(tmp_path: Pa
         coord.on_heartbeat(a.heartbeat(*_frozen("r1", "r3")))
         coord.step(rebalance=True)
     assert len(coord.journal.all()) == 1
+
+
+def test_a_container_stays_on_its_worker_for_the_minimum_residence_time(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    coord = _three_on_a(clock, tmp_path, residence=60.0)
+    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
+    for _ in range(12):  # up to 55 s on a: not yet movable
+        coord.on_heartbeat(b.heartbeat())
+        coord.on_heartbeat(a.heartbeat(*_frozen("r1", "r2", "r3")))
+        coord.step(rebalance=True)
+        assert coord.journal.all() == []
+        clock.advance(5.0)
+    coord.on_heartbeat(b.heartbeat())
+    coord.on_heartbeat(a.heartbeat(*_frozen("r1", "r2", "r3")))
+    coord.step(rebalance=True)
+    assert _one_migration(coord).container == "r2"
 
 
 def test_dry_run_rebalance_records_only_the_moves_a_live_run_would_make(

@@ -82,7 +82,8 @@ def test_optimus_shares_grow_with_the_square_root_of_remaining_work() -> None:
 
 
 def test_rule_none_gives_every_job_the_default_weight() -> None:
-    assert weights([_job("a"), _job("b")], PriorityConfig()) == {"a": WEIGHT_DEFAULT, "b": WEIGHT_DEFAULT}
+    equal = PriorityConfig(rule="none")
+    assert weights([_job("a"), _job("b")], equal) == {"a": WEIGHT_DEFAULT, "b": WEIGHT_DEFAULT}
 
 
 def test_each_rule_validates_its_own_arguments_in_the_policy_file() -> None:

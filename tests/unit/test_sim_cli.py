@@ -120,11 +120,16 @@ def _sim_json(traces: Path, out: Path, *extra: str) -> dict[str, Any]:
 
 
 def test_a_policy_file_replaces_the_specon_defaults(traces: Path, tmp_path: Path) -> None:
-    # A policy that never sees convergence and never rebalances: specon must not move anything.
+    # A policy that moves whenever the scores say so, and one that never sees convergence and
+    # never rebalances: the first moves, the second must not move anything.
+    moving = tmp_path / "moving.yaml"
+    moving.write_text("apiVersion: specon/v1alpha1\nkind: Policy\npriority: {rule: none}\n"
+                      "placement:\n  require_gain: false\n"
+                      "migration:\n  min_residence: 0\n")  # fmt: skip
     still = tmp_path / "still.yaml"
     still.write_text("apiVersion: specon/v1alpha1\nkind: Policy\nmonitor:\n  alpha: 1.0e-9\n"
                      "  interval: 20\nrebalance:\n  mode: 'off'\n")  # fmt: skip
-    default = _sim_json(traces, tmp_path / "default.json", "--policy", "specon")
+    default = _sim_json(traces, tmp_path / "default.json", "--policy", str(moving))
     assert default["policies"]["specon"]["migrations"] > 0
     data = _sim_json(traces, tmp_path / "file.json", "--policy", str(still))
     assert set(data["policies"]) == {"ds", "specon"}

@@ -1,0 +1,148 @@
+"""Work-aware moves: a move is made only when the predicted total completion time of the
+jobs it touches falls by more than the move costs.
+
+Pure: a snapshot in, a ``Move`` (or nothing) out. Each container may report its remaining
+work (``ContainerSnapshot.remaining_work``: CPU-seconds on one core, the agent's estimate
+from declared or predicted steps and its measured CPU per step). A worker is modelled as
+serving its jobs in the order of the node's priority rule: shortest remaining work first
+(``srpt``/``fsp``: the first job gets the worker, up to one core) or equal sharing
+(no rule). The total completion time of the jobs on worker w, with remaining works
+x_1 <= ... <= x_n on C cores, is then
+
+* shortest first: sum_k max(x_k, (x_1 + ... + x_k) / C);
+* equal sharing:  sum_k max(x_k, (x_1 + ... + x_{k-1} + (n - k + 1) x_k) / C).
+
+Moving job j from s to t changes the total by F(s - j) + F(t + j) - F(s) - F(t); the move
+also costs j its downtime (``migration.move_downtime``: measured SIGTERM to first record on
+the target) and every job on t the restore's CPU (``migration.restore_cpu`` CPU-seconds
+shared over C_t cores). Pollux charges a restart the same way. The plan takes the single
+move with the largest net gain, if it is positive, among jobs that have stayed on their
+worker for ``migration.min_residence`` seconds (no ping-pong: a job just moved stays), on
+workers that fit them. Jobs that report no remaining work count on their worker at the
+median of the known ones and are never moved by this rule.
+
+To stay cheap on large clusters only the ``CANDIDATES`` workers with the most and the least
+predicted total completion time are searched as sources and targets.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from specon.model import ClusterSnapshot, ContainerSnapshot, WorkerSnapshot
+from specon.policy.decisions import Move
+
+CANDIDATES = 16
+# Cores one job can use (the jobs are single-process trainers; a worker's capacity above
+# this is shared by more jobs at once).
+JOB_CORES = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Costs:
+    downtime: float  # seconds a moved job does not run
+    restore_cpu: float  # CPU-seconds the restore takes from the target's jobs
+    min_residence: float  # seconds a job stays on a worker before it may move again
+    shortest_first: bool  # the node serves shortest remaining work first (else shares equally)
+
+
+def flow(works: Sequence[float], cpu: float, *, shortest_first: bool) -> float:
+    """Total completion time of ``works`` (sorted ascending) on ``cpu`` cores."""
+    cpu = max(cpu, 1e-9)
+    total = 0.0
+    prefix = 0.0
+    n = len(works)
+    for k, x in enumerate(works):
+        ahead = prefix + x if shortest_first else prefix + (n - k) * x
+        total += max(x / JOB_CORES, ahead / cpu)
+        prefix += x
+    return total
+
+
+@dataclass(slots=True)
+class _Worker:
+    snap: WorkerSnapshot
+    works: list[float]  # sorted remaining works of its jobs
+    flow: float
+
+
+def best_move(
+    snapshot: ClusterSnapshot,
+    costs: Costs,
+    *,
+    eligible: Callable[[WorkerSnapshot], bool],
+    fits: Callable[[ContainerSnapshot, WorkerSnapshot], bool],
+    min_gain: float = 0.0,
+) -> tuple[Move, float] | None:
+    """The move with the largest predicted net gain (seconds of total completion time saved),
+    if any exceeds ``min_gain``; ``eligible`` says which workers may take part."""
+    known = [c.remaining_work for c in snapshot.containers if c.remaining_work is not None]
+    if not known:
+        return None
+    typical = statistics.median(known)
+    workers = {w.id: _Worker(w, [], 0.0) for w in snapshot.workers if eligible(w)}
+    if len(workers) < 2:
+        return None
+    movable: dict[str, list[ContainerSnapshot]] = {wid: [] for wid in workers}
+    for c in snapshot.containers:
+        w = workers.get(c.worker)
+        if w is None:
+            continue
+        w.works.append(typical if c.remaining_work is None else c.remaining_work)
+        settled = c.since is None or snapshot.now - c.since >= costs.min_residence
+        if c.remaining_work is not None and c.movable and settled:
+            movable[c.worker].append(c)
+    for w in workers.values():
+        w.works.sort()
+        w.flow = flow(w.works, w.snap.capacity.cpu, shortest_first=costs.shortest_first)
+    ranked = sorted(workers.values(), key=lambda w: (w.flow, w.snap.id))
+    sources = [w for w in reversed(ranked[-CANDIDATES:]) if movable[w.snap.id]]
+    targets = ranked[:CANDIDATES]
+    best: tuple[Move, float] | None = None
+    for s in sources:
+        for c in movable[s.snap.id]:
+            x = c.remaining_work
+            assert x is not None
+            rest = list(s.works)
+            del rest[bisect.bisect_left(rest, x)]
+            saved = s.flow - flow(rest, s.snap.capacity.cpu, shortest_first=costs.shortest_first)
+            for t in targets:
+                if t is s or not fits(c, t.snap):
+                    continue
+                grown = list(t.works)
+                bisect.insort(grown, x)
+                added = flow(grown, t.snap.capacity.cpu, shortest_first=costs.shortest_first) - t.flow
+                penalty = costs.downtime + costs.restore_cpu * len(t.works) / max(t.snap.capacity.cpu, 1e-9)
+                gain = saved - added - penalty
+                if gain > min_gain and (best is None or gain > best[1]):
+                    best = (Move(c.id, s.snap.id, t.snap.id, reason="rebalance"), gain)
+    return best
+
+
+def move_gain(snapshot: ClusterSnapshot, move: Move, costs: Costs) -> float | None:
+    """The predicted net gain of ``move`` (None: the moved job reports no remaining work)."""
+    by_worker: dict[str, list[float]] = {}
+    known = [c.remaining_work for c in snapshot.containers if c.remaining_work is not None]
+    typical = statistics.median(known) if known else 0.0
+    moved = None
+    for c in snapshot.containers:
+        by_worker.setdefault(c.worker, []).append(typical if c.remaining_work is None else c.remaining_work)
+        if c.id == move.container:
+            moved = c.remaining_work
+    if moved is None:
+        return None
+    s_works = sorted(by_worker.get(move.source, []))
+    t_works = sorted(by_worker.get(move.target, []))
+    s_cpu = snapshot.worker(move.source).capacity.cpu
+    t_cpu = snapshot.worker(move.target).capacity.cpu
+    sf = costs.shortest_first
+    rest = list(s_works)
+    if moved in rest:
+        rest.remove(moved)
+    grown = sorted([*t_works, moved])
+    saved = flow(s_works, s_cpu, shortest_first=sf) - flow(rest, s_cpu, shortest_first=sf)
+    added = flow(grown, t_cpu, shortest_first=sf) - flow(t_works, t_cpu, shortest_first=sf)
+    return saved - added - costs.downtime - costs.restore_cpu * len(t_works) / max(t_cpu, 1e-9)
