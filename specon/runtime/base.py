@@ -19,6 +19,7 @@ from specon import codec
 from specon.checkpoint import CheckpointInfo
 from specon.checkpoint import key as checkpoint_key
 from specon.model import ContainerId, Resources, WorkerId
+from specon.policy.priority.base import WEIGHT_MAX, WEIGHT_MIN
 from specon.validate import valid_id
 
 # The job contract's environment (SPEC §6): what every backend sets for a job.
@@ -27,6 +28,23 @@ ENV_WORKER = "SPECON_WORKER"
 ENV_PROGRESS_FILE = "SPECON_PROGRESS_FILE"
 ENV_CHECKPOINT_DIR = "SPECON_CHECKPOINT_DIR"
 ENV_DONE_FILE = "SPECON_DONE_FILE"
+
+
+# cgroup v1 ``cpu.shares`` bounds (the kernel clamps to them; Docker's ``cpu_shares`` too).
+SHARES_MIN = 2
+SHARES_MAX = 262_144
+
+
+def cpu_shares(weight: int) -> int:
+    """cgroup v1 ``cpu.shares`` (and Docker ``cpu_shares``) for a cgroup-v2 ``cpu.weight``.
+
+    ``weight * 1024 / 100`` (rounded) clamped to [2, 262144]: the default weight 100 is the
+    default 1024 shares and ratios between weights are kept; 1..10,000 maps to 10..102,400,
+    inside the kernel's bounds.
+    """
+    if not WEIGHT_MIN <= weight <= WEIGHT_MAX:
+        raise ValueError(f"CPU weight must be within [{WEIGHT_MIN}, {WEIGHT_MAX}], got {weight}")
+    return min(SHARES_MAX, max(SHARES_MIN, round(weight * 1024 / 100)))
 
 
 def valid_job_id(value: str) -> ContainerId:
@@ -118,6 +136,9 @@ class ContainerInfo:
     exit_code: int | None = None
     # The job completed its work (done marker or final "finished" progress record).
     finished: bool = False
+    # Cores it may use at most, where the backend knows (a pod's CPU limit); None: unlimited
+    # within its worker.
+    cpu_limit: float | None = None
 
     @property
     def alive(self) -> bool:
@@ -281,6 +302,14 @@ class Runtime(Protocol):
     async def publish_state(self, container_id: ContainerId, annotations: Mapping[str, str]) -> bool:
         """Publish a container's monitor state where the platform shows it (pod annotations);
         False where there is no such place. Best effort: the agent's state file rules."""
+        ...
+
+    async def set_cpu_weight(self, container_id: ContainerId, weight: int) -> bool:
+        """Give a running container CPU weight ``weight`` among this worker's containers, in
+        cgroup-v2 ``cpu.weight`` units (1..10,000, 100 by default; cgroup v1 and Docker get
+        ``cpu_shares(weight)``). True when it was applied; False (logged by the backend) where
+        it cannot be: no writable cgroups, no such container. Never raises for that.
+        """
         ...
 
     def now(self) -> float:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from specon.model import ContainerId, Resources, WorkerId
+from specon.policy.priority.base import WEIGHT_MAX, WEIGHT_MIN
 from specon.runtime.base import (
     AlreadyFinished,
     AlreadyRunning,
@@ -248,6 +249,10 @@ class FakeRuntime:
         self.save_seconds = save_seconds
         self.start_seconds = start_seconds
         self.calls: list[tuple[str, ContainerId]] = []
+        # CPU weights set on this worker's containers, the latest per container; turn
+        # ``weights_supported`` off to play a backend that cannot apply them.
+        self.weights: dict[ContainerId, int] = {}
+        self.weights_supported = True
         self._save_faults: list[SaveFault] = []
         self._start_faults: list[str] = []
         self._last_usage = (self.clock.now(), volume.worker_cpu.get(self._worker, 0.0))
@@ -315,6 +320,16 @@ class FakeRuntime:
     def job_spec(self, container_id: ContainerId) -> JobSpec | None:
         job = self.volume.jobs.get(container_id)
         return job.spec if job is not None else None
+
+    async def set_cpu_weight(self, container_id: ContainerId, weight: int) -> bool:
+        """Records the weight (``weights``); False for a container not running here, a weight
+        out of 1..10,000, or while ``weights_supported`` is off."""
+        job = self.volume.jobs.get(container_id)
+        here = job is not None and job.owner == self._worker and job.running
+        if not (self.weights_supported and here and WEIGHT_MIN <= weight <= WEIGHT_MAX):
+            return False
+        self.weights[container_id] = weight
+        return True
 
     async def start(self, spec: JobSpec, *, checkpoint: Path | None = None) -> ContainerInfo:
         self.calls.append(("start", spec.id))

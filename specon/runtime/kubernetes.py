@@ -43,7 +43,7 @@ import contextlib
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -74,6 +74,7 @@ from specon.runtime.base import (
 )
 from specon.runtime.k8s_api import KubeApi, KubeError, load_api_client, pods_path
 from specon.runtime.k8s_calls import PodCalls, record_path
+from specon.runtime.k8s_cgroup import CGROUP_ROOT, PodCgroups, pod_cpu_limit
 from specon.runtime.k8s_pods import DEFAULT_CLAIM, DEFAULT_SELECTOR, Manifest, PodError, SharedVolume
 from specon.runtime.k8s_usage import NodeUsage
 from specon.runtime.k8s_watch import Informer
@@ -125,6 +126,7 @@ class KubernetesRuntime:
         metrics: bool = True,
         kill_slack: float = 15.0,
         proc: Path = Path("/proc"),
+        cgroup_root: Path = CGROUP_ROOT,
     ) -> None:
         try:
             valid_job_id(node)
@@ -168,6 +170,7 @@ class KubernetesRuntime:
         self._node: Manifest | None = None
         self._calls = PodCalls(self.api, selector)
         self._usage = NodeUsage(self.api, node, metrics=metrics, proc=proc)
+        self._cgroups = PodCgroups(cgroup_root)  # the pods' cgroups, where the node's are mounted
 
     # -- the Runtime interface -------------------------------------------------------------
     @property
@@ -206,7 +209,20 @@ class KubernetesRuntime:
             return None
 
     async def usage(self) -> WorkerUsage:
-        return await self._usage.read(self._worker, await self._node_object())
+        u = await self._usage.read(self._worker, await self._node_object())
+        seconds = await asyncio.to_thread(self._cgroups.cpu_seconds, await self._live())  # pod cgroups
+        return replace(u, per_container=tuple(sorted(seconds.items())))
+
+    async def set_cpu_weight(self, container_id: ContainerId, weight: int) -> bool:
+        """Its pod's cgroup on this node (``k8s_cgroup``, which logs why where it cannot)."""
+        pod = next((m for job, m in await self._live() if job == container_id), None)
+        return await asyncio.to_thread(self._cgroups.set_weight, container_id, pod, weight)
+
+    async def _live(self) -> list[tuple[ContainerId, Manifest]]:
+        try:
+            return [(p.job, p.manifest) for p in await self._managed() if pods.alive(p.manifest)]
+        except RuntimeFailure:
+            return []  # the API server is away: no pod to weigh or account this time
 
     @property
     def last_usage_source(self) -> str:
@@ -487,15 +503,13 @@ class KubernetesRuntime:
     @staticmethod
     def _one_per_job(found: list[_Pod]) -> list[_Pod]:
         """A job's live pod wins over its ended ones; among equals, the newest generation."""
+
+        def rank(p: _Pod) -> tuple[bool, int, float]:
+            return pods.alive(p.manifest), pods.generation(p.manifest), pods.started_at(p.manifest)
+
         best: dict[ContainerId, _Pod] = {}
         for p in found:
-            cur = best.get(p.job)
-            rank = (pods.alive(p.manifest), pods.generation(p.manifest), pods.started_at(p.manifest))
-            if cur is None or rank > (
-                pods.alive(cur.manifest),
-                pods.generation(cur.manifest),
-                pods.started_at(cur.manifest),
-            ):
+            if p.job not in best or rank(p) > rank(best[p.job]):
                 best[p.job] = p
         return sorted(best.values(), key=lambda p: p.job)
 
@@ -520,6 +534,7 @@ class KubernetesRuntime:
             handle=p.name,
             exit_code=code,
             finished=self._finished(p),
+            cpu_limit=pod_cpu_limit(p.manifest),
         )
 
     @staticmethod

@@ -46,11 +46,6 @@ import structlog
 from specon import checkpoint as ckpt  # the name `checkpoint` is start()'s parameter
 from specon.model import ContainerId, Resources, WorkerId
 from specon.runtime.base import (
-    ENV_CHECKPOINT_DIR,
-    ENV_DONE_FILE,
-    ENV_JOB_ID,
-    ENV_PROGRESS_FILE,
-    ENV_WORKER,
     AlreadyFinished,
     AlreadyRunning,
     ContainerInfo,
@@ -204,6 +199,7 @@ class LocalRuntime:
     async def usage(self) -> WorkerUsage:
         """CPU use since the previous call, as a share of this worker's budget."""
         running = {p.job: o for p, o in self._owned() if self._alive(o)}
+        self._budget.prune_jobs(running)  # the groups of jobs that ended here
         total, per_job = self._budget.cpu_seconds(self._groups(running), per_job=self.per_container_usage)
         now = time.monotonic()
         last_t, last_cpu = self._last
@@ -218,6 +214,11 @@ class LocalRuntime:
             per_container=tuple(sorted(per_job.items())),
             enforcement=self._budget.enforcement.value,
         )
+
+    async def set_cpu_weight(self, container_id: ContainerId, weight: int) -> bool:
+        """The job's own cgroup's ``cpu.shares``; the first weight pins the worker to whole
+        CPUs, where shares take effect (``CpuBudget.set_weight``, which logs a refusal)."""
+        return self._budget.set_weight(container_id, weight)
 
     async def start(self, spec: JobSpec, *, checkpoint: Path | None = None) -> ContainerInfo:
         self._check_open()
@@ -471,21 +472,6 @@ class LocalRuntime:
     def _exit_record(self, owner: Owner, reason: str, sig: int | None) -> ExitRecord:
         return ExitRecord(owner.run_id, self._worker, owner.pid or 0, None, sig, reason, time.time())
 
-    def _env(self, spec: JobSpec, paths: JobPaths) -> dict[str, str]:
-        env = dict(os.environ)
-        env["OMP_NUM_THREADS"] = "1"  # jobs share a small CPU budget; the job's env may override
-        env.update(spec.env)
-        env.update(
-            {
-                ENV_JOB_ID: spec.id,
-                ENV_WORKER: self._worker,
-                ENV_PROGRESS_FILE: str(paths.progress),
-                ENV_CHECKPOINT_DIR: str(paths.checkpoints),
-                ENV_DONE_FILE: str(paths.done),
-            }
-        )
-        return env
-
     def _launch(self, spec: JobSpec, paths: JobPaths) -> Owner:
         """Start the job detached, in the worker's budget, and record it as the owner."""
         run_id = uuid.uuid4().hex
@@ -504,14 +490,14 @@ class LocalRuntime:
                 child = subprocess.Popen(
                     [*argv, *spec.command],
                     cwd=paths.dir,
-                    env=self._env(spec, paths),
+                    env=paths.env(spec, self._worker),
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
                     start_new_session=True,  # survives the agent; a process group to signal
-                    # Joins the budget before exec (race-free). Safe despite threads: the child only
-                    # makes raw syscalls (open/write/close/sched_setaffinity) and takes no lock.
-                    preexec_fn=self._budget.preexec(),  # noqa: PLW1509
+                    # Joins the budget (its own group in it) before exec, race-free. Safe despite threads:
+                    # the child only makes raw syscalls (open/write/close/sched_setaffinity), no lock.
+                    preexec_fn=self._budget.preexec(spec.id),  # noqa: PLW1509
                     close_fds=True,
                 )
         except (OSError, subprocess.SubprocessError) as exc:

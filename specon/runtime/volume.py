@@ -40,7 +40,15 @@ from specon.checkpoint import (
 )
 from specon.model import ContainerId, WorkerId
 from specon.progress.last import last_event
-from specon.runtime.base import JobSpec, valid_job_id
+from specon.runtime.base import (
+    ENV_CHECKPOINT_DIR,
+    ENV_DONE_FILE,
+    ENV_JOB_ID,
+    ENV_PROGRESS_FILE,
+    ENV_WORKER,
+    JobSpec,
+    valid_job_id,
+)
 from specon.runtime.launcher import ExitRecord, append_exit
 
 __all__ = [
@@ -135,6 +143,22 @@ class JobPaths:
 
     def create(self) -> None:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
+
+    def env(self, spec: JobSpec, worker: WorkerId) -> dict[str, str]:
+        """The environment a local run of ``spec`` on ``worker`` gets (the job contract's)."""
+        env = dict(os.environ)
+        env["OMP_NUM_THREADS"] = "1"  # jobs share a small CPU budget; the job's env may override
+        env.update(spec.env)
+        env.update(
+            {
+                ENV_JOB_ID: spec.id,
+                ENV_WORKER: worker,
+                ENV_PROGRESS_FILE: str(self.progress),
+                ENV_CHECKPOINT_DIR: str(self.checkpoints),
+                ENV_DONE_FILE: str(self.done),
+            }
+        )
+        return env
 
     # -- owner.json -------------------------------------------------------------------
     def read_owner(self) -> Owner | None:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specon.model import ContainerId
+from specon.runtime.base import cpu_shares
 from specon.runtime.cgroups import (
     CLK_TCK,
     CpuBudget,
@@ -25,6 +26,7 @@ from specon.runtime.cgroups import (
     quota_us,
     read_stat,
 )
+from specon.runtime.cpuset import format_cpulist, parse_cpulist
 
 
 def stat_line(
@@ -282,3 +284,136 @@ def test_budget_mode_none_is_silent(tmp_path: Path) -> None:
         budget = CpuBudget.establish(cpus=1, path=("w0",), mode="none", cgroup_root=tmp_path)
     assert budget.enforcement is Enforcement.NONE and logs == []
     assert budget.close()
+
+
+# -- CPU weights: each job's group, its shares, and pinning -----------------------------------
+def fake_cpuset(root: Path, cpus: str = "0-63", mems: str = "0") -> Path:
+    (root / "cpuset").mkdir(parents=True, exist_ok=True)
+    (root / "cpuset" / "cpuset.cpus").write_text(cpus + "\n")
+    (root / "cpuset" / "cpuset.mems").write_text(mems + "\n")
+    return root
+
+
+@pytest.mark.parametrize(("weight", "shares"), [(1, 10), (50, 512), (100, 1024), (10_000, 102_400)])
+def test_cpu_shares_maps_cgroup_v2_weights_to_v1_shares(weight: int, shares: int) -> None:
+    assert cpu_shares(weight) == shares
+
+
+@pytest.mark.parametrize("weight", [0, -5, 10_001])
+def test_cpu_shares_refuses_weights_out_of_range(weight: int) -> None:
+    with pytest.raises(ValueError, match="CPU weight"):
+        cpu_shares(weight)
+
+
+def weighted_budget(tmp_path: Path, *, cpuset: bool = True) -> CpuBudget:
+    root = fake_v1(tmp_path)
+    if cpuset:
+        fake_cpuset(root)
+    budget = CpuBudget.establish(
+        cpus=0.5, path=("specon", "c", "w0"), cgroup_root=root, proc=fake_proc(tmp_path, {})
+    )
+    assert budget.group is not None
+    return budget
+
+
+def test_each_job_joins_a_group_of_its_own_inside_the_worker(tmp_path: Path) -> None:
+    budget = weighted_budget(tmp_path)
+    job = ContainerId("j1")
+    preexec = budget.preexec(job)  # made by the parent, before the fork
+    own, worker = budget.job_group(job), budget.group
+    assert worker is not None and own.cpu_dir == worker.cpu_dir / "job-j1"
+    assert own.cpu_dir.is_dir() and own.cpuacct_dir.is_dir()
+    for procs in own.procs_files:
+        procs.touch()
+    preexec()
+    assert [p.read_text() for p in own.procs_files] == ["0", "0"]
+    (own.cpuacct_dir / "cpuacct.usage").write_text("2500000000\n")
+    (worker.cpuacct_dir / "cpuacct.usage").write_text("4000000000\n")
+    # The job's CPU seconds from its own group, even without the /proc scan (per_job=False).
+    assert budget.cpu_seconds({job: 999_999}, per_job=False) == (4.0, {job: 2.5})
+
+
+def test_a_weight_pins_the_worker_to_a_cpuset_then_sets_the_jobs_shares(tmp_path: Path) -> None:
+    budget = weighted_budget(tmp_path)
+    job = ContainerId("j1")
+    budget.preexec(job)
+    own = budget.job_group(job)
+    (own.cpu_dir / "cgroup.procs").write_text("4242\n4243\n")  # the job's processes now
+    with structlog.testing.capture_logs() as logs:
+        assert budget.set_weight(job, 10_000)
+    assert (own.cpu_dir / "cpu.shares").read_text() == "102400"
+    assert budget.cpuset is not None and budget.pinned is not None
+    expected = pick_cpus(0.5, sorted(os.sched_getaffinity(0)))
+    assert budget.pinned == expected and len(expected) == 1
+    worker = tmp_path / "cgroup" / "cpuset" / "specon" / "c" / "w0"
+    assert worker == budget.cpuset.dir
+    assert (worker / "cpuset.cpus").read_text() == format_cpulist(expected)
+    for level in (worker.parent.parent, worker.parent, worker):  # each level before any task
+        assert (level / "cpuset.mems").read_text() == "0"
+    assert (worker / "cgroup.procs").read_text() == "4243"  # one pid a write (the last one here)
+    assert [e["event"] for e in logs] == ["specon.runtime.pinned"] and logs[0]["how"] == "cpuset"
+    # A job started from now on joins the cpuset too; a second weight pins nothing again.
+    (worker / "cgroup.procs").write_text("")
+    for procs in budget.job_group(ContainerId("j2")).procs_files:
+        procs.parent.mkdir(exist_ok=True)
+        procs.touch()
+    budget.preexec(ContainerId("j2"))()
+    assert (worker / "cgroup.procs").read_text() == "0"
+    assert budget.set_weight(ContainerId("j2"), 1)
+    assert (budget.job_group(ContainerId("j2")).cpu_dir / "cpu.shares").read_text() == "10"
+
+
+def test_without_a_cpuset_hierarchy_pinning_falls_back_to_affinity(tmp_path: Path) -> None:
+    budget = weighted_budget(tmp_path, cpuset=False)
+    budget.preexec(ContainerId("j1"))
+    assert budget.cpuset is None
+    with structlog.testing.capture_logs() as logs:
+        assert budget.set_weight(ContainerId("j1"), 200)
+    assert budget.affinity == budget.pinned  # new jobs get it in preexec
+    assert logs[0]["how"] == "affinity"
+
+
+def test_weights_without_cgroups_are_refused_with_one_warning(tmp_path: Path) -> None:
+    budget = CpuBudget.establish(cpus=1, path=("w0",), mode="none", cgroup_root=tmp_path)
+    with structlog.testing.capture_logs() as logs:
+        assert not budget.set_weight(ContainerId("a"), 100)
+        assert not budget.set_weight(ContainerId("b"), 5)
+    assert [e["event"] for e in logs] == ["specon.runtime.cpu_weight_unavailable"]
+    assert budget.pinned is None
+
+
+def test_a_job_without_a_group_of_its_own_gets_no_weight(tmp_path: Path) -> None:
+    budget = weighted_budget(tmp_path)
+    with structlog.testing.capture_logs() as logs:
+        assert not budget.set_weight(ContainerId("elsewhere"), 100)
+        assert not budget.set_weight(ContainerId("elsewhere"), 100)
+        assert not budget.set_weight(ContainerId("j1"), 0)  # out of range
+    assert len(logs) == 2 and "no cgroup of its own" in logs[0]["error"]
+    assert budget.pinned is None  # nothing applied, nothing pinned
+
+
+def test_groups_of_ended_jobs_are_pruned_and_close_removes_everything(tmp_path: Path) -> None:
+    budget = weighted_budget(tmp_path)
+    for job in ("gone", "runs", "busy"):
+        budget.preexec(ContainerId(job))
+    (budget.job_group(ContainerId("busy")).cpu_dir / "cgroup.procs").write_text("7\n")  # tasks left
+    budget.prune_jobs([ContainerId("runs")])
+    assert budget.group is not None
+    assert budget.group.children() == ["job-busy", "job-runs"]
+    (budget.job_group(ContainerId("busy")).cpu_dir / "cgroup.procs").unlink()
+    budget.set_weight(ContainerId("runs"), 100)  # makes the cpuset
+    assert budget.cpuset is not None and budget.cpuset.dir.is_dir()
+    trees = (budget.group.cpu_dir, budget.group.cpuacct_dir, tmp_path / "cgroup" / "cpuset" / "specon")
+    for d in trees:  # bare directories, as rmdir sees cgroupfs
+        for f in d.rglob("*"):
+            if f.is_file():
+                f.unlink()
+    assert budget.close()
+    assert not (tmp_path / "cgroup" / "cpu" / "specon").exists()
+    assert not (tmp_path / "cgroup" / "cpuset" / "specon").exists()
+
+
+def test_cpulists_round_trip() -> None:
+    assert parse_cpulist("0-2,5,7-8\n") == {0, 1, 2, 5, 7, 8}
+    assert parse_cpulist("") == frozenset()
+    assert format_cpulist({3, 1, 2}) == "1,2,3"

@@ -407,3 +407,33 @@ async def test_agent_cli_needs_a_node_and_a_configuration(
     assert args.node == "node-1"
     assert await run(args) == 2
     assert "no Kubernetes configuration" in capsys.readouterr().err
+
+
+async def test_cpu_weight_goes_to_the_pods_cgroup_and_its_cpu_seconds_come_back(
+    api: KubeApi, tmp_path: Path
+) -> None:
+    """The runtime finds the live pod of the job on its node and its cgroup (v1, cgroupfs
+    driver, BestEffort: no requests) under the node's mounted /sys/fs/cgroup."""
+    await create(api, manifest("a"))
+    await create(api, manifest("gone", phase="Succeeded"))
+    root = tmp_path / "cgroup"
+    for hierarchy in ("cpu", "cpuacct"):
+        (root / hierarchy / "kubepods" / "besteffort" / "poduid-a").mkdir(parents=True)
+    (root / "cpu" / "cpu.shares").write_text("1024\n")
+    (root / "cpuacct" / "kubepods" / "besteffort" / "poduid-a" / "cpuacct.usage").write_text("7000000000\n")
+    rt = runtime(api, tmp_path, cgroup_root=root)
+    assert await rt.set_cpu_weight(ContainerId(f"{NS}.a"), 400)
+    assert (root / "cpu" / "kubepods" / "besteffort" / "poduid-a" / "cpu.shares").read_text() == "4096"
+    assert not await rt.set_cpu_weight(ContainerId(f"{NS}.gone"), 400)  # not running: no weight
+    assert not await rt.set_cpu_weight(ContainerId(f"{NS}.nowhere"), 400)
+    usage = await rt.usage()
+    assert dict(usage.per_container) == {ContainerId(f"{NS}.a"): 7.0}
+    limited = {c.id: c.cpu_limit for c in await rt.list_containers()}
+    assert limited == {ContainerId(f"{NS}.a"): None, ContainerId(f"{NS}.gone"): None}
+
+
+async def test_without_the_nodes_cgroups_a_weight_is_refused(api: KubeApi, tmp_path: Path) -> None:
+    await create(api, manifest("a"))
+    rt = runtime(api, tmp_path, cgroup_root=tmp_path / "not-mounted")
+    assert not await rt.set_cpu_weight(ContainerId(f"{NS}.a"), 100)
+    assert (await rt.usage()).per_container == ()

@@ -1,0 +1,128 @@
+"""Pinning a local worker to whole CPUs: a cgroup-v1 cpuset, else every task's CPU affinity.
+
+Why: ``cpu.shares`` decide only among tasks that wait for the same CPU. INFRA.md measured
+1024 vs 2 shares under a 0.5-CPU quota: 0.247 / 0.253 CPU on two unpinned CPUs (each job
+ran on its own CPU and the quota throttled both alike), 0.499 / 0.001 pinned to one. So a
+worker whose jobs get CPU weights is confined to ``ceil(cpus)`` CPUs (``cgroups.pick_cpus``).
+
+The cpuset is ``<cpuset>/<own>/<parent>/<cluster>/<worker>``, beside the worker's cpu and
+cpuacct groups. A cpuset group takes tasks only once its ``cpuset.cpus`` and
+``cpuset.mems`` are written (INFRA.md), and a child's CPUs must be within its parent's, so
+each level created here inherits its parent's. Every path root is a parameter, for tests
+against a temporary directory tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+
+def parse_cpulist(text: str) -> frozenset[int]:
+    """``"0-2,5"`` -> {0, 1, 2, 5}; ``ValueError`` if malformed."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        out.update(range(int(lo), int(hi if sep else lo) + 1))
+    return frozenset(out)
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def detect_cpuset(*, root: Path, own: str = "/") -> Path | None:
+    """Where this process's cpuset groups go (``own``: its cpuset path from
+    ``/proc/self/cgroup``); None without a writable cgroup-v1 cpuset hierarchy."""
+    top = root / "cpuset"
+    if not (top / "cpuset.cpus").exists() or not os.access(top, os.W_OK):
+        return None
+    return top / own.lstrip("/")
+
+
+def _read(path: Path) -> str:
+    """A control file's value ("" where there is none yet: cgroupfs always has one)."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def _write(path: Path, value: object) -> None:
+    with open(path, "w") as fh:
+        fh.write(str(value))
+
+
+class CpusetGroup:
+    """One worker's cpuset: the path ``parts`` below ``base`` (made by ``create``)."""
+
+    def __init__(self, base: Path, parts: Sequence[str]) -> None:
+        for part in parts:
+            if not part or "/" in part or part in {".", ".."}:
+                raise ValueError(f"invalid cgroup path component {part!r}")
+        self.base = base
+        self.dir = base.joinpath(*parts)
+        self.levels = len(parts)
+        self.made = False
+
+    @property
+    def procs_file(self) -> Path:
+        return self.dir / "cgroup.procs"
+
+    def create(self, cpus: frozenset[int]) -> frozenset[int]:
+        """Make the group confined to ``cpus`` (within its parent's); the CPUs it got.
+
+        ``OSError`` when refused or when none of ``cpus`` is in the parent's set.
+        """
+        path = self.base
+        for part in self.dir.relative_to(self.base).parts:
+            parent, path = path, path / part
+            path.mkdir(exist_ok=True)
+            for name in ("cpuset.cpus", "cpuset.mems"):  # both, before any task joins
+                if not _read(path / name):
+                    _write(path / name, _read(parent / name))
+        allowed = parse_cpulist(_read(self.dir.parent / "cpuset.cpus"))
+        got = cpus & allowed
+        if not got:
+            raise OSError(f"none of CPUs {format_cpulist(cpus)} is in {self.dir.parent}'s cpuset")
+        _write(self.dir / "cpuset.cpus", format_cpulist(got))
+        self.made = True
+        return got
+
+    def adopt(self, pids: Iterable[int]) -> None:
+        """Move processes (each with all its threads) into the group; gone ones are skipped."""
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):  # ESRCH: it exited meanwhile
+                _write(self.procs_file, pid)
+
+    def remove(self) -> bool:
+        """rmdir the group, then its empty created parents; True when the group is gone.
+        A group with tasks (EBUSY) is left in place; nothing is killed."""
+        for level, path in enumerate([self.dir, *self.dir.parents][: self.levels]):
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError:
+                return level > 0  # a busy parent: another worker still uses it
+        return True
+
+
+def pin_tasks(pids: Iterable[int], cpus: frozenset[int], *, proc: Path = Path("/proc")) -> int:
+    """Set the CPU affinity of every thread of ``pids`` (the fallback without a cpuset); how
+    many threads were pinned. Threads and processes they start later inherit it."""
+    pinned = 0
+    for pid in pids:
+        try:
+            tids = [int(t) for t in os.listdir(proc / str(pid) / "task") if t.isdigit()]
+        except OSError:
+            continue
+        for tid in tids:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, cpus)
+                pinned += 1
+    return pinned
