@@ -3,6 +3,8 @@
 * ``ds`` — the default scheduler: round-robin initial placement, never migrates.
 * ``specon-paper`` — Algorithms 1-3 in paper mode (``default_policy("paper")``).
 * ``specon`` — Algorithms 1-3 with the shipped defaults (``default_policy()``).
+* ``specon-predicted`` — the same, with jobs that declare no total: their remaining work is
+  predicted from the loss curve alone (``specon.policy.remaining``, Optimus's fit).
 * ``balancer`` — convergence-blind, descheduler-style: every manager pass, while the most
   and least loaded workers differ by 2 or more running jobs, move the most recently
   started job from a most-loaded to a least-loaded worker, paying the same migration
@@ -51,7 +53,7 @@ PEERS: dict[str, PriorityRule] = {
     "slaq": "slaq",
     "srpt": "srpt",
 }
-SIMULATED = ("ds", "specon-paper", "specon", "balancer", *PEERS)
+SIMULATED = ("ds", "specon-paper", "specon", "specon-predicted", "balancer", *PEERS)
 POLICIES = (*SIMULATED, "bound")
 
 # Every job the same CPU weight (DS and the balancer know no priority).
@@ -118,11 +120,12 @@ def make_policy(
     if name in PEERS:
         priority = replace(EQUAL_SHARES, rule=PEERS[name])
         return SimPolicy(name, None, classify=PEERS[name] in NEEDS_GAIN, priority=priority)
-    if name in ("specon", "specon-paper"):
+    if name in ("specon", "specon-paper", "specon-predicted"):
         if base is None or name == "specon-paper":
             base = default_policy("paper" if name == "specon-paper" else "default")
         policy = with_overrides(base, alpha=alpha, interval=interval, weights=weights)
-        return SimPolicy(name, policy, True, priority=policy.priority)
+        declared = name != "specon-predicted"
+        return SimPolicy(name, policy, True, priority=policy.priority, declared=declared)
     if name == "balancer":
         base = default_policy()
         rebalance = replace(

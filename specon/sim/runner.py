@@ -42,6 +42,7 @@ from specon.policy.classifier import Classifier, classifier_for
 from specon.policy.monitor import MonitorState
 from specon.policy.priority.base import JobProgress
 from specon.policy.priority.rules import weights as priority_weights
+from specon.policy.remaining import steps_left
 from specon.protocol import (
     Action,
     Command,
@@ -107,6 +108,9 @@ def simulated_manager(
     )
 
 
+# A job's loss curve is refitted once its samples grew by this factor (a fit costs ~6 ms).
+REFIT_GROWTH = 1.1
+
 # What the manager sees of a job; a report travels only when it changes (the remaining
 # work as its agent estimates it, in steps of the manager's ``WORK_RESOLUTION``).
 _Seen = tuple[ReportPhase, Category, float | None, bool, bool, float | None]
@@ -140,6 +144,7 @@ class _Run:
         self.params = params
         self.engine = Engine()
         self.prioritised = policy.priority.rule != "none"
+        self._fits: dict[str, tuple[int, float | None]] = {}  # job -> (samples fitted, steps left)
         # Agents report remaining work where the manager's policy uses it.
         m = policy.manager
         self.reports_work = m is not None and (m.rebalance.mode == "work" or m.placement.require_gain)
@@ -293,7 +298,21 @@ class _Run:
             cpu_seconds=self.cluster.cpu_now(j),
             fair_seconds=j.fair,
             gain=j.state.last_g if j.state is not None else None,
+            predicted_steps=None if self.policy.declared else self._predicted(j),
         )
+
+    def _predicted(self, j: SimJob) -> float | None:
+        """Steps left to convergence from the losses ``j`` logged so far (Optimus's fit),
+        refitted once its samples grew by a tenth."""
+        n = math.floor(self.cluster.steps_now(j) / j.log_every)
+        n = min(n, len(j.data.losses))
+        done, value = self._fits.get(j.id, (0, None))
+        if n < max(REFIT_GROWTH * done, done + 1):
+            return value
+        steps = [(i + 1) * j.log_every for i in range(n)]
+        left = steps_left(steps, j.data.losses[:n])
+        self._fits[j.id] = (n, left)
+        return left
 
     def _tick(self) -> None:
         classifier = self.classifier
