@@ -24,7 +24,7 @@ from specon.sim.experiment import run_scenario
 from specon.sim.policies import make_policy
 from specon.sim.report import markdown
 from specon.sim.runner import simulate
-from specon.sim.scenarios import PAPER_MODELS, SCENARIOS, Poisson, Scenario
+from specon.sim.scenarios import PAPER_MODELS, SCENARIOS, PaperWorkload, Poisson, Scenario
 from specon.sim.trace import Trace, load_traces
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -47,11 +47,13 @@ def scale_run(
     sc = Scenario(
         "scale",
         f"{jobs} jobs, {workers} workers",
-        workers=workers,
-        jobs=jobs,
-        arrivals=Poisson(SCALE_LOAD * workers / SCALE_WORK),
-        models=PAPER_MODELS,
-        work=SCALE_WORK,
+        PaperWorkload(
+            workers=workers,
+            jobs=jobs,
+            arrivals=Poisson(SCALE_LOAD * workers / SCALE_WORK),
+            models=PAPER_MODELS,
+            work=SCALE_WORK,
+        ),
     )
     workload = sc.workload(0, _scale_traces(traces))
     t0 = time.process_time()

@@ -1,12 +1,16 @@
-"""``specon sim``: a paper scenario in the simulator, every policy on identical workloads.
+"""``specon sim``: a paper scenario, or a user's own cluster, in the simulator, every policy
+on identical workloads.
 
-Prints a markdown table of DS, specon-paper, specon, balancer and the lower bound beside
-the paper's numbers; optionally writes JSON (``--json``), the table (``--markdown``) and
-PNG plots (``--plot``). Progress goes to stderr. ``--policy`` takes a policy name or a
-policy file (simulated as ``specon`` on top of that file); ``--params`` and the
-individual options override the simulator's measured parameters. Bad input (an unknown
-policy, an invalid policy or parameter file, invalid alpha/interval/weights, unreadable
-traces or arrivals) is reported on stderr with exit status 2.
+``--scenario`` is a built-in name (A1..A5) or a scenario file (``specon.sim.scenario_file``:
+workers and jobs as YAML or JSON). Prints a markdown table of DS, specon-paper, specon,
+balancer and the lower bound, beside the paper's numbers for a built-in; optionally writes
+JSON (``--json``), the table (``--markdown``) and PNG plots (``--plot``). Progress goes to
+stderr. ``--policy`` takes a policy name or a policy file (simulated as ``specon`` on top
+of that file); ``--params`` and the individual options override the simulator's measured
+parameters. Bad input (an unknown
+scenario or policy, an invalid scenario, policy or parameter file, invalid
+alpha/interval/weights, unreadable traces or arrivals) is reported on stderr with exit
+status 2.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from specon.sim.cluster import DEFAULT_PARAMS, SimParams
 from specon.sim.experiment import run_scenario
 from specon.sim.policies import POLICIES
 from specon.sim.report import markdown, to_json, write_plots
-from specon.sim.scenarios import SCENARIOS, ArrivalError, read_arrivals, scenario
+from specon.sim.scenario_file import load_scenario
+from specon.sim.scenarios import SCENARIOS, ArrivalError, Scenario, Traces, read_arrivals, scenario
 from specon.sim.trace import DEFAULT_TRACE_DIR, TraceError, load_traces
 
 EXIT_BAD_INPUT = 2
@@ -34,15 +39,24 @@ EXIT_BAD_INPUT = 2
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "sim",
-        help="simulate a paper scenario: DS, specon, a balancer and a lower bound, side by side",
+        help="simulate a paper scenario or your own cluster: DS, specon, a balancer and a lower bound",
         description=(
-            "Run one of the paper's scenarios (SPEC §8) in the discrete-event simulator, which "
-            "calls the same Algorithm 1-3 code as the daemons, for every policy on identical "
-            "workloads over several seeds, and print mean ± 95 % CI beside the paper's numbers."
+            "Run one of the paper's scenarios (SPEC §8), or your own cluster from a scenario file, "
+            "in the discrete-event simulator, which calls the same Algorithm 1-3 code as the "
+            "daemons, for every policy on identical workloads over several seeds, and print "
+            "mean ± 95 % CI (beside the paper's numbers for A1..A5)."
         ),
     )
     p.add_argument(
-        "--scenario", required=True, type=str.upper, choices=list(SCENARIOS), help="A1 .. A5 (see SPEC §8)"
+        "--scenario",
+        required=True,
+        metavar="NAME|FILE",
+        help=f"a built-in scenario, {', '.join(SCENARIOS)} (see SPEC §8), or a scenario FILE (YAML "
+        "or JSON): apiVersion: specon/v1alpha1, kind: Scenario, name, workers: [{name, cpu}], and "
+        "jobs: a list of {submit, model, steps[, worker, id]} or a generator {count, models, "
+        "arrivals: {uniform: [lo, hi]} | {fixed: {every: S}} | {poisson: {rate: R}}, steps: N | "
+        "[lo, hi]}; a model is a trace name (see --traces) or a trace JSON file; a job costs steps "
+        "x the trace's step_cost (see the README)",
     )
     p.add_argument(
         "--policy",
@@ -64,7 +78,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--plot", type=Path, metavar="DIR", help="write jct_cdf.png and timelines.png here")
     p.add_argument("--traces", type=Path, help=f"directory of trace JSON files (default {DEFAULT_TRACE_DIR})")
     p.add_argument(
-        "--arrivals", type=Path, help="CSV/JSON of submit times (and models) replacing the scenario's"
+        "--arrivals",
+        type=Path,
+        help="CSV/JSON of submit times (and models) replacing a built-in scenario's",
     )
     p.add_argument(
         "--params",
@@ -143,6 +159,22 @@ def _policies(values: list[str] | None) -> tuple[tuple[str, ...], Path | None]:
     return tuple(dict.fromkeys(names)), Path(files[0]) if files else None
 
 
+def _scenario(value: str, arrivals: Path | None, traces: Traces) -> tuple[Scenario, Path | None]:
+    """The built-in scenario ``value`` names, else the scenario file at ``value`` (and its
+    path). A built-in name wins over a file of that name."""
+    if value.upper() in SCENARIOS:
+        sc = scenario(value)
+        return (sc if arrivals is None else sc.with_arrivals(read_arrivals(arrivals))), None
+    path = Path(value)
+    if not path.is_file():
+        raise ValueError(
+            f"--scenario: {value!r} is neither a built-in scenario ({', '.join(SCENARIOS)}) nor a file"
+        )
+    if arrivals is not None:
+        raise ValueError("--arrivals: a scenario file lists its own jobs; it replaces only A1..A5's")
+    return load_scenario(path, traces), path
+
+
 def _params(args: argparse.Namespace) -> SimParams:
     """DEFAULT_PARAMS, then --params, then the individual options."""
     params = DEFAULT_PARAMS if args.params is None else load_params(args.params)
@@ -169,13 +201,12 @@ def main(args: argparse.Namespace) -> int:
         interval = args.interval if args.interval is not None or base is None else base.monitor.interval
         if args.seeds < 1:
             raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
-        sc = scenario(args.scenario)
-        if args.arrivals is not None:
-            sc = sc.with_arrivals(read_arrivals(args.arrivals))
         traces = load_traces(args.traces)
-    except (ValueError, ArrivalError, TraceError) as exc:  # a PolicyError is a ValueError
+        sc, scenario_file = _scenario(args.scenario, args.arrivals, traces)
+    except (ValueError, ArrivalError, TraceError) as exc:  # Policy/ScenarioFileError are ValueErrors
         return _fail(str(exc))
-    if not any(traces.values()):
+    # A scenario file may name only trace files; its unknown models list what there is.
+    if scenario_file is None and not any(traces.values()):
         where = args.traces or DEFAULT_TRACE_DIR
         return _fail(f"no traces under {where}; record some with `specon trace record`")
     started = time.monotonic()
@@ -211,6 +242,8 @@ def main(args: argparse.Namespace) -> int:
         doc = to_json(result)
         if policy_file is not None:
             doc["policy_file"] = str(policy_file)
+        if scenario_file is not None:
+            doc["scenario_file"] = str(scenario_file)
         args.json_path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     if args.plot is not None:
         for path in write_plots(result, args.plot):

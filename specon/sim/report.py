@@ -97,7 +97,7 @@ def point_table(point: PointResult, *, policies: tuple[str, ...]) -> list[str]:
             ]
         lines.append("| " + " | ".join(row) + " |")
     p = point.paper
-    if p is not None:
+    if p is not None and p.given:  # a user's own scenario has no paper rows
         if p.ds_avg_jct is not None or p.ds_makespan is not None:
             cells = [_num(p.ds_avg_jct, 1), _NA, _num(p.ds_makespan), _NA, _NA, _NA, _NA, _NA, _NA]
             lines.append("| *paper: DS* | " + " | ".join(cells) + " |")
@@ -183,7 +183,7 @@ def _summary_json(s: Summary) -> dict[str, Any]:
 
 
 def _paper_json(p: PaperNumbers | None) -> dict[str, Any] | None:
-    if p is None:
+    if p is None or not p.given:
         return None
     return asdict(p)
 

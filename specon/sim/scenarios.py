@@ -2,9 +2,11 @@
 
 A scenario turns a seed and a set of loss-curve traces into a ``Workload``: arrival
 times, a model per job (one of its traces, picked by the seed), and a job size. Every
-policy of one seed runs on the identical workload.
+policy of one seed runs on the identical workload. How it does so is its plan: the
+paper's workload model (``PaperWorkload``, below) for A1-A5, or a user's own cluster and
+jobs read from a scenario file (``specon.sim.scenario_file``).
 
-Job sizes and their calibration. A job's work (CPU-seconds on one core) is
+Job sizes and their calibration. In the paper's model a job's work (CPU-seconds on one core) is
 ``work * relative model cost * exp(size_sigma * z - size_sigma**2 / 2)``, z ~ N(0, 1) (a
 log-normal factor with mean 1); the relative model cost is the model's recorded
 ``steps * step_cost`` over the mean of the scenario's models, and a job runs its trace's
@@ -36,8 +38,9 @@ import json
 import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 from specon.model import WorkerId
 from specon.sim.cluster import JobPlan, WorkerSpec, Workload
@@ -159,6 +162,11 @@ class PaperNumbers:
     ds_makespan: float | None = None
     specon_makespan: float | None = None
 
+    @property
+    def given(self) -> bool:
+        """Whether the paper reports anything for the scenario (a user's own reports nothing)."""
+        return any(x is not None for x in astuple(self))
+
 
 # Table III: (alpha, interval) -> Reduced, Overall, Best, Makespan. (0.05, 30 s) is printed twice,
 # identically.
@@ -178,36 +186,54 @@ TABLE_III: dict[tuple[float, float], PaperNumbers] = {
 
 # --- scenarios --------------------------------------------------------------------------
 
+Traces = Mapping[str, Sequence[Trace]]
+
+
+class WorkloadPlan(Protocol):
+    """How a scenario builds one seed's workload: ``rng`` is that seed's (every draw comes
+    from it, so a seed's workload is the same on every run); ``where`` names the scenario
+    in errors."""
+
+    def workload(self, rng: random.Random, traces: Traces, where: str) -> Workload: ...
+
+
+def job_id(index: int, count: int) -> str:
+    """The id of the ``index``-th of ``count`` jobs: ``job-07`` (zero-padded, so ids sort
+    in submission order)."""
+    return f"job-{index + 1:0{len(str(count))}d}"
+
+
+def pick_trace(rng: random.Random, traces: Traces, model: str, *, where: str, index: int) -> Trace:
+    """One of ``model``'s traces for job ``index``, drawn from ``rng`` (a model recorded with
+    several seeds gives each job one of them)."""
+    if not traces.get(model):
+        raise ValueError(f"{where}: job {index + 1} wants model {model!r}, which has no trace")
+    return rng.choice(list(traces[model]))
+
 
 @dataclass(frozen=True, slots=True)
-class Scenario:
-    name: str
-    title: str
+class PaperWorkload:
+    """The paper's workload model (module docstring): ``jobs`` jobs on ``workers`` identical
+    workers, models drawn from ``models``, log-normal job sizes around ``work``."""
+
     workers: int
     jobs: int
     arrivals: Arrivals
     models: tuple[str, ...]
     work: float  # mean CPU-seconds per job on one core (calibrated, see module docstring)
     size_sigma: float = 0.35
-    alpha: float = 0.01
-    interval: float = 30.0
     cpu: float = 1.0  # cores per worker
-    paper: PaperNumbers = field(default_factory=PaperNumbers)
-    # A2: the (alpha, interval) points of Table III.
-    sweep: tuple[tuple[float, float], ...] = ()
 
-    def workload(self, seed: int, traces: Mapping[str, Sequence[Trace]]) -> Workload:
-        """The seeded workload; ``traces`` by model (``load_traces()``)."""
+    def workload(self, rng: random.Random, traces: Traces, where: str) -> Workload:
         models = [m for m in self.models if traces.get(m)]
         if not models:
             have = ", ".join(sorted(m for m, ts in traces.items() if ts)) or "none"
             raise ValueError(
-                f"scenario {self.name}: no traces for {', '.join(self.models)} (have: {have}); "
+                f"{where}: no traces for {', '.join(self.models)} (have: {have}); "
                 "record some with `specon trace record` or pass a trace directory"
             )
         cost = {m: sum(t.steps * t.step_cost for t in traces[m]) / len(traces[m]) for m in models}
         mean_cost = sum(cost.values()) / len(cost)
-        rng = random.Random(f"{self.name}/{seed}")
         times = self.arrivals.times(self.jobs, rng)
         listed = self.arrivals.entries if isinstance(self.arrivals, ArrivalList) else ()
         workers = tuple(WorkerSpec(WorkerId(f"worker-{i + 1}"), self.cpu) for i in range(self.workers))
@@ -215,16 +241,12 @@ class Scenario:
         for i, t in enumerate(times):
             wanted = listed[i][1] if i < len(listed) else None
             model = wanted if wanted is not None else rng.choice(models)
-            if not traces.get(model):
-                raise ValueError(
-                    f"scenario {self.name}: job {i + 1} wants model {model!r}, which has no trace"
-                )
-            trace = rng.choice(list(traces[model]))
+            trace = pick_trace(rng, traces, model, where=where, index=i)
             rel = cost.get(model, mean_cost) / mean_cost
             work = self.work * rel * math.exp(self.size_sigma * rng.gauss(0.0, 1.0) - self.size_sigma**2 / 2)
             jobs.append(
                 JobPlan(
-                    id=f"job-{i + 1:0{len(str(len(times)))}d}",
+                    id=job_id(i, len(times)),
                     model=model,
                     submit=round(t, 3),
                     trace=trace,
@@ -234,9 +256,33 @@ class Scenario:
             )
         return Workload(workers, tuple(jobs))
 
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A named workload plan with the policy settings it runs at and what the paper reports
+    for it (nothing, for a user's own scenario: ``specon.sim.scenario_file``)."""
+
+    name: str
+    title: str
+    plan: WorkloadPlan
+    alpha: float = 0.01
+    interval: float = 30.0
+    paper: PaperNumbers = field(default_factory=PaperNumbers)
+    # A2: the (alpha, interval) points of Table III.
+    sweep: tuple[tuple[float, float], ...] = ()
+
+    def workload(self, seed: int, traces: Traces) -> Workload:
+        """The seeded workload; ``traces`` by model (``load_traces()``)."""
+        return self.plan.workload(random.Random(f"{self.name}/{seed}"), traces, f"scenario {self.name}")
+
     def with_arrivals(self, arrivals: Arrivals, jobs: int | None = None) -> Scenario:
+        """The scenario with other arrivals (``--arrivals``): only the paper's workload model
+        has arrivals to replace."""
+        if not isinstance(self.plan, PaperWorkload):
+            raise ValueError(f"scenario {self.name}: arrivals can replace only a built-in scenario's")
         n = len(arrivals.entries) if isinstance(arrivals, ArrivalList) and jobs is None else jobs
-        return replace(self, arrivals=arrivals, jobs=self.jobs if n is None else n)
+        plan = replace(self.plan, arrivals=arrivals, jobs=self.plan.jobs if n is None else n)
+        return replace(self, plan=plan)
 
 
 VAE_WORK = 210.0
@@ -248,12 +294,14 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "A1",
             "fixed schedule: 20 VAE jobs, one every 50 s, 4 workers",
-            workers=4,
-            jobs=20,
-            arrivals=FixedInterval(50.0),
-            models=("vae",),
-            work=VAE_WORK,
-            size_sigma=VAE_SIGMA,
+            PaperWorkload(
+                workers=4,
+                jobs=20,
+                arrivals=FixedInterval(50.0),
+                models=("vae",),
+                work=VAE_WORK,
+                size_sigma=VAE_SIGMA,
+            ),
             paper=PaperNumbers(
                 avg_jct_reduction=0.147,
                 makespan_reduction=(1260 - 1190) / 1260,
@@ -268,23 +316,23 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "A2",
             "Table III sweep: 20 VAE jobs uniform in [0, 300] s, 4 workers",
-            workers=4,
-            jobs=20,
-            arrivals=UniformWindow(0.0, 300.0),
-            models=("vae",),
-            work=VAE_WORK,
-            size_sigma=VAE_SIGMA,
+            PaperWorkload(
+                workers=4,
+                jobs=20,
+                arrivals=UniformWindow(0.0, 300.0),
+                models=("vae",),
+                work=VAE_WORK,
+                size_sigma=VAE_SIGMA,
+            ),
             paper=TABLE_III[(0.01, 30.0)],
             sweep=tuple(TABLE_III),
         ),
         Scenario(
             "A3",
             "20 random-model jobs uniform in [0, 300] s, 4 workers",
-            workers=4,
-            jobs=20,
-            arrivals=UniformWindow(0.0, 300.0),
-            models=PAPER_MODELS,
-            work=233.0,
+            PaperWorkload(
+                workers=4, jobs=20, arrivals=UniformWindow(0.0, 300.0), models=PAPER_MODELS, work=233.0
+            ),
             paper=PaperNumbers(
                 avg_jct_reduction=0.136,
                 makespan_reduction=(1421 - 1070) / 1421,
@@ -297,11 +345,9 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "A4",
             "30 random-model jobs uniform in [0, 600] s, 4 workers",
-            workers=4,
-            jobs=30,
-            arrivals=UniformWindow(0.0, 600.0),
-            models=PAPER_MODELS,
-            work=192.0,
+            PaperWorkload(
+                workers=4, jobs=30, arrivals=UniformWindow(0.0, 600.0), models=PAPER_MODELS, work=192.0
+            ),
             paper=PaperNumbers(
                 avg_jct_reduction=(865.7 - 800.2) / 865.7,
                 makespan_reduction=(1760 - 1498) / 1760,
@@ -316,11 +362,9 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "A5",
             "50 random-model jobs uniform in [0, 1200] s, 8 workers",
-            workers=8,
-            jobs=50,
-            arrivals=UniformWindow(0.0, 1200.0),
-            models=PAPER_MODELS,
-            work=250.0,
+            PaperWorkload(
+                workers=8, jobs=50, arrivals=UniformWindow(0.0, 1200.0), models=PAPER_MODELS, work=250.0
+            ),
             paper=PaperNumbers(
                 avg_jct_reduction=(596.3 - 553.0) / 596.3,
                 makespan_reduction=(2070 - 1840) / 2070,
