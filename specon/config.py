@@ -44,7 +44,7 @@ FormatName = Literal["auto", "jsonl", "csv", "text"]
 ScoreMode = Literal["count", "per_capacity"]
 RebalanceMode = Literal["balanced", "work", "paper", "off"]
 RebalanceWhen = Literal["all_migrated", "always"]
-DurationFrom = Literal["converged", "migrated"]
+DurationFrom = Literal["converged", "migrated", "placed"]
 PriorityRule = Literal["none", "fsp", "srpt", "optimus", "tiresias", "hermes", "slaq"]
 
 
@@ -273,7 +273,8 @@ DOCS: dict[str, str] = {
     "completion time, if it saves more than it costs (specon.policy.work); paper: the printed "
     "algorithm; off: never",
     "rebalance.when": "all_migrated: once every live container is migrated; always: every tick",
-    "rebalance.duration_from": "converged duration counted from t_cc or from the migrated mark",
+    "rebalance.duration_from": "converged duration counted from t_cc, from the migrated mark, or from "
+    "when the container was placed on its worker (placed: a convergence-blind balancer)",
     "rebalance.max_rebalances_per_container": "times one container may be moved by rebalancing",
     "migration": "The save/restore state machine and its limits (SPEC §6)",
     "migration.max_concurrent": "migrations in flight cluster-wide",

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import math
 import random
 import sys
 import time
@@ -24,6 +26,7 @@ from specon.evaluation import JobResult, MigrationRecord, RunResult
 from specon.model import ContainerId, Resources, WorkerId
 from specon.progress.last import last_record
 from specon.runtime.base import ContainerInfo, JobSpec
+from specon.sim.detection import SMOOTH_HALF_WIDTH_STEPS, ground_truth_index
 
 Say = Callable[[str], None]
 MODELS = ("vae", "gru", "birnn", "rnn", "dynrnn")
@@ -64,7 +67,11 @@ def make_workload(
     return out
 
 
-def job_spec(job: DemoJob, *, python: str = sys.executable, log_every: int = 5) -> JobSpec:
+# Steps between two progress records of a demo job.
+LOG_EVERY = 5
+
+
+def job_spec(job: DemoJob, *, python: str = sys.executable, log_every: int = LOG_EVERY) -> JobSpec:
     argv = (
         python, "-m", "specon.workloads",
         "--model", job.model,
@@ -80,6 +87,30 @@ def job_spec(job: DemoJob, *, python: str = sys.executable, log_every: int = 5) 
         steps=job.steps,
         model=job.model,
     )
+
+
+def quality_time(progress: Path, *, log_every: int) -> float | None:
+    """When the job's logged loss reached 95 % of its final improvement (the detection
+    benchmark's ground truth, ``specon.sim.detection``), as its record's wall-clock ``ts``."""
+    stamps: list[float] = []
+    losses: list[float] = []
+    try:
+        lines = progress.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            loss, ts = float(rec["loss"]), float(rec["ts"])
+        except (ValueError, KeyError, TypeError):
+            continue  # event records (started, finished, ...) carry no loss
+        if math.isfinite(loss) and math.isfinite(ts):
+            stamps.append(ts)
+            losses.append(loss)
+    if not losses:
+        return None
+    half_width = max(0, round(SMOOTH_HALF_WIDTH_STEPS / log_every))
+    return stamps[ground_truth_index(tuple(losses), half_width=half_width)]
 
 
 def _finished_record(progress: Path) -> dict[str, object] | None:
@@ -109,6 +140,7 @@ async def run_once(
         pending = list(jobs)
         where: dict[str, list[tuple[float, str]]] = {}
         finish: dict[str, tuple[float, int]] = {}
+        quality: dict[str, float | None] = {}
         infos: dict[str, ContainerInfo] = {}
         seen_migrations: set[str] = set()
         next_report = 0.0
@@ -141,6 +173,8 @@ async def run_once(
                     ts = float(rec.get("ts", time.time()))  # type: ignore[arg-type]
                     done = int(rec.get("steps", rec.get("step", 0)))  # type: ignore[call-overload]
                     finish[c.id] = (ts - t0, done)
+                    q = quality_time(c.progress_path, log_every=LOG_EVERY)
+                    quality[c.id] = None if q is None else q - t0
                     jct = ts - t0 - next(j.submit for j in jobs if j.id == c.id)
                     say(f"[{label} {now:6.1f}s] {c.id} finished on {c.worker}: JCT {jct:.1f}s")
             if with_specon:
@@ -178,6 +212,7 @@ async def run_once(
             steps=j.steps,
             steps_done=finish[j.id][1] if j.id in finish else 0,
             worker_history=tuple(where.get(j.id, ())),
+            quality_time=quality.get(j.id),
         )
         for j in jobs
     )

@@ -10,12 +10,13 @@ import signal
 import sys
 import tempfile
 import time
-from importlib import resources
 from pathlib import Path
 
 from specon import logs
+from specon.config import PolicyError, load_policy, policy_to_yaml
 from specon.demo import MODELS, make_workload, run_once
 from specon.evaluation import Comparison, RunResult, compare
+from specon.live_policies import NAMES, WITHOUT_DAEMONS, live_policy
 
 # Sizes: the default finishes within 15 minutes on 2 cores, --quick within 5.
 # The workers' budgets add up to less than the machine's two cores, so the specon daemons
@@ -54,7 +55,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--models", default=",".join(MODELS), help=f"comma-separated models (default {','.join(MODELS)})"
     )
     p.add_argument("--quick", action="store_true", help="a smaller run (about 5 minutes on 2 cores)")
-    p.add_argument("--policy", type=Path, help="policy YAML for the specon run (default: the demo policy)")
+    p.add_argument(
+        "--policy",
+        metavar="NAME|FILE",
+        default="specon",
+        help=f"what runs against DS: a live policy ({', '.join(NAMES)}; default specon, the shipped "
+        "defaults on the demo's clock) or a policy YAML file",
+    )
     p.add_argument(
         "--json", type=Path, dest="json_path", help="write the results JSON here (default OUT/results.json)"
     )
@@ -63,6 +70,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--keep", action="store_true", help="keep the runs' volumes and daemon logs under OUT/runs"
     )
     p.set_defaults(func=main)
+
+
+def _policy_file(name: str, out: Path) -> Path | None:
+    """The policy file the run's daemons read (None: ``ds``, no daemons): a live policy's,
+    written under ``out``, or the user's own file, validated first."""
+    if name in WITHOUT_DAEMONS:
+        return None
+    if name in NAMES:
+        path = out / f"policy-{name}.yaml"
+        path.write_text(policy_to_yaml(live_policy(name)), encoding="utf-8")
+        return path
+    path = Path(name)
+    if not path.is_file():
+        raise ValueError(f"{name!r} is neither a live policy ({', '.join(NAMES)}) nor a file")
+    load_policy(path)
+    return path
 
 
 def _interrupt(_signum: int, _frame: object) -> None:
@@ -77,8 +100,9 @@ def _s(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1f}"
 
 
-def _table(base: RunResult, ours: RunResult, cmp: Comparison) -> str:
-    lines = [f"{'job':<8} {'model':<7} {'submit':>7} {'DS JCT':>8} {'specon JCT':>11} {'change':>8}  moves"]
+def _table(base: RunResult, ours: RunResult, cmp: Comparison, name: str = "specon") -> str:
+    head = f"{name} JCT"
+    lines = [f"{'job':<8} {'model':<7} {'submit':>7} {'DS JCT':>8} {head:>11} {'change':>8}  moves"]
     by_id = {j.id: j for j in ours.jobs}
     for b in base.jobs:
         o = by_id[b.id]
@@ -88,12 +112,15 @@ def _table(base: RunResult, ours: RunResult, cmp: Comparison) -> str:
         lines.append(f"{b.id:<8} {b.model:<7} {b.submit:7.1f} {jcts}  {moves}")
     lines += [
         "",
-        f"average JCT   DS {_s(base.avg_jct)} s   specon {_s(ours.avg_jct)} s   reduction "
+        f"average JCT   DS {_s(base.avg_jct)} s   {name} {_s(ours.avg_jct)} s   reduction "
         f"{_pct(cmp.avg_jct_reduction)}",
-        f"makespan      DS {_s(base.makespan)} s   specon {_s(ours.makespan)} s   reduction "
+        f"makespan      DS {_s(base.makespan)} s   {name} {_s(ours.makespan)} s   reduction "
         f"{_pct(cmp.makespan_reduction)}",
+        f"time-to-quality (95 % of the final loss reduction, mean)   DS {_s(base.avg_time_to_quality)} s   "
+        f"{name} {_s(ours.avg_time_to_quality)} s   reduction {_pct(cmp.ttq_reduction)}",
         f"jobs improved {_pct(cmp.jobs_improved).strip()}   "
-        f"best single-job reduction {_pct(cmp.best_reduction).strip()}",
+        f"best single-job reduction {_pct(cmp.best_reduction).strip()}   worst job "
+        + ("n/a" if cmp.worst_slowdown is None else f"x{cmp.worst_slowdown:.2f} its DS JCT"),
         f"migrations    {cmp.migrations} (converged)   rebalances {cmp.rebalances}",
     ]
     downs = [m.downtime for m in ours.migrations if m.downtime is not None]
@@ -130,11 +157,15 @@ def main(args: argparse.Namespace) -> int:
         steps=lambda m: max(50, int(WORKLOADS[m].steps * scale)),
         spread=0.5,
     )  # fmt: skip
-    policy = args.policy
-    if policy is None:
-        policy = Path(str(resources.files("specon") / "data" / "demo-policy.yaml"))
+    name: str = args.policy
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        policy = _policy_file(name, out)
+    except (PolicyError, ValueError, OSError) as exc:
+        print(f"specon demo: --policy: {exc}", file=sys.stderr)
+        return 2
+    label = name if name in NAMES else "specon"
     work = out / "runs" if args.keep else Path(tempfile.mkdtemp(prefix="specon-demo-"))
     deadline = RUN_DEADLINE[args.quick]
 
@@ -166,14 +197,14 @@ def main(args: argparse.Namespace) -> int:
         ours = asyncio.run(
             run_once(
                 jobs,
-                root=work / "specon",
+                root=work / "policy",
                 workers=workers,
                 cpus_per_worker=cpus,
-                with_specon=True,
+                with_specon=policy is not None,
                 policy=policy,
                 say=say,
                 deadline=deadline,
-                label="specon",
+                label=label,
             )
         )
     finally:
@@ -190,18 +221,20 @@ def main(args: argparse.Namespace) -> int:
             "best_reduction": cmp.best_reduction,
             "migrations": cmp.migrations,
             "rebalances": cmp.rebalances,
+            "worst_slowdown": cmp.worst_slowdown,
+            "ttq_reduction": cmp.ttq_reduction,
         },
         "config": {"workers": workers, "cpus_per_worker": cpus, "jobs": n_jobs, "window": window,
-                   "seed": args.seed, "quick": args.quick, "policy": str(policy),
+                   "seed": args.seed, "quick": args.quick, "policy": name,
                    "seconds": round(time.monotonic() - started, 1)},
     }  # fmt: skip
     json_path = args.json_path or out / "results.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(doc, indent=2) + "\n")
-    plot_timelines([("DS (default scheduler)", base), ("specon", ours)], out / "timeline.png")
+    plot_timelines([("DS (default scheduler)", base), (label, ours)], out / "timeline.png")
     plot_jct_bars(base, ours, out / "jct.png")
     say("")
-    say(_table(base, ours, cmp))
+    say(_table(base, ours, cmp, label))
     say(
         f"\nresults: {json_path}   plots: {out / 'timeline.png'}, {out / 'jct.png'}   "
         f"({time.monotonic() - started:.0f} s)"

@@ -8,7 +8,9 @@ Readings fixed here:
 * W is the set of *eligible* workers (Ready, heartbeat younger than ``worker_timeout``);
   |w| counts every container on w (every container in a snapshot is live); bf and all
   loads are taken over W only. Containers on other workers are neither counted nor moved.
-* d_c = now - t_cc (``duration_from: converged``) or now - t_migrated (``migrated``).
+* d_c = now - t_cc (``duration_from: converged``), now - t_migrated (``migrated``) or the
+  time since it was placed on its worker (``placed``: the most recently placed moves first,
+  what a convergence-blind balancer does).
   A container may move only if its d is defined and finite and it was rebalanced fewer
   than ``max_rebalances_per_container`` times, whatever its current category (under
   ``when: all_migrated`` all are frozen in CC anyway); within one plan it moves at most once.
@@ -35,6 +37,8 @@ from specon.config import RebalanceConfig
 from specon.model import ClusterSnapshot, ContainerSnapshot, Resources
 from specon.policy.decisions import Move
 from specon.policy.placement import BoolArray, ClusterIndex, Fits, fits, index_for
+
+_STAMPS = {"converged": "t_cc", "migrated": "t_migrated", "placed": "since"}
 
 
 def should_rebalance(snapshot: ClusterSnapshot, cfg: RebalanceConfig) -> bool:
@@ -74,7 +78,7 @@ def _movable(
     """The movable containers on eligible workers (snapshot indices) and their d, grouped
     by worker position and ordered by (worker position, d, container id)."""
     containers = index.snapshot.containers
-    stamp = "t_cc" if cfg.duration_from == "converged" else "t_migrated"
+    stamp = _STAMPS[cfg.duration_from]
     # A float array turns None into NaN, which the finiteness test below drops.
     d = index.snapshot.now - np.array(list(map(attrgetter(stamp), containers)), dtype=np.float64)
     rebalances = np.fromiter(map(attrgetter("rebalances"), containers), np.int64)
