@@ -68,6 +68,22 @@ class AgentCollector(Collector):
             "specon_agent_manager_up", "1 while the manager answers", value=int(link.connected)
         )
         yield GaugeMetricFamily("specon_agent_worker_usage", f"R(w,t) of worker {w}", value=a.usage)
+        # Only the containers watched now: one that left has no series to prune.
+        weights = GaugeMetricFamily(
+            "specon_agent_container_cpu_weight",
+            "CPU weight in effect (cgroup-v2 units, 1-10000) per running container",
+            labels=["container"],
+        )
+        for cid in sorted(a.watched):
+            weight = a.cpu_weights.weight_of(cid)
+            if weight is not None:
+                weights.add_metric([cid], weight)
+        yield weights
+        yield CounterMetricFamily(
+            "specon_agent_cpu_weight_failures",
+            "CPU weights the runtime could not apply",
+            value=a.cpu_weights.failures,
+        )
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -20,6 +20,8 @@ from typing import assert_never
 
 import structlog
 
+from agent.priority import Running, running_of
+from agent.weights import CpuWeights, state_path
 from specon import checkpoint as ckpt  # the name `checkpoint` is a command's field
 from specon.config import Policy, ProgressConfig
 from specon.jobkit import EXIT_CHECKPOINTED
@@ -35,6 +37,7 @@ from specon.runtime.base import (
     AlreadyFinished,
     AlreadyRunning,
     ContainerInfo,
+    ContainerState,
     JobSpec,
     Runtime,
     RuntimeFailure,
@@ -112,9 +115,14 @@ class Agent:
         # Containers whose category changed since their state was last published.
         self.changed: set[ContainerId] = set()
         self._seq = 0
-        # R(w, t) and capacity, refreshed by ``sample_usage`` each tick.
+        # R(w, t), capacity and each container's CPU seconds, refreshed by ``sample_usage``.
         self.usage = 0.0
         self.capacity = Resources()
+        self.cpu_seconds: dict[ContainerId, float] = {}
+        # The priority action: CPU weights among this worker's containers (``agent.weights``).
+        self.cpu_weights = CpuWeights(
+            runtime, policy.priority, state_file=None if state_file is None else state_path(state_file)
+        )
 
     @property
     def worker(self) -> WorkerId:
@@ -165,6 +173,7 @@ class Agent:
         for cid in gone:
             del self._last_here[cid]
             self.saved_states.pop(cid, None)
+        self.cpu_weights.forget(gone)
         if gone:
             self.counters.states_forgotten += len(gone)
             log.info("specon.agent.states_forgotten", containers=len(gone))
@@ -255,6 +264,20 @@ class Agent:
         u = await self.runtime.usage()
         self.usage = min(1.0, max(0.0, u.cpu_utilisation)) if math.isfinite(u.cpu_utilisation) else 0.0
         self.capacity = u.capacity
+        self.cpu_seconds = dict(u.per_container)
+
+    # -- priority on the node ----------------------------------------------------------
+    def running_jobs(self) -> list[Running]:
+        """The running containers as the priority rule sees them (``agent.priority``)."""
+        return [
+            running_of(w.info, w.step, w.state, self.cpu_seconds.get(cid, 0.0))
+            for cid, w in self.watched.items()
+            if w.info.state is ContainerState.RUNNING
+        ]
+
+    async def apply_priority(self, now: float) -> None:
+        """After a tick: the policy's CPU weights, those that changed applied (``agent.weights``)."""
+        await self.cpu_weights.tick(self.running_jobs(), self.capacity.cpu, now)
 
     # -- heartbeat ---------------------------------------------------------------------
     def next_seq(self) -> int:
@@ -315,6 +338,7 @@ class Agent:
             job=_job_labels(w.info.spec),
             selector=dict(w.info.spec.selector),
             tolerations=w.info.spec.tolerations,
+            cpu_weight=self.cpu_weights.weight_of(w.info.id),
         )
 
     def acknowledge(self, batch: CommandBatch) -> None:

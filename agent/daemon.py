@@ -135,6 +135,7 @@ class AgentDaemon:
             # the loop, where no other coroutine mutates the agent's state meanwhile.
             requests = self.agent.tick(rt.now())
             await self.agent.publish_changes()
+            await self.agent.apply_priority(rt.now())  # weights read the categories just decided
             for cid in requests:
                 st = self.agent.watched[cid].state
                 req = ReallocationRequest(

@@ -111,7 +111,8 @@ class ManagerMetrics:
                 self.duration.observe(ev.duration)
 
     def watch(self, coord: Coordinator) -> None:
-        """Containers per category per worker, read from the live state at scrape time."""
+        """Containers per category per worker and their CPU weights, read from the live
+        state at scrape time."""
         self.in_flight.set_function(lambda: len(coord.migrations))
         self.registry.register(_CategoryCollector(lambda: coord))
 
@@ -137,3 +138,15 @@ class _CategoryCollector(Collector):
         for (worker, name), n in sorted(tally.items()):
             fam.add_metric([worker, name], n)
         yield fam
+        # Per container, read at scrape time: a container that stopped or was pruned has no
+        # series any more, so nothing is left to remove.
+        weights = GaugeMetricFamily(
+            "specon_manager_container_cpu_weight",
+            "CPU weight (cgroup-v2 units, 1-10000) of each running container on its worker",
+            labels=["worker", "container"],
+        )
+        for cid in coord.state.container_order():
+            rec = coord.state.containers[cid]
+            if rec.report.phase == "running" and rec.report.cpu_weight is not None:
+                weights.add_metric([rec.worker, cid], rec.report.cpu_weight)
+        yield weights

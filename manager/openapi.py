@@ -34,6 +34,7 @@ from manager.status import DEFAULT_LIMIT, MAX_LIMIT
 from specon import codec, protocol, protocol_checks
 from specon.config import MessagingConfig
 from specon.model import Resources
+from specon.policy.priority.base import WEIGHT_MAX, WEIGHT_MIN
 from specon.protocol import (
     CommandBatch,
     CommandResult,
@@ -106,6 +107,7 @@ _RULES: dict[tuple[type[Any], str], dict[str, Any]] = {
     (Heartbeat, "containers"): {"maxItems": _MAX_CONTAINERS},
     (ContainerReport, "t_cc"): _TIME,
     (ContainerReport, "step"): _COUNT,
+    (ContainerReport, "cpu_weight"): {"minimum": WEIGHT_MIN, "maximum": WEIGHT_MAX},
     (ContainerReport, "job"): _LABELS,
     (ContainerReport, "selector"): _LABELS,
     (ContainerReport, "tolerations"): _TAINTS,

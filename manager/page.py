@@ -73,7 +73,9 @@ def render_status_page(s: Status) -> str:
         f"<td>{escape(c.phase)}</td><td class=num>{'' if c.step is None else c.step}</td>"
         f"<td class=num>{'' if c.last_g is None else f'{c.last_g:.4g}'}</td>"
         f"<td>{'yes' if c.migrated else ''}{' (pending)' if c.pending_request else ''}</td>"
-        f"<td class=num>{c.migrations}/{c.rebalances}</td><td>{_timeline(c, s.now)}</td></tr>"
+        f"<td class=num>{c.migrations}/{c.rebalances}</td>"
+        f"<td class=num>{'' if c.cpu_weight is None else c.cpu_weight}</td>"
+        f"<td>{_timeline(c, s.now)}</td></tr>"
         for c in s.containers
     )
     rows_m = "".join(
@@ -98,7 +100,7 @@ refreshes every {REFRESH_SECONDS}s · <a href="/v1/status">JSON</a> ·
 <th>containers</th></tr>{rows_w}</table>
 <h2>Containers ({len(s.containers)} of {s.total_containers})</h2>
 <table><tr><th>container</th><th>worker</th><th>category</th><th>phase</th><th>step</th><th>last G</th>
-<th>migrated</th><th>moves/rebal.</th><th>history</th></tr>{rows_c}</table>
+<th>migrated</th><th>moves/rebal.</th><th>CPU weight</th><th>history</th></tr>{rows_c}</table>
 <h2>Migrations ({len(s.migrations)} of {s.total_migrations})</h2>
 <table><tr><th>id</th><th>container</th><th>move</th><th>reason</th><th>state</th><th>decided</th>
 <th>downtime</th><th>error</th></tr>{rows_m}</table>

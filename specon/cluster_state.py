@@ -407,6 +407,7 @@ class ClusterState:
                     migrations=mk.migrations,
                     rebalances=mk.rebalances,
                     job=dict(rep.job),
+                    cpu_weight=rep.cpu_weight if rep.phase == "running" else None,
                 )
             )
         return tuple(out)

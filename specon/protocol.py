@@ -117,6 +117,9 @@ class ContainerReport:
     # are ``key[=value][:Effect]``.
     selector: dict[str, str] = field(default_factory=dict, hash=False)
     tolerations: tuple[str, ...] = ()
+    # The CPU weight in effect among the worker's containers, cgroup-v2 units 1..10000
+    # (protocol 1.2; None: the agent set none, or the runtime could not apply it).
+    cpu_weight: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +268,8 @@ class ContainerStatus:
     migrations: int = 0
     rebalances: int = 0
     job: dict[str, str] = field(default_factory=dict, hash=False)
+    # Its CPU weight on its worker, as its agent last reported it (protocol 1.2).
+    cpu_weight: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from specon.policy.priority.base import WEIGHT_MAX, WEIGHT_MIN
 from specon.validate import MAX_SECONDS, is_valid_id, valid_id
 
 if TYPE_CHECKING:
@@ -123,6 +124,7 @@ def _heartbeat(hb: Any) -> Problems:
             out.append((f"{p}.last_g", "must be finite"))
         _time(out, f"{p}.t_cc", c.t_cc)
         _range(out, f"{p}.step", c.step, 0, MAX_SEQ)
+        _range(out, f"{p}.cpu_weight", c.cpu_weight, WEIGHT_MIN, WEIGHT_MAX)
         _resources(out, f"{p}.requests", c.requests)
         _labels(out, f"{p}.job", c.job)
         if c.selector:
@@ -150,6 +152,7 @@ def _plain(c: Any) -> bool:
         is_valid_id(c.id)
         and (t is None or -MAX_SECONDS <= t <= MAX_SECONDS)  # NaN and infinities fail these
         and (s is None or 0 <= s <= MAX_SEQ)
+        and (c.cpu_weight is None or WEIGHT_MIN <= c.cpu_weight <= WEIGHT_MAX)
         and (g is None or math.isfinite(g))
         and 0.0 <= r.cpu <= MAX_CPU
         and 0 <= r.memory <= MAX_BYTES

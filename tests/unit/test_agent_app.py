@@ -38,6 +38,8 @@ FAMILIES = {
     "specon_agent_manager_failures",
     "specon_agent_manager_up",
     "specon_agent_worker_usage",
+    "specon_agent_container_cpu_weight",
+    "specon_agent_cpu_weight_failures",
 }
 
 
@@ -185,3 +187,23 @@ async def test_the_skipped_lines_counter_never_decreases(rig: Rig) -> None:
     after = (await rig.metrics()).get(("specon_agent_skipped_lines_total", (("reason", "unparsable"),)), 0.0)
 
     assert before == 1 and after == before  # a Prometheus counter must not go down
+
+
+async def test_metrics_show_each_running_containers_cpu_weight_and_the_failures(rig: Rig) -> None:
+    rig.agent.cpu_weights.cfg = dataclasses.replace(rig.agent.cpu_weights.cfg, rule="srpt")
+    for job in ("a", "b"):
+        await start(rig, job)
+    await rig.agent.refresh()
+    await rig.agent.apply_priority(rig.clock.now())
+    rig.runtime.weights_supported = False
+    rig.agent.cpu_weights.applied.pop(ContainerId("b"))  # as if "b" were new: tried again, refused
+    await rig.agent.apply_priority(rig.clock.now())
+
+    m = await rig.metrics()
+
+    assert m["specon_agent_container_cpu_weight", (("container", "a"),)] == 10_000  # started first
+    assert ("specon_agent_container_cpu_weight", (("container", "b"),)) not in m  # not in effect
+    assert m["specon_agent_cpu_weight_failures_total", ()] == 1
+    save = Command(id="s", action=Action.SAVE, container=ContainerId("a"), deadline=1e12)
+    assert (await rig.run(save)).ok  # "a" leaves: its series goes with it
+    assert ("specon_agent_container_cpu_weight", (("container", "a"),)) not in await rig.metrics()

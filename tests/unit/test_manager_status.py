@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from pathlib import Path
 
 import pytest
 from manager_fakes import FakeAgent, FakeClock, coordinator, policy, report
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from manager.auth import Identity, StaticTokens, load_agent_tokens
 from manager.heap import HeapFreezer
+from manager.metrics import ManagerMetrics
+from manager.page import render_status_page
 from manager.status import MAX_LIMIT, BadPageError, Page, build_status
 from specon.coordinator import NotHostedError
 from specon.coordinator_inline import InlineCoordinator
@@ -175,3 +180,35 @@ def test_a_bad_agent_tokens_file_is_refused_saying_why(tmp_path: Path, text: str
     path.write_text(text)
     with pytest.raises(ValueError, match=says):
         load_agent_tokens(path)
+
+
+# -- CPU weights: in the status, on the page, in /metrics -------------------------------------
+def weight_samples(metrics: ManagerMetrics) -> dict[tuple[str, str], float]:
+    text = generate_latest(metrics.registry).decode()
+    return {
+        (s.labels["worker"], s.labels["container"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "specon_manager_container_cpu_weight"
+    }
+
+
+def test_the_cpu_weight_an_agent_reports_shows_in_status_page_and_metrics(tmp_path: Path) -> None:
+    clock = FakeClock()
+    coord = coordinator(tmp_path, clock, policy())
+    metrics = ManagerMetrics()
+    metrics.watch(coord.core)
+    agent = FakeAgent("w0", clock)
+    heavy = dataclasses.replace(report("heavy"), cpu_weight=10_000)
+    light = dataclasses.replace(report("light"), cpu_weight=100)
+    coord.on_heartbeat(agent.heartbeat(heavy, light, report("old-agent")))
+    st = build_status(coord.core, clock())
+    assert {c.id: c.cpu_weight for c in st.containers} == {"heavy": 10_000, "light": 100, "old-agent": None}
+    page = render_status_page(st)
+    assert "<th>CPU weight</th>" in page and "<td class=num>10000</td>" in page
+    assert weight_samples(metrics) == {("w0", "heavy"): 10_000.0, ("w0", "light"): 100.0}
+    # "light" leaves the worker (no longer listed): no weight in the status, no series left.
+    coord.on_heartbeat(agent.heartbeat(dataclasses.replace(heavy, cpu_weight=1)))
+    st = build_status(coord.core, clock())
+    assert {c.id: c.cpu_weight for c in st.containers} == {"heavy": 1, "light": None, "old-agent": None}
+    assert weight_samples(metrics) == {("w0", "heavy"): 1.0}

@@ -471,3 +471,34 @@ def test_heartbeat_taints_are_bounded() -> None:
     assert check(dataclasses.replace(heartbeat(0), taints=("k" * 500,)))[0][0] == "taints[0]"
     many = tuple(f"t{i}" for i in range(129))
     assert check(dataclasses.replace(heartbeat(0), taints=many))[0][0] == "taints"
+
+
+def test_container_reports_carry_the_cpu_weight_and_older_agents_may_leave_it_out() -> None:
+    hb = dataclasses.replace(heartbeat(2), containers=(report(0, cpu_weight=10_000), report(1, cpu_weight=1)))
+    assert decode(encode(hb), Heartbeat) == hb
+    assert [c["cpu_weight"] for c in wire(hb)["containers"]] == [10_000, 1]
+    body = wire(heartbeat(1))  # a 1.1 agent knows no weight: it sends none
+    body["version"] = "1.1"
+    body["containers"][0].pop("cpu_weight")
+    assert decode(json.dumps(body), Heartbeat).containers[0].cpu_weight is None
+
+
+@pytest.mark.parametrize("weight", [0, 10_001, -3])
+def test_a_cpu_weight_outside_cgroup_v2s_range_is_refused(weight: int) -> None:
+    hb = dataclasses.replace(heartbeat(1), containers=(report(0, cpu_weight=weight),))
+    e = error_of(encode(hb), Heartbeat)
+    assert e.path == "containers[0].cpu_weight" and "[1, 10000]" in str(e)
+
+
+def test_container_status_carries_the_cpu_weight() -> None:
+    st = Status(
+        now=1.0,
+        mode="default",
+        policy_generation=1,
+        containers=(
+            protocol.ContainerStatus(
+                id=ContainerId("a"), worker=WorkerId("w"), category=Category.PROGRESSING, cpu_weight=250
+            ),
+        ),
+    )
+    assert decode(encode(st), Status).containers[0].cpu_weight == 250

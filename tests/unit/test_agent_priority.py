@@ -1,0 +1,250 @@
+"""The agent's priority action: the pure weights (``agent.priority``), the shell that applies
+them through the runtime and keeps ``fair_seconds`` (``agent.weights``), and the agent that
+runs it every tick and reports the weight in effect."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from manager_fakes import policy as make_policy
+
+from agent.core import Agent
+from agent.priority import Running, accrue, changed, decide, fair_shares, progress, running_of
+from agent.weights import CpuWeights, state_path
+from specon.config import PriorityConfig
+from specon.model import ContainerId, Resources
+from specon.policy.monitor import MonitorState
+from specon.runtime import ContainerInfo, ContainerState, JobSpec
+from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume, JobScript
+
+A, B, C = ContainerId("a"), ContainerId("b"), ContainerId("c")
+SRPT = PriorityConfig(rule="srpt")
+
+
+def run(cid: ContainerId, **kw: Any) -> Running:
+    kw.setdefault("started", 0.0)
+    return Running(id=cid, **kw)
+
+
+# -- the pure half --------------------------------------------------------------------------
+def test_fair_shares_split_the_worker_equally_capped_by_each_limit() -> None:
+    jobs = [run(A), run(B, cpu_limit=0.5), run(C, cpu_limit=4.0)]
+    assert fair_shares(jobs, 3.0) == {A: 1.0, B: 0.5, C: 1.0}
+    assert fair_shares([run(A)], 2.0) == {A: 2.0}  # alone: the whole worker
+    assert fair_shares(jobs, 0.0) == {A: 0.0, B: 0.0, C: 0.0}  # capacity unknown
+    assert fair_shares([], 4.0) == {}
+
+
+def test_fair_seconds_accrue_for_running_containers_only() -> None:
+    fair = accrue({C: 5.0}, [run(A), run(B)], 2.0, 10.0)
+    assert fair == {A: 10.0, B: 10.0, C: 5.0}  # C left: it keeps what it had
+    assert accrue(fair, [run(A)], 2.0, 3.0)[A] == 16.0
+    for dt in (0.0, -4.0, math.nan):  # no time, a clock that went back: nothing added
+        assert accrue(fair, [run(A)], 2.0, dt) == fair
+
+
+def test_running_of_takes_the_declared_total_and_a_finite_gain_only() -> None:
+    info = ContainerInfo(
+        id=A,
+        worker="w0",  # type: ignore[arg-type]
+        spec=JobSpec(id=A, command=("x",), steps=500),
+        state=ContainerState.RUNNING,
+        progress_path=Path("p"),
+        checkpoint_dir=Path("c"),
+        started_at=12.0,
+        cpu_limit=1.5,
+    )
+    state = MonitorState(last_g=0.25)
+    r = running_of(info, 40, state, 8.0)
+    assert r == Running(A, started=12.0, step=40, total=500, gain=0.25, cpu_limit=1.5, cpu_seconds=8.0)
+    nan = MonitorState(last_g=math.nan)
+    assert running_of(info, None, nan, math.inf).gain is None
+    assert running_of(info, None, nan, math.inf).cpu_seconds == 0.0
+
+
+def test_progress_is_what_the_rule_reads() -> None:
+    [p] = progress([run(A, step=10, total=100, cpu_seconds=20.0, gain=0.1)], {A: 7.0})
+    assert (p.step, p.total, p.cpu_seconds, p.fair_seconds, p.gain) == (10.0, 100, 20.0, 7.0, 0.1)
+    assert p.steps_left == 90 and p.cpu_per_step == 2.0
+
+
+def test_srpt_gives_the_job_with_least_work_left_the_top_weight() -> None:
+    jobs = [
+        run(A, step=10, total=1000, cpu_seconds=10.0),  # 990 steps left at 1 s a step
+        run(B, step=10, total=100, cpu_seconds=10.0),  # 90 left
+        run(C, step=5),  # declared nothing: unknown size, last
+    ]
+    assert decide(jobs, {}, SRPT) == {B: 10_000, A: 100, C: 1}
+
+
+def test_rule_none_decides_nothing() -> None:
+    assert decide([run(A, total=5)], {}, PriorityConfig(rule="none")) == {}
+    assert decide([], {}, SRPT) == {}
+
+
+def test_only_new_and_changed_weights_are_applied() -> None:
+    assert changed({A: 100, B: 10_000, C: 1}, {A: 100, B: 1}) == {B: 10_000, C: 1}
+
+
+# -- the shell --------------------------------------------------------------------------------
+class Recording(FakeRuntime):
+    """A fake worker that logs every weight it is asked to set; ``refuse``/``explode`` fail it."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.asked: list[tuple[ContainerId, int]] = []
+        self.explode = False
+
+    async def set_cpu_weight(self, container_id: ContainerId, weight: int) -> bool:
+        self.asked.append((container_id, weight))
+        if self.explode:
+            raise RuntimeError("backend bug")
+        return await super().set_cpu_weight(container_id, weight)
+
+
+@pytest.fixture
+def worker() -> Iterator[Recording]:
+    volume = FakeVolume(FakeClock(100.0))
+    yield Recording("w0", volume, capacity=Resources(cpu=2.0))
+
+
+async def started(rt: Recording, *jobs: ContainerId) -> None:
+    for job in jobs:
+        rt.volume.script(job, JobScript())
+        await rt.start(JobSpec(id=job, command=("train",)))
+
+
+async def test_the_shell_applies_changed_weights_and_reports_those_in_effect(worker: Recording) -> None:
+    await started(worker, A, B)
+    shell = CpuWeights(worker, SRPT)
+    jobs = [run(A, step=1, total=50, cpu_seconds=1.0), run(B, step=1, total=5, cpu_seconds=1.0)]
+    assert await shell.tick(jobs, 2.0, 100.0) == {B: 10_000, A: 100}
+    assert worker.weights == {A: 100, B: 10_000}
+    assert await shell.tick(jobs, 2.0, 110.0) == {B: 10_000, A: 100}
+    assert sorted(worker.asked) == [(A, 100), (B, 10_000)]  # nothing changed: nothing re-applied
+    assert shell.fair == {A: 10.0, B: 10.0}  # 10 s at one core each
+    assert (shell.weight_of(A), shell.weight_of(C)) == (100, None)
+    await shell.tick([jobs[0]], 2.0, 120.0)  # B left the worker
+    assert shell.applied == {A: 10_000}
+
+
+async def test_a_weight_the_runtime_refuses_is_counted_logged_once_and_retried(worker: Recording) -> None:
+    await started(worker, A)
+    worker.weights_supported = False
+    shell = CpuWeights(worker, SRPT)
+    with structlog.testing.capture_logs() as logs:
+        for t in (0.0, 10.0, 20.0):
+            await shell.tick([run(A, total=5)], 2.0, t)
+    assert shell.failures == 3 and shell.weight_of(A) is None
+    assert [e["event"] for e in logs] == ["specon.agent.cpu_weight_failed"]
+    worker.weights_supported = True
+    await shell.tick([run(A, total=5)], 2.0, 30.0)
+    assert shell.weight_of(A) == 10_000 and worker.weights == {A: 10_000}
+
+
+async def test_a_runtime_that_raises_never_stops_the_agent(worker: Recording) -> None:
+    await started(worker, A)
+    worker.explode = True
+    shell = CpuWeights(worker, SRPT)
+    with structlog.testing.capture_logs() as logs:
+        await shell.tick([run(A, total=5)], 2.0, 0.0)
+    assert shell.failures == 1 and "RuntimeError: backend bug" in logs[0]["error"]
+
+
+async def test_fair_seconds_survive_a_restart_and_count_the_time_between(
+    worker: Recording, tmp_path: Path
+) -> None:
+    await started(worker, A, B)
+    path = state_path(tmp_path / "monitor.json")
+    assert path == tmp_path / "monitor.priority.json"
+    first = CpuWeights(worker, SRPT, state_file=path)
+    jobs = [run(A), run(B)]
+    await first.tick(jobs, 2.0, 1000.0)
+    await first.tick(jobs, 2.0, 1010.0)
+    assert json.loads(path.read_text()) == {"at": 1010.0, "fair_seconds": {"a": 10.0, "b": 10.0}}
+    again = CpuWeights(worker, SRPT, state_file=path)  # the agent restarted; the jobs ran on
+    await again.tick(jobs, 2.0, 1040.0)
+    assert again.fair == {A: 40.0, B: 40.0}
+    again.forget([A])
+    assert again.fair == {B: 40.0}
+
+
+async def test_an_unreadable_priority_state_starts_afresh(worker: Recording, tmp_path: Path) -> None:
+    path = tmp_path / "monitor.priority.json"
+    path.write_text('{"fair_seconds": [1, 2]}')
+    with structlog.testing.capture_logs() as logs:
+        shell = CpuWeights(worker, SRPT, state_file=path)
+    assert shell.fair == {} and logs[0]["event"] == "specon.agent.priority_state_unreadable"
+
+
+async def test_rule_none_touches_nothing(worker: Recording, tmp_path: Path) -> None:
+    await started(worker, A)
+    path = tmp_path / "monitor.priority.json"
+    shell = CpuWeights(worker, PriorityConfig(rule="none"), state_file=path)
+    assert await shell.tick([run(A, total=5)], 2.0, 0.0) == {}
+    assert worker.asked == [] and not path.exists()
+
+
+# -- the agent ----------------------------------------------------------------------------------
+def steady(step: int) -> float:
+    return 200.0 - step
+
+
+async def test_the_agent_weighs_its_running_containers_every_tick_and_reports_the_weights(
+    tmp_path: Path,
+) -> None:
+    volume = FakeVolume(FakeClock(1000.0), root=tmp_path / "volume")
+    rt = FakeRuntime("w0", volume, capacity=Resources(cpu=2.0))
+    for job, steps in (("long", 1000), ("short", 100)):
+        volume.script(job, JobScript(loss=steady))
+        await rt.start(JobSpec(id=ContainerId(job), command=("train",), steps=steps))
+    agent = Agent(
+        runtime=rt,
+        policy=make_policy(priority={"rule": "srpt"}),
+        state_file=tmp_path / "state" / "monitor.json",
+    )
+    (tmp_path / "state").mkdir()
+    try:
+        await agent.refresh()
+        await volume.clock.advance(10.0)
+        await agent.sample_usage()
+        agent.tick(volume.clock.now())
+        await agent.apply_priority(volume.clock.now())
+        short, long_ = ContainerId("short"), ContainerId("long")
+        assert rt.weights == {short: 10_000, long_: 100}  # both at step 10: "short" has less left
+        reports = {r.id: r.cpu_weight for r in agent.heartbeat(volume.clock.now()).containers}
+        assert reports == {short: 10_000, long_: 100}
+        assert agent.cpu_seconds == {short: 10.0, long_: 10.0}  # from the runtime's accounting
+        assert (tmp_path / "state" / "monitor.priority.json").exists()
+        # One leaves (saved away): it is no longer weighed, nor reported.
+        await rt.save(long_, grace=1.0)
+        await agent.refresh()
+        await volume.clock.advance(10.0)
+        await agent.apply_priority(volume.clock.now())
+        assert agent.cpu_weights.applied == {short: 10_000}
+        left = {r.id: r.cpu_weight for r in agent.heartbeat(volume.clock.now()).containers}
+        assert left == {short: 10_000}
+    finally:
+        for w in agent.watched.values():
+            w.tailer.close()
+
+
+async def test_under_rule_none_the_agent_sets_and_reports_no_weight(tmp_path: Path) -> None:
+    volume = FakeVolume(FakeClock(1000.0), root=tmp_path / "volume")
+    rt = FakeRuntime("w0", volume)
+    await rt.start(JobSpec(id=A, command=("train",), steps=10))
+    agent = Agent(runtime=rt, policy=make_policy(priority={"rule": "none"}))
+    try:
+        await agent.refresh()
+        await agent.apply_priority(volume.clock.now())
+        assert rt.weights == {}
+        assert [r.cpu_weight for r in agent.heartbeat(volume.clock.now()).containers] == [None]
+    finally:
+        for w in agent.watched.values():
+            w.tailer.close()
