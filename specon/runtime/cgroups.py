@@ -35,7 +35,7 @@ import structlog
 
 from specon.model import ContainerId
 from specon.runtime.base import cpu_shares
-from specon.runtime.cpuset import CpusetGroup, detect_cpuset, pin_tasks
+from specon.runtime.cpuset import CpusetGroup, detect_cpuset, least_loaded, pin_tasks
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC = Path("/proc")
@@ -475,7 +475,12 @@ class CpuBudget:
             own = self.job_group(job)
             if not own.cpu_dir.is_dir():
                 raise OSError(f"it has no cgroup of its own here ({own.cpu_dir})")
-            self.pin()
+            cpus = self.pin()
+            # A job another process started (a test, the demo's submit) is not in the cpuset yet.
+            if self.cpuset is not None and self.cpuset.made:
+                self.cpuset.adopt(sorted(own.pids()))
+            else:
+                pin_tasks(sorted(own.pids()), cpus, proc=self._proc)
             own.set_shares(shares)
         except (OSError, ValueError) as exc:
             # Without cgroups every job fails alike: one warning for the worker.
@@ -488,15 +493,22 @@ class CpuBudget:
 
     def pin(self) -> frozenset[int]:
         """Confine the worker, its jobs now and later, to ``ceil(cpus)`` of the CPUs this
-        process may use (rotated by ``affinity_offset``); the CPUs. Its cpuset where the
-        hierarchy is writable, else every task's affinity. Idempotent."""
+        process may use; the CPUs. Its cpuset where the hierarchy is writable (the CPUs its
+        sibling workers use least, ``cpuset.least_loaded``), else every task's affinity
+        (``pick_cpus`` by ``affinity_offset``). Idempotent."""
         if self.pinned is not None:
             return self.pinned
-        cpus = pick_cpus(self.cpus, sorted(os.sched_getaffinity(0)), offset=self.affinity_offset)
+        available = sorted(os.sched_getaffinity(0))
+        cpus = pick_cpus(self.cpus, available, offset=self.affinity_offset)
         how = "affinity"
         if self.cpuset is not None:
             try:
-                cpus = self.cpuset.create(cpus)
+                with self.cpuset.locked():
+                    had = self.cpuset.current()  # a restarted agent keeps its worker's CPUs
+                    if len(had) != len(cpus) or not had <= set(available):
+                        load = self.cpuset.sibling_load()
+                        had = least_loaded(len(cpus), available, load, self.affinity_offset)
+                    cpus = self.cpuset.create(had)
                 seen: set[int] = set()
                 for _ in range(3):  # again for processes forked while the first ones moved
                     new = self._pids() - seen

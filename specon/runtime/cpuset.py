@@ -6,7 +6,10 @@ ran on its own CPU and the quota throttled both alike), 0.499 / 0.001 pinned to 
 worker whose jobs get CPU weights is confined to ``ceil(cpus)`` CPUs (``cgroups.pick_cpus``).
 
 The cpuset is ``<cpuset>/<own>/<parent>/<cluster>/<worker>``, beside the worker's cpu and
-cpuacct groups. A cpuset group takes tasks only once its ``cpuset.cpus`` and
+cpuacct groups. Its CPUs are those its sibling workers' cpusets use least (ties: rotated by
+the worker's offset), chosen under a lock, so agents of one cluster that run as separate
+processes (each told only ``--cpus``) spread over the machine instead of all taking CPU 0;
+a restarted agent keeps the CPUs its worker had. A cpuset group takes tasks only once its ``cpuset.cpus`` and
 ``cpuset.mems`` are written (INFRA.md), and a child's CPUs must be within its parent's, so
 each level created here inherits its parent's. Every path root is a parameter, for tests
 against a temporary directory tree.
@@ -15,8 +18,9 @@ against a temporary directory tree.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 
@@ -33,6 +37,19 @@ def parse_cpulist(text: str) -> frozenset[int]:
 
 def format_cpulist(cpus: Iterable[int]) -> str:
     return ",".join(str(c) for c in sorted(cpus))
+
+
+def least_loaded(
+    n: int, available: Sequence[int], load: Mapping[int, int], offset: int = 0
+) -> frozenset[int]:
+    """``n`` CPUs of ``available`` with the least ``load`` (workers pinned there), ties taken in
+    the order ``available`` rotated by ``offset``."""
+    pool = sorted(available)
+    if not pool:
+        raise ValueError("no CPUs available")
+    k = offset % len(pool)
+    rotated = pool[k:] + pool[:k]
+    return frozenset(sorted(rotated, key=lambda c: load.get(c, 0))[: max(1, min(n, len(pool)))])
 
 
 def detect_cpuset(*, root: Path, own: str = "/") -> Path | None:
@@ -73,6 +90,40 @@ class CpusetGroup:
     def procs_file(self) -> Path:
         return self.dir / "cgroup.procs"
 
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Serialise choosing CPUs with the other agents of this machine (``flock`` on the
+        hierarchy's base directory; unlocked where that is refused)."""
+        try:
+            fd = os.open(self.base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            yield
+            return
+        try:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def current(self) -> frozenset[int]:
+        """The CPUs the group has now (empty: not made yet)."""
+        try:
+            return parse_cpulist(_read(self.dir / "cpuset.cpus"))
+        except ValueError:
+            return frozenset()
+
+    def sibling_load(self) -> dict[int, int]:
+        """How many of the other workers' cpusets beside this one use each CPU."""
+        load: dict[int, int] = {}
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.dir.parent):
+                if entry.is_dir(follow_symlinks=False) and entry.name != self.dir.name:
+                    with contextlib.suppress(ValueError):
+                        for cpu in parse_cpulist(_read(Path(entry.path) / "cpuset.cpus")):
+                            load[cpu] = load.get(cpu, 0) + 1
+        return load
+
     def create(self, cpus: frozenset[int]) -> frozenset[int]:
         """Make the group confined to ``cpus`` (within its parent's); the CPUs it got.
 
@@ -96,6 +147,8 @@ class CpusetGroup:
     def adopt(self, pids: Iterable[int]) -> None:
         """Move processes (each with all its threads) into the group; gone ones are skipped."""
         for pid in pids:
+            if pid <= 0:
+                continue  # "0" would move the writer itself
             with contextlib.suppress(ProcessLookupError):  # ESRCH: it exited meanwhile
                 _write(self.procs_file, pid)
 

@@ -446,5 +446,35 @@ async def test_cpu_weights_give_the_heavier_job_most_of_a_pinned_worker(tmp_path
         assert heavy > 0.8
         usage = await rt.usage()  # per-job seconds come from the jobs' own groups
         assert set(dict(usage.per_container)) == set(jobs)
+        # A job another process started for this worker (the demo's submit) joins the pinned
+        # CPU with its first weight.
+        other = LocalRuntime(rt.root, rt.worker, 0.5, cluster=c.name)
+        late = await other.start(spec(tmp_path, "late", steps=10**6, pause=0.05))
+        assert late.pid is not None
+        assert len(os.sched_getaffinity(0)) == 1 or os.sched_getaffinity(late.pid) != pinned
+        assert await rt.set_cpu_weight(late.id, 50)
+        assert os.sched_getaffinity(late.pid) == pinned
     finally:
         assert await c.teardown()
+
+
+async def test_workers_of_separate_agents_pin_to_different_cpus(tmp_path: Path) -> None:
+    """Agents run as separate processes, each told only ``--cpus`` (no offset): the second
+    worker to pin takes the CPU the first left free."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: nothing to spread over")
+    if os.geteuid() != 0 or not detect().available:
+        pytest.skip(f"cgroup v1 CPU budgets unavailable here: {detect().reason}")
+    name = f"sep{os.getpid()}"
+    runtimes = [LocalRuntime(tmp_path / "volume", WorkerId(w), 0.5, cluster=name) for w in ("w0", "w1")]
+    try:
+        for rt in runtimes:
+            job = ContainerId(f"job-{rt.worker}")
+            await rt.start(spec(tmp_path, job, steps=10**6, pause=0.05))
+            assert await rt.set_cpu_weight(job, 100)
+        pins = [rt.budget.pinned for rt in runtimes]
+        assert all(p is not None and len(p) == 1 for p in pins) and pins[0] != pins[1]
+    finally:
+        for rt in runtimes:
+            await rt.stop_all()
+        assert all([rt.close() for rt in runtimes])

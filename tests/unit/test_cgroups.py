@@ -26,7 +26,7 @@ from specon.runtime.cgroups import (
     quota_us,
     read_stat,
 )
-from specon.runtime.cpuset import format_cpulist, parse_cpulist
+from specon.runtime.cpuset import format_cpulist, least_loaded, parse_cpulist
 
 
 def stat_line(
@@ -417,3 +417,29 @@ def test_cpulists_round_trip() -> None:
     assert parse_cpulist("0-2,5,7-8\n") == {0, 1, 2, 5, 7, 8}
     assert parse_cpulist("") == frozenset()
     assert format_cpulist({3, 1, 2}) == "1,2,3"
+
+
+def test_least_loaded_cpus_go_first_ties_in_rotated_order() -> None:
+    assert least_loaded(1, [0, 1, 2, 3], {}) == {0}
+    assert least_loaded(1, [0, 1, 2, 3], {}, offset=2) == {2}
+    assert least_loaded(2, [0, 1, 2, 3], {0: 2, 1: 1, 3: 1}) == {2, 1}
+    assert least_loaded(9, [0, 1], {}) == {0, 1}
+
+
+def test_a_worker_pins_to_the_cpus_its_siblings_use_least(tmp_path: Path) -> None:
+    available = sorted(os.sched_getaffinity(0))
+    if len(available) < 2:
+        pytest.skip("one CPU: nothing to choose")
+    budget = weighted_budget(tmp_path)
+    sibling = tmp_path / "cgroup" / "cpuset" / "specon" / "c" / "w1"  # another agent's worker
+    sibling.mkdir(parents=True)
+    (sibling / "cpuset.cpus").write_text(f"{available[0]}\n")
+    budget.preexec(ContainerId("j1"))
+    assert budget.set_weight(ContainerId("j1"), 100)
+    assert budget.pinned == {available[1]}
+    # A restarted agent of the same worker keeps the CPUs it had, whatever the siblings do.
+    (sibling / "cpuset.cpus").write_text(f"{available[1]}\n")
+    again = CpuBudget.establish(
+        cpus=0.5, path=("specon", "c", "w0"), cgroup_root=tmp_path / "cgroup", proc=tmp_path / "proc"
+    )
+    assert again.pin() == {available[1]}
