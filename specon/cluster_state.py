@@ -434,7 +434,7 @@ def _view_changed(old: ContainerReport, new: ContainerReport) -> bool:
 
 # Remaining work is an estimate that changes with every step: a view is rebuilt for it
 # only when it moved by more than this share (moves are decided on gains of seconds).
-WORK_RESOLUTION = 0.02
+WORK_RESOLUTION = 0.05
 
 
 def _work_moved(old: float | None, new: float | None) -> bool:

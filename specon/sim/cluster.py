@@ -295,9 +295,13 @@ class Cluster:
     def reweigh(self, worker: WorkerId) -> None:
         """Ask the priority rule again (its inputs moved on: steps, CPU used, losses)."""
         w = self.workers[worker]
-        if self.weigh is not None and w.jobs:
-            self._settle(w)
-            self._rerate(w)
+        if self.weigh is None or not w.jobs:
+            return
+        weights = self.weigh(list(w.jobs.values()))
+        if all(weights[j.id] == j.weight for j in w.jobs.values()):
+            return  # same shares, same rates: nothing to recompute
+        self._settle(w)
+        self._rerate(w)
 
     def _complete(self, w: SimWorker) -> None:
         w.event = None
