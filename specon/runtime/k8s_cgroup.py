@@ -20,7 +20,9 @@ creates its cgroup (and again on a resize); the agent writes only weights that c
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -37,6 +39,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 QOS_CLASSES = ("Guaranteed", "Burstable", "BestEffort")
 KUBEPODS = ("kubepods", "kubepods.slice")
 _SEARCH_DEPTH = 5  # levels below a hierarchy's top searched for a kubepods root
+RESEARCH_S = 30.0  # a pod not found searches the hierarchy again at most this often
 
 
 # -- pure rules --------------------------------------------------------------------------------
@@ -124,13 +127,20 @@ class PodCgroups:
         self.cpu_top = root if self.v2 else root / "cpu"
         self.acct_top = root if self.v2 else root / "cpuacct"
         self._roots: list[PurePosixPath] | None = None  # kubepods roots, relative to cpu_top
+        self._searched = -math.inf  # monotonic time of the last search for them
         self._found: dict[str, PurePosixPath] = {}  # pod uid -> its group, relative
         self._warned: set[str] = set()
 
     def unavailable(self) -> str | None:
         """Why no weight can be set on this node from here, or None."""
-        control = "cpu.weight" if self.v2 else "cpu.shares"
-        if not (self.cpu_top / control).exists():
+        if self.v2:  # the v2 root has no cpu.weight of its own: ask which controllers it offers
+            try:
+                has_cpu = "cpu" in (self.root / "cgroup.controllers").read_text().split()
+            except OSError:
+                has_cpu = False
+        else:
+            has_cpu = (self.cpu_top / "cpu.shares").exists()
+        if not has_cpu:
             return f"no cgroup CPU controller at {self.cpu_top} (mount the node's /sys/fs/cgroup)"
         if not os.access(self.cpu_top, os.W_OK):
             return f"{self.cpu_top} is not writable (the agent needs the node's cgroups read-write)"
@@ -145,8 +155,9 @@ class PodCgroups:
             names = pod_cgroup_names(uid, qos_class(pod))
         except ValueError:
             return None
-        for fresh in (False, True):  # a kubelet started after the first search: look again
-            if self._roots is None or fresh:
+        for fresh in (False, True):  # a kubelet started after the last search: look again
+            if self._roots is None or (fresh and time.monotonic() - self._searched >= RESEARCH_S):
+                self._searched = time.monotonic()
                 self._roots = [
                     PurePosixPath(p.relative_to(self.cpu_top)) for p in find_kubepods(self.cpu_top)
                 ]

@@ -10,6 +10,7 @@ import pytest
 import structlog
 
 from specon.model import ContainerId
+from specon.runtime import k8s_cgroup
 from specon.runtime.k8s_cgroup import PodCgroups, find_kubepods, pod_cgroup_names, pod_cpu_limit, qos_class
 
 UID = "0f6e7a2c-1b2d-4c5e-9f00-123456789abc"
@@ -142,8 +143,7 @@ def test_v1_systemd_driver_guaranteed_pod(tmp_path: Path) -> None:
 def test_v2_weight_is_written_as_is_and_cpu_seconds_come_from_cpu_stat(tmp_path: Path) -> None:
     root = tmp_path / "cgroup"
     root.mkdir()
-    (root / "cgroup.controllers").write_text("cpu memory\n")
-    (root / "cpu.weight").write_text("100\n")
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory\n")  # the root has no cpu.weight
     group = root / "kubepods" / "besteffort" / f"pod{UID}"
     group.mkdir(parents=True)
     (group / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\n")
@@ -153,13 +153,22 @@ def test_v2_weight_is_written_as_is_and_cpu_seconds_come_from_cpu_stat(tmp_path:
     assert cg.cpu_seconds([(JOB, pod())]) == {JOB: 2.5}
 
 
-def test_a_pod_created_after_the_first_search_is_found(tmp_path: Path) -> None:
+def test_a_pod_created_after_the_last_search_is_found_by_a_later_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = v1_node(tmp_path)
     cg = PodCgroups(root)
     assert not cg.set_weight(JOB, pod(qos="Burstable"), 100)  # no kubelet root yet
     group = pod_group(root, "cpu", f"kubepods/burstable/pod{UID}")
+    assert not cg.set_weight(JOB, pod(qos="Burstable"), 100)  # searched a moment ago
+    monkeypatch.setattr(k8s_cgroup, "RESEARCH_S", 0.0)
     assert cg.set_weight(JOB, pod(qos="Burstable"), 100)
     assert (group / "cpu.shares").read_text() == "1024"
+
+
+def test_a_v2_node_without_the_cpu_controller_refuses(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.controllers").write_text("memory pids\n")
+    assert "no cgroup CPU controller" in (PodCgroups(tmp_path).unavailable() or "")
 
 
 def test_refusals_are_false_and_logged_once(tmp_path: Path) -> None:
