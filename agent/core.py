@@ -14,13 +14,14 @@ import asyncio
 import json
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import assert_never
 
 import structlog
 
 from agent.priority import Running, running_of
+from agent.watched import AgentCounters, Watched, append_curve, predicted_steps
 from agent.weights import CpuWeights, state_path
 from specon import checkpoint as ckpt  # the name `checkpoint` is a command's field
 from specon.config import Policy, ProgressConfig
@@ -51,32 +52,6 @@ log = structlog.get_logger()
 LABEL_METRIC = "specon.io/metric"
 LABEL_DIRECTION = "specon.io/direction"
 LABEL_FORMAT = "specon.io/format"
-
-
-@dataclass(slots=True)
-class Watched:
-    """One container this agent classifies."""
-
-    info: ContainerInfo
-    tailer: Tailer
-    state: MonitorState
-    step: int | None = None
-    last_sample_at: float | None = None
-    nonfinite_seen: int = 0
-    # Skipped lines per reason already added to the agent's counters.
-    skipped_seen: dict[SkipReason, int] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class AgentCounters:
-    ticks: int = 0
-    samples: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)
-    requests_sent: int = 0
-    commands: dict[str, int] = field(default_factory=dict)
-    command_failures: int = 0
-    state_write_failures: int = 0
-    states_forgotten: int = 0
 
 
 class Agent:
@@ -120,6 +95,7 @@ class Agent:
         self.capacity = Resources()
         self.cpu_seconds: dict[ContainerId, float] = {}
         # The priority action: CPU weights among this worker's containers (``agent.weights``).
+        self._remaining: dict[ContainerId, float] = {}  # CPU-seconds left, per running job
         self.cpu_weights = CpuWeights(
             runtime, policy.priority, state_file=None if state_file is None else state_path(state_file)
         )
@@ -225,6 +201,10 @@ class Agent:
                 steps = [s.step for s in got if s.step is not None]
                 if steps:
                     w.step = steps[-1]
+                    if w.first_step is None:
+                        w.first_step = steps[0]
+                    if w.info.spec.steps is None:
+                        append_curve(w.curve, steps[-1], [s.value for s in got])
                 w.last_sample_at = now
                 self.counters.samples += len(got)
         states = {cid: w.state for cid, w in self.watched.items()}
@@ -270,14 +250,26 @@ class Agent:
     def running_jobs(self) -> list[Running]:
         """The running containers as the priority rule sees them (``agent.priority``)."""
         return [
-            running_of(w.info, w.step, w.state, self.cpu_seconds.get(cid, 0.0))
+            running_of(
+                w.info,
+                w.step,
+                w.state,
+                self.cpu_seconds.get(cid, 0.0),
+                first_step=w.first_step,
+                predicted_steps=predicted_steps(w.curve, w.info.spec.steps),
+            )
             for cid, w in self.watched.items()
             if w.info.state is ContainerState.RUNNING
         ]
 
     async def apply_priority(self, now: float) -> None:
-        """After a tick: the policy's CPU weights, those that changed applied (``agent.weights``)."""
-        await self.cpu_weights.tick(self.running_jobs(), self.capacity.cpu, now)
+        """After a tick: the policy's CPU weights, those that changed applied (``agent.weights``),
+        and each job's remaining work for the next heartbeats."""
+        running = self.running_jobs()
+        self._remaining = {
+            r.id: w for r in running if (w := r.remaining_work) is not None and math.isfinite(w)
+        }
+        await self.cpu_weights.tick(running, self.capacity.cpu, now)
 
     # -- heartbeat ---------------------------------------------------------------------
     def next_seq(self) -> int:
@@ -339,6 +331,7 @@ class Agent:
             selector=dict(w.info.spec.selector),
             tolerations=w.info.spec.tolerations,
             cpu_weight=self.cpu_weights.weight_of(w.info.id),
+            remaining_work=self._remaining.get(w.info.id),
         )
 
     def acknowledge(self, batch: CommandBatch) -> None:

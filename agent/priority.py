@@ -38,9 +38,40 @@ class Running:
     gain: float | None = None
     cpu_limit: float | None = None
     cpu_seconds: float = 0.0
+    # The first step this agent saw it log (a restored job starts at its checkpoint's), so
+    # the CPU per step is measured over the steps trained on this worker only.
+    first_step: int | None = None
+    # Steps left to convergence predicted from its loss curve (None: no fit, or not needed).
+    predicted_steps: float | None = None
+
+    @property
+    def cpu_per_step(self) -> float | None:
+        """CPU-seconds per step on this worker (None before it trained a step here)."""
+        if self.step is None or self.first_step is None or self.step <= self.first_step:
+            return None
+        return self.cpu_seconds / (self.step - self.first_step) if self.cpu_seconds > 0 else None
+
+    @property
+    def remaining_work(self) -> float | None:
+        """CPU-seconds (one core) it still needs: steps left (declared, else predicted) times
+        its CPU per step; None when either is unknown (reported to the manager's work model)."""
+        cost = self.cpu_per_step
+        if cost is None:
+            return None
+        if self.total is not None:
+            return max(0, self.total - (self.step or 0)) * cost
+        return None if self.predicted_steps is None else self.predicted_steps * cost
 
 
-def running_of(info: ContainerInfo, step: int | None, state: MonitorState, cpu_seconds: float) -> Running:
+def running_of(
+    info: ContainerInfo,
+    step: int | None,
+    state: MonitorState,
+    cpu_seconds: float,
+    *,
+    first_step: int | None = None,
+    predicted_steps: float | None = None,
+) -> Running:
     """``info``'s container with its last logged step, its monitor state and its CPU seconds."""
     g = state.last_g
     return Running(
@@ -51,6 +82,8 @@ def running_of(info: ContainerInfo, step: int | None, state: MonitorState, cpu_s
         gain=g if g is not None and math.isfinite(g) else None,
         cpu_limit=info.cpu_limit,
         cpu_seconds=cpu_seconds if math.isfinite(cpu_seconds) else 0.0,
+        first_step=first_step,
+        predicted_steps=predicted_steps,
     )
 
 
@@ -86,6 +119,7 @@ def progress(running: Sequence[Running], fair: Mapping[ContainerId, float]) -> l
             cpu_seconds=r.cpu_seconds,
             fair_seconds=fair.get(r.id, 0.0),
             gain=r.gain,
+            predicted_steps=r.predicted_steps,
         )
         for r in running
     ]

@@ -26,6 +26,7 @@ import contextlib
 import enum
 import math
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,9 @@ PERIOD_US = 100_000
 MIN_QUOTA_US = 1_000  # the kernel refuses quotas under 1 ms
 # A job's group is ``job-<id>``: a prefix no cgroup control file (cgroup.*, cpu.*, tasks) has.
 JOB_PREFIX = "job-"
+# Seconds a job's group is kept before an agent may prune it as unused (a launch by another
+# process takes well under a second between making the group and joining it).
+PRUNE_GRACE = 60.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 log = structlog.get_logger()
@@ -339,17 +343,35 @@ def pick_cpus(cpus: float, available: Sequence[int], *, offset: int = 0) -> froz
     return frozenset(pool[(offset + i) % len(pool)] for i in range(n))
 
 
-def _enter(procs_files: Iterable[Path], affinity: frozenset[int] | None) -> Callable[[], None]:
-    """A ``preexec_fn``: join the groups / pin the CPUs in the child, before it execs."""
-    files = [os.fsencode(p) for p in procs_files]
+def _enter(
+    procs_files: Iterable[Path],
+    affinity: frozenset[int] | None,
+    fallback: Mapping[Path, Path] | None = None,
+) -> Callable[[], None]:
+    """A ``preexec_fn``: join the groups / pin the CPUs in the child, before it execs. A file
+    with a ``fallback`` that cannot be written (a job's group another process removed between
+    its creation and this write: an agent prunes the groups of jobs it does not see running)
+    is replaced by its fallback (the worker's group: the job keeps its budget)."""
+    files = [
+        (os.fsencode(p), None if fallback is None or p not in fallback else os.fsencode(fallback[p]))
+        for p in procs_files
+    ]
+
+    def join(f: bytes) -> None:
+        fd = os.open(f, os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
 
     def preexec() -> None:
-        for f in files:
-            fd = os.open(f, os.O_WRONLY)
+        for f, alt in files:
             try:
-                os.write(fd, b"0")
-            finally:
-                os.close(fd)
+                join(f)
+            except OSError:
+                if alt is None:
+                    raise
+                join(alt)
         if affinity:
             os.sched_setaffinity(0, affinity)
 
@@ -448,16 +470,18 @@ class CpuBudget:
         """The ``preexec_fn`` of a new process of the worker: into ``job``'s own group (made
         here; the worker's group if that fails), and into the worker's cpuset once pinned."""
         files = list(self.group.procs_files) if self.group else []
+        fallback: dict[Path, Path] = {}
         if self.group is not None and job is not None:
             own = self.job_group(job)
             try:
                 own.make()
+                fallback = dict(zip(own.procs_files, files, strict=True))
                 files = list(own.procs_files)
             except OSError as exc:  # it still runs in the budget, without a weight of its own
                 log.warning("specon.runtime.job_cgroup_unavailable", container=job, error=str(exc))
         if self.pinned is not None and self.cpuset is not None and self.cpuset.made:
             files.append(self.cpuset.procs_file)
-        return _enter(files, self.affinity)
+        return _enter(files, self.affinity, fallback)
 
     def set_cpus(self, cpus: float) -> None:
         quota_us(cpus)
@@ -536,14 +560,21 @@ class CpuBudget:
             pids |= self.group.child(name).pids()
         return pids
 
-    def prune_jobs(self, running: Iterable[ContainerId]) -> None:
-        """Remove the (empty) groups of jobs no longer running here."""
+    def prune_jobs(self, running: Iterable[ContainerId], *, now: float | None = None) -> None:
+        """Remove the (empty) groups of jobs no longer running here, except those made in the
+        last ``PRUNE_GRACE`` seconds: another process (a submission, a second runtime of the
+        same worker) may be starting a job into it."""
         if self.group is None:
             return
         keep = {JOB_PREFIX + job for job in running}
+        now = time.time() if now is None else now
         for name in self.group.children():
             if name.startswith(JOB_PREFIX) and name not in keep:
-                self.group.child(name).remove()  # one with tasks left stays (EBUSY)
+                group = self.group.child(name)
+                with contextlib.suppress(OSError):
+                    if now - group.cpu_dir.stat().st_ctime < PRUNE_GRACE:
+                        continue
+                group.remove()  # one with tasks left stays (EBUSY)
 
     # -- accounting -----------------------------------------------------------------------
     def cpu_seconds(

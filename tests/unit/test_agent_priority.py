@@ -16,6 +16,7 @@ from manager_fakes import policy as make_policy
 
 from agent.core import Agent
 from agent.priority import Running, accrue, changed, decide, fair_shares, progress, running_of
+from agent.watched import CURVE_POINTS, append_curve, predicted_steps
 from agent.weights import CpuWeights, state_path
 from specon.config import PriorityConfig
 from specon.model import ContainerId, Resources
@@ -245,6 +246,60 @@ async def test_under_rule_none_the_agent_sets_and_reports_no_weight(tmp_path: Pa
         await agent.apply_priority(volume.clock.now())
         assert rt.weights == {}
         assert [r.cpu_weight for r in agent.heartbeat(volume.clock.now()).containers] == [None]
+    finally:
+        for w in agent.watched.values():
+            w.tailer.close()
+
+
+# -- remaining work, for the manager's work model ----------------------------------------------
+def test_remaining_work_is_steps_left_times_the_cpu_per_step_trained_here() -> None:
+    # Restored at step 100, trained to 150 on 10 CPU-s here: 0.2 CPU-s a step, 350 steps left.
+    r = run(A, step=150, first_step=100, total=500, cpu_seconds=10.0)
+    assert r.cpu_per_step == pytest.approx(0.2)
+    assert r.remaining_work == pytest.approx(70.0)
+    assert (
+        run(A, step=100, first_step=100, total=500, cpu_seconds=3.0).remaining_work is None
+    )  # no step here yet
+    assert (
+        run(A, step=150, first_step=100, cpu_seconds=10.0).remaining_work is None
+    )  # no total, no prediction
+    predicted = run(A, step=150, first_step=100, cpu_seconds=10.0, predicted_steps=40.0)
+    assert predicted.remaining_work == pytest.approx(8.0)
+    assert run(A, step=600, first_step=100, total=500, cpu_seconds=10.0).remaining_work == 0.0
+
+
+def test_a_job_without_a_total_is_sized_by_its_loss_curve() -> None:
+    # Optimus' curve 1/(0.01 k + 1) + 0.5 is within 5 % of its floor at k = 19 / 0.01 = 1900.
+    curve: list[tuple[float, float]] = []
+    for k in range(10, 1010, 10):
+        append_curve(curve, float(k), [1.0 / (0.01 * k + 1.0) + 0.5, math.nan])
+    left = predicted_steps(curve, None)
+    assert left == pytest.approx(900.0, rel=0.05)  # from step 1000
+    assert predicted_steps(curve, 5000) is None  # a declared total needs no prediction
+    assert predicted_steps([], None) is None
+    for k in range(1000):
+        append_curve(curve, float(k), [1.0])
+    assert len(curve) <= CURVE_POINTS  # thinned, never unbounded
+
+
+async def test_the_agent_reports_each_jobs_remaining_work(tmp_path: Path) -> None:
+    volume = FakeVolume(FakeClock(1000.0), root=tmp_path / "volume")
+    rt = FakeRuntime("w0", volume, capacity=Resources(cpu=2.0))
+    volume.script("j", JobScript(loss=steady))
+    await rt.start(JobSpec(id=ContainerId("j"), command=("train",), steps=1000))
+    agent = Agent(runtime=rt, policy=make_policy(priority={"rule": "srpt"}), state_file=None)
+    try:
+        await agent.refresh()
+        for _ in range(2):
+            await volume.clock.advance(10.0)
+            await agent.sample_usage()
+            agent.tick(volume.clock.now())
+            await agent.apply_priority(volume.clock.now())
+        (report,) = agent.heartbeat(volume.clock.now()).containers
+        w = agent.watched[ContainerId("j")]
+        assert w.step is not None and w.first_step is not None and w.step > w.first_step
+        cost = agent.cpu_seconds[ContainerId("j")] / (w.step - w.first_step)
+        assert report.remaining_work == pytest.approx((1000 - w.step) * cost)
     finally:
         for w in agent.watched.values():
             w.tailer.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from specon.model import ContainerId
 from specon.runtime.base import cpu_shares
 from specon.runtime.cgroups import (
     CLK_TCK,
+    PRUNE_GRACE,
     CpuBudget,
     CpuGroup,
     Enforcement,
@@ -399,6 +401,9 @@ def test_groups_of_ended_jobs_are_pruned_and_close_removes_everything(tmp_path: 
     (budget.job_group(ContainerId("busy")).cpu_dir / "cgroup.procs").write_text("7\n")  # tasks left
     budget.prune_jobs([ContainerId("runs")])
     assert budget.group is not None
+    # Just made: another process may be launching into it.
+    assert budget.group.children() == ["job-busy", "job-gone", "job-runs"]
+    budget.prune_jobs([ContainerId("runs")], now=time.time() + PRUNE_GRACE + 1)
     assert budget.group.children() == ["job-busy", "job-runs"]
     (budget.job_group(ContainerId("busy")).cpu_dir / "cgroup.procs").unlink()
     budget.set_weight(ContainerId("runs"), 100)  # makes the cpuset
@@ -411,6 +416,31 @@ def test_groups_of_ended_jobs_are_pruned_and_close_removes_everything(tmp_path: 
     assert budget.close()
     assert not (tmp_path / "cgroup" / "cpu" / "specon").exists()
     assert not (tmp_path / "cgroup" / "cpuset" / "specon").exists()
+
+
+def test_a_launch_whose_group_was_pruned_meanwhile_joins_the_workers_group(tmp_path: Path) -> None:
+    # An agent prunes the group of a job it does not see running yet, between a submission
+    # making it and the child joining it: the job still starts, in its worker's budget.
+    budget = weighted_budget(tmp_path)
+    assert budget.group is not None
+    enter = budget.preexec(ContainerId("late"))
+    own = budget.job_group(ContainerId("late"))
+    for d in (own.cpu_dir, own.cpuacct_dir):
+        for f in d.iterdir():
+            f.unlink()
+        d.rmdir()
+    for f in budget.group.procs_files:
+        f.write_text("")
+    pid = os.fork()
+    if pid == 0:  # the child runs the preexec as Popen would, and reports by exit status
+        try:
+            enter()
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert all(f.read_text() == "0" for f in budget.group.procs_files)
 
 
 def test_cpulists_round_trip() -> None:
