@@ -489,3 +489,19 @@ async def test_the_manager_role_allows_every_call_the_journal_and_tokenreview_ma
     assert forbidden(
         manager, "GET", f"/api/v1/namespaces/{rbac.training}/pods/m1"
     )  # pods of its own namespace only
+
+
+def test_the_cpu_weights_component_mounts_only_the_node_cgroups_into_the_agent(tmp_path: Path) -> None:
+    rel = os.path.relpath(MANIFESTS, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        f"resources: [{rel}]\ncomponents: [{rel}/components/cpu-weights]\n"
+    )
+    (agent,) = [d for d in render(tmp_path) if d["kind"] == "DaemonSet"]
+    spec = agent["spec"]["template"]["spec"]
+    (node,) = [v for v in spec["volumes"] if v["name"] == "node-cgroups"]
+    assert node["hostPath"] == {"path": "/sys/fs/cgroup", "type": "Directory"}
+    container = spec["containers"][0]
+    assert {"name": "node-cgroups", "mountPath": "/sys/fs/cgroup"} in container["volumeMounts"]
+    sc = container["securityContext"]  # still no privilege, no capability beyond the base's
+    assert not sc.get("privileged") and sc["capabilities"] == {"drop": ["ALL"], "add": ["DAC_OVERRIDE"]}
+    assert all("hostPath" not in v for v in spec["volumes"] if v["name"] != "node-cgroups")
