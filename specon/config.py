@@ -30,6 +30,8 @@ from specon.policy.priority import optimus as optimus_rule
 from specon.policy.priority import slaq as slaq_rule
 from specon.policy.priority import srpt as srpt_rule
 from specon.policy.priority import tiresias as tiresias_rule
+from specon.policy.robust_config import RobustConfig
+from specon.policy.robust_config import problems as robust_problems
 from specon.yaml12 import YamlError, load_yaml, scalar_yaml
 
 API_VERSION = "specon/v1alpha1"
@@ -68,25 +70,11 @@ class ProgressConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class RobustConfig:
-    """Knobs of the ``robust`` classifier (used only when ``classifier: robust``)."""
-
-    # Exponential smoothing factor applied to E before differencing (1 = no smoothing).
-    smoothing: float = 0.3
-    # k-of-n hysteresis: a category step needs k of the last n ticks to agree.
-    k: int = 3
-    n: int = 4
-    # Ticks of history for the trend test (least-squares slope of smoothed E).
-    trend_window: int = 6
-    # Relative rise of smoothed E over the trend window that counts as diverging.
-    diverge_threshold: float = 0.05
-
-
-@dataclass(frozen=True, slots=True)
 class MonitorConfig:
     """Algorithm 1, the agent's container monitor (SPEC §3)."""
 
-    classifier: ClassifierName = "specon"
+    # robust (doubling test) won the convergence-detection benchmark (bench_detection).
+    classifier: ClassifierName = "robust"
     interval: float = 30.0  # Δ, seconds
     alpha: float = 0.01
     normalize: Normalize = "max"
@@ -244,9 +232,10 @@ DOCS: dict[str, str] = {
     "progress.max_poll_bytes": "bytes of one log read per tick at most; the rest is read at the next "
     "ticks; a log already longer than this when first seen is read from its end",
     "monitor": "Algorithm 1, the agent's container monitor (SPEC §3)",
-    "monitor.classifier": "specon = Algorithm 1 as printed (repaired); robust = smoothed, k-of-n, trend",
+    "monitor.classifier": "specon = Algorithm 1 as printed (repaired); robust = smoothed, with the "
+    "doubling or the change test and a diverging state",
     "monitor.interval": "tick Δ in seconds",
-    "monitor.alpha": "threshold alpha on the normalised change G",
+    "monitor.alpha": "threshold alpha on the normalised change G (specon, and robust's change test)",
     "monitor.normalize": "max: divide by the largest |E| so far; previous: by |E(t-1)|; none: absolute",
     "monitor.aggregate": "E(t) from the samples of one tick: their mean or the last one",
     "monitor.stale": "a tick without samples: skip it, or treat it as G = 0 (paper)",
@@ -254,10 +243,15 @@ DOCS: dict[str, str] = {
     "monitor.request_min_active": "PC+WC containers needed on the worker before a CC container may request",
     "monitor.robust": "Knobs of the robust classifier (used only with classifier: robust)",
     "monitor.robust.smoothing": "exponential smoothing factor for E, in (0, 1]; 1 = none",
-    "monitor.robust.k": "a category step needs k of the last n ticks to agree",
-    "monitor.robust.n": "window of the k-of-n vote",
-    "monitor.robust.trend_window": "ticks in the least-squares trend test (>= 2)",
+    "monitor.robust.k": "change test: a category step needs k of the last n ticks to agree",
+    "monitor.robust.n": "change test: window of the k-of-n vote",
+    "monitor.robust.trend_window": "ticks in the least-squares trend and divergence tests (>= 2)",
     "monitor.robust.diverge_threshold": "relative rise of smoothed E over the window that means diverging",
+    "monitor.robust.test": "doubling: converged when twice the training is predicted to improve E by "
+    "less than gain of its improvement so far; change: k of n ticks with G below alpha, flat trend",
+    "monitor.robust.gain": "doubling test: share of the improvement so far, in (0, 1)",
+    "monitor.robust.memory": "doubling test: a tick from time t_i weighs (t_i/t)**memory in the log-time fit",
+    "monitor.robust.confirm": "doubling test: share of the ticks so far it must hold for (at least one)",
     "placement": "Algorithm 2, target selection on each request (SPEC §4)",
     "placement.weights": "S_w = progressing*|PC| + watching*|WC| + converged*|CC|; strictly decreasing",
     "placement.weights.progressing": "weight of a progressing container",
@@ -479,13 +473,9 @@ def _semantic_problems(p: Policy) -> list[codec.Problem]:
     positive("monitor.alpha", m.alpha)
     at_least("monitor.stale_ticks", m.stale_ticks, 0)
     at_least("monitor.request_min_active", m.request_min_active, 0)
-    r = m.robust
-    need(0 < r.smoothing <= 1, "monitor.robust.smoothing", f"must be in (0, 1], got {r.smoothing}")
-    at_least("monitor.robust.k", r.k, 1)
-    at_least("monitor.robust.n", r.n, 1)
-    need(r.k <= r.n, "monitor.robust.k", f"must be <= n ({r.n}), got {r.k}")
-    at_least("monitor.robust.trend_window", r.trend_window, 2)
-    positive("monitor.robust.diverge_threshold", r.diverge_threshold)
+    for message in robust_problems(m.robust):  # "field: problem"
+        key, _, text = message.partition(": ")
+        need(False, f"monitor.robust.{key}", text)
 
     pl = p.placement
     w = pl.weights

@@ -75,6 +75,8 @@ class MonitorState:
     # newest is the current EMA), and the last ``n`` "slow" votes, oldest first.
     smoothed: tuple[float, ...] = ()
     votes: tuple[bool, ...] = ()
+    # The robust doubling test's running log-time fit (layout in ``specon.policy.robust``).
+    fit: tuple[float, ...] = ()
 
     @property
     def display(self) -> Category:
@@ -139,6 +141,7 @@ def _stale(state: MonitorState, cfg: MonitorConfig) -> MonitorState:
         state.t_migrated,
         state.smoothed,
         state.votes,
+        state.fit,
     )
 
 
@@ -207,6 +210,7 @@ def tick(
         None,
         state.smoothed,
         state.votes,
+        state.fit,
     )
 
 

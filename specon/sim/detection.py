@@ -1,60 +1,61 @@
-"""The convergence-detection benchmark: how late, and how often too early, a classifier
-asks to move a job, measured on loss-curve traces.
+"""The convergence-detection benchmark: how many ticks late, or early, a classifier asks to
+move a job, measured on loss curves — and whether it ever asks to move a diverging one.
 
-**Ground truth.** A job has converged at the first recorded step after which its smoothed
-loss improves by less than ``GROUND_TRUTH_FRACTION`` (5 %) of its total improvement until
-the end of training. The smoothed loss S is a centred moving average over
+**Ground truth** (issue 10, item 8). S is the smoothed loss, a centred moving average over
 ±``SMOOTH_HALF_WIDTH_STEPS`` steps (near the start the window shrinks symmetrically, so S
-starts at the first loss; near the end it is cut off); the total improvement is
-``S[0] - min S``; the improvement still to come after point i is ``S[i] - min(S[i:])``
-(so a noisy rise late in training does not count as improvement). A curve that never
-improves has converged at its first point. Losses are minimised.
+starts at the first loss; near the end it is cut off); B is its best so far, B[i] =
+min(S[:i+1]). The job has converged at the first point where B is within
+``GROUND_TRUTH_FRACTION`` (5 %) of its final improvement: B[i] - B[-1] < 5 % of
+B[0] - B[-1]. A curve that never improves has converged at its first point. Losses are
+minimised.
 
-**Replay.** Each trace is replayed alone through ``specon.replay.replay`` (the very
-classifier code the agent runs) with the tick Δ expressed in *steps*: the replay's clock
-counts training steps, so a detector behaves the same on a fast or a slow worker, and
-Δ in seconds is ``Δ_steps · step_cost / cpu_share``. The first tick that would send a
-reallocation request is the detection. The classifier sees the trace's values as logged
-samples, one per stride — raw mini-batch losses, as the simulator's jobs log them — so
-the mini-batch noise is part of the test.
+**Ticks.** Lateness is counted in ticks of the real Δ = 30 s. How many steps a tick covers
+depends on how long the job runs: a job of the simulator's scenarios (``specon.sim.scenarios``)
+runs its trace's steps in its completion time, which the calibration puts at 295-885 s under
+DS (A1-A5), i.e. 10-30 ticks of 30 s. So every curve is replayed as a job of ``JOB_TICKS``
+(10, 20 and 30) ticks: Δ = steps / ticks training steps (the replay's clock counts steps, so
+a detector sees what the agent sees at that pace). The truth tick is the first tick at or
+after the truth step (the first at which an oracle could ask); a detection is the first
+tick that would send a reallocation request; lateness = detection tick - truth tick.
 
-**Metrics** per detector, over a set of traces:
+**Target** (per curve and job length): at most ``TARGET_LATE`` (2) ticks late, never more
+than ``TARGET_EARLY`` (1) tick early, never missed, and no request on a diverging curve.
 
-* *false-early*: share of curves whose first request comes before the ground truth;
-* *missed*: share of curves without any request;
-* *delay*: request step - ground-truth step (signed), over the detected curves, as a
-  fraction of the job's steps (comparable across models) and in CPU-seconds at one full core;
-* *lateness*: the mean of max(0, delay), a miss counting as "detected at the end" — the
-  cost of waiting, which the recommendation minimises subject to a bound on false-early.
+**Diverging curves** (``diverging_set``): a recorded curve that turns upward part-way and
+grows exponentially, as with a learning rate too high, either to the end (``explode``) or
+until it reads NaN (``nan``). The onset lies where the curve has made 30-70 % of its
+improvement (in its steep fall, as a learning rate too high shows early), the growth outruns
+the curve's own fall at the onset, and both come from a seed. Any request on one is a
+failure.
 
-Pure: traces in, scores out.
+Pure: curves in, scores out. The classifier replayed is the agent's own
+(``specon.replay.replay``), fed the curve's raw mini-batch losses as logged samples.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import random
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
 
-from specon.config import Aggregate, MonitorConfig, Normalize, RobustConfig
+from specon.config import MonitorConfig
+from specon.policy.robust_config import RobustConfig
 from specon.replay import replay
 from specon.sim.trace import Trace
 
 GROUND_TRUTH_FRACTION = 0.05
 SMOOTH_HALF_WIDTH_STEPS = 50
-DEFAULT_MAX_FALSE_EARLY = 0.10
-
-ALPHAS = (0.005, 0.01, 0.02, 0.05, 0.1)  # the brief's four and the paper's upper end
-TICK_STEPS = (50, 100, 200)  # 40, 20 and 10 ticks over a 2000-step job
-NORMALIZE: tuple[Normalize, ...] = ("max", "previous")
-AGGREGATE: tuple[Aggregate, ...] = ("mean", "last")
-ROBUST_VARIANTS: dict[str, RobustConfig] = {
-    "default": RobustConfig(),
-    "fast": RobustConfig(smoothing=0.5, k=2, n=3, trend_window=4),
-    "smooth": RobustConfig(smoothing=0.2, k=3, n=5, trend_window=8),
-}
+JOB_TICKS = (10, 20, 30)
+TARGET_LATE = 2
+TARGET_EARLY = 1
+DIVERGE_KINDS = ("explode", "nan")
+# A diverging curve's growth factor stops here (the values stay finite); ``nan`` curves read
+# NaN once the factor passes NAN_AFTER.
+_MAX_GROWTH = 1e6
+NAN_AFTER = 10.0
 
 
 def smooth(values: Sequence[float], half_width: int) -> list[float]:
@@ -76,20 +77,18 @@ def smooth(values: Sequence[float], half_width: int) -> list[float]:
 def ground_truth_index(
     losses: Sequence[float], *, half_width: int, fraction: float = GROUND_TRUTH_FRACTION
 ) -> int:
-    """Index of the first point after which the smoothed loss improves by less than
-    ``fraction`` of its total improvement (module doc). ``ValueError`` for no losses."""
+    """Index of the first point where the smoothed best-so-far loss is within ``fraction``
+    of its final improvement (module doc). ``ValueError`` for no losses."""
     if not losses:
         raise ValueError("no losses")
-    s = smooth(losses, half_width)
-    # best_after[i] = min(s[i:])
-    best_after = s[:]
-    for i in range(len(s) - 2, -1, -1):
-        best_after[i] = min(s[i], best_after[i + 1])
-    total = s[0] - best_after[0]
+    best: list[float] = []
+    for s in smooth(losses, half_width):
+        best.append(s if not best or s < best[-1] else best[-1])
+    total = best[0] - best[-1]
     if total <= 0:
         return 0
     limit = fraction * total
-    return next(i for i in range(len(s)) if s[i] - best_after[i] < limit)
+    return next(i for i, b in enumerate(best) if b - best[-1] < limit)
 
 
 def ground_truth_step(trace: Trace, *, fraction: float = GROUND_TRUTH_FRACTION) -> int:
@@ -99,235 +98,232 @@ def ground_truth_step(trace: Trace, *, fraction: float = GROUND_TRUTH_FRACTION) 
 
 
 @dataclass(frozen=True, slots=True)
-class Detector:
-    """One classifier configuration; ``monitor.interval`` is Δ in training steps.
+class Curve:
+    """A loss curve to replay: a trace, or a diverging variant of one (NaN allowed).
 
-    ``family`` names the configuration without Δ (detectors differing only in Δ share it).
+    ``losses[i]`` is the loss after step ``(i + 1) * stride``. ``truth_step`` is None for a
+    diverging curve (it must never be asked for).
     """
 
-    family: str
-    monitor: MonitorConfig
+    model: str
+    steps: int
+    stride: int
+    losses: tuple[float, ...]
+    truth_step: int | None
+    label: str = ""
 
     @property
-    def tick_steps(self) -> float:
-        return self.monitor.interval
+    def diverging(self) -> bool:
+        return self.truth_step is None
 
-    @property
-    def label(self) -> str:
-        return f"{self.family} D={self.tick_steps:g}"
-
-
-def make_detector(
-    classifier: str,
-    *,
-    alpha: float,
-    tick_steps: int,
-    normalize: Normalize = "max",
-    aggregate: Aggregate = "mean",
-    robust: str = "default",
-) -> Detector:
-    """A detector for ``specon`` or ``robust`` (``robust`` names a ``ROBUST_VARIANTS`` entry)."""
-    if classifier not in ("specon", "robust"):
-        raise ValueError(f"unknown classifier {classifier!r}")
-    if robust not in ROBUST_VARIANTS:
-        raise ValueError(f"unknown robust variant {robust!r}; choose from {', '.join(ROBUST_VARIANTS)}")
-    cfg = dataclasses.replace(
-        MonitorConfig(),
-        classifier="specon" if classifier == "specon" else "robust",
-        alpha=alpha,
-        interval=float(tick_steps),
-        normalize=normalize,
-        aggregate=aggregate,
-        robust=ROBUST_VARIANTS[robust],
-    )
-    knobs = f"{normalize}/{aggregate}" if classifier == "specon" else f"{normalize}/{robust}"
-    return Detector(f"{classifier} a={alpha:g} {knobs}", cfg)
+    @staticmethod
+    def of(trace: Trace, label: str = "") -> Curve:
+        return Curve(
+            trace.model,
+            trace.steps,
+            trace.stride,
+            trace.losses,
+            ground_truth_step(trace),
+            label or trace.source,
+        )
 
 
-def detector_grid(
-    *, alphas: Iterable[float] = ALPHAS, tick_steps: Iterable[int] = TICK_STEPS
-) -> list[Detector]:
-    """Every configuration the benchmark compares: specon over alpha x normalize x aggregate,
-    robust over alpha x normalize x variant, and specon paper mode (absolute G, last value)
-    at alpha 0.01 — each at every Δ."""
-    alphas, ticks = tuple(alphas), tuple(tick_steps)
-    out: list[Detector] = []
-    for d in ticks:
-        out += [
-            make_detector("specon", alpha=a, tick_steps=d, normalize=nz, aggregate=ag)
-            for a in alphas
-            for nz in NORMALIZE
-            for ag in AGGREGATE
-        ]
-        out += [
-            make_detector("robust", alpha=a, tick_steps=d, normalize=nz, robust=v)
-            for a in alphas
-            for nz in NORMALIZE
-            for v in ROBUST_VARIANTS
-        ]
-        paper = make_detector("specon", alpha=0.01, tick_steps=d, normalize="none", aggregate="last")
-        out.append(dataclasses.replace(paper, family="specon-paper a=0.01 none/last"))
+def diverge(trace: Trace, *, onset: int, rate: float, kind: str) -> tuple[float, ...]:
+    """``trace``'s losses multiplied by exp(rate·(step - onset)) after step ``onset`` (capped at
+    ``_MAX_GROWTH``); ``kind`` ``nan``: NaN from the first point the factor passes NAN_AFTER."""
+    if kind not in DIVERGE_KINDS:
+        raise ValueError(f"unknown kind {kind!r}; choose from {', '.join(DIVERGE_KINDS)}")
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate must be > 0, got {rate}")
+    out = []
+    blown = False
+    for i, loss in enumerate(trace.losses):
+        factor = min(_MAX_GROWTH, math.exp(min(700.0, rate * max(0, (i + 1) * trace.stride - onset))))
+        blown = blown or (kind == "nan" and factor > NAN_AFTER)
+        out.append(math.nan if blown else loss * factor)
+    return tuple(out)
+
+
+def diverging_set(traces: Iterable[Trace], *, seed: int) -> list[Curve]:
+    """One curve of each ``DIVERGE_KINDS`` per trace (module doc), seeded by ``seed``.
+
+    The onset is where the smoothed curve has made 30-70 % of its improvement (still in its
+    steep fall, far from converged); the growth per step is at least twice the curve's
+    relative fall there, so it turns upward at once, and it doubles at least every 5-15 %
+    of the job.
+    """
+    rng = random.Random(seed)
+    out = []
+    for trace in traces:
+        s = smooth(trace.losses, max(1, round(SMOOTH_HALF_WIDTH_STEPS / trace.stride)))
+        low = min(s)
+        for kind in DIVERGE_KINDS:
+            made = rng.uniform(0.3, 0.7)
+            i = next((j for j, v in enumerate(s) if s[0] - v >= made * (s[0] - low)), 0)
+            i = min(i, len(s) - 2)
+            onset = (i + 1) * trace.stride
+            fall = max(0.0, (s[i] - s[i + 1]) / (trace.stride * abs(s[i]))) if s[i] else 0.0
+            rate = max(2.0 * fall, math.log(2.0) / (trace.steps * rng.uniform(0.05, 0.15)))
+            label = f"{trace.model} {kind} from step {onset}, x2 every {math.log(2.0) / rate:.0f} steps"
+            losses = diverge(trace, onset=onset, rate=rate, kind=kind)
+            out.append(Curve(trace.model, trace.steps, trace.stride, losses, None, label))
     return out
+
+
+# --- replay ----------------------------------------------------------------------------------
+
+
+def request_tick(curve: Curve, cfg: MonitorConfig, job_ticks: int) -> int | None:
+    """The first tick at which ``cfg``'s classifier would ask to move ``curve`` replayed as a
+    job of ``job_ticks`` ticks (module doc), or None."""
+    interval = curve.steps / job_ticks
+    records = [(float((i + 1) * curve.stride), loss) for i, loss in enumerate(curve.losses)]
+    result = replay(records, dataclasses.replace(cfg, interval=interval))
+    # The replay's clock starts at the first record; its ticks are whole multiples of Δ.
+    return None if result.request_at is None else round(result.request_at / interval)
+
+
+def truth_tick(curve: Curve, job_ticks: int) -> int | None:
+    """The first tick at or after the truth step (None for a diverging curve)."""
+    if curve.truth_step is None:
+        return None
+    interval = curve.steps / job_ticks
+    return max(0, math.ceil((curve.truth_step - curve.stride) / interval - 1e-9))
 
 
 @dataclass(frozen=True, slots=True)
 class Detection:
-    """One trace through one detector."""
+    """One curve replayed as a job of ``job_ticks`` ticks."""
 
     model: str
-    steps: int
-    step_cost: float
-    truth_step: int
-    request_step: float | None  # None: never asked
+    job_ticks: int
+    truth: int | None  # truth tick; None: a diverging curve
+    request: int | None  # None: never asked
 
     @property
-    def missed(self) -> bool:
-        return self.request_step is None
+    def late(self) -> int | None:
+        """Request tick minus truth tick (negative: early); None if either is missing."""
+        return None if self.request is None or self.truth is None else self.request - self.truth
 
     @property
-    def early(self) -> bool:
-        return self.request_step is not None and self.request_step < self.truth_step
-
-    @property
-    def delay(self) -> float | None:
-        """Request minus ground truth, in steps (negative: too early)."""
-        return None if self.request_step is None else self.request_step - self.truth_step
-
-    @property
-    def lateness(self) -> float:
-        """max(0, delay) as a fraction of the job; a miss counts as detected at the end."""
-        at = self.steps if self.request_step is None else self.request_step
-        return max(0.0, at - self.truth_step) / self.steps
+    def failed(self) -> bool:
+        """Outside the target: too late, too early, missed, or a request on a diverging curve."""
+        if self.truth is None:
+            return self.request is not None
+        late = self.late
+        return late is None or not -TARGET_EARLY <= late <= TARGET_LATE
 
 
-def detect(trace: Trace, detector: Detector, *, truth_step: int | None = None) -> Detection:
-    """Replay ``trace`` through ``detector`` (steps as the clock) and compare to the truth."""
-    records = [(float((i + 1) * trace.stride), loss) for i, loss in enumerate(trace.losses)]
-    result = replay(records, detector.monitor)
-    # The replay's clock starts at the first record, which sits at step ``stride``.
-    request = None if result.request_at is None else result.request_at + trace.stride
+def detect(curve: Curve, cfg: MonitorConfig, job_ticks: int) -> Detection:
     return Detection(
-        model=trace.model,
-        steps=trace.steps,
-        step_cost=trace.step_cost,
-        truth_step=ground_truth_step(trace) if truth_step is None else truth_step,
-        request_step=request,
+        curve.model, job_ticks, truth_tick(curve, job_ticks), request_tick(curve, cfg, job_ticks)
     )
 
 
 @dataclass(frozen=True, slots=True)
-class Score:
-    """One detector over a set of traces (fractions are of curves or of job length)."""
+class Summary:
+    """Detections of one configuration on one set of curves (e.g. one model's)."""
 
+    curves: int  # detections, i.e. curves x job lengths
+    median_late: float | None  # over the detected converging curves
+    max_late: int | None
+    min_late: int | None
+    early: int  # more than TARGET_EARLY ticks early
+    too_late: int  # more than TARGET_LATE ticks late
+    missed: int  # converging curves never asked for
+    diverging: int  # diverging curves replayed
+    diverging_requested: int
+    failures: int  # detections outside the target (each counted once)
+
+    @property
+    def met(self) -> bool:
+        return self.failures == 0
+
+
+def summarise(detections: Iterable[Detection]) -> Summary:
+    ds = list(detections)
+    lates = [d.late for d in ds if d.late is not None]
+    converging = [d for d in ds if d.truth is not None]
+    diverging = [d for d in ds if d.truth is None]
+    return Summary(
+        curves=len(ds),
+        median_late=statistics.median(lates) if lates else None,
+        max_late=max(lates, default=None),
+        min_late=min(lates, default=None),
+        early=sum(late < -TARGET_EARLY for late in lates),
+        too_late=sum(late > TARGET_LATE for late in lates),
+        missed=sum(d.request is None for d in converging),
+        diverging=len(diverging),
+        diverging_requested=sum(d.request is not None for d in diverging),
+        failures=sum(d.failed for d in ds),
+    )
+
+
+def run(
+    curves: Iterable[Curve], cfg: MonitorConfig, *, job_ticks: Sequence[int] = JOB_TICKS
+) -> list[Detection]:
+    """Every curve at every job length, in that order."""
+    return [detect(c, cfg, n) for c in curves for n in job_ticks]
+
+
+def by_model(detections: Iterable[Detection]) -> dict[str, Summary]:
+    groups: dict[str, list[Detection]] = {}
+    for d in detections:
+        groups.setdefault(d.model, []).append(d)
+    return {m: summarise(ds) for m, ds in sorted(groups.items())}
+
+
+# --- the candidates the benchmark ranks ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
     label: str
-    family: str
-    classifier: str
-    alpha: float
-    tick_steps: float
-    curves: int
-    false_early: float
-    missed: float
-    mean_lateness: float
-    mean_delay: float | None  # signed, fraction of the job, over detected curves
-    median_delay: float | None
-    mean_delay_seconds: float | None  # signed, CPU-seconds at one full core
+    monitor: MonitorConfig
 
-    def row(self) -> str:
-        def pct(x: float | None) -> str:
-            return "    -" if x is None else f"{100 * x:+5.1f}"
 
-        secs = "    -" if self.mean_delay_seconds is None else f"{self.mean_delay_seconds:+6.1f}"
-        return (
-            f"{self.label:<40} late {100 * self.mean_lateness:5.1f}%  early {100 * self.false_early:5.1f}%"
-            f"  missed {100 * self.missed:5.1f}%  delay mean {pct(self.mean_delay)}%"
-            f" median {pct(self.median_delay)}%  ({secs} s)  n={self.curves}"
+def candidates(base: MonitorConfig | None = None) -> list[Candidate]:
+    """The configurations the benchmark compares (Δ is set per replay): ``specon`` over alpha,
+    ``robust`` with the change test at its knobs' defaults, and ``robust`` with the doubling
+    test over gain x memory x confirm. ``base`` supplies every other knob."""
+    b = MonitorConfig() if base is None else base
+    out = [
+        Candidate(f"specon a={a:g}", dataclasses.replace(b, classifier="specon", alpha=a))
+        for a in (0.005, 0.01, 0.02, 0.05)
+    ]
+    out.append(
+        Candidate(
+            "robust change a=0.01",
+            dataclasses.replace(b, classifier="robust", alpha=0.01, robust=RobustConfig(test="change")),
         )
-
-
-def score(detector: Detector, detections: Sequence[Detection]) -> Score:
-    """Summarise the detections of one detector (``ValueError`` for none)."""
-    if not detections:
-        raise ValueError("no detections to score")
-    n = len(detections)
-    found = [d for d in detections if d.delay is not None]
-    fractions = [d.delay / d.steps for d in found if d.delay is not None]
-    seconds = [d.delay * d.step_cost for d in found if d.delay is not None]
-    return Score(
-        label=detector.label,
-        family=detector.family,
-        classifier=detector.monitor.classifier,
-        alpha=detector.monitor.alpha,
-        tick_steps=detector.tick_steps,
-        curves=n,
-        false_early=sum(d.early for d in detections) / n,
-        missed=sum(d.missed for d in detections) / n,
-        mean_lateness=sum(d.lateness for d in detections) / n,
-        mean_delay=statistics.fmean(fractions) if fractions else None,
-        median_delay=statistics.median(fractions) if fractions else None,
-        mean_delay_seconds=statistics.fmean(seconds) if seconds else None,
     )
+    for gain in (0.07, 0.09, 0.11, 0.13):
+        for memory in (4.0, 5.0, 7.0, 10.0):
+            for confirm in (0.0, 0.1):
+                rc = RobustConfig(test="doubling", gain=gain, memory=memory, confirm=confirm)
+                label = f"robust doubling gain={gain:g} memory={memory:g} confirm={confirm:g}"
+                out.append(Candidate(label, dataclasses.replace(b, classifier="robust", robust=rc)))
+    return out
 
 
-def evaluate(traces: Sequence[Trace], detectors: Iterable[Detector]) -> list[Score]:
-    """Score every detector on ``traces`` (each ground truth computed once)."""
-    truths = [ground_truth_step(t) for t in traces]
-    return [
-        score(det, [detect(t, det, truth_step=gt) for t, gt in zip(traces, truths, strict=True)])
-        for det in detectors
-    ]
+def rank_key(recorded: Summary, synthetic: Summary) -> tuple[float, int, float]:
+    """How the benchmark ranks candidates, best first: the share of converging curves (x job
+    lengths) outside the target on recorded curves plus that share on synthetic ones (equal
+    weights; a request on a diverging curve, in either summary, disqualifies: 2.0), then fewer
+    early, then how far the recorded median lateness is from the middle of the target window."""
+
+    def share(s: Summary) -> float:
+        converging = s.curves - s.diverging
+        return (s.failures - s.diverging_requested) / converging if converging else 0.0
+
+    total = share(recorded) + share(synthetic)
+    if recorded.diverging_requested or synthetic.diverging_requested:
+        total = 2.0
+    middle = (TARGET_LATE - TARGET_EARLY) / 2
+    off = abs((recorded.median_late if recorded.median_late is not None else 99.0) - middle)
+    return total, recorded.early + synthetic.early, off
 
 
-@dataclass(frozen=True, slots=True)
-class FamilyScore:
-    """One configuration over every Δ it was run at: Δ in steps varies with the worker's
-    load, so a default must hold up at all of them."""
-
-    label: str  # the family
-    classifier: str
-    alpha: float
-    mean_lateness: float  # mean over the Δ values
-    false_early: float  # the worst over the Δ values
-    missed: float  # the worst over the Δ values
-    tick_steps: tuple[float, ...]
-
-
-def by_family(scores: Iterable[Score]) -> list[FamilyScore]:
-    """Group ``scores`` by family (in first-seen order)."""
-    groups: dict[str, list[Score]] = {}
-    for s in scores:
-        groups.setdefault(s.family, []).append(s)
-    return [
-        FamilyScore(
-            label=family,
-            classifier=group[0].classifier,
-            alpha=group[0].alpha,
-            mean_lateness=statistics.fmean(s.mean_lateness for s in group),
-            false_early=max(s.false_early for s in group),
-            missed=max(s.missed for s in group),
-            tick_steps=tuple(s.tick_steps for s in group),
-        )
-        for family, group in groups.items()
-    ]
-
-
-class Ranked(Protocol):
-    """What ``recommend`` ranks: a ``Score`` or a ``FamilyScore``."""
-
-    @property
-    def label(self) -> str: ...
-    @property
-    def mean_lateness(self) -> float: ...
-    @property
-    def false_early(self) -> float: ...
-    @property
-    def missed(self) -> float: ...
-
-
-R = TypeVar("R", bound=Ranked)
-
-
-def recommend(scores: Iterable[R], *, max_false_early: float = DEFAULT_MAX_FALSE_EARLY) -> R | None:
-    """The score with the least lateness among those at most ``max_false_early`` too early
-    (ties: fewer false-early, then the label); None if none qualifies."""
-    ok = [s for s in scores if s.false_early <= max_false_early]
-    return min(ok, key=lambda s: (s.mean_lateness, s.false_early, s.label), default=None)
+def best(scores: Mapping[str, tuple[Summary, Summary]]) -> str:
+    """The label with the best ``rank_key`` (ties: the label)."""
+    return min(scores, key=lambda label: (rank_key(*scores[label]), label))

@@ -371,6 +371,12 @@ def test_range_rules(section: str, values: dict[str, object], path: str) -> None
         ({"k": 5, "n": 4}, "monitor.robust.k"),
         ({"trend_window": 1}, "monitor.robust.trend_window"),
         ({"diverge_threshold": 0}, "monitor.robust.diverge_threshold"),
+        ({"gain": 0}, "monitor.robust.gain"),
+        ({"gain": 1}, "monitor.robust.gain"),
+        ({"memory": 0}, "monitor.robust.memory"),
+        ({"memory": float("inf")}, "monitor.robust.memory"),
+        ({"confirm": -0.1}, "monitor.robust.confirm"),
+        ({"confirm": 1.5}, "monitor.robust.confirm"),
     ],
 )
 def test_robust_rules(robust: dict[str, object], path: str) -> None:
@@ -387,6 +393,23 @@ def test_boundaries_that_are_allowed() -> None:
     ).monitor
     assert (m.alpha, m.stale_ticks, m.request_min_active) == (5.0, 0, 0)
     assert (m.robust.smoothing, m.robust.k, m.robust.n) == (1.0, 4, 4)
+
+
+def test_robust_test_names_its_choices() -> None:
+    assert parse_policy(HEAD + "monitor: {robust: {test: change}}\n").monitor.robust.test == "change"
+    assert only_error(with_("monitor", robust={"test": "slope"})).startswith("monitor.robust.test:")
+
+
+def test_the_default_classifier_is_the_benchmarks_pick_and_paper_mode_keeps_specon() -> None:
+    # bench_detection ranks the candidates; paper mode stays Algorithm 1 at alpha 0.01.
+    d, paper = default_policy().monitor, default_policy("paper").monitor
+    assert (d.classifier, d.robust.test, d.interval) == ("robust", "doubling", 30.0)
+    assert (paper.classifier, paper.alpha, paper.normalize, paper.aggregate) == (
+        "specon",
+        0.01,
+        "none",
+        "last",
+    )
 
 
 @pytest.mark.parametrize(

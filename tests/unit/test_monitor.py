@@ -19,7 +19,7 @@ from specon.policy.monitor import MonitorState
 PC, WC, CC = Category.PROGRESSING, Category.WATCHING, Category.CONVERGED
 
 # Absolute differences and binary-exact values keep the expected G exact.
-ABS = MonitorConfig(normalize="none", alpha=0.5, aggregate="last")
+ABS = MonitorConfig(classifier="specon", normalize="none", alpha=0.5, aggregate="last")
 DELTA = 30.0
 
 
@@ -219,25 +219,25 @@ def test_tick_worker_rejects_samples_for_unknown_containers() -> None:
     ],
 )
 def test_normalize_variants(normalize: str, expected: float) -> None:
-    cfg = MonitorConfig(normalize=normalize, aggregate="last")  # type: ignore[arg-type]
+    cfg = MonitorConfig(classifier="specon", normalize=normalize, aggregate="last")  # type: ignore[arg-type]
     assert run([4.0, 2.0, 3.0], cfg)[-1].last_g == pytest.approx(expected)
 
 
 def test_normalize_max_includes_the_current_value_and_zero_divisors_fall_back() -> None:
-    cfg = MonitorConfig(normalize="max", aggregate="last")
+    cfg = MonitorConfig(classifier="specon", normalize="max", aggregate="last")
     assert run([1.0, 4.0], cfg)[-1].last_g == pytest.approx(0.75)
-    prev = MonitorConfig(normalize="previous", aggregate="last")
+    prev = MonitorConfig(classifier="specon", normalize="previous", aggregate="last")
     assert run([0.0, 0.5], prev)[-1].last_g == 0.5
 
 
 @pytest.mark.parametrize(("aggregate", "expected"), [("mean", 2.0), ("last", 3.0)])
 def test_aggregate_mean_vs_last(aggregate: str, expected: float) -> None:
-    cfg = MonitorConfig(aggregate=aggregate)  # type: ignore[arg-type]
+    cfg = MonitorConfig(classifier="specon", aggregate=aggregate)  # type: ignore[arg-type]
     assert run([[1.0, 2.0, 3.0]], cfg)[-1].last_e == expected
 
 
 def test_non_finite_samples_never_enter_e() -> None:
-    s = run([[1.0, float("nan"), 3.0], [float("inf")]], MonitorConfig(aggregate="mean"))
+    s = run([[1.0, float("nan"), 3.0], [float("inf")]], MonitorConfig(classifier="specon", aggregate="mean"))
     assert s[0].last_e == 2.0
     assert s[1].last_e == 2.0 and s[1].stale_run == 1
     assert run([[1e308, 1e308]])[-1].last_e == pytest.approx(1e308)
@@ -303,8 +303,9 @@ def test_the_old_serialised_form_still_reads_and_is_what_to_dict_writes() -> Non
         smoothed=(0.3, 0.27, 0.25),
         votes=(True, False, True),
     )
-    assert monitor.to_dict(s) == OLD_STATE
-    assert list(monitor.to_dict(s)) == list(OLD_STATE)  # same keys, same order
+    # The same keys in the same order, and the doubling test's fit (empty) after them.
+    assert monitor.to_dict(s) == {**OLD_STATE, "fit": []}
+    assert list(monitor.to_dict(s)) == [*OLD_STATE, "fit"]
     # Integers where floats belong, missing keys (defaults) and keys from a newer agent.
     assert monitor.from_dict({"last_e": 1, "max_abs_e": -3, "smoothed": [1], "newer": 1}) == (
         monitor.MonitorState(last_e=1.0, max_abs_e=3.0, smoothed=(1.0,))
@@ -334,7 +335,7 @@ _STEP = {(PC, WC), (WC, CC)}
 def test_at_most_one_category_step_per_tick(
     ticks: list[list[float]], normalize: str, stale: str, alpha: float
 ) -> None:
-    cfg = MonitorConfig(normalize=normalize, stale=stale, alpha=alpha)  # type: ignore[arg-type]
+    cfg = MonitorConfig(classifier="specon", normalize=normalize, stale=stale, alpha=alpha)  # type: ignore[arg-type]
     state = monitor.initial()
     for m, samples in enumerate(ticks):
         new = monitor.tick(state, samples, float(m), cfg)

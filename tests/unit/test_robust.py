@@ -1,8 +1,10 @@
-"""``classifier: robust``: smoothing, k-of-n hysteresis, the trend test, ``diverging``."""
+"""``classifier: robust``: the doubling test; the change test (smoothing, k-of-n hysteresis, the
+trend test); ``diverging``."""
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -10,22 +12,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specon.config import MonitorConfig, RobustConfig
+from specon.config import MonitorConfig
 from specon.model import Category, ContainerId, Direction
 from specon.policy import monitor, robust
 from specon.policy.classifier import classifier_for, tick_worker
 from specon.policy.monitor import MonitorState
+from specon.policy.robust_config import RobustConfig
 
 PC, WC, CC, DV = Category.PROGRESSING, Category.WATCHING, Category.CONVERGED, Category.DIVERGING
 
 DEFAULT = MonitorConfig(classifier="robust")
-# No smoothing and absolute differences, so votes and slopes are easy to follow.
+CHANGE = replace(DEFAULT, robust=RobustConfig(test="change"))
+# The change test with no smoothing and absolute differences, so votes and slopes are easy
+# to follow.
 PLAIN = MonitorConfig(
     classifier="robust",
     normalize="none",
     alpha=0.5,
     aggregate="last",
-    robust=RobustConfig(smoothing=1.0, k=3, n=4, trend_window=6, diverge_threshold=0.05),
+    robust=RobustConfig(smoothing=1.0, k=3, n=4, trend_window=6, diverge_threshold=0.05, test="change"),
 )
 
 
@@ -72,10 +77,10 @@ def test_a_single_spike_resets_specon_but_not_robust() -> None:
     """Loss 2.3 -> 1.0 plateau, then one 20 % spike: noise, not new progress."""
     values = [2.3, 1.6, 1.2, *(1.0 + 0.01 * 0.5**i for i in range(12))]
     spike = [1.2, 1.0, 1.0, 1.0]
-    rob = run([*values, *spike], DEFAULT)
+    rob = run([*values, *spike], CHANGE)
     assert rob[len(values) - 1].category is CC
     assert cats(rob[len(values) :]) == [CC] * 4
-    spec = run([*values, *spike], replace(DEFAULT, classifier="specon"))
+    spec = run([*values, *spike], replace(CHANGE, classifier="specon"))
     assert spec[len(values) - 1].category is CC
     assert spec[len(values)].category is PC
 
@@ -169,7 +174,7 @@ def test_smoothing_damps_noise_into_a_smaller_g() -> None:
 
 
 def test_state_with_memory_round_trips_and_dispatches_by_config() -> None:
-    clf = classifier_for(DEFAULT)
+    clf = classifier_for(CHANGE)
     assert clf.name == "robust"
     s = clf.tick(clf.tick(clf.initial(direction=Direction.MAXIMIZE), [0.5], 0.0), [0.6], 30.0)
     assert s.smoothed and s.votes
@@ -200,7 +205,7 @@ _STEP = {(PC, WC), (WC, CC)}
 def test_robust_moves_at_most_one_step_per_tick(
     ticks: list[tuple[list[float], int]], direction: Direction, normalize: str
 ) -> None:
-    cfg = replace(DEFAULT, normalize=normalize)  # type: ignore[arg-type]
+    cfg = replace(CHANGE, normalize=normalize)  # type: ignore[arg-type]
     s = monitor.initial(direction=direction)
     for m, (samples, bad) in enumerate(ticks):
         new = robust.tick(s, samples, float(m), cfg, nonfinite=bad)
@@ -209,3 +214,111 @@ def test_robust_moves_at_most_one_step_per_tick(
         if b is DV:
             assert not new.wants_request and not new.pending_request
         s = new
+
+
+# --- the doubling test (the default) --------------------------------------------------------
+
+FAR, NEAR, PASSING, CONFIRMED = robust.FAR, robust.NEAR, robust.PASSING, robust.CONFIRMED
+HYPERBOLA = [1.0 + 10.0 / t for t in range(1, 30)]  # Optimus' tail: 1/(b0 k + b1) + b2
+
+
+def stages(values: Sequence[float], rc: RobustConfig = DEFAULT.robust) -> list[int]:
+    fit: tuple[float, ...] = ()
+    out = []
+    for y in values:
+        fit, stage = robust.fit_tick(fit, y, rc)
+        out.append(stage)
+    return out
+
+
+def test_the_log_time_fit_recovers_a_line_in_log_time_whatever_its_memory() -> None:
+    for memory in (0.5, 5.0, 50.0):
+        fit: tuple[float, ...] = ()
+        for t in range(1, 12):
+            fit, _ = robust.fit_tick(fit, 5.0 - 2.0 * math.log(t), RobustConfig(memory=memory))
+        got = robust.trend(fit)
+        assert got is not None
+        level, per_doubling = got
+        assert level == pytest.approx(5.0 - 2.0 * math.log(11))
+        assert per_doubling == pytest.approx(2.0 * math.log(2.0))
+    assert robust.trend(()) is None
+    assert robust.trend(robust.fit_tick((), 1.0, DEFAULT.robust)[0]) is None  # one point
+
+
+def test_a_hyperbolic_tail_watches_then_converges_and_requests_at_once() -> None:
+    # Improvement so far 10 - 10/t; a doubling brings about 5/t to 7/t of it: below 11 % of
+    # it from t = 10 (twice that from t = 6), with the newest E near the best.
+    assert stages(HYPERBOLA)[:11] == [FAR] * 5 + [NEAR] * 4 + [CONFIRMED] * 2
+    states = run(HYPERBOLA, DEFAULT)
+    assert cats(states)[:11] == [PC] * 5 + [WC] * 4 + [CC] * 2
+    assert states[9].t_cc == 9 * 30.0 and states[9].wants_request
+    assert all(s.wants_request for s in states[9:])
+
+
+def test_a_larger_gain_converges_no_later() -> None:
+    firsts = [stages(HYPERBOLA, replace(DEFAULT.robust, gain=g)).index(CONFIRMED) for g in (0.05, 0.11, 0.2)]
+    assert firsts == sorted(firsts, reverse=True) and firsts[0] > firsts[-1]
+
+
+def test_the_test_is_blind_to_the_scale_and_offset_of_the_loss() -> None:
+    assert stages([3.0 * y - 7.0 for y in HYPERBOLA]) == stages(HYPERBOLA)
+
+
+def test_confirm_waits_for_a_share_of_the_ticks_so_far() -> None:
+    once = stages(HYPERBOLA, replace(DEFAULT.robust, confirm=0.0)).index(CONFIRMED)
+    half = stages(HYPERBOLA, replace(DEFAULT.robust, confirm=0.5))
+    # At t ticks the test must have passed for t/2 ticks in a row.
+    assert half.index(CONFIRMED) > once and half[once] == PASSING
+
+
+def test_the_bottom_of_a_u_is_not_convergence() -> None:
+    """A fall that turns into a rise looks flat to a line through its last ticks: the newest E
+    more than RISE x gain of the improvement above the best (here 0.1 of 1.75) stops it."""
+    u = [3.0, 2.0, 1.5, 1.3, 1.25, 1.35, 1.5, 1.7, 1.95, 2.3, 2.8, 3.4, 4.0]
+    assert CONFIRMED not in stages(u) and PASSING not in stages(u)
+    states = run(u, DEFAULT)
+    assert not any(s.wants_request for s in states) and states[-1].category is DV
+
+
+def test_a_job_that_never_improved_is_never_converged() -> None:
+    assert set(stages([2.0] * 20)) == {FAR}
+    assert set(stages([2.0 + 0.01 * t for t in range(20)])) == {FAR}
+
+
+def test_maximize_mirrors_minimize() -> None:
+    loss = run(HYPERBOLA, DEFAULT)
+    accuracy = run([-y for y in HYPERBOLA], DEFAULT, direction=Direction.MAXIMIZE)
+    assert cats(accuracy) == cats(loss)
+
+
+def test_a_drop_in_the_loss_after_convergence_starts_over() -> None:
+    cc = run(HYPERBOLA[:12], DEFAULT)[-1]
+    assert cc.category is CC
+    # A learning-rate drop: the loss falls steeply again, so the job progresses again.
+    after = run([1.5, 1.0, 0.6, 0.4], DEFAULT, state=monitor.raise_request(cc))
+    assert after[-1].category in (PC, WC) and not after[-1].pending_request
+
+
+def test_the_fit_is_constant_size_and_stale_ticks_do_not_age_it() -> None:
+    s = run([1.0 + 1.0 / t for t in range(1, 2000)], DEFAULT)[-1]
+    assert len(s.fit) == len(run(HYPERBOLA[:3], DEFAULT)[-1].fit) and s.fit[0] == 1999.0
+    assert robust.tick(s, [], 0.0, DEFAULT).fit == s.fit
+
+
+def test_non_finite_values_break_the_run_of_passing_ticks() -> None:
+    cc = run(HYPERBOLA[:12], DEFAULT)[-1]
+    dv = robust.tick(cc, [], 400.0, DEFAULT, nonfinite=3)
+    assert dv.category is DV and not dv.wants_request
+    assert dv.fit[-1] == 0.0 and dv.fit[:-1] == cc.fit[:-1]
+
+
+def test_a_fit_of_another_shape_starts_over() -> None:
+    fresh, _ = robust.fit_tick((), 2.0, DEFAULT.robust)
+    assert robust.fit_tick((5.0, 1.0, 2.0), 2.0, DEFAULT.robust)[0] == fresh
+
+
+def test_the_doubling_state_round_trips() -> None:
+    clf = classifier_for(DEFAULT)
+    s = run(HYPERBOLA[:8], DEFAULT)[-1]
+    assert s.fit and not s.votes  # only the change test votes
+    assert clf.from_dict(json.loads(json.dumps(clf.to_dict(s)))) == s
