@@ -16,13 +16,17 @@ the synthetic check, a leave-one-seed-out check, the previous default (``specon`
 0.01) for comparison, and the candidates the benchmark ranks (``detection.candidates``:
 share of detections outside the target on recorded and on synthetic curves, equally
 weighted; a request on a diverging curve disqualifies) with whether the shipped default is
-the pick.
+the pick. Every detection of the shipped and the previous default, and the whole ranking, go
+to ``bench/results/detection.json``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 from bench.figures import Figure
 from specon.config import MonitorConfig
@@ -30,6 +34,8 @@ from specon.sim import curves, detection
 from specon.sim.detection import Curve, Detection, Summary
 from specon.sim.trace import load_traces
 
+RESULTS = Path(__file__).resolve().parent / "results"
+DETAIL_FILE = RESULTS / "detection.json"
 SYNTHETIC_PER_MODEL = 10
 SYNTHETIC_SEED = 20_240_601
 DIVERGE_SEEDS = (7, 8, 9)
@@ -145,6 +151,60 @@ def _ranking(scores: Mapping[str, tuple[Summary, Summary]], shipped_label: str, 
     return out
 
 
+def _rows(curves: Sequence[Curve], detections: Sequence[Detection]) -> list[dict[str, Any]]:
+    """One row per detection (``detection.run`` yields every curve at every job length in order)."""
+    labels = [c.label for c in curves for _ in detection.JOB_TICKS]
+    return [
+        {
+            "curve": label,
+            "model": d.model,
+            "job_ticks": d.job_ticks,
+            "truth_tick": d.truth,
+            "request_tick": d.request,
+            "late": d.late,
+            "failed": d.failed,
+        }
+        for label, d in zip(labels, detections, strict=True)
+    ]
+
+
+def _write_detail(
+    shipped_label: str,
+    curves: Sequence[Curve],
+    shipped: Sequence[Detection],
+    previous: Sequence[Detection],
+    scores: Mapping[str, tuple[Summary, Summary]],
+) -> None:
+    """Every detection of the shipped and the previous default, and the ranking, as JSON."""
+    ranked = sorted(scores, key=lambda label: (detection.rank_key(*scores[label]), label))
+    doc = {
+        "target": {"late_ticks": detection.TARGET_LATE, "early_ticks": detection.TARGET_EARLY},
+        "job_ticks": list(detection.JOB_TICKS),
+        "interval_seconds": MonitorConfig().interval,
+        "shipped": {
+            "label": shipped_label,
+            "by_model": {m: dataclasses.asdict(s) for m, s in detection.by_model(shipped).items()},
+            "detections": _rows(curves, shipped),
+        },
+        "previous": {
+            "label": "specon a=0.01",
+            "by_model": {m: dataclasses.asdict(s) for m, s in detection.by_model(previous).items()},
+            "detections": _rows(curves, previous),
+        },
+        "ranking": [
+            {
+                "label": label,
+                "rank_key": list(detection.rank_key(*scores[label])),
+                "recorded": dataclasses.asdict(scores[label][0]),
+                "synthetic": dataclasses.asdict(scores[label][1]),
+            }
+            for label in ranked
+        ],
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    DETAIL_FILE.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
 def run(quick: bool) -> list[Figure]:
     recorded = load_traces()
     traces = [t for model in sorted(recorded) for t in recorded[model]]
@@ -172,9 +232,13 @@ def run(quick: bool) -> list[Figure]:
     total = detection.summarise([*ship_real, *ship_div])
     synth = detection.summarise(detection.run(synthetic, shipped))
     before = detection.run(real, PREVIOUS)
-    before_div = detection.summarise(detection.run(diverging, PREVIOUS))
+    before_div_runs = detection.run(diverging, PREVIOUS)
+    before_div = detection.summarise(before_div_runs)
     scores = _scores(cands, real, synthetic, diverging)
     pick = detection.best(scores)
+    _write_detail(
+        shipped_label, [*real, *diverging], [*ship_real, *ship_div], [*before, *before_div_runs], scores
+    )
     ticks = "/".join(map(str, detection.JOB_TICKS))
     steps = "/".join(f"{traces[0].steps / n:.0f}" for n in detection.JOB_TICKS)
 
