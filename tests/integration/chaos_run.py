@@ -137,8 +137,10 @@ def _policy(path: Path) -> Path:
         "kind: Policy\n"
         "monitor: {interval: 1, alpha: 0.02}\n"
         "messaging: {heartbeat_interval: 0.5, worker_timeout: 4}\n"
-        "migration: {grace_period: 5, max_concurrent: 2, save_timeout: 30, restore_timeout: 30}\n"
-        "placement: {max_migrations_per_container: 3}\n"
+        "migration: {grace_period: 5, max_concurrent: 2, save_timeout: 30, restore_timeout: 30,\n"
+        "            min_residence: 0}\n"
+        # Migration safety is what is tested: every move Algorithm 2 picks is made, at once.
+        "placement: {max_migrations_per_container: 3, require_gain: false}\n"
         'rebalance: {mode: "balanced", when: "always", max_rebalances_per_container: 3}\n'
     )
     return path

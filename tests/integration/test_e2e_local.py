@@ -25,7 +25,8 @@ apiVersion: specon/v1alpha1
 kind: Policy
 monitor: {interval: 1, alpha: 0.02}
 messaging: {heartbeat_interval: 0.5, worker_timeout: 4}
-migration: {grace_period: 10}
+migration: {grace_period: 10, min_residence: 0}
+placement: {require_gain: false}  # the mechanics are tested: Algorithm 2's move is made
 rebalance: {mode: "off"}
 """
 

@@ -63,7 +63,8 @@ def policy(tmp_path: Path, *, worker_timeout: float = 4.0, grace: float = 10.0) 
         "kind: Policy\n"
         "monitor: {interval: 1, alpha: 0.02}\n"
         f"messaging: {{heartbeat_interval: {HEARTBEAT}, worker_timeout: {worker_timeout}}}\n"
-        f"migration: {{grace_period: {grace}}}\n"
+        f"migration: {{grace_period: {grace}, min_residence: 0}}\n"
+        "placement: {require_gain: false}\n"  # the mechanics are tested: Algorithm 2's move is made
         'rebalance: {mode: "off"}\n'
     )
     return path

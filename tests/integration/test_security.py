@@ -49,6 +49,8 @@ apiVersion: specon/v1alpha1
 kind: Policy
 monitor: {interval: 1}
 messaging: {heartbeat_interval: 0.5, worker_timeout: 4, max_containers_per_heartbeat: 50}
+migration: {min_residence: 0}
+placement: {require_gain: false}
 rebalance: {mode: "off"}
 """
 

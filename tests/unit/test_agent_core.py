@@ -32,6 +32,9 @@ from specon.settings import AgentSettings
 PC, WC, CC = Category.PROGRESSING, Category.WATCHING, Category.CONVERGED
 TICK = 10.0  # fake seconds between ticks: ten samples per tick
 
+# These tests step Algorithm 1 as printed (PC -> WC -> CC per slowing tick): the specon classifier.
+SPECON: dict[str, object] = {"classifier": "specon"}
+
 
 def converging(step: int) -> float:
     """Each tick's change is a tenth of the previous one: PC, PC, PC, WC, CC, then requests."""
@@ -62,7 +65,9 @@ class World:
         await self.w0.start(spec(job, **kw))
 
     def agent(self, runtime: FakeRuntime | None = None, *, pol: Policy | None = None, **kw: Any) -> Agent:
-        agent = Agent(runtime=runtime or self.w0, policy=pol or make_policy(), address="w0:7701", **kw)
+        agent = Agent(
+            runtime=runtime or self.w0, policy=pol or make_policy(monitor=SPECON), address="w0:7701", **kw
+        )
         self.agents.append(agent)
         return agent
 
@@ -232,7 +237,7 @@ async def test_a_request_needs_request_min_active_other_jobs_on_the_worker(
     await world.run("conv", loss=converging)
     for i in range(others):
         await world.run(f"busy{i}")
-    agent = world.agent(pol=make_policy(monitor={"request_min_active": min_active}))
+    agent = world.agent(pol=make_policy(monitor={**SPECON, "request_min_active": min_active}))
     await agent.refresh()
 
     raised = await tick(agent, world.clock, 8)

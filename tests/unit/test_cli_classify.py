@@ -40,7 +40,7 @@ def test_converging_job_converges_and_requests(capsys: pytest.CaptureFixture[str
     assert doc["final"] == "converged"
     assert doc["request_at"] is not None
     converged_at = min(t["t"] for t in doc["transitions"] if t["to"] == "converged")
-    assert doc["request_at"] > converged_at
+    assert doc["request_at"] >= converged_at  # the robust test may request on the tick it converges
 
 
 @pytest.mark.parametrize("classifier", CLASSIFIERS)
@@ -117,7 +117,7 @@ def test_unwritable_plot_is_an_error(capsys: pytest.CaptureFixture[str], tmp_pat
 
 
 def test_text_output_is_a_timeline(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["classify", str(LOGS / "diverging.jsonl")]) == 0
+    assert main(["classify", "--classifier", "specon", str(LOGS / "diverging.jsonl")]) == 0
     out = capsys.readouterr().out
     assert "156 records, 24 skipped" in out
     assert "24 nonfinite" in out

@@ -11,7 +11,7 @@ from specon.model import Category
 from specon.replay import record_times, replay
 
 PC, WC, CC, DV = Category.PROGRESSING, Category.WATCHING, Category.CONVERGED, Category.DIVERGING
-LAST = MonitorConfig(aggregate="last", normalize="none", alpha=0.5)
+LAST = MonitorConfig(classifier="specon", aggregate="last", normalize="none", alpha=0.5)
 
 
 def test_timestamps_are_relative_to_the_first_record() -> None:
