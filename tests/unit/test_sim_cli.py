@@ -128,7 +128,8 @@ def test_a_policy_file_replaces_the_specon_defaults(traces: Path, tmp_path: Path
                       "placement:\n  require_gain: false\n"
                       "migration:\n  min_residence: 0\n")  # fmt: skip
     still = tmp_path / "still.yaml"
-    still.write_text("apiVersion: specon/v1alpha1\nkind: Policy\nmonitor:\n  classifier: specon\n  alpha: 1.0e-9\n"
+    still.write_text("apiVersion: specon/v1alpha1\nkind: Policy\nmonitor:\n  classifier: specon\n"
+                     "  alpha: 1.0e-9\n"
                      "  interval: 20\nrebalance:\n  mode: 'off'\n")  # fmt: skip
     default = _sim_json(traces, tmp_path / "default.json", "--policy", str(moving))
     assert default["policies"]["specon"]["migrations"] > 0
