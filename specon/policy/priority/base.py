@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -72,3 +73,19 @@ def proportional_weights(values: Mapping[ContainerId, float]) -> dict[ContainerI
 def fifo_key(job: JobProgress) -> tuple[float, str]:
     """Ties go to the job that started first (then the id, so the order is total)."""
     return job.started, str(job.id)
+
+
+def ratio_problems(ratio: float) -> list[str]:
+    """The check of a rank-to-rank weight ratio (1: fair sharing; larger: stricter)."""
+    return [] if math.isfinite(ratio) and ratio >= 1 else [f"ratio: must be >= 1, got {ratio}"]
+
+
+def least_first(jobs: Sequence[JobProgress], work: Mapping[ContainerId, float | None]) -> list[ContainerId]:
+    """Jobs by ``work`` ascending; those whose work is unknown last, least attained service
+    first among them (Tiresias's rule, which needs no knowledge); ties to the oldest."""
+
+    def key(j: JobProgress) -> tuple[int, float, tuple[float, str]]:
+        w = work[j.id]
+        return (0, w, fifo_key(j)) if w is not None else (1, j.cpu_seconds, fifo_key(j))
+
+    return [j.id for j in sorted(jobs, key=key)]

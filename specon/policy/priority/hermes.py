@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specon.model import ContainerId
-from specon.policy.priority.base import JobProgress, fifo_key, ranked_weights
+from specon.policy.priority.base import JobProgress, fifo_key, ranked_weights, ratio_problems
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +29,7 @@ class Args:
 
 
 def problems(args: Args) -> list[str]:
-    return [] if args.ratio >= 1 and math.isfinite(args.ratio) else [f"ratio: must be >= 1, got {args.ratio}"]
+    return ratio_problems(args.ratio)
 
 
 def order(jobs: Sequence[JobProgress]) -> list[ContainerId]:

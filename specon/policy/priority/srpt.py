@@ -13,13 +13,12 @@ machine (Schrage 1968); on a cluster without migration it is the per-node versio
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specon.model import ContainerId
-from specon.policy.priority.base import JobProgress, fifo_key, ranked_weights
+from specon.policy.priority.base import JobProgress, least_first, ranked_weights, ratio_problems
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +28,7 @@ class Args:
 
 
 def problems(args: Args) -> list[str]:
-    return [] if args.ratio >= 1 and math.isfinite(args.ratio) else [f"ratio: must be >= 1, got {args.ratio}"]
+    return ratio_problems(args.ratio)
 
 
 def remaining_work(jobs: Sequence[JobProgress]) -> dict[ContainerId, float | None]:
@@ -45,13 +44,7 @@ def remaining_work(jobs: Sequence[JobProgress]) -> dict[ContainerId, float | Non
 
 
 def order(jobs: Sequence[JobProgress]) -> list[ContainerId]:
-    work = remaining_work(jobs)
-
-    def key(j: JobProgress) -> tuple[int, float, tuple[float, str]]:
-        w = work[j.id]
-        return (0, w, fifo_key(j)) if w is not None else (1, j.cpu_seconds, fifo_key(j))
-
-    return [j.id for j in sorted(jobs, key=key)]
+    return least_first(jobs, remaining_work(jobs))
 
 
 def weights(jobs: Sequence[JobProgress], args: Args) -> dict[ContainerId, int]:

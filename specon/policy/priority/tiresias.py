@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specon.model import ContainerId
-from specon.policy.priority.base import JobProgress, fifo_key, ranked_weights
+from specon.policy.priority.base import JobProgress, fifo_key, ranked_weights, ratio_problems
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +41,7 @@ def problems(args: Args) -> list[str]:
         out.append(f"thresholds: every threshold must be > 0, got {list(t)}")
     if any(a >= b for a, b in itertools.pairwise(t)):
         out.append(f"thresholds: must be strictly ascending, got {list(t)}")
-    if not (math.isfinite(args.ratio) and args.ratio >= 1):
-        out.append(f"ratio: must be >= 1, got {args.ratio}")
+    out.extend(ratio_problems(args.ratio))
     return out
 
 
