@@ -9,6 +9,12 @@ simulator parameters and compares real runs with simulated ones:
   shortfall, ``predicted / measured``, is a per-step cost multiplier (1 = ideal). It
   grows with the oversubscription r = k / cpus; ``fit_exponent`` fits
   ``r ** interference_exponent`` (``specon.sim.cluster.SimParams``) to the samples.
+* threads: the same for k jobs of T threads (``bench/bench_threads.py``). A thread that
+  waits for a sibling the scheduler took off its core spins, so the cost per step grows
+  with the threads per core the worker's threads run on, r = k * T / cores (a quota does
+  not confine threads: a 1-CPU quota on 2 cores runs them on both). ``thread_rows``
+  tabulates median and spread per (T, budget, k); ``fit_threads`` gives
+  ``SimParams.thread_overhead`` and ``thread_exponent``.
 * mapping: a workload of real jobs (``specon.demo.make_workload``) becomes a simulator
   ``Workload`` with the same workers, arrivals, models, steps and round-robin placement
   (``specon.demo.run_once``'s rule: the i-th job in submission order goes to worker
@@ -68,8 +74,11 @@ class RateSample:
     rates: tuple[float, ...]  # steps per second of each job over the window
     cpu_seconds: float = math.nan  # CPU the worker used over the window (nan: not measured)
     seconds: float = math.nan  # the window
+    threads: int = 1  # torch threads per job
 
     def __post_init__(self) -> None:
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.k < 1 or len(self.rates) != self.k:
             raise ValueError(f"a sample of k={self.k} jobs needs k rates, got {len(self.rates)}")
         if not (math.isfinite(self.cpus) and self.cpus > 0):
@@ -112,18 +121,172 @@ def cpu_slowdown(solo: RateSample, sample: RateSample) -> float:
 
 
 def oversubscription(sample: RateSample) -> float:
-    """Jobs per core of the sample's worker (one core per job at most)."""
-    return sample.k / sample.cpus
+    """Threads per core of the sample's worker: r = k * threads / cpus."""
+    return sample.k * sample.threads / sample.cpus
 
 
 def fit_exponent(points: Sequence[tuple[float, float]]) -> float:
     """The gamma of ``factor = r ** gamma`` that fits ``(r, factor)`` points best in log space
     (least squares through r = 1, factor = 1); points with r <= 1 say nothing and are skipped.
     Never negative: a measured speed-up from sharing is noise, not a model."""
-    usable = [(math.log(r), math.log(f)) for r, f in points if r > 1 and f > 0]
+    return fit_relative_exponent([(r, 1.0, f) for r, f in points])
+
+
+def fit_relative_exponent(points: Sequence[tuple[float, float, float]]) -> float:
+    """``fit_exponent`` for factors measured against a reference that may itself be
+    oversubscribed: ``(r, r_ref, factor)`` with factor = (max(1, r) / max(1, r_ref)) ** gamma."""
+    usable = [
+        (math.log(max(1.0, r)) - math.log(max(1.0, ref)), math.log(f))
+        for r, ref, f in points
+        if f > 0 and max(1.0, r) > max(1.0, ref)
+    ]
     if not usable:
         raise ValueError("no oversubscribed sample to fit")
     return max(0.0, sum(x * y for x, y in usable) / sum(x * x for x, _ in usable))
+
+
+# --- threads -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadPoint:
+    """One window of the thread measurement and the cores the machine's other work used
+    meanwhile."""
+
+    sample: RateSample
+    foreign: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    median: float
+    lo: float
+    hi: float
+
+    @classmethod
+    def of(cls, values: Sequence[float], per: float = 1.0) -> Spread:
+        return cls(statistics.median(values) / per, min(values) / per, max(values) / per)
+
+    def text(self, fmt: str = ".2f") -> str:
+        return f"{self.median:{fmt}} [{self.lo:{fmt}}-{self.hi:{fmt}}]"
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadRow:
+    """One (threads, budget, k) point over its windows. Ratios are to the median of the
+    one-job windows of the same threads and budget (a window the machine's other work
+    disturbed moves a median less than a pairing)."""
+
+    threads: int
+    cpus: float
+    k: int
+    r: float  # threads per core the worker's threads run on
+    ms_per_step: Spread  # CPU milliseconds per step (cpuacct)
+    slowdown: Spread  # CPU per step over one T-thread job alone on this budget
+    throughput: Spread  # all k jobs' steps/s over one T-thread job alone's on this budget
+    utilisation: float  # median share of the budget the jobs used
+    foreign: float  # median cores the machine's other work used
+
+    def cells(self) -> list[str]:
+        return [
+            str(self.threads), f"{self.cpus:g}", str(self.k), f"{self.r:g}", self.ms_per_step.text(".1f"),
+            self.slowdown.text(), self.throughput.text(), f"{100 * self.utilisation:.0f} %",
+            f"{self.foreign:.2f}",
+        ]  # fmt: skip
+
+
+THREAD_COLUMNS = (
+    "T", "budget (CPU)", "k", "r = kT/cores", "CPU ms/step", "slowdown (CPU/step vs alone)",
+    "throughput (all k vs alone)", "budget used", "other load (cores)",
+)  # fmt: skip
+
+
+def _grouped(points: Sequence[ThreadPoint]) -> dict[tuple[int, float, int], list[ThreadPoint]]:
+    """Windows by (threads, budget, k), sorted."""
+    out: dict[tuple[int, float, int], list[ThreadPoint]] = {}
+    for p in points:
+        out.setdefault((p.sample.threads, p.sample.cpus, p.sample.k), []).append(p)
+    return dict(sorted(out.items()))
+
+
+def thread_rows(points: Sequence[ThreadPoint], *, cores: int) -> list[ThreadRow]:
+    """The table: one row per (threads, budget, k); ``cores``: the CPUs the worker's
+    threads could run on."""
+    groups = _grouped(points)
+    rows = []
+    for (threads, cpus, k), windows in groups.items():
+        alone = groups.get((threads, cpus, 1))
+        if not alone:
+            continue
+        solo_cpu = statistics.median(p.sample.cpu_per_step for p in alone)
+        solo_rate = statistics.median(sum(p.sample.rates) for p in alone)
+        samples = [p.sample for p in windows]
+        rows.append(
+            ThreadRow(
+                threads=threads,
+                cpus=cpus,
+                k=k,
+                r=k * threads / cores,
+                ms_per_step=Spread.of([1000 * s.cpu_per_step for s in samples]),
+                slowdown=Spread.of([s.cpu_per_step for s in samples], solo_cpu),
+                throughput=Spread.of([sum(s.rates) for s in samples], solo_rate),
+                utilisation=statistics.median(s.utilisation for s in samples),
+                foreign=statistics.median(p.foreign for p in windows),
+            )
+        )
+    return rows
+
+
+def thread_ratios(
+    points: Sequence[ThreadPoint], *, threads: int, cores: int
+) -> list[tuple[float, float, float]]:
+    """``(r, r_alone, factor)`` for every window of k > 1 ``threads``-thread jobs: its CPU
+    per step over the median one job alone has on the same budget, r = k * threads / cores
+    (``fit_relative_exponent``'s input)."""
+    groups = _grouped(points)
+    out = []
+    for (t, cpus, k), windows in groups.items():
+        alone = groups.get((t, cpus, 1))
+        if t != threads or k == 1 or not alone:
+            continue
+        solo = statistics.median(p.sample.cpu_per_step for p in alone)
+        out += [(k * t / cores, t / cores, p.sample.cpu_per_step / solo) for p in windows]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadFit:
+    threads: int
+    overhead: float  # SimParams.thread_overhead: wall clock, see fit_threads
+    cpu_overhead: float  # the same from CPU accounting (lower: it leaves out idle cores)
+    exponent: float  # SimParams.thread_exponent
+    ratios: tuple[tuple[float, float, float], ...]  # what the exponent was fitted to
+
+
+def fit_threads(points: Sequence[ThreadPoint], *, threads: int, cores: int) -> ThreadFit:
+    """``thread_overhead`` and ``thread_exponent`` for jobs of ``threads`` threads.
+
+    exponent: ``fit_relative_exponent`` of ``thread_ratios`` (CPU accounting).
+    overhead: ``threads / (rate * c1)``, medians over windows: a T-thread job alone on a
+    budget of T CPUs (``rate``: its steps/s) against ``c1``, a one-thread job's CPU per step
+    alone on that budget: what its step costs in the simulator's terms (job_cores = T
+    cores, step_cost = one thread's). Wall clock, so the simulated job runs at the measured
+    speed, cores its threads leave idle included; ``cpu_overhead`` is the CPU-accounting
+    figure (CPU per step over ``c1``)."""
+    groups = _grouped(points)
+    multi = groups.get((threads, float(threads), 1))
+    single = groups.get((1, float(threads), 1))
+    if not (multi and single):
+        raise ValueError(f"need a {threads}-thread and a 1-thread job alone on {threads} CPUs")
+    c1 = statistics.median(p.sample.cpu_per_step for p in single)
+    ratios = thread_ratios(points, threads=threads, cores=cores)
+    return ThreadFit(
+        threads=threads,
+        overhead=max(1.0, threads / (statistics.median(p.sample.mean_rate for p in multi) * c1)),
+        cpu_overhead=statistics.median(p.sample.cpu_per_step for p in multi) / c1,
+        exponent=fit_relative_exponent(ratios),
+        ratios=tuple(ratios),
+    )
 
 
 # --- mapping a real workload ---------------------------------------------------------

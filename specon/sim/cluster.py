@@ -1,16 +1,19 @@
 """The simulated runtime: workers with CPU capacity, jobs that train on them, migrations.
 
-Contention model (weighted processor sharing). A job is single-threaded: it uses at most
-``job_cores`` (default 1) cores. A worker's capacity is split among the jobs running on
-it in proportion to their CPU weights (all equal unless a priority rule sets them, see
-``specon.policy.priority``), none getting more than ``job_cores``: what a capped job
-cannot use goes to the others by the same weights (water-filling), as the kernel's fair
-scheduler shares a cgroup's CPU among weighted children. When the worker is
-oversubscribed (r = ``n * job_cores / capacity`` > 1), every step also costs
-``interference * r ** interference_exponent`` times as much (cache and context-switch
-losses of time-sharing and of quota throttling). ``SimParams()`` is ideal sharing;
-``DEFAULT_PARAMS`` holds the measured values (see there). A job alone at full speed does
-``1 / step_cost`` steps per second.
+Contention model (weighted processor sharing). A job uses at most ``job_cores`` cores (1:
+single-threaded; a job of ``job_threads`` threads spans that many cores). A worker's
+capacity is split among the jobs running on it in proportion to their CPU weights (all
+equal unless a priority rule sets them, see ``specon.policy.priority``), none getting more
+than ``job_cores``: what a capped job cannot use goes to the others by the same weights
+(water-filling), as the kernel's fair scheduler shares a cgroup's CPU among weighted
+children. A step costs ``SimParams.slowdown(r)`` times ``step_cost`` CPU-seconds, r =
+``n * job_cores / capacity`` (threads per core): for single-threaded jobs
+``interference * r ** interference_exponent`` once oversubscribed (r > 1; cache and
+context-switch losses of time-sharing and of quota throttling), for multi-threaded ones
+(``job_threads`` > 1) ``thread_overhead`` times ``interference * r ** thread_exponent``
+(a thread spin-waits for a sibling the scheduler took off its core). ``SimParams()`` is
+ideal sharing; ``DEFAULT_PARAMS`` holds the measured values (see there). A job alone at
+full speed does ``job_cores / (step_cost * slowdown)`` steps per second.
 
 Jobs progress continuously between events: each worker keeps one completion event (the
 earliest finish among its jobs), recomputed whenever its set of jobs changes.
@@ -55,9 +58,24 @@ class SimParams:
     # Slowdown growing with oversubscription r = jobs * job_cores / cpu (> 1):
     # interference * r ** interference_exponent. 0 = the constant ``interference``.
     interference_exponent: float = 0.0
+    # Torch threads per job; > 1 switches to the thread law below (set job_cores to the
+    # cores its threads span: job_threads on workers of real cores, the worker's cpu on the
+    # scenarios' one-node workers).
+    job_threads: int = 1
+    # A multi-threaded job alone: step time x its cores over one thread's step cost (1 =
+    # perfect scaling). Oversubscribed, also x interference * r ** thread_exponent.
+    thread_overhead: float = 1.0
+    thread_exponent: float = 0.0
 
     def __post_init__(self) -> None:
         problems = []
+        if self.job_threads < 1:
+            problems.append(f"job_threads must be >= 1, got {self.job_threads}")
+        # >= 1 keeps ``specon.sim.policies.lower_bound`` (no job faster than job_cores) valid.
+        if not (math.isfinite(self.thread_overhead) and self.thread_overhead >= 1.0):
+            problems.append(f"thread_overhead must be >= 1 (1 = perfect scaling), got {self.thread_overhead}")
+        if not (math.isfinite(self.thread_exponent) and self.thread_exponent >= 0):
+            problems.append(f"thread_exponent must be >= 0, got {self.thread_exponent}")
         if not (math.isfinite(self.job_cores) and self.job_cores > 0):
             problems.append(f"job_cores must be > 0, got {self.job_cores}")
         if not (math.isfinite(self.interference) and self.interference >= 1.0):
@@ -70,6 +88,13 @@ class SimParams:
             problems.append(f"max_samples_per_tick must be >= 2, got {self.max_samples_per_tick}")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def slowdown(self, r: float) -> float:
+        """Per-step cost multiplier at r = jobs * job_cores / cpu (see the module docstring)."""
+        over = r > 1 + 1e-12
+        if self.job_threads > 1:
+            return self.thread_overhead * (self.interference * r**self.thread_exponent if over else 1.0)
+        return self.interference * r**self.interference_exponent if over else 1.0
 
 
 # Measured on the local runtime by ``python -m bench bench_calibration`` (2-core AMD EPYC,
@@ -278,8 +303,7 @@ class Cluster:
             for job in jobs:
                 job.weight = weights[job.id]
         shares = water_fill(w.spec.cpu, [j.weight for j in jobs], p.job_cores)
-        over = n * p.job_cores / w.spec.cpu
-        slowdown = p.interference * over**p.interference_exponent if over > 1 + 1e-12 else 1.0
+        slowdown = p.slowdown(n * p.job_cores / w.spec.cpu)
         first = math.inf
         for job, cores in zip(jobs, shares, strict=True):
             job.cores = cores

@@ -14,8 +14,11 @@ from hypothesis import strategies as st
 from specon.evaluation import JobResult, MigrationRecord, RunResult
 from specon.sim.calibration import (
     RateSample,
+    ThreadPoint,
     cpu_slowdown,
     fit_exponent,
+    fit_relative_exponent,
+    fit_threads,
     gap,
     load_params,
     oversubscription,
@@ -27,6 +30,8 @@ from specon.sim.calibration import (
     sim_workload,
     slowdown,
     smoothed,
+    thread_ratios,
+    thread_rows,
     truncated,
 )
 from specon.sim.cluster import DEFAULT_PARAMS, SimParams
@@ -304,7 +309,25 @@ def test_params_files_are_read_as_yaml_1_2_like_the_policy(tmp_path: Path) -> No
         '{\n  "job_cores": 1.0,\n  "interference": 1.0,\n  "migration_downtime": 8.4,\n'
         '  "max_samples_per_tick": 64,\n  "interference_exponent": 0.072\n}\n'
     )
-    assert load_params(old, base=SimParams()) == DEFAULT_PARAMS
+    # (the thread law's fields it predates keep the base's values)
+    assert load_params(old, base=SimParams()) == replace(
+        DEFAULT_PARAMS, thread_overhead=1.0, thread_exponent=0.0
+    )
+
+
+def test_params_files_set_the_thread_law(tmp_path: Path) -> None:
+    y = tmp_path / "threads.yaml"
+    y.write_text("job_threads: 2\njob_cores: 2\n")
+    p = load_params(y)
+    assert (p.job_threads, p.job_cores) == (2, 2.0)
+    assert (p.thread_overhead, p.thread_exponent) == (
+        DEFAULT_PARAMS.thread_overhead,
+        DEFAULT_PARAMS.thread_exponent,
+    )
+    with pytest.raises(ValueError, match="job_threads: expected an integer"):
+        params_from_dict({"job_threads": 1.5})
+    with pytest.raises(ValueError, match="thread_overhead must be >= 1"):
+        params_from_dict({"thread_overhead": 0.5})
 
 
 def test_fit_exponent_recovers_a_power_law_and_skips_what_says_nothing() -> None:
@@ -322,3 +345,90 @@ def test_the_fitted_slowdown_is_what_the_simulator_applies() -> None:
     wl = sim_workload(jobs, workers=1, cpus_per_worker=0.5, traces=TRACES)
     run = simulate(wl, make_policy("ds"), params=SimParams(interference_exponent=0.1))
     assert [j.jct for j in run.jobs] == pytest.approx([100 * 0.04 * 4**0.1 / 0.25] * 2)
+
+
+# --- threads -----------------------------------------------------------------------------
+
+
+def test_fit_relative_exponent_recovers_a_power_law_against_an_oversubscribed_reference() -> None:
+    # k two-thread jobs on 2 cores against one alone (r = 1), and on a reference at r = 2.
+    points = [(r, 1.0, r**1.3) for r in (2.0, 3.0, 4.0)] + [(r, 2.0, (r / 2) ** 1.3) for r in (4.0, 8.0)]
+    assert fit_relative_exponent(points) == pytest.approx(1.3)
+    assert fit_relative_exponent([(2.0, 0.5, 2.0**0.5)]) == pytest.approx(0.5)  # r <= 1 counts as 1
+    with pytest.raises(ValueError, match="no oversubscribed sample"):
+        fit_relative_exponent([(1.0, 0.5, 1.1), (2.0, 2.0, 1.2)])
+
+
+C1 = 0.025  # CPU-seconds per step of one one-thread job alone
+
+
+def _point(threads: int, k: int, cpus: float, *, cpu: float, rate: float) -> ThreadPoint:
+    """k jobs doing ``rate`` steps/s together at ``cpu`` CPU-seconds a step over a 10 s window."""
+    sample = RateSample(
+        k=k, cpus=cpus, rates=(rate / k,) * k, cpu_seconds=cpu * rate * 10, seconds=10.0, threads=threads
+    )
+    return ThreadPoint(sample, 0.0)
+
+
+def _synthetic(gamma: float, overhead: float, cpu_overhead: float, *, rounds: int = 1) -> list[ThreadPoint]:
+    """What the bench would measure on 2 cores if the simulator's thread law held."""
+    out = []
+    for rnd in range(rounds):
+        noise = (1.0, 1.02, 0.98)[rnd % 3]  # a round's drift: the same for all of its points
+        for cpus in (1.0, 2.0):
+            out.append(_point(1, 1, cpus, cpu=C1 * noise, rate=1 / (C1 * noise)))
+            alone_rate = 2 / (overhead * C1) if cpus == 2.0 else cpus / (cpu_overhead * C1)
+            for k in (1, 2, 3, 4):
+                factor = k**gamma  # r = k * 2 threads / 2 cores
+                cpu = C1 * cpu_overhead * factor * noise
+                out.append(_point(2, k, cpus, cpu=cpu, rate=alone_rate / factor / noise))
+    return out
+
+
+def test_fit_threads_recovers_a_known_exponent_and_overhead() -> None:
+    fit = fit_threads(_synthetic(1.25, 1.8, 1.5), threads=2, cores=2)
+    assert fit.exponent == pytest.approx(1.25)
+    assert (fit.overhead, fit.cpu_overhead) == pytest.approx((1.8, 1.5))
+    assert len(fit.ratios) == 2 * 3  # budgets x k > 1
+    # Rounds that drift alike move the medians alike: the same fit.
+    drifting = fit_threads(_synthetic(1.25, 1.8, 1.5, rounds=3), threads=2, cores=2)
+    assert drifting.exponent == pytest.approx(1.25, abs=0.02)
+    assert (drifting.overhead, drifting.cpu_overhead) == pytest.approx((1.8, 1.5))
+    # The simulator with these constants reproduces the synthetic multipliers.
+    params = SimParams(
+        job_threads=2, job_cores=2.0, thread_overhead=fit.overhead, thread_exponent=fit.exponent
+    )
+    for k in (2, 3, 4):
+        assert params.slowdown(k * 2 / 2) / params.slowdown(1.0) == pytest.approx(k**1.25)
+    with pytest.raises(ValueError, match="alone on 2 CPUs"):
+        fit_threads([p for p in _synthetic(1.0, 1.8, 1.5) if p.sample.cpus == 1.0], threads=2, cores=2)
+
+
+@given(st.floats(0.0, 3.0), st.floats(1.0, 4.0))
+@settings(max_examples=50, deadline=None)
+def test_fit_threads_recovers_any_exponent(gamma: float, overhead: float) -> None:
+    fit = fit_threads(_synthetic(gamma, overhead, 1.0), threads=2, cores=2)
+    assert fit.exponent == pytest.approx(gamma, abs=1e-9)
+    assert fit.overhead == pytest.approx(overhead)
+
+
+def test_thread_rows_take_ratios_to_the_median_job_alone() -> None:
+    points = [
+        _point(1, 1, 1.0, cpu=0.020, rate=50.0), _point(1, 1, 1.0, cpu=0.021, rate=48.0),
+        _point(1, 1, 1.0, cpu=0.080, rate=12.0),  # disturbed: the median leaves it out
+        _point(1, 2, 1.0, cpu=0.022, rate=45.0), _point(1, 2, 1.0, cpu=0.0231, rate=40.0),
+        _point(1, 2, 1.0, cpu=0.0252, rate=36.0),
+        _point(2, 2, 1.0, cpu=0.5, rate=1.0),  # no two-thread job alone: no row
+    ]  # fmt: skip
+    solo, pair = thread_rows(points, cores=2)
+    assert (pair.threads, pair.cpus, pair.k, pair.r) == (1, 1.0, 2, 1.0)
+    assert (pair.slowdown.median, pair.slowdown.lo, pair.slowdown.hi) == pytest.approx(
+        (1.1, 0.022 / 0.021, 1.2)
+    )
+    assert (pair.throughput.median, pair.throughput.hi) == pytest.approx((40 / 48, 45 / 48))
+    assert pair.ms_per_step.median == pytest.approx(23.1)
+    assert solo.slowdown.median == 1.0
+    assert len(pair.cells()) == 9
+    ratios = thread_ratios(points, threads=1, cores=2)
+    assert [(r, ref) for r, ref, _ in ratios] == [(1.0, 0.5)] * 3
+    assert [f for _, _, f in ratios] == pytest.approx([0.022 / 0.021, 1.1, 1.2])

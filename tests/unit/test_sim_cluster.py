@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
 from specon.builders import job_plan, trace, workload
 from specon.model import WorkerId
-from specon.sim.cluster import Cluster, JobPlan, Phase, SimJob, SimParams, WorkerSpec, Workload
+from specon.sim.cluster import (
+    DEFAULT_PARAMS,
+    Cluster,
+    JobPlan,
+    Phase,
+    SimJob,
+    SimParams,
+    WorkerSpec,
+    Workload,
+    water_fill,
+)
 from specon.sim.engine import Engine
 from specon.sim.trace import Trace
 
@@ -25,11 +37,20 @@ T100 = _countdown(100)
 IDEAL = SimParams()  # processor sharing without interference: the arithmetic below
 
 
-def _run(workers: dict[str, float], jobs: list[JobPlan], params: SimParams = IDEAL) -> Cluster:
+def _run(
+    workers: dict[str, float],
+    jobs: list[JobPlan],
+    params: SimParams = IDEAL,
+    weights: dict[str, float] | None = None,
+) -> Cluster:
     """Start every job at its submit time on its own worker; run to the end."""
     engine = Engine()
     wl = workload(workers, jobs)
-    cluster = Cluster(engine, wl, params)
+
+    def weigh(running: Sequence[SimJob]) -> dict[str, float]:
+        return {j.id: (weights or {}).get(j.id, 1.0) for j in running}
+
+    cluster = Cluster(engine, wl, params, weigh=weigh if weights else None)
     for plan in wl.jobs:
         job = cluster.jobs[plan.id]
         assert plan.worker is not None
@@ -71,6 +92,47 @@ def test_interference_slows_oversubscribed_workers_only() -> None:
     assert c.jobs["a"].finish == pytest.approx(250.0)
     c = _run({"w1": 1.0}, [job_plan("a", T100)], params)
     assert c.jobs["a"].finish == pytest.approx(100.0)
+
+
+# Two-thread jobs on workers of real cores (job_cores = threads), made-up law constants.
+THREADED = SimParams(job_threads=2, job_cores=2.0, thread_overhead=1.5, thread_exponent=1.2)
+
+
+def test_the_threaded_slowdown_is_the_overhead_times_a_power_of_threads_per_core() -> None:
+    assert THREADED.slowdown(0.5) == THREADED.slowdown(1.0) == 1.5  # not oversubscribed
+    assert THREADED.slowdown(3.0) == pytest.approx(1.5 * 3.0**1.2)
+    assert replace(THREADED, interference=1.1).slowdown(2.0) == pytest.approx(1.5 * 1.1 * 2.0**1.2)
+    # One thread per job: the single-threaded law; the thread constants do nothing.
+    one = replace(THREADED, job_threads=1, interference_exponent=0.072)
+    assert one.slowdown(1.0) == 1.0
+    assert one.slowdown(4.0) == pytest.approx(4.0**0.072)
+    assert DEFAULT_PARAMS.job_threads == 1 and DEFAULT_PARAMS.job_cores == 1.0
+
+
+def test_a_threaded_job_uses_as_many_cores_as_it_has_threads() -> None:
+    # Alone on 2 cores: both, each step 1.5 x the one-thread cost: 100 * 1.5 / 2 s.
+    c = _run({"w1": 2.0}, [job_plan("a", T100)], THREADED)
+    assert c.jobs["a"].finish == pytest.approx(75.0)
+    # Two on 2 cores: a core each, r = 2 threads per core.
+    c = _run({"w1": 2.0}, [job_plan("a", T100), job_plan("b", T100)], THREADED)
+    assert c.jobs["a"].finish == pytest.approx(100 * 1.5 * 2.0**1.2)
+    # Two on 4 cores: two cores each, r = 1.
+    c = _run({"w1": 4.0}, [job_plan("a", T100), job_plan("b", T100)], THREADED)
+    assert [c.jobs["a"].finish, c.jobs["b"].finish] == pytest.approx([75.0, 75.0])
+
+
+def test_water_filling_caps_each_job_at_the_cores_of_its_threads() -> None:
+    assert water_fill(3.0, [1.0, 1.0], 2.0) == [1.5, 1.5]
+    assert water_fill(3.0, [3.0, 1.0], 2.0) == pytest.approx([2.0, 1.0])  # 2.25 capped at 2
+    assert water_fill(5.0, [1.0, 1.0], 2.0) == [2.0, 2.0]  # a core stays idle
+    # In the simulator: on 3 cores, weights 3:1 give a 2 cores (its threads) and b 1;
+    # r = 2 jobs * 2 cores / 3, and a's finish frees all 3 for b (capped at 2).
+    c = _run({"w1": 3.0}, [job_plan("a", T100), job_plan("b", T100)], THREADED, weights={"a": 3.0})
+    step = 1.5 * (4 / 3) ** 1.2  # both jobs' step cost multiplier while they share
+    a_done = 100 * step / 2.0
+    assert c.jobs["a"].finish == pytest.approx(a_done)
+    b_left = 100 - a_done / step  # b did a_done seconds at one core
+    assert c.jobs["b"].finish == pytest.approx(a_done + b_left * 1.5 / 2.0)
 
 
 def test_a_move_costs_the_downtime_and_keeps_progress() -> None:
@@ -125,6 +187,8 @@ def test_many_samples_are_compressed_keeping_their_mean_and_last_value() -> None
 def test_bad_parameters_are_rejected_with_a_reason() -> None:
     with pytest.raises(ValueError, match="interference"):
         SimParams(interference=0.5)
+    with pytest.raises(ValueError, match=r"job_threads must be >= 1.*thread_overhead.*thread_exponent"):
+        SimParams(job_threads=0, thread_overhead=0.9, thread_exponent=-1.0)
     with pytest.raises(ValueError, match="cpu"):
         WorkerSpec(WorkerId("w"), cpu=0.0)
     with pytest.raises(ValueError, match="step_cost"):
