@@ -147,6 +147,11 @@ class MigrationConfig:
     min_residence: float = 60.0
     move_downtime: float = 8.4
     restore_cpu: float = 2.5
+    # Fairness of a move under shortest-first priority: the moved job may go ahead of a job
+    # on the target only if it needs at most this share of that job's remaining work (so no
+    # job waits more than half again its own remaining time for one move). Measured: without
+    # it one A5 job took x2.5 its DS JCT (`python -m bench bench_sim`).
+    max_push: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +286,8 @@ DOCS: dict[str, str] = {
     "migration.min_residence": "seconds a job stays on a worker before any move (no thrashing)",
     "migration.move_downtime": "seconds a moved job is expected not to run (measured), a cost of a move",
     "migration.restore_cpu": "CPU-seconds a restore is expected to take from the target's jobs (measured)",
+    "migration.max_push": "a moved job may go ahead of a job on the target (shortest first) only if it "
+    "needs at most this share of that job's remaining work",
     "migration.dry_run": "decide and record migrations but never touch a container",
     "priority": "Priority on the node: CPU weights among a worker's containers (specon.policy.priority)",
     "priority.rule": "none: equal weights; fsp: first to finish under equal sharing first; "
@@ -290,6 +297,8 @@ DOCS: dict[str, str] = {
     "priority.fsp": "fsp: the job that would finish first under equal sharing first "
     "(Fair Sojourn Protocol: SRPT's mean, no job far behind its fair-shared time)",
     "priority.fsp.ratio": "weight of one rank over the next (100: near-strict; 1: fair sharing)",
+    "priority.fsp.aging": "share of a job's deficit against equal sharing taken off its remaining "
+    "work (1: FSP, no job far behind fair sharing; 0: plain shortest remaining first)",
     "priority.srpt": "srpt: shortest remaining work (declared or predicted steps x CPU per step) first",
     "priority.srpt.ratio": "weight of one rank over the next (100: near-strict; 1: fair sharing)",
     "priority.optimus": "optimus: shares by marginal gain in remaining time (Optimus, EuroSys '18)",
@@ -503,7 +512,7 @@ def _semantic_problems(p: Policy) -> list[codec.Problem]:
     )
     positive("migration.restore_timeout", mi.restore_timeout)
     positive("migration.park_after", mi.park_after)
-    for name in ("min_residence", "move_downtime", "restore_cpu"):
+    for name in ("min_residence", "move_downtime", "restore_cpu", "max_push"):
         value = getattr(mi, name)
         need(math.isfinite(value) and value >= 0, f"migration.{name}", f"must be >= 0, got {value}")
 

@@ -117,6 +117,8 @@ def decide_pass(
     move = None
     if rebalance and not in_flight and not waiting and should_rebalance(snapshot, policy.rebalance):
         moves = _rebalance_moves(snapshot, policy, idx)
+        if moves and policy.placement.require_gain and work.unfair(snapshot, moves[0], costs_of(policy)):
+            moves = []  # it would make a job on the target wait too long (migration.max_push)
         if moves and budget.room() and budget.free(moves[0].source) and budget.free(moves[0].target):
             move = moves[0]
     return Pass(tuple(dropped), tuple(deferred), tuple(refused), decision, move)
@@ -130,6 +132,7 @@ def costs_of(policy: Policy) -> work.Costs:
         restore_cpu=mi.restore_cpu,
         min_residence=mi.min_residence,
         shortest_first=policy.priority.rule in SHORTEST_FIRST,
+        max_push=policy.migration.max_push,
     )
 
 

@@ -28,6 +28,7 @@ predicted total completion time are searched as sources and targets.
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,9 @@ class Costs:
     restore_cpu: float  # CPU-seconds the restore takes from the target's jobs
     min_residence: float  # seconds a job stays on a worker before it may move again
     shortest_first: bool  # the node serves shortest remaining work first (else shares equally)
+    # Fairness: a moved job may go ahead of a job on the target (shortest first) only if its
+    # work is at most this share of that job's own remaining work (inf: no limit).
+    max_push: float = math.inf
 
 
 def flow(works: Sequence[float], cpu: float, *, shortest_first: bool) -> float:
@@ -112,6 +116,8 @@ def best_move(
             for t in targets:
                 if t is s or not fits(c, t.snap):
                     continue
+                if costs.shortest_first and pushes_too_far(x, t.works, costs.max_push):
+                    continue
                 grown = list(t.works)
                 bisect.insort(grown, x)
                 added = flow(grown, t.snap.capacity.cpu, shortest_first=costs.shortest_first) - t.flow
@@ -120,6 +126,27 @@ def best_move(
                 if gain > min_gain and (best is None or gain > best[1]):
                     best = (Move(c.id, s.snap.id, t.snap.id, reason="rebalance"), gain)
     return best
+
+
+def pushes_too_far(work: float, target: Sequence[float], max_push: float) -> bool:
+    """Whether a job of ``work`` would go ahead of a job on the target whose own remaining
+    work is less than ``work / max_push`` (it would wait more than that share of it)."""
+    return any(work < r < work / max_push for r in target) if max_push > 0 else any(r > work for r in target)
+
+
+def unfair(snapshot: ClusterSnapshot, move: Move, costs: Costs) -> bool:
+    """Whether ``move`` would push its job too far ahead of one on the target (``max_push``)."""
+    if not costs.shortest_first:
+        return False
+    moved = next((c.remaining_work for c in snapshot.containers if c.id == move.container), None)
+    if moved is None:
+        return False
+    target = [
+        c.remaining_work
+        for c in snapshot.containers
+        if c.worker == move.target and c.remaining_work is not None
+    ]
+    return pushes_too_far(moved, target, costs.max_push)
 
 
 def move_gain(snapshot: ClusterSnapshot, move: Move, costs: Costs) -> float | None:
@@ -142,6 +169,8 @@ def move_gain(snapshot: ClusterSnapshot, move: Move, costs: Costs) -> float | No
     rest = list(s_works)
     if moved in rest:
         rest.remove(moved)
+    if sf and pushes_too_far(moved, t_works, costs.max_push):
+        return -math.inf
     grown = sorted([*t_works, moved])
     saved = flow(s_works, s_cpu, shortest_first=sf) - flow(rest, s_cpu, shortest_first=sf)
     added = flow(grown, t_cpu, shortest_first=sf) - flow(t_works, t_cpu, shortest_first=sf)

@@ -102,3 +102,21 @@ def test_rebalance_mode_work_moves_by_the_work_model() -> None:
     policy = replace(base, rebalance=replace(base.rebalance, mode="work"))
     p = decide_pass(snap, requests=[], in_flight=[], policy=policy)
     assert p.rebalance is not None and (p.rebalance.source, p.rebalance.target) == ("a", "b")
+
+
+def test_a_move_may_not_push_a_job_too_far_ahead_of_one_on_the_target() -> None:
+    # 100 s of work would go ahead of a job with 150 s left: it would wait 2/3 of its own
+    # remaining time, more than max_push (1/2) allows; ahead of one with 250 s left it may.
+    assert work.pushes_too_far(100.0, [150.0], 0.5)
+    assert not work.pushes_too_far(100.0, [250.0], 0.5)
+    assert not work.pushes_too_far(100.0, [50.0], 0.5)  # shorter: it runs first anyway
+    snap = snapshot(
+        [worker("a", cpu=1), worker("b", cpu=1)],
+        [_job("x", "a", 100.0), _job("y", "a", 400.0), _job("z", "b", 150.0)],
+        now=NOW,
+    )
+    fair = replace(FREE, max_push=0.5)
+    move = Move(ContainerId("x"), "a", "b", reason="rebalance")  # type: ignore[arg-type]
+    assert work.unfair(snap, move, fair)
+    assert work.move_gain(snap, move, fair) == float("-inf")
+    assert not work.unfair(snap, move, FREE)

@@ -22,6 +22,7 @@ size estimate come last, least attained service first among them.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,27 +35,35 @@ from specon.policy.priority.base import JobProgress, least_first, ranked_weights
 class Args:
     # Weight of one rank over the next: 100 is near-strict priority, 1 fair sharing.
     ratio: float = 100.0
+    # How much of a job's deficit against equal sharing (the CPU it would have had minus the
+    # CPU it got) comes off its remaining work: 1 is FSP, 0 plain shortest-remaining-first.
+    aging: float = 1.0
 
 
 def problems(args: Args) -> list[str]:
-    return ratio_problems(args.ratio)
+    out = ratio_problems(args.ratio)
+    if not (math.isfinite(args.aging) and 0 <= args.aging <= 1):
+        out.append(f"aging: must be in [0, 1], got {args.aging}")
+    return out
 
 
-def virtual_remaining(jobs: Sequence[JobProgress]) -> dict[ContainerId, float | None]:
-    """Each job's work left under equal sharing, CPU-seconds (None: its size is unknown)."""
+def virtual_remaining(jobs: Sequence[JobProgress], aging: float = 1.0) -> dict[ContainerId, float | None]:
+    """Each job's work left under equal sharing, CPU-seconds (None: its size is unknown):
+    its remaining work less ``aging`` times its deficit against equal sharing."""
     costs = [c for j in jobs if (c := j.cpu_per_step) is not None]
     typical = statistics.median(costs) if costs else 1.0
     out: dict[ContainerId, float | None] = {}
     for j in jobs:
         left = j.steps_left
         cost = j.cpu_per_step or typical
-        out[j.id] = None if left is None else (j.step + left) * cost - j.fair_seconds
+        deficit = j.fair_seconds - j.step * cost
+        out[j.id] = None if left is None else left * cost - aging * deficit
     return out
 
 
-def order(jobs: Sequence[JobProgress]) -> list[ContainerId]:
-    return least_first(jobs, virtual_remaining(jobs))
+def order(jobs: Sequence[JobProgress], aging: float = 1.0) -> list[ContainerId]:
+    return least_first(jobs, virtual_remaining(jobs, aging))
 
 
 def weights(jobs: Sequence[JobProgress], args: Args) -> dict[ContainerId, int]:
-    return ranked_weights(order(jobs), args.ratio)
+    return ranked_weights(order(jobs, args.aging), args.ratio)
