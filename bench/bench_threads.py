@@ -16,14 +16,19 @@ alike). A window opens once every running job has logged a record since the chan
   hence the aggregate wall-clock throughput (steps/s of all k jobs together), which also
   loses what quota throttling leaves idle;
 * the CPU the rest of the machine used (``/proc/stat`` less the worker's), reported per
-  point: a foreign process on a core stalls a multi-threaded job's barrier.
+  point: a foreign process on a core stalls a multi-threaded job's barrier. The bench's
+  cgroup weighs like as many processes as it runs threads (``_weigh``), and multi-threaded
+  windows the rest of the machine disturbed are measured again (``MAX_OTHER``).
 
 Per (T, budget, k): the median and spread over ``REPEATS`` rounds of the CPU per step over
-that of one T-thread job alone on that budget (the slowdown multiplier), and of the
-aggregate throughput over one job alone. ``specon.sim.calibration.fit_threads`` turns
-the samples into ``SimParams.thread_overhead`` and ``thread_exponent``; they are written
-to ``bench/results/threads_params.json`` (``specon sim --params``, with ``job_threads``
-set to the threads measured) and the table to ``bench/results/threads_table.md``.
+the median of one T-thread job alone on that budget (the slowdown multiplier), and of the
+aggregate throughput over one job alone's. ``specon.sim.calibration.fit_threads`` turns
+the windows into ``SimParams.thread_overhead`` and ``thread_exponent`` per model; pooled
+over the models they are written to ``bench/results/threads_params.json`` (``specon sim
+--params``: 2-thread jobs on workers of real cores) and the tables to
+``bench/results/threads_table.md``. Two full runs took 518 s and 496 s on 2 cores (at most
+``RETRY_SECONDS`` more per multi-threaded set, and the one-job windows' retries, on a busy
+machine); ``quick``: one model, one round of shorter windows.
 """
 
 from __future__ import annotations
