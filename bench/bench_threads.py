@@ -34,6 +34,7 @@ machine); ``quick``: one model, one round of shorter windows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import json
@@ -227,6 +228,8 @@ async def measure(
     name = f"thr{os.getpid()}{model}{threads}"
     async with LocalCluster(root, [max(c for c, _ in points)], name=name, cgroup_parent=CGROUP_PARENT) as cl:
         rt = cl.runtimes[WorkerId("w0")]
+        group = rt.budget.group
+        clusters = [] if group is None else [group.cpu_dir.parent, group.cpuacct_dir.parent]
         infos = [await rt.start(_spec(f"{model}-t{threads}-{i}", model, threads, i)) for i in range(n)]
         logs = [_Log(i.progress_path) for i in infos]
         out = []
@@ -253,7 +256,25 @@ async def measure(
                 print(f"      round {i + 1}: {got} ms/step ({_load()})", flush=True)
         finally:
             _signal(infos, signal.SIGCONT)  # stopped jobs would not act on teardown's SIGTERM
+    await _prune(clusters)
     return out
+
+
+async def _prune(clusters: Sequence[Path]) -> None:
+    """Remove what teardown left of this run's groups (a job's group can still be busy with
+    a process being killed when teardown removes it: EBUSY), then CGROUP_PARENT if empty."""
+    for _ in range(20):
+        for top in clusters:
+            below = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+            for d in [*below, top]:
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+        if not any(top.exists() for top in clusters):
+            break
+        await asyncio.sleep(0.1)
+    for top in clusters:
+        with contextlib.suppress(OSError):
+            top.parent.rmdir()  # another run's groups keep it (EBUSY/ENOTEMPTY)
 
 
 def _load() -> str:
