@@ -37,8 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from importlib import resources
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.bench_migration import _after, _records, _wait
@@ -46,6 +45,7 @@ from bench.figures import Figure
 from specon.config import load_policy
 from specon.demo import DemoJob, job_spec, make_workload, run_once
 from specon.evaluation import RunResult, percentile
+from specon.live_policies import DEMO_POLICY
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import JobSpec
 from specon.runtime.local import LocalRuntime
@@ -98,7 +98,6 @@ LOG_EVERY: int = inspect.signature(job_spec).parameters["log_every"].default
 GAP_TARGET = 0.10
 RESULTS = Path(__file__).resolve().parent / "results"
 PARAMS_FILE = RESULTS / "calibration_params.json"
-DEMO_POLICY = Path(str(resources.files("specon") / "data" / "demo-policy.yaml"))
 
 
 def _spec(jid: str, model: str, *, steps: int = 1_000_000, seed: int = 0, log_every: int = 5) -> JobSpec:
@@ -240,12 +239,19 @@ def run_real(jobs: Sequence[DemoJob], root: Path, *, with_specon: bool) -> RunRe
 
 
 def run_sim(
-    jobs: Sequence[DemoJob], *, policy: str, params: SimParams, startup: dict[str, float]
+    jobs: Sequence[DemoJob],
+    *,
+    policy: str,
+    params: SimParams,
+    startup: Mapping[str, float] | float,
+    workers: int = WORKERS,
+    cpus: float = CPUS,
 ) -> RunResult:
+    """The simulator's twin of a real run of ``jobs`` under ``policy`` (the demo's clock)."""
     workload = sim_workload(
         jobs,
-        workers=WORKERS,
-        cpus_per_worker=CPUS,
+        workers=workers,
+        cpus_per_worker=cpus,
         traces=load_traces(),
         startup_cpu=startup,
         log_every=LOG_EVERY,

@@ -25,16 +25,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.bench_calibration import run_sim
 from bench.figures import Figure
 from specon import logs
 from specon.config import policy_to_yaml
-from specon.demo import LOG_EVERY, DemoJob, make_workload, run_once
+from specon.demo import DemoJob, make_workload, run_once
 from specon.evaluation import RunResult, compare
 from specon.live_policies import live_policy
-from specon.sim.calibration import sim_workload
-from specon.sim.policies import make_policy
-from specon.sim.runner import simulate
-from specon.sim.trace import load_traces
+from specon.sim.cluster import DEFAULT_PARAMS
 from specon.workloads.registry import WORKLOADS
 
 WORKERS = 2
@@ -91,16 +89,7 @@ def _run(jobs: Sequence[DemoJob], name: str, root: Path) -> RunResult:
 
 
 def _sim(jobs: Sequence[DemoJob], name: str) -> RunResult:
-    workload = sim_workload(
-        jobs,
-        workers=WORKERS,
-        cpus_per_worker=CPUS,
-        traces=load_traces(),
-        startup_cpu=STARTUP_CPU,
-        log_every=LOG_EVERY,
-    )
-    base = live_policy("specon") if name == "specon" else None
-    return simulate(workload, make_policy(name, base=base))
+    return run_sim(jobs, policy=name, params=DEFAULT_PARAMS, startup=STARTUP_CPU, workers=WORKERS, cpus=CPUS)
 
 
 def _spread(xs: Sequence[float]) -> str:
