@@ -29,7 +29,7 @@ impossible() {
 
 # `criu check` through the wrapper in $1; its complaint on stderr when it fails.
 check() {
-    [[ -x "$1/criu" && -x "$1/tini-static" ]] || return 1
+    [[ -x "$1/criu" && -x "$1/tini-static" && ! -L "$1/tini-static" ]] || return 1
     local out
     out="$("$1/criu" check 2>&1)" && return 0
     printf '%s\n' "$out" | tail -n 5 >&2
@@ -104,12 +104,13 @@ exec "\$root/$ld" --library-path "\$root/usr/lib/x86_64-linux-gnu:\$root/lib/x86
     "\$root/usr/sbin/criu" "\$@"
 WRAPPER
     chmod 755 "$dest/bin/criu"
-    # tini-static is static: a relative link is enough.
-    [[ -x "$root/usr/bin/tini-static" ]] || {
+    # tini-static is static, but a copy, not a symlink: a container started with init=True under
+    # an --init-path that is a symlink checkpoints, then fails to restore ("criu failed: type
+    # NOTIFY").
+    cp "$root/usr/bin/tini-static" "$dest/bin/tini-static" || {
         log "the unpacked root has no usr/bin/tini-static"
         return 1
     }
-    ln -sf ../root/usr/bin/tini-static "$dest/bin/tini-static"
 }
 
 main() {
