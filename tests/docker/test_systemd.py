@@ -149,6 +149,44 @@ def test_agent_unit_restarts_and_heartbeats(manager: tuple[str, str, str], boote
     assert journal().count("specon.agent.started") == 2
 
 
+def test_manager_unit_runs_as_a_dynamic_user(booted: Any) -> None:
+    """The manager's unit, with its sandbox and syscall filter, serves an agent's unit."""
+    worker, token = f"sd-{secrets.token_hex(3)}", secrets.token_hex(32)
+    _put_secret(booted, "/etc/specon/agent-tokens.yaml", f"{worker}: {token}")
+    _put_secret(booted, TOKEN_INSIDE, token)
+    # The image's own /root (0700) stands between a DynamicUser= and the bound Python install;
+    # on a real host specon lives somewhere world-readable (/opt/specon).
+    _exec(booted, f"chmod 0755 /root && mkdir -p {VOLUME_INSIDE}")
+    host, port = _addr(), free_port()
+    url = f"http://{host}:{port}"
+    specon = BIN / "specon"
+    _exec(
+        booted,
+        f"{specon} systemd manager --agent-tokens /etc/specon/agent-tokens.yaml --listen {host}:{port} && "
+        f"{specon} systemd agent --manager {url} --worker {worker} --token-file {TOKEN_INSIDE} "
+        f"--volume {VOLUME_INSIDE} --listen {_addr()}:{free_port()}",
+    )
+    verify = booted.exec_run(["systemd-analyze", "verify", "/etc/systemd/system/specon-manager.service"])
+    assert verify.exit_code == 0 and not verify.output.strip(), verify.output.decode(errors="replace")
+    _exec(booted, "systemctl daemon-reload && systemctl start specon-manager specon-agent")
+
+    def journal() -> str:
+        return _exec(booted, "journalctl -u specon-manager -u specon-agent --no-pager -o cat", check=False)
+
+    _until(lambda: _heartbeat(url, worker), 30, "the agent's heartbeat at the manager's unit", journal)
+    shown = _exec(booted, "systemctl show -p MainPID,NRestarts specon-manager")
+    assert "NRestarts=0" in shown, journal()  # never killed by its syscall filter
+    pid = shown.split("MainPID=")[1].split()[0]
+    status = dict(
+        line.split(":", 1) for line in _exec(booted, f"cat /proc/{pid}/status").splitlines() if ":" in line
+    )
+    assert status["Uid"].split()[0] != "0"  # a dynamic user
+    assert int(status["CapEff"], 16) == 0 and int(status["CapBnd"], 16) == 0  # no capability at all
+    assert status["NoNewPrivs"].strip() == "1"
+    # The journal is in its state directory, owned by that user and by nobody else.
+    _exec(booted, "test -s /var/lib/private/specon-manager/journal.db")
+
+
 # -- helpers ----------------------------------------------------------------------------
 
 
