@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
@@ -73,13 +72,12 @@ from specon.runtime.cgroups import (
 )
 from specon.runtime.launcher import REASON_KILLED, REASON_LOST, ExitRecord, find_launcher, launcher_argv
 from specon.runtime.saving import run_save, unrecoverable
-from specon.runtime.volume import CorruptRecordError, JobPaths, Owner, iter_job_ids
+from specon.runtime.volume import CorruptRecordError, JobPaths, Owner, iter_job_ids, job_lock
 
 log = structlog.get_logger()
 
 _POLL_S = 0.05  # between liveness checks while waiting for a job to exit
 _KILL_WAIT_S = 5.0  # for a SIGKILLed group to disappear
-_LOCK_TIMEOUT_S = 10.0
 
 # Children of *this OS process*, by pid. Reaping is per process, not per runtime: a second
 # LocalRuntime in the same process (an agent restart in tests, a LocalCluster) reaps the
@@ -558,23 +556,8 @@ class LocalRuntime:
         if current is not None and current.run_id == owner.run_id:
             paths.clear_owner()
 
-    @contextlib.asynccontextmanager
-    async def _locked(self, paths: JobPaths) -> AsyncIterator[None]:
-        """The job's cross-process lock (flock; per open file, so it works in-process too)."""
-        fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        try:
-            deadline = time.monotonic() + _LOCK_TIMEOUT_S
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise RuntimeFailure(paths.job, f"{paths.lock} stayed locked") from None
-                    await self.sleep(0.01)
-            yield
-        finally:
-            os.close(fd)
+    def _locked(self, paths: JobPaths) -> contextlib.AbstractAsyncContextManager[None]:
+        return job_lock(paths, self.sleep)
 
 
 def _append(path: Path) -> BinaryIO:

@@ -23,9 +23,11 @@ with a size bound, so a record cannot hang, flood or redirect the agent that rea
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +49,7 @@ from specon.runtime.base import (
     ENV_PROGRESS_FILE,
     ENV_WORKER,
     JobSpec,
+    RuntimeFailure,
     valid_job_id,
 )
 from specon.runtime.launcher import ExitRecord, append_exit
@@ -58,6 +61,7 @@ __all__ = [
     "Owner",
     "append_exit",
     "iter_job_ids",
+    "job_lock",
 ]
 
 # Largest record files read whole: far above any real owner.json or spec.json.
@@ -239,6 +243,29 @@ class JobPaths:
     def finished(self) -> bool:
         """The job completed its work: a done marker, or a final ``{"event": "finished"}``."""
         return self.done.exists() or last_event(self.progress) == "finished"
+
+
+LOCK_TIMEOUT_S = 10.0
+
+
+@contextlib.asynccontextmanager
+async def job_lock(paths: JobPaths, sleep: Callable[[float], Awaitable[None]]) -> AsyncIterator[None]:
+    """The job's cross-agent lock: ``flock`` on ``owner.lock``, per open file, so it also
+    works between runtimes of one process. ``RuntimeFailure`` if it stays held 10 s."""
+    fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise RuntimeFailure(paths.job, f"{paths.lock} stayed locked") from None
+                await sleep(0.01)
+        yield
+    finally:
+        os.close(fd)
 
 
 def iter_job_ids(root: Path) -> Iterator[ContainerId]:
