@@ -422,11 +422,16 @@ def systemd_is_pid1() -> bool:
     return Path("/run/systemd/system").is_dir()
 
 
+def systemctl(*args: str) -> int:
+    """Run ``systemctl ARGS``; its exit status."""
+    return subprocess.run(["systemctl", *args], check=False).returncode
+
+
 def _enable(unit: str) -> int:
-    for argv in (["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", unit]):
-        done = subprocess.run(argv, check=False)
-        if done.returncode != 0:
-            print(f"specon systemd: {' '.join(argv)} failed ({done.returncode})", file=sys.stderr)
+    for args in (("daemon-reload",), ("enable", "--now", unit)):
+        rc = systemctl(*args)
+        if rc != 0:
+            print(f"specon systemd: systemctl {' '.join(args)} failed ({rc})", file=sys.stderr)
             return 1
     print(f"enabled and started {unit}")
     return 0

@@ -1,0 +1,310 @@
+"""``specon systemd``: the units it renders, its argument checks, the files it writes, and
+``systemd-analyze verify`` on what it renders (tests/docker/test_systemd.py runs them for real)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specon.cli import cmd_systemd
+from specon.cli.cmd_systemd import AgentUnit, ManagerUnit, exec_arg, render_agent, render_manager
+from specon.cli.main import main
+
+TOKEN = "0123456789abcdef" * 4
+BIN = Path(sys.executable).parent
+AGENT = AgentUnit(
+    exec_path=BIN / "specon-agent",
+    manager="http://127.0.0.1:7700",
+    worker="node-1",
+    token_file=Path("/etc/specon/agent.token"),
+    volume=Path("/srv/specon"),
+)
+MANAGER = ManagerUnit(exec_path=BIN / "specon-manager", agent_tokens=Path("/etc/specon/agent-tokens.yaml"))
+
+
+def _directives(text: str) -> dict[str, list[str]]:
+    """Each directive's values, in order (continuation lines joined)."""
+    out: dict[str, list[str]] = {}
+    for line in text.replace("\\\n", " ").splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, _, value = line.partition("=")
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def _exec_start(text: str) -> list[str]:
+    return _directives(text)["ExecStart"][0].split()
+
+
+# -- rendering --------------------------------------------------------------------------
+
+
+def test_agent_local_unit() -> None:
+    text = render_agent(AGENT)
+    d = _directives(text)
+    argv = _exec_start(text)
+    assert argv[0] == str(BIN / "specon-agent")
+    pairs = dict(zip(argv[1::2], argv[2::2], strict=True))
+    assert pairs == {
+        "--manager": "http://127.0.0.1:7700",
+        "--worker": "node-1",
+        "--volume": "/srv/specon",
+        "--listen": "127.0.0.1:7701",
+        "--runtime": "local",
+        "--state-dir": "/var/lib/specon-agent",
+        "--token-file": "${CREDENTIALS_DIRECTORY}/token",  # systemd's, expanded at start
+    }
+    assert d["LoadCredential"] == ["token:/etc/specon/agent.token"]
+    assert "EnvironmentFile" not in d and "User" not in d and "DynamicUser" not in d
+    for key, value in {
+        "Restart": "on-failure",
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "PrivateTmp": "yes",
+        "KillMode": "process",  # jobs are children: an agent restart must not kill them
+        "StateDirectory": "specon-agent",
+        "RestartPreventExitStatus": "2",
+    }.items():
+        assert d[key] == [value], key
+    assert d["ReadWritePaths"] == ["/srv/specon /sys/fs/cgroup"]
+    assert "ProtectControlGroups" not in d  # it writes its jobs' cgroups
+    assert "@" not in text.replace("${", "")  # every placeholder filled
+
+
+def test_agent_docker_unit() -> None:
+    unit = dataclasses.replace(AGENT, runtime="docker", docker_host="unix:///run/docker.sock", cpus=2.5)
+    text = render_agent(unit)
+    d = _directives(text)
+    assert "docker.service" in d["After"][0]
+    argv = " ".join(_exec_start(text))
+    assert "--runtime docker --docker-host unix:///run/docker.sock --cpus 2.5" in argv
+    assert d["ReadWritePaths"] == ["/srv/specon"]
+    assert d["ProtectControlGroups"] == d["ProtectKernelTunables"] == d["PrivateDevices"] == ["yes"]
+    assert "KillMode" not in d  # its jobs are dockerd's children, not its own
+
+
+def test_agent_environment_token() -> None:
+    unit = dataclasses.replace(AGENT, runtime="docker", token_via="environment")
+    d = _directives(render_agent(unit))
+    assert d["EnvironmentFile"] == ["/etc/specon/specon-agent.env"]
+    assert "LoadCredential" not in d
+    assert "--token-file" not in d["ExecStart"][0]
+    assert cmd_systemd.render_env_file(TOKEN).endswith(f"\nSPECON_TOKEN={TOKEN}\n")
+
+
+def test_manager_unit() -> None:
+    text = render_manager(
+        dataclasses.replace(
+            MANAGER, read_token_file=Path("/etc/specon/read.token"), policy=Path("/etc/p.yaml")
+        )
+    )
+    d = _directives(text)
+    assert " ".join(_exec_start(text)[1:]) == (
+        "--listen 127.0.0.1:7700 --state-dir /var/lib/specon-manager "
+        "--agent-tokens ${CREDENTIALS_DIRECTORY}/agent-tokens "
+        "--read-token-file ${CREDENTIALS_DIRECTORY}/read-token --policy /etc/p.yaml"
+    )
+    assert d["LoadCredential"] == [
+        "agent-tokens:/etc/specon/agent-tokens.yaml",
+        "read-token:/etc/specon/read.token",
+    ]
+    assert d["DynamicUser"] == ["yes"] and "User" not in d
+    assert d["CapabilityBoundingSet"] == d["AmbientCapabilities"] == [""]  # none at all
+    assert d["StateDirectory"] == ["specon-manager"] and d["ProtectSystem"] == ["strict"]
+    assert d["NoNewPrivileges"] == ["yes"] and d["Restart"] == ["on-failure"]
+
+
+def test_manager_low_port_and_user() -> None:
+    d = _directives(render_manager(dataclasses.replace(MANAGER, listen="127.0.0.1:80", user="specon")))
+    assert d["CapabilityBoundingSet"] == d["AmbientCapabilities"] == ["CAP_NET_BIND_SERVICE"]
+    assert d["User"] == ["specon"] and "DynamicUser" not in d
+
+
+def test_exec_arg_escapes() -> None:
+    assert exec_arg("/srv/specon") == "/srv/specon"
+    assert exec_arg("50%") == "50%%"  # a specifier otherwise
+    assert exec_arg("$HOME") == "$$HOME"  # a variable otherwise
+    assert exec_arg('a "b"\\c') == '"a \\"b\\"\\\\c"'
+    assert exec_arg(";") == '";"'  # a command separator otherwise
+    assert exec_arg("") == '""'
+
+
+def test_protect_home() -> None:
+    assert cmd_systemd.protect_home([Path("/opt/specon/bin/specon-agent")]) == "yes"
+    assert cmd_systemd.protect_home([Path("/opt/x"), Path("/root/.pyenv/bin/python")]) == "read-only"
+    assert cmd_systemd.protect_home([Path("/home/me/venv/bin/python")]) == "read-only"
+
+
+# -- systemd-analyze verify -------------------------------------------------------------
+
+VERIFY = shutil.which("systemd-analyze")
+
+
+@pytest.mark.skipif(VERIFY is None, reason="systemd-analyze is not installed")
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        ("specon-agent.service", render_agent(AGENT)),
+        ("specon-agent.service", render_agent(dataclasses.replace(AGENT, runtime="docker"))),
+        (
+            "specon-agent.service",
+            render_agent(dataclasses.replace(AGENT, runtime="docker", token_via="environment")),
+        ),
+        ("specon-manager.service", render_manager(MANAGER)),
+        ("specon-manager.service", render_manager(dataclasses.replace(MANAGER, listen="0.0.0.0:443"))),
+    ],
+    ids=["agent-local", "agent-docker", "agent-env", "manager", "manager-port-443"],
+)
+def test_systemd_analyze_verify(tmp_path: Path, name: str, text: str) -> None:
+    unit = tmp_path / name
+    unit.write_text(text)
+    assert VERIFY is not None
+    done = subprocess.run(
+        [VERIFY, "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=60, check=False
+    )
+    # Silent and 0: no unknown directive, bad value or missing executable.
+    assert done.returncode == 0 and not done.stdout.strip() and not done.stderr.strip(), done.stderr
+
+
+# -- the command ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "agent.token"
+    path.write_text(TOKEN + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def _agent_argv(token_file: Path, *extra: str) -> list[str]:
+    return [
+        "systemd",
+        "agent",
+        "--manager",
+        "http://127.0.0.1:7700",
+        "--worker",
+        "node-1",
+        "--token-file",
+        str(token_file),
+        "--volume",
+        "/srv/specon",
+        *extra,
+    ]
+
+
+def test_writes_the_agent_unit(tmp_path: Path, token_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dest = tmp_path / "units"
+    assert main(_agent_argv(token_file, "--dest", str(dest))) == 0
+    unit = dest / "specon-agent.service"
+    assert stat.S_IMODE(unit.stat().st_mode) == 0o644
+    assert f"LoadCredential=token:{token_file}" in unit.read_text()
+    assert TOKEN not in unit.read_text()  # the unit names the token file, never the token
+    assert "systemctl daemon-reload" in capsys.readouterr().out
+    assert [p.name for p in dest.iterdir()] == ["specon-agent.service"]  # no temporary left
+
+
+def test_environment_file_is_root_only(tmp_path: Path, token_file: Path) -> None:
+    env = tmp_path / "etc/specon/agent.env"
+    argv = _agent_argv(token_file, "--runtime", "docker", "--token-via", "environment")
+    assert main([*argv, "--env-file", str(env), "--dest", str(tmp_path / "units")]) == 0
+    assert stat.S_IMODE(env.stat().st_mode) == 0o600
+    assert stat.S_IMODE(env.parent.stat().st_mode) == 0o700
+    assert f"SPECON_TOKEN={TOKEN}" in env.read_text()
+    assert f"EnvironmentFile={env}" in (tmp_path / "units/specon-agent.service").read_text()
+
+
+def test_print_writes_nothing(tmp_path: Path, token_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_agent_argv(token_file, "--print", "--dest", str(tmp_path / "units"))) == 0
+    assert capsys.readouterr().out.startswith("# specon-agent for worker node-1")
+    assert not (tmp_path / "units").exists()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (("--manager", "ftp://x"), "--manager must be an http:// or https:// URL"),
+        (("--worker", "a/b"), "--worker"),
+        (("--volume", "srv"), "--volume must be an absolute path"),
+        (("--volume", "/srv/my volume"), "may hold no space"),
+        (("--volume", "/tmp/vol"), "PrivateTmp= hides /tmp"),
+        (("--docker-host", "unix:///run/docker.sock"), "--docker-host goes with --runtime docker"),
+        (("--token-via", "environment"), "would hand the token to every local job"),
+        (("--cpus", "0"), "--cpus must be a positive number"),
+        (("--listen", "nowhere"), "--listen"),
+        (("--exec", "/nonexistent/specon-agent"), "is not an executable file"),
+        (("--policy", "/nonexistent/policy.yaml"), "--policy"),
+    ],
+)
+def test_agent_refuses(
+    token_file: Path, change: tuple[str, str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = _agent_argv(token_file, "--print")
+    flag, value = change
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    else:
+        argv += [flag, value]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_token_file_must_be_private_and_strong(
+    tmp_path: Path, token_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token_file.chmod(0o644)
+    assert main(_agent_argv(token_file, "--print")) == 2
+    assert f"mode 0644): chmod 600 {token_file}" in capsys.readouterr().err
+    token_file.chmod(0o600)
+    token_file.write_text("change-me\n")
+    assert main(_agent_argv(token_file, "--print")) == 2
+    assert "placeholder" in capsys.readouterr().err
+    assert main(_agent_argv(tmp_path / "missing", "--print")) == 2
+    assert "No such file" in capsys.readouterr().err
+
+
+def test_enable_needs_systemd(
+    tmp_path: Path, token_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cmd_systemd, "systemd_is_pid1", lambda: False)
+    assert main(_agent_argv(token_file, "--enable", "--dest", str(tmp_path / "units"))) == 2
+    assert "--enable needs systemd as the init system" in capsys.readouterr().err
+    assert not (tmp_path / "units").exists()  # refused before writing anything
+
+
+def test_enable_runs_systemctl(tmp_path: Path, token_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(cmd_systemd, "systemd_is_pid1", lambda: True)
+    monkeypatch.setattr(cmd_systemd, "systemctl", lambda *args: calls.append(args) or 0)
+    assert main(_agent_argv(token_file, "--enable", "--dest", str(tmp_path))) == 0
+    assert calls == [("daemon-reload",), ("enable", "--now", "specon-agent.service")]
+    monkeypatch.setattr(cmd_systemd, "systemctl", lambda *args: 1)
+    assert main(_agent_argv(token_file, "--enable", "--dest", str(tmp_path))) == 1
+
+
+def test_manager_command(tmp_path: Path, token_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tokens = tmp_path / "agent-tokens.yaml"
+    tokens.write_text(f"node-1: {TOKEN}\n")
+    tokens.chmod(0o600)
+    assert main(["systemd", "manager", "--print"]) == 2
+    assert "needs --agent-tokens FILE" in capsys.readouterr().err
+    # A DynamicUser= cannot read an install behind a 0700 directory (pytest's tmp is one).
+    script = tmp_path / "bin/specon-manager"
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    tmp_path.chmod(0o700)
+    argv = ["systemd", "manager", "--agent-tokens", str(tokens), "--exec", str(script), "--print"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "runs as a DynamicUser=, which cannot read" in err and "--user NAME" in err
+    assert main([*argv, "--user", "specon"]) == 0
+    out = capsys.readouterr().out
+    assert "User=specon" in out and re.search(r"^LoadCredential=agent-tokens:.*agent-tokens.yaml$", out, re.M)
