@@ -53,9 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--runtime",
-        choices=("local", "kubernetes"),
+        choices=("local", "docker", "kubernetes"),
         default="local",
-        help="container backend: local = processes in a CPU-budgeted cgroup (default); kubernetes = "
+        help="container backend: local = processes in a CPU-budgeted cgroup (default); docker = the "
+        "containers labelled specon.io/managed=true on one Docker engine (--docker-host); kubernetes = "
         "the managed pods bound to --node",
     )
     p.add_argument(
@@ -68,6 +69,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--cpus", type=float, default=1.0, help="this worker's CPU budget in cores (local runtime)"
     )
     p.add_argument("--cluster", default="default", help="cgroup namespace for this cluster's workers")
+    dock = p.add_argument_group("docker runtime")
+    dock.add_argument(
+        "--docker-host",
+        default=os.environ.get("DOCKER_HOST"),
+        metavar="URL",
+        help="the engine's API, e.g. unix:///var/run/docker.sock (default $DOCKER_HOST, else the local one)",
+    )
+    dock.add_argument(
+        "--allow-bind",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="host path prefix a job's container may bind read-only (repeatable; default: none). Only the "
+        "job's own directory on --volume is ever writable",
+    )
+    dock.add_argument(
+        "--allow-host-network", action="store_true", help="let jobs use network_mode host (default: none)"
+    )
+    dock.add_argument(
+        "--allow-image",
+        action="append",
+        default=[],
+        metavar="IMAGE",
+        help="an image jobs may run (repeatable; default: any image present on the engine)",
+    )
     k8s = p.add_argument_group("kubernetes runtime")
     k8s.add_argument(
         "--node", default=os.environ.get("NODE_NAME"), help="this node's name (default $NODE_NAME)"
@@ -149,6 +175,29 @@ async def run(args: argparse.Namespace) -> int:
             host_path=args.host_path,
             include_owned=args.include_owned,
         )
+    elif args.runtime == "docker":
+        if not args.worker:
+            print("specon-agent: --runtime docker needs --worker", file=sys.stderr)
+            return 2
+        from specon.runtime.docker import DockerRuntime, connect  # noqa: PLC0415
+        from specon.runtime.docker_recipe import HostRules  # noqa: PLC0415
+
+        try:
+            runtime = DockerRuntime(
+                args.volume,
+                WorkerId(args.worker),
+                connect(args.docker_host),
+                rules=HostRules(
+                    volume=str(args.volume.resolve()),
+                    ro_bind_prefixes=tuple(args.allow_bind),
+                    host_network=args.allow_host_network,
+                    images=tuple(args.allow_image),
+                ),
+                migration_mode=policy.migration.mode,
+            )
+        except Exception as exc:  # the SDK raises several types for an engine it cannot reach
+            print(f"specon-agent: cannot use the Docker engine: {exc}", file=sys.stderr)
+            return 2
     elif args.worker:
         runtime = LocalRuntime(
             args.volume, WorkerId(args.worker), args.cpus, cluster=args.cluster, per_container_usage=False

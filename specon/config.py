@@ -47,6 +47,7 @@ ScoreMode = Literal["count", "per_capacity"]
 RebalanceMode = Literal["balanced", "work", "paper", "off"]
 RebalanceWhen = Literal["all_migrated", "always"]
 DurationFrom = Literal["converged", "migrated", "placed"]
+MigrationMode = Literal["checkpoint", "criu"]
 PriorityRule = Literal["none", "fsp", "srpt", "optimus", "tiresias", "hermes", "slaq"]
 
 
@@ -152,6 +153,12 @@ class MigrationConfig:
     # job waits more than half again its own remaining time for one move). Measured: without
     # it one A5 job took x2.5 its DS JCT (`python -m bench bench_sim`).
     max_push: float = 0.5
+    # How a job moves on the Docker backend: checkpoint = the job contract (SIGTERM, the job
+    # saves, a fresh container resumes it); criu = Docker's CRIU checkpoint of the whole
+    # process, restored on the target (falls back to checkpoint where CRIU cannot work: GPU
+    # containers, engines without --experimental or criu). A job's label
+    # specon.io/migration-mode overrides it. Other backends always use checkpoint.
+    mode: MigrationMode = "checkpoint"
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +296,9 @@ DOCS: dict[str, str] = {
     "migration.max_push": "a moved job may go ahead of a job on the target (shortest first) only if it "
     "needs at most this share of that job's remaining work",
     "migration.dry_run": "decide and record migrations but never touch a container",
+    "migration.mode": "checkpoint: the job contract (SIGTERM, save, resume); criu: Docker's CRIU "
+    "checkpoint/restore of the whole process (Docker backend; falls back to checkpoint where CRIU "
+    "cannot work); the job label specon.io/migration-mode overrides it",
     "priority": "Priority on the node: CPU weights among a worker's containers (specon.policy.priority)",
     "priority.rule": "none: equal weights; fsp: first to finish under equal sharing first; "
     "srpt: least remaining work first; optimus: shares by "

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any
 
 import docker
 import docker.errors
@@ -42,6 +42,7 @@ import structlog
 from docker.models.containers import Container
 
 from specon import checkpoint as ckpt
+from specon.config import MigrationMode
 from specon.model import ContainerId, Resources, WorkerId
 from specon.runtime import docker_criu
 from specon.runtime.base import (
@@ -82,7 +83,6 @@ from specon.runtime.volume import CorruptRecordError, JobPaths, Owner, job_lock
 
 log = structlog.get_logger()
 
-MigrationMode = Literal["checkpoint", "criu"]
 _POLL_S = 0.1
 _KILL_WAIT_S = 10.0
 
