@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from specon.embedded import EmbeddedCluster
+from specon.embedded import EmbeddedCluster, RuntimeName
 from specon.evaluation import JobResult, MigrationRecord, RunResult
 from specon.model import ContainerId, Resources, WorkerId
 from specon.progress.last import last_record
@@ -130,11 +130,17 @@ async def run_once(
     say: Say,
     deadline: float,
     label: str,
+    runtime: RuntimeName = "local",
 ) -> RunResult:
     """One run: submit at the arrival times, watch until every job finished (or the deadline)."""
     wids = [WorkerId(f"w{i}") for i in range(workers)]
     async with EmbeddedCluster(
-        root, workers=workers, cpus_per_worker=cpus_per_worker, policy=policy, with_specon=with_specon
+        root,
+        workers=workers,
+        cpus_per_worker=cpus_per_worker,
+        policy=policy,
+        with_specon=with_specon,
+        runtime=runtime,
     ) as cluster:
         t0 = time.time()
         pending = list(jobs)

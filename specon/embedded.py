@@ -2,9 +2,10 @@
 
 A manager process on 127.0.0.1 and one agent process per worker, each on its own
 loopback address (127.0.0.2, 127.0.0.3, ...), talking real HTTP; workers are CPU-budgeted
-cgroups of the local runtime; jobs are real training processes whose logs and
-checkpoints live in one directory standing for the persistent volume. Used by
-``specon demo`` and by the end-to-end tests.
+cgroups of the local runtime (or, with ``runtime="docker"``, one private Docker engine each,
+its containers sharing the worker's CPU budget: ``specon.docker_hosts``); jobs are real
+training processes whose logs and checkpoints live in one directory standing for the
+persistent volume. Used by ``specon demo`` and by the end-to-end tests.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING, Literal
 
 import aiohttp
 import structlog
@@ -29,9 +31,13 @@ import yaml
 from specon import protocol
 from specon.model import WorkerId
 from specon.protocol import Status
-from specon.runtime.base import ContainerInfo, JobSpec
-from specon.runtime.local import LocalRuntime
+from specon.runtime.base import ContainerInfo, JobSpec, Runtime
 from specon.runtime.local_cluster import LocalCluster
+
+if TYPE_CHECKING:
+    from specon.embedded_docker import DockerWorkers
+
+RuntimeName = Literal["local", "docker"]
 
 log = structlog.get_logger()
 
@@ -64,6 +70,7 @@ class EmbeddedCluster:
         name: str | None = None,
         python: str = sys.executable,
         with_specon: bool = True,
+        runtime: RuntimeName = "local",
     ) -> None:
         self.root = root
         self.volume = root / "volume"
@@ -74,6 +81,8 @@ class EmbeddedCluster:
         self.name = name or f"e{os.getpid()}{secrets.token_hex(2)}"
         self.python = python
         self.with_specon = with_specon
+        self.runtime_name = runtime
+        self.docker: DockerWorkers | None = None
         # One token per agent (it speaks only for its own worker) and one to read status.
         self.tokens_dir = root / "tokens"
         self.agent_tokens = {w: secrets.token_urlsafe(32) for w in self.workers}
@@ -86,7 +95,9 @@ class EmbeddedCluster:
     def workers(self) -> list[WorkerId]:
         return [WorkerId(f"w{i}") for i in range(self.n_workers)]
 
-    def runtime(self, worker: WorkerId) -> LocalRuntime:
+    def runtime(self, worker: WorkerId) -> Runtime:
+        if self.docker is not None:
+            return self.docker.runtimes[worker]
         assert self.cluster is not None, "cluster not started"
         return self.cluster.runtimes[worker]
 
@@ -105,7 +116,14 @@ class EmbeddedCluster:
         self.logs.mkdir(parents=True, exist_ok=True)
         self._write_tokens()
         # The driver's own view of the workers: to submit jobs and to tear everything down.
-        self.cluster = LocalCluster(self.volume, [self.cpus] * self.n_workers, name=self.name)
+        if self.runtime_name == "docker":
+            from specon.embedded_docker import DockerWorkers  # noqa: PLC0415  (the docker SDK)
+
+            self.docker = await asyncio.to_thread(
+                DockerWorkers.start, self.root / "engines", self.volume, self.workers, self.cpus, self.name
+            )
+        else:
+            self.cluster = LocalCluster(self.volume, [self.cpus] * self.n_workers, name=self.name)
         if not self.with_specon:
             return
         try:
@@ -153,10 +171,12 @@ class EmbeddedCluster:
             "--listen", f"{host}:{port}",
             "--manager", self.manager.url,
             "--volume", str(self.volume),
-            "--cpus", str(self.cpus),
-            "--cluster", self.name,
             "--token-file", str(self.tokens_dir / f"agent-{worker}"),
         ]  # fmt: skip
+        if self.docker is not None:
+            argv += self.docker.agent_args(worker)
+        else:
+            argv += ["--cpus", str(self.cpus), "--cluster", self.name]
         if self.policy is not None:
             argv += ["--policy", str(self.policy)]
         d = await self._spawn(f"agent-{worker}", f"http://{host}:{port}", argv)
@@ -212,10 +232,15 @@ class EmbeddedCluster:
         if self.cluster is not None:
             await self.cluster.teardown()
             self.cluster = None
+        if self.docker is not None:
+            await self.docker.teardown()
+            self.docker = None
 
     # -- jobs and status ---------------------------------------------------------------------
     async def submit(self, spec: JobSpec, worker: WorkerId) -> ContainerInfo:
         """Start a job on ``worker`` (the initial placement is the caller's, as in the paper)."""
+        if self.docker is not None:
+            spec = self.docker.containerised(spec)
         return await self.runtime(worker).start(spec)
 
     async def containers(self) -> list[ContainerInfo]:

@@ -17,53 +17,12 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
-import sys
 import tarfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from specon.host_image import REPO, host_binds, host_rootfs, python_prefix
 
-# Debian 12 merges /bin, /sbin and /lib* into /usr: the image keeps the links, /usr is bound.
-_USR_LINKS = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
-_PASSWD = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-_GROUP = "root:x:0:\nnogroup:x:65534:\n"
-
-
-def python_prefix() -> Path:
-    """The Python install the venv's interpreter belongs to (outside /usr under pyenv)."""
-    return Path(sys.base_prefix).resolve()
-
-
-def host_binds() -> list[tuple[str, str]]:
-    """``(host path, container path)`` pairs to bind read-only: what a job's Python needs."""
-    paths = ["/usr", str(python_prefix()), str(Path(sys.prefix).resolve()), str(REPO)]
-    unique: list[str] = []
-    for p in paths:
-        # A path under another bound path comes with it (e.g. a venv inside the repo).
-        if not any(p == u or p.startswith(u.rstrip("/") + "/") for u in unique):
-            unique = [u for u in unique if not u.startswith(p.rstrip("/") + "/")] + [p]
-    return [(p, p) for p in unique]
-
-
-def host_rootfs(dest: Path) -> Path:
-    """Write the image's root filesystem skeleton into ``dest`` (created; idempotent)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for name, target in _USR_LINKS.items():
-        link = dest / name
-        if not link.is_symlink():
-            link.symlink_to(target)
-    for d in ("usr", "etc", "tmp", "proc", "sys", "dev", "root", "data", "var/tmp", "run"):
-        (dest / d).mkdir(parents=True, exist_ok=True)
-    os.chmod(dest / "tmp", 0o1777)
-    os.chmod(dest / "var/tmp", 0o1777)
-    # Mount points of the binds, so read-only binds need no directory created at run time.
-    for _host, inside in host_binds():
-        (dest / inside.lstrip("/")).mkdir(parents=True, exist_ok=True)
-    (dest / "etc/passwd").write_text(_PASSWD)
-    (dest / "etc/group").write_text(_GROUP)
-    (dest / "etc/hosts").write_text("127.0.0.1 localhost\n")
-    return dest
+__all__ = ["REPO", "docker_archive", "host_binds", "host_rootfs", "python_prefix"]
 
 
 def _layer(rootfs: Path) -> bytes:

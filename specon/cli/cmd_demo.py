@@ -65,6 +65,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--json", type=Path, dest="json_path", help="write the results JSON here (default OUT/results.json)"
     )
+    p.add_argument(
+        "--runtime",
+        choices=("local", "docker"),
+        default="local",
+        help="local: each worker a CPU-budgeted cgroup, jobs processes (default); docker: each worker a "
+        "private Docker engine (installs docker.io if missing; needs root), jobs containers",
+    )
     p.add_argument("--out", type=Path, default=Path("specon-demo"), help="directory for results and plots")
     p.add_argument(
         "--keep", action="store_true", help="keep the runs' volumes and daemon logs under OUT/runs"
@@ -192,6 +199,7 @@ def main(args: argparse.Namespace) -> int:
                 say=say,
                 deadline=deadline,
                 label="DS",
+                runtime=args.runtime,
             )
         )
         ours = asyncio.run(
@@ -205,6 +213,7 @@ def main(args: argparse.Namespace) -> int:
                 say=say,
                 deadline=deadline,
                 label=label,
+                runtime=args.runtime,
             )
         )
     finally:
@@ -214,6 +223,7 @@ def main(args: argparse.Namespace) -> int:
     doc = {
         "baseline": base.to_json(),
         "specon": ours.to_json(),
+        "runtime": args.runtime,
         "summary": {
             "avg_jct_reduction": cmp.avg_jct_reduction,
             "makespan_reduction": cmp.makespan_reduction,

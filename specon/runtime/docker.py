@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import shutil
+import tarfile
 import time
 import uuid
 from collections.abc import Mapping
@@ -710,6 +712,19 @@ def _cpu_seconds(c: Container) -> float | None:
         return None
     total = ((stats.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
     return None if total is None else float(total) / 1e9
+
+
+def import_image(client: docker.DockerClient, rootfs: Path, tag: str) -> str:
+    """``docker import`` of the directory ``rootfs`` as ``tag``, unless the engine has it."""
+    with contextlib.suppress(docker.errors.ImageNotFound):
+        client.images.get(tag)
+        return tag
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(str(rootfs), arcname=".")
+    repo, _, version = tag.partition(":")
+    client.api.import_image_from_data(buf.getvalue(), repository=repo, tag=version or "latest")
+    return tag
 
 
 def connect(url: str | None = None) -> docker.DockerClient:

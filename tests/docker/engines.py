@@ -13,14 +13,13 @@ plus read-only binds of the host's Python (:func:`python_image`, :func:`job_bind
 from __future__ import annotations
 
 import contextlib
-import io
-import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
 
 from specon.docker_hosts import DockerHost, DockerUnavailable, ensure_dockerd, start_host, stop_host
+from specon.runtime.docker import import_image
 from tests.rootfs import host_binds, host_rootfs
 
 __all__ = ["DockerUnavailable", "Engine", "ensure_dockerd", "start_engine", "stop_engine"]
@@ -78,17 +77,7 @@ def stop_engine(engine: Engine) -> None:
 
 def python_image(engine: Engine, tag: str = PYTHON_IMAGE) -> str:
     """Import the host-Python image into ``engine`` (once per engine); returns its tag."""
-    c = engine.client()
-    with contextlib.suppress(docker.errors.ImageNotFound):
-        c.images.get(tag)
-        return tag
-    rootfs = host_rootfs(engine.base / "rootfs")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(str(rootfs), arcname=".")
-    repo, _, version = tag.partition(":")
-    c.api.import_image_from_data(buf.getvalue(), repository=repo, tag=version or "latest")
-    return tag
+    return import_image(engine.client(), host_rootfs(engine.base / "rootfs"), tag)
 
 
 def job_binds(volume: Path) -> dict[str, dict[str, str]]:

@@ -74,6 +74,11 @@ async def cluster(tmp_path: Path) -> AsyncIterator[EmbeddedCluster]:
 async def test_converged_job_is_migrated_by_save_restore_and_finishes_with_exactly_its_steps(
     cluster: EmbeddedCluster,
 ) -> None:
+    await converged_job_moves_once_and_finishes_exactly(cluster)
+
+
+async def converged_job_moves_once_and_finishes_exactly(cluster: EmbeddedCluster) -> None:
+    """The scenario every runtime of the embedded cluster passes (tests/docker runs it too)."""
     w0 = WorkerId("w0")
     await cluster.submit(job("fast", 400, "converge"), w0)
     await cluster.submit(job("steady", 500, "linear"), w0)
