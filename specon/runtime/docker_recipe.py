@@ -146,10 +146,14 @@ def from_inspect(attrs: dict[str, Any], *, volume: str) -> Recipe:
             continue
         src, dst = str(m.get("Source", "")), str(m.get("Destination", ""))
         if _under(volume, src) or _under(src, volume):
-            # The volume (or a job directory in it) is re-mounted per job at create time.
-            rel = PurePosixPath(volume).relative_to(src) if _under(volume, src) else None
-            if rel is not None:
-                volume_target = str(PurePosixPath(dst) / rel)
+            # The volume (or a job directory in it) is re-mounted per job at create time;
+            # where it appears inside tells where the job contract's paths are.
+            if _under(volume, src):
+                volume_target = str(PurePosixPath(dst) / PurePosixPath(volume).relative_to(src))
+            else:
+                rel = PurePosixPath(src).relative_to(volume)
+                if PurePosixPath(dst).parts[-len(rel.parts) :] == rel.parts:
+                    volume_target = str(PurePosixPath(*PurePosixPath(dst).parts[: -len(rel.parts)]))
             continue
         binds.append(Bind(src, dst))
     gpus = len(host.get("DeviceRequests") or [])

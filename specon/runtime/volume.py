@@ -64,6 +64,11 @@ __all__ = [
     "job_lock",
 ]
 
+# The agent's environment a local job must not inherit.
+AGENT_ONLY_ENV = frozenset(
+    {"SPECON_TOKEN", "CREDENTIALS_DIRECTORY", "NOTIFY_SOCKET", "INVOCATION_ID", "JOURNAL_STREAM"}
+)
+
 # Largest record files read whole: far above any real owner.json or spec.json.
 OWNER_MAX = 1 << 16
 SPEC_MAX = 1 << 20
@@ -150,7 +155,9 @@ class JobPaths:
 
     def env(self, spec: JobSpec, worker: WorkerId) -> dict[str, str]:
         """The environment a local run of ``spec`` on ``worker`` gets (the job contract's)."""
-        env = dict(os.environ)
+        # Never the agent's own secrets: a job is not the agent (its token speaks for the
+        # worker, and under systemd the credentials directory holds it).
+        env = {k: v for k, v in os.environ.items() if k not in AGENT_ONLY_ENV}
         env["OMP_NUM_THREADS"] = "1"  # jobs share a small CPU budget; the job's env may override
         env.update(spec.env)
         env.update(
