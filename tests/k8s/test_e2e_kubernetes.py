@@ -86,6 +86,8 @@ class Deployment:
     port: int
     manager: subprocess.Popen[bytes] | None = None
     agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    #: What a pod written for the stand-in needs to run on these nodes (nodes.on_real_node).
+    adapt: Callable[[dict[str, Any]], dict[str, Any]] = lambda pod: pod
 
     @property
     def url(self) -> str:
@@ -187,27 +189,33 @@ def _agent_pod(name: str, node: str) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-async def deployment(
-    kube_cluster: KubeCluster, kube_namespace: str, fake_kubelet: FakeKubelet, tmp_path: Path
+@contextlib.asynccontextmanager
+async def deployed(
+    cluster: KubeCluster,
+    namespace: str,
+    tmp_path: Path,
+    adapt: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> AsyncIterator[Deployment]:
-    admin = KubeApi(kube_cluster.api_client())
+    """The manager and the agents of node-1 and node-2, whatever runs the nodes."""
+    admin = KubeApi(cluster.api_client())
     volume = tmp_path / "shared"
-    shared_volume(admin, kube_namespace, volume)
+    shared_volume(admin, namespace, volume)
     sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "specon-agent"}}
-    admin.request("POST", f"/api/v1/namespaces/{kube_namespace}/serviceaccounts", body=sa)
+    admin.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", body=sa)
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
     (port,) = free_ports(1)
     d = Deployment(
-        kube_cluster,
-        kube_namespace,
+        cluster,
+        namespace,
         volume,
         tmp_path,
         policy,
-        kube_cluster.kubeconfig(tmp_path / "kubeconfig", namespace=kube_namespace),
+        cluster.kubeconfig(tmp_path / "kubeconfig", namespace=namespace),
         port,
     )
+    if adapt is not None:
+        d.adapt = adapt
     await d.start_manager()
     d.start_agent("node-1", "127.0.0.2")
     d.start_agent("node-2", "127.0.0.3")
@@ -217,7 +225,15 @@ async def deployment(
         await d.stop()
         for f in sorted(tmp_path.glob("*.log")):  # shown when a test fails
             print(f"== {f.name} ==\n{f.read_text(errors='replace')[-3000:]}")
-        admin.request("DELETE", f"/api/v1/persistentvolumes/specon-data-{kube_namespace}")
+        admin.request("DELETE", f"/api/v1/persistentvolumes/specon-data-{namespace}")
+
+
+@pytest.fixture
+async def deployment(
+    kube_cluster: KubeCluster, kube_namespace: str, fake_kubelet: FakeKubelet, tmp_path: Path
+) -> AsyncIterator[Deployment]:
+    async with deployed(kube_cluster, kube_namespace, tmp_path) as d:
+        yield d
 
 
 def finished(volume: Path, job: str) -> bool:
@@ -238,7 +254,9 @@ def job_downtime(volume: Path, job: str) -> tuple[float, float]:
 
 async def submit(d: Deployment, pod: dict[str, Any]) -> None:
     admin = KubeApi(d.cluster.api_client())
-    await asyncio.to_thread(admin.request, "POST", f"/api/v1/namespaces/{d.namespace}/pods", body=pod)
+    await asyncio.to_thread(
+        admin.request, "POST", f"/api/v1/namespaces/{d.namespace}/pods", body=d.adapt(pod)
+    )
 
 
 def converging(name: str, steps: int, **kw: Any) -> dict[str, Any]:
@@ -261,15 +279,34 @@ def migration_of(d: Deployment, job: str, pred: Callable[[Any], bool]) -> Callab
 
 
 async def test_a_converged_pod_moves_to_another_node_and_finishes_exactly(deployment: Deployment) -> None:
-    d = deployment
-    await submit(d, converging("fast", 400))
+    await converged_pod_moves(deployment)
+
+
+async def test_a_manager_restarted_mid_migration_recovers_from_the_api(deployment: Deployment) -> None:
+    await manager_restart_recovers(deployment)
+
+
+# -- scenarios, shared with test_real_nodes.py (the same logic on real kubelets) -----------------
+
+
+@dataclass(frozen=True)
+class Downtime:
+    manager: float | None  # save result -> start result, as the manager measured it
+    restart: float  # the job's "checkpointed" -> "started" records
+    gap: float  # last training sample on the source -> first on the target
+
+
+async def converged_pod_moves(d: Deployment, steps: int = 400) -> Downtime:
+    """A converged pod is moved by eviction + restore and finishes with exactly its steps,
+    while a steady one is never moved."""
+    await submit(d, converging("fast", steps))
     await submit(d, steady("steady", 600))
     fast, steady_id = f"{d.namespace}.fast", f"{d.namespace}.steady"  # jobs are (namespace, job)
     probe = migration_of(d, fast, lambda m: m.state.value == "done")
     m = await until(probe, "the converged pod's migration to finish", timeout=120)
     assert (m.source, m.target, m.reason) == ("node-1", "node-2", "converged")
     await until(lambda: finished(d.volume, "fast"), "the migrated job to finish", timeout=90)
-    assert sorted(trained(d.volume, "fast")) == list(range(1, 401))  # every step exactly once
+    assert sorted(trained(d.volume, "fast")) == list(range(1, steps + 1))  # every step exactly once
     events = [r.get("event") for r in records(d.volume, "fast") if "event" in r]
     assert events.count("checkpointed") == 1 and events[-1] == "finished"
     admin = KubeApi(d.cluster.api_client())
@@ -287,10 +324,11 @@ async def test_a_converged_pod_moves_to_another_node_and_finishes_exactly(deploy
         f"job {restart:.2f} s (checkpointed -> started), training gap {gap:.2f} s "
         "(last step on node-1 -> first step on node-2)"
     )
+    return Downtime(m.downtime, restart, gap)
 
 
-async def test_a_manager_restarted_mid_migration_recovers_from_the_api(deployment: Deployment) -> None:
-    d = deployment
+async def manager_restart_recovers(d: Deployment) -> None:
+    """A manager SIGKILLed while a save is in flight recovers it from the API."""
     # A slow checkpoint on SIGTERM keeps the migration in `saving` long enough to crash.
     await submit(d, converging("slow", 500, extra=("--save-seconds", "4")))
     await submit(d, steady("steady", 800))

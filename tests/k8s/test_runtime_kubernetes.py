@@ -66,7 +66,7 @@ def shared_volume(api: KubeApi, namespace: str, root: Path) -> None:
             },
         },
     )
-    api.request(
+    claim = api.request(
         "POST",
         f"/api/v1/namespaces/{namespace}/persistentvolumeclaims",
         body={
@@ -80,6 +80,29 @@ def shared_volume(api: KubeApi, namespace: str, root: Path) -> None:
                 "resources": {"requests": {"storage": "1Gi"}},
             },
         },
+    )
+    # What the PV controller would write (none runs here): a real kubelet mounts a claim only
+    # when it is Bound and its PV's claimRef names it by uid (the stand-in does not look).
+    merge = "application/merge-patch+json"
+    uid = claim["metadata"]["uid"]
+    api.request(
+        "PATCH",
+        f"/api/v1/persistentvolumes/{pv}",
+        body={"spec": {"claimRef": {"uid": uid}}},
+        content_type=merge,
+    )
+    api.request(
+        "PATCH",
+        f"/api/v1/persistentvolumes/{pv}/status",
+        body={"status": {"phase": "Bound"}},
+        content_type=merge,
+    )
+    bound = {"status": {"phase": "Bound", "accessModes": ["ReadWriteMany"], "capacity": {"storage": "1Gi"}}}
+    api.request(
+        "PATCH",
+        f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{CLAIM}/status",
+        body=bound,
+        content_type=merge,
     )
 
 
@@ -242,13 +265,33 @@ async def test_start_refuses_while_the_job_runs_anywhere(
 async def test_a_disruption_budget_blocks_the_save_and_the_pod_keeps_running(
     admin: KubeApi, kube_namespace: str, runtimes: dict[str, KubernetesRuntime]
 ) -> None:
-    await create(admin, kube_namespace, training_pod("guarded", "node-1", steps=2000))
+    await disruption_budget_blocks_the_save(admin, kube_namespace, runtimes)
+
+
+async def test_a_job_deaf_to_sigterm_is_killed_and_resumes_from_its_checkpoint(
+    admin: KubeApi, kube_namespace: str, volume: Path, runtimes: dict[str, KubernetesRuntime]
+) -> None:
+    await deaf_job_is_killed_and_resumes(admin, kube_namespace, volume, runtimes)
+
+
+# -- scenarios, shared with test_real_nodes.py (the same logic on real kubelets) -----------------
+
+Adapt = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def _as_is(pod: dict[str, Any]) -> dict[str, Any]:
+    return pod
+
+
+async def disruption_budget_blocks_the_save(
+    admin: KubeApi, namespace: str, runtimes: dict[str, KubernetesRuntime], adapt: Adapt = _as_is
+) -> None:
+    """An eviction refused by a PodDisruptionBudget fails the save; the pod keeps running."""
+    await create(admin, namespace, adapt(training_pod("guarded", "node-1", steps=2000)))
     await until(lambda: running(runtimes["node-1"], "guarded"), "guarded running")
 
     async def phase_running() -> bool:
-        pod = await asyncio.to_thread(
-            admin.request, "GET", f"/api/v1/namespaces/{kube_namespace}/pods/guarded"
-        )
+        pod = await asyncio.to_thread(admin.request, "GET", f"/api/v1/namespaces/{namespace}/pods/guarded")
         return bool(pod.get("status", {}).get("phase") == "Running")
 
     # The API server lets any eviction of a Pending pod through, budget or not: under load
@@ -261,31 +304,54 @@ async def test_a_disruption_budget_blocks_the_save_and_the_pod_keeps_running(
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {LABEL_JOB: "guarded"}}},
     }
     await asyncio.to_thread(
-        admin.request,
-        "POST",
-        f"/apis/policy/v1beta1/namespaces/{kube_namespace}/poddisruptionbudgets",
-        body=pdb,
+        admin.request, "POST", f"/apis/policy/v1beta1/namespaces/{namespace}/poddisruptionbudgets", body=pdb
     )
     with pytest.raises(SaveFailed, match="PodDisruptionBudget"):
-        await runtimes["node-1"].save(ContainerId(f"{kube_namespace}.guarded"), grace=5)
+        await runtimes["node-1"].save(ContainerId(f"{namespace}.guarded"), grace=5)
     assert await running(runtimes["node-1"], "guarded") is not None
+    pod = await asyncio.to_thread(admin.request, "GET", f"/api/v1/namespaces/{namespace}/pods/guarded")
+    assert "deletionTimestamp" not in pod["metadata"]  # never asked to stop
 
 
-async def test_a_job_deaf_to_sigterm_is_killed_and_rolled_back(
-    admin: KubeApi, kube_namespace: str, volume: Path, runtimes: dict[str, KubernetesRuntime]
+async def deaf_job_is_killed_and_resumes(
+    admin: KubeApi,
+    namespace: str,
+    volume: Path,
+    runtimes: dict[str, KubernetesRuntime],
+    *,
+    adapt: Adapt = _as_is,
+    steps: int = 300,
 ) -> None:
-    pod = training_pod("deaf", "node-1", steps=2000, extra=("--ignore-sigterm",))
-    await create(admin, kube_namespace, pod)
-    await until(lambda: running(runtimes["node-1"], "deaf"), "deaf running")
-    await until(
-        lambda: ckpt.latest_complete(volume / "jobs" / "deaf" / "checkpoints"), "a periodic checkpoint"
+    """A job that ignores SIGTERM is killed at the grace period; its newest periodic
+    checkpoint is the save's result, and the restored pod resumes from it and finishes."""
+    pod = adapt(training_pod("deaf", "node-1", steps=steps, extra=("--ignore-sigterm",)))
+    await create(admin, namespace, pod)
+    info = await until(lambda: running(runtimes["node-1"], "deaf"), "deaf running")
+    checkpoints = volume / "jobs" / "deaf" / "checkpoints"
+    await until(lambda: ckpt.latest_complete(checkpoints), "a periodic checkpoint")
+    res = await runtimes["node-1"].save(ContainerId(f"{namespace}.deaf"), grace=1)
+    print(
+        "DEAF",
+        [(r.get("event"), r.get("step"), r["ts"]) for r in records(volume, "deaf") if "event" in r],
+        time.time(),
     )
-    res = await runtimes["node-1"].save(ContainerId(f"{kube_namespace}.deaf"), grace=1)
     assert res.forced
     # Its newest periodic checkpoint is the result: a restart redoes the steps after it.
-    latest = ckpt.latest_complete(volume / "jobs" / "deaf" / "checkpoints")
+    latest = ckpt.latest_complete(checkpoints)
     assert latest is not None and res.checkpoint == latest.manifest and res.step == latest.step
     assert "checkpointed" not in [r.get("event") for r in records(volume, "deaf")]
+    assert await running(runtimes["node-1"], "deaf") is None
+
+    await runtimes["node-2"].start(info.spec, checkpoint=res.checkpoint)
+    await until(
+        lambda: any(r.get("event") == "finished" for r in records(volume, "deaf")),
+        "deaf to finish",
+        timeout=90,
+    )
+    recs = records(volume, "deaf")
+    restart = next(i for i, r in enumerate(recs) if r.get("event") == "started" and r.get("resumed"))
+    after = [int(r["step"]) for r in recs[restart:] if "loss" in r]
+    assert recs[restart]["step"] == res.step and after == list(range(res.step + 1, steps + 1))
 
 
 def test_watch_resumes_from_the_last_version(kube_cluster: KubeCluster, kube_namespace: str) -> None:
