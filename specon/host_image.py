@@ -18,8 +18,10 @@ from pathlib import Path
 # The source tree specon runs from (editable install: the repo).
 REPO = Path(__file__).resolve().parents[1]
 
-# Debian 12 merges /bin, /sbin and /lib* into /usr: the image keeps the links, /usr is bound.
-_USR_LINKS = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
+# Debian 12 merges /bin and /lib* into /usr: the image keeps the links, /usr is bound. /sbin
+# stays a directory: Docker mounts its init at /sbin/docker-init, which a link would put on the
+# read-only /usr (every init=True container would fail to start).
+_USR_LINKS = {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64"}
 _PASSWD = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
 _GROUP = "root:x:0:\nnogroup:x:65534:\n"
 
@@ -47,7 +49,7 @@ def host_rootfs(dest: Path) -> Path:
         link = dest / name
         if not link.is_symlink():
             link.symlink_to(target)
-    for d in ("usr", "etc", "tmp", "proc", "sys", "dev", "root", "data", "var/tmp", "run"):
+    for d in ("usr", "sbin", "etc", "tmp", "proc", "sys", "dev", "root", "data", "var/tmp", "run"):
         (dest / d).mkdir(parents=True, exist_ok=True)
     os.chmod(dest / "tmp", 0o1777)
     os.chmod(dest / "var/tmp", 0o1777)

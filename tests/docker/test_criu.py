@@ -19,10 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 
 from specon.runtime import docker_criu
+from specon.runtime.docker import DockerRuntime, import_image
+from tests.docker import test_runtime_docker as rd
 from tests.docker.engines import DockerUnavailable, Engine, job_binds, start_engine, stop_engine
 from tests.rootfs import REPO, host_rootfs
 
@@ -51,20 +52,8 @@ def install_criu() -> Path:
 
 
 def criu_image(engine: Engine) -> str:
-    """The host-Python image with a real ``/sbin`` directory: Docker mounts the init binary at
-    ``/sbin/docker-init``, which a ``sbin -> usr/sbin`` link would put on the read-only /usr."""
-    c = engine.client()
-    try:
-        c.images.get(IMAGE)
-    except docker.errors.ImageNotFound:
-        rootfs = host_rootfs(engine.base / "criu-rootfs")
-        if (rootfs / "sbin").is_symlink():
-            (rootfs / "sbin").unlink()
-        (rootfs / "sbin").mkdir(exist_ok=True)
-        tar = subprocess.run(["tar", "-C", str(rootfs), "-c", "."], capture_output=True, check=True)
-        repo, _, tag = IMAGE.partition(":")
-        c.api.import_image_from_data(tar.stdout, repository=repo, tag=tag)
-    return IMAGE
+    """The host-Python image (its ``/sbin`` a directory, where Docker mounts its init)."""
+    return import_image(engine.client(), host_rootfs(engine.base / "criu-rootfs"), IMAGE)
 
 
 @pytest.fixture(scope="module")
@@ -268,3 +257,28 @@ def test_refusals_name_the_engine_and_the_state() -> None:
     assert "target engine" in (target or "")
     stopped = {"HostConfig": {}, "State": {"Running": False, "Status": "exited"}}
     assert docker_criu.criu_refusal(stopped, {"ExperimentalBuild": True}) == "container is exited"
+
+
+async def test_the_backend_moves_a_job_by_criu_and_it_never_restarts(
+    criu_engines: tuple[Engine, Engine], tmp_path: Path
+) -> None:
+    """``migration.mode: criu`` through DockerRuntime: save checkpoints the container's
+    processes into the agents' area of the volume, the next start restores them on the other
+    engine, and the job finishes exactly its steps without ever starting again."""
+    a, b = criu_engines
+    volume = Path(os.path.realpath(tmp_path))
+    rt_a = DockerRuntime(volume, "c1", a.client(), rules=rd.rules(volume), migration_mode="criu")
+    rt_b = DockerRuntime(volume, "c2", b.client(), rules=rd.rules(volume), migration_mode="criu")
+    s = rd.spec("criu-1", rd.recipe(IMAGE, volume, "--steps", "150", "--checkpoint-every", "1000"))
+    await rt_a.start(s)
+    await rd.wait_step(volume, "criu-1", 20)
+    saved = await rt_a.save("criu-1", grace=20)
+    assert not saved.forced and saved.step is None  # no job checkpoint: CRIU's image instead
+    assert (volume / "docker" / "criu" / "criu-1").is_dir()
+    moved = await rt_b.start(rt_b.job_spec("criu-1") or s)
+    assert moved.worker == "c2"
+    assert not (volume / "docker" / "criu" / "criu-1").exists()  # an image is used once
+    await rd.wait_finished(rt_b, "criu-1")
+    rd.assert_exact(volume, "criu-1", 150)
+    starts = [r for r in rd.records(volume, "criu-1") if r.get("event") in ("started", "resumed")]
+    assert len(starts) == 1, starts  # restored, never restarted
