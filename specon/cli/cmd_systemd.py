@@ -55,6 +55,8 @@ class AgentUnit:
     volume: Path
     runtime: Runtime = "local"
     docker_host: str | None = None
+    # --runtime docker: host path prefixes jobs may bind read-only.
+    allow_bind: tuple[Path, ...] = ()
     listen: str = "127.0.0.1:7701"
     cpus: float | None = None
     cluster: str | None = None
@@ -118,6 +120,8 @@ def render_agent(unit: AgentUnit) -> str:
     argv += [["--listen", exec_arg(unit.listen)], ["--runtime", unit.runtime]]
     if unit.docker_host:
         argv.append(["--docker-host", exec_arg(unit.docker_host)])
+    for prefix in unit.allow_bind:
+        argv.append(["--allow-bind", exec_arg(str(prefix))])
     if unit.cpus is not None:
         argv.append(["--cpus", f"{unit.cpus:g}"])
     if unit.cluster:
@@ -319,8 +323,8 @@ def agent_unit(args: argparse.Namespace) -> AgentUnit:
         cluster = valid_id(args.cluster, what="--cluster") if args.cluster else None
     except InvalidIdError as exc:
         raise UnitError(str(exc)) from exc
-    if args.docker_host and args.runtime != "docker":
-        raise UnitError("--docker-host goes with --runtime docker")
+    if (args.docker_host or args.allow_bind) and args.runtime != "docker":
+        raise UnitError("--docker-host and --allow-bind go with --runtime docker")
     if args.cpus is not None and not 0 < args.cpus < 1e6:
         raise UnitError(f"--cpus must be a positive number of cores, got {args.cpus}")
     if args.token_via == "environment" and args.runtime == "local":
@@ -345,6 +349,7 @@ def agent_unit(args: argparse.Namespace) -> AgentUnit:
         volume=volume,
         runtime=args.runtime,
         docker_host=_docker_host(args.docker_host) if args.docker_host else None,
+        allow_bind=tuple(_abs_path(p, "--allow-bind") for p in args.allow_bind),
         listen=_listen(args.listen),
         cpus=args.cpus,
         cluster=cluster,
@@ -540,6 +545,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="local = jobs as processes in a cgroup budget (default); docker = jobs as containers",
     )
     agent.add_argument("--docker-host", metavar="URL", help="with --runtime docker: the engine's URL")
+    agent.add_argument(
+        "--allow-bind",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="with --runtime docker: a host path prefix jobs may bind read-only (repeatable)",
+    )
     agent.add_argument(
         "--listen", default="127.0.0.1:7701", metavar="HOST:PORT", help="where /healthz and /metrics listen"
     )

@@ -235,7 +235,10 @@ def test_print_writes_nothing(tmp_path: Path, token_file: Path, capsys: pytest.C
         (("--volume", "srv"), "--volume must be an absolute path"),
         (("--volume", "/srv/my volume"), "may hold no space"),
         (("--volume", "/tmp/vol"), "PrivateTmp= hides /tmp"),
-        (("--docker-host", "unix:///run/docker.sock"), "--docker-host goes with --runtime docker"),
+        (
+            ("--docker-host", "unix:///run/docker.sock"),
+            "--docker-host and --allow-bind go with --runtime docker",
+        ),
         (("--token-via", "environment"), "would hand the token to every local job"),
         (("--cpus", "0"), "--cpus must be a positive number"),
         (("--listen", "nowhere"), "--listen"),
