@@ -59,7 +59,9 @@ TRAIN_IMAGE = "local/specon-train:1"
 HOST_VOLUME = "host-{}"
 PYTHON = str(Path(sys.executable).absolute())  # the venv's interpreter: inside the repo bind
 CNI_CONF = '{"cniVersion": "0.4.0", "name": "lo-only", "plugins": [{"type": "loopback"}]}\n'
-POD_LOGS = Path("/var/log/pods")  # the kubelet's fixed pod log root, shared by both kubelets
+POD_LOGS = Path("/var/log/pods")
+STATE_PREFIX = "specon-nodes-"  # /tmp/specon-nodes-XXXX: one RealNodes' state, sockets, cgroup name
+OWNER_FILE = "owner.pid"  # the kubelet's fixed pod log root, shared by both kubelets
 
 
 class NodeStartError(RuntimeError):
@@ -117,6 +119,9 @@ def on_real_node(pod: Mapping[str, Any], *, image: str = TRAIN_IMAGE) -> dict[st
     for c in spec["containers"]:
         c["image"] = image
         c["imagePullPolicy"] = "Never"
+        # The venv's console scripts (specon-agent) and interpreter first, as in the host's shell.
+        path = {"name": "PATH", "value": f"{Path(PYTHON).parent}:/usr/local/bin:/usr/bin:/bin"}
+        c["env"] = [*(c.get("env") or []), path]
         if c.get("command") and c["command"][0] == "python":
             c["command"] = [PYTHON, *c["command"][1:]]
         c["volumeMounts"] = [
@@ -212,8 +217,10 @@ class RealNodes:
     nodes: dict[str, Node] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        sweep_stale()
         # Short: a unix socket path must stay under 108 bytes.
-        self._tmp = Path(tempfile.mkdtemp(prefix="specon-nodes-"))
+        self._tmp = Path(tempfile.mkdtemp(prefix=STATE_PREFIX))
+        (self._tmp / OWNER_FILE).write_text(str(os.getpid()))
         self._cgroup = f"{_own_memory_cgroup().rstrip('/')}/{self._tmp.name}"
         self._core = client.CoreV1Api(self.cluster.api_client())
         self._logs_before: set[str] = set()
@@ -437,6 +444,37 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                         time.sleep(0.2)
                 with contextlib.suppress(NodeStartError, subprocess.TimeoutExpired):
                     self.ctr(node, "containers", "rm", cid, timeout=20)
+
+
+def sweep_stale() -> None:
+    """Remove what a RealNodes whose process died without stopping it left (a SIGKILLed
+    pytest): containerd shims keep the containers alive, with their cgroups and mounts."""
+    base = Path(tempfile.gettempdir())
+    memcg = _own_memory_cgroup().rstrip("/")
+    for state in base.glob(f"{STATE_PREFIX}*"):
+        try:
+            owner = int((state / OWNER_FILE).read_text())
+            os.kill(owner, 0)
+            continue  # alive: another session's nodes
+        except ProcessLookupError:
+            pass
+        except (OSError, ValueError):
+            if time.time() - state.stat().st_mtime < 60:  # being created right now
+                continue
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                with contextlib.suppress(OSError, ProcessLookupError):
+                    if str(state).encode() in (proc / "cmdline").read_bytes():
+                        os.kill(int(proc.name), signal.SIGKILL)
+        # Its cgroup sits under the memory cgroup of the process that made it (maybe not ours).
+        made = {f"{memcg}/{state.name}"} | {
+            "/" + str(g.relative_to(CGROUP_ROOT / "memory"))
+            for g in (CGROUP_ROOT / "memory").glob(f"*/*/{state.name}")
+        }
+        for group in made:
+            _remove_cgroup(group)
+        _unmount_under(state)
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def _fatal(proc: _Proc) -> str:

@@ -88,6 +88,7 @@ class Deployment:
     agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     #: What a pod written for the stand-in needs to run on these nodes (nodes.on_real_node).
     adapt: Callable[[dict[str, Any]], dict[str, Any]] = lambda pod: pod
+    agent_pods: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -150,6 +151,12 @@ class Deployment:
         ]  # fmt: skip
         self.agents[node] = self._spawn(f"agent-{node}", argv)
 
+    def start_agent_pod(self, pod: dict[str, Any]) -> None:
+        """An agent run by a kubelet, as its DaemonSet would (test_real_nodes.py builds the pod)."""
+        admin = KubeApi(self.cluster.api_client())
+        admin.request("POST", f"/api/v1/namespaces/{self.namespace}/pods", body=pod)
+        self.agent_pods.append(pod["metadata"]["name"])
+
     async def status(self) -> Status:
         async with aiohttp.ClientSession() as s, s.get(self.url + protocol.STATUS_PATH) as r:
             return protocol.decode(await r.read(), Status)
@@ -159,6 +166,14 @@ class Deployment:
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
+        admin = KubeApi(self.cluster.api_client())
+        for name in self.agent_pods:  # the kubelet SIGTERMs it; its log is kept with ours
+            for log in Path("/var/log/pods").glob(f"{self.namespace}_{name}_*/*/*.log"):
+                with contextlib.suppress(OSError):
+                    (self.work / f"pod-{name}.log").write_bytes(log.read_bytes())
+            with contextlib.suppress(KubeError):
+                path = f"/api/v1/namespaces/{self.namespace}/pods/{name}"
+                await asyncio.to_thread(admin.request, "DELETE", path, query={"gracePeriodSeconds": "5"})
         for proc in procs:
             try:
                 await asyncio.to_thread(proc.wait, 15)
@@ -195,8 +210,12 @@ async def deployed(
     namespace: str,
     tmp_path: Path,
     adapt: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    agent_pod: Callable[[Deployment, str, str], dict[str, Any]] | None = None,
 ) -> AsyncIterator[Deployment]:
-    """The manager and the agents of node-1 and node-2, whatever runs the nodes."""
+    """The manager and the agents of node-1 and node-2, whatever runs the nodes; with
+    ``agent_pod``, each agent is that pod (its node's kubelet runs it) instead of a process:
+    all agents must see the shared volume at the same path, as the checkpoint paths they
+    hand each other are their own."""
     admin = KubeApi(cluster.api_client())
     volume = tmp_path / "shared"
     shared_volume(admin, namespace, volume)
@@ -217,8 +236,11 @@ async def deployed(
     if adapt is not None:
         d.adapt = adapt
     await d.start_manager()
-    d.start_agent("node-1", "127.0.0.2")
-    d.start_agent("node-2", "127.0.0.3")
+    for node, host in (("node-1", "127.0.0.2"), ("node-2", "127.0.0.3")):
+        if agent_pod is None:
+            d.start_agent(node, host)
+        else:
+            d.start_agent_pod(agent_pod(d, node, host))
     try:
         yield d
     finally:

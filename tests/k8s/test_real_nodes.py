@@ -8,16 +8,26 @@ grace period, pod teardown and creation are the kubelet's. One pair of nodes ser
 
 from __future__ import annotations
 
+import contextlib
+import copy
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
-from specon.runtime.kubernetes import KubeApi, KubernetesRuntime
-from tests.k8s.cluster import KubeCluster
+from specon.runtime.kubernetes import KubeApi, KubeError, KubernetesRuntime
+from tests.k8s.cluster import KubeCluster, free_ports
 from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.nodes import RealNodes, on_real_node
-from tests.k8s.test_e2e_kubernetes import Deployment, converged_pod_moves, deployed, manager_restart_recovers
+from tests.k8s.test_e2e_kubernetes import (
+    POLICY,
+    Deployment,
+    converged_pod_moves,
+    deployed,
+    manager_restart_recovers,
+)
 from tests.k8s.test_runtime_kubernetes import (
     deaf_job_is_killed_and_resumes,
     disruption_budget_blocks_the_save,
@@ -25,6 +35,79 @@ from tests.k8s.test_runtime_kubernetes import (
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
+
+AGENT_MANIFEST = Path(__file__).resolve().parents[2] / "manifests" / "base" / "agent.yaml"
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def daemonset_agent_pod(d: Deployment, node: str, host: str) -> dict[str, Any]:
+    """The pod the DaemonSet of manifests/base/agent.yaml would create on ``node``: its
+    container, args, env, securityContext, resources and volumes (the projected token for
+    the manager, the policy ConfigMap, the shared claim, /tmp) as written, in the offline
+    image with the host binds (nodes.on_real_node). What this cluster lacks is filled in:
+    - no pod network: ``hostNetwork`` (on_real_node), the agent listening on ``host``
+      (loopback) instead of 0.0.0.0, no probes (the kubelet would probe the node's
+      non-loopback address), and the manager's URL instead of its Service's DNS name;
+    - no ServiceAccount admission plugin nor root-CA publisher: the volume a 1.21+ API server
+      injects for in-cluster access (a bound token, ``kube-root-ca.crt``, the namespace), and
+      ``KUBERNETES_SERVICE_HOST/PORT`` naming the API server on 127.0.0.1 (no kube-proxy).
+    """
+    docs = yaml.safe_load_all(AGENT_MANIFEST.read_text())
+    ds = next(doc for doc in docs if doc and doc.get("kind") == "DaemonSet")
+    template = copy.deepcopy(ds["spec"]["template"])
+    spec = template["spec"]
+    spec["nodeName"] = node  # the DaemonSet controller's one decision
+    c = spec["containers"][0]
+    (port,) = free_ports(1, host)
+    replace = {"--manager": d.url, "--listen": f"{host}:{port}"}
+    c["args"] = [
+        f"{a.partition('=')[0]}={replace[a.partition('=')[0]]}" if a.partition("=")[0] in replace else a
+        for a in c["args"]
+    ]
+    for key in ("readinessProbe", "livenessProbe", "ports"):
+        c.pop(key, None)
+    c["env"] = [
+        *c.get("env", []),
+        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": str(d.cluster.port)},
+    ]
+    c["volumeMounts"].append({"name": "kube-api-access", "mountPath": SA_DIR, "readOnly": True})
+    spec["volumes"].append(
+        {
+            "name": "kube-api-access",
+            "projected": {
+                "sources": [
+                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+                    {
+                        "configMap": {
+                            "name": "kube-root-ca.crt",
+                            "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                        }
+                    },
+                    {
+                        "downwardAPI": {
+                            "items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]
+                        }
+                    },
+                ]
+            },
+        }
+    )
+    admin = KubeApi(d.cluster.api_client())
+    for name, data in (
+        ("kube-root-ca.crt", {"ca.crt": d.cluster.ca_file.read_text()}),
+        ("specon-policy", {"policy.yaml": POLICY}),
+    ):
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data}
+        with contextlib.suppress(KubeError):  # made for the other node's pod
+            admin.request("POST", f"/api/v1/namespaces/{d.namespace}/configmaps", body=cm)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"specon-agent-{node}", "labels": template["metadata"]["labels"]},
+        "spec": spec,
+    }
+    return on_real_node(pod)
 
 
 @pytest.fixture
@@ -44,11 +127,16 @@ def real_volume(real_admin: KubeApi, real_namespace: str, tmp_path: Path) -> Ite
 async def real_runtimes(
     real_cluster: KubeCluster, real_namespace: str, real_volume: Path, real_nodes: RealNodes
 ) -> AsyncIterator[dict[str, KubernetesRuntime]]:
-    # The default kill_slack (15 s): a real kubelet confirms a deletion only once the pod's
-    # containers, volumes and cgroups are gone, seconds after the kill.
+    # kill_slack 30 s, not the default 15: a 1.20 kubelet confirms a deletion (the API object
+    # goes) only once the pod's containers, volumes and cgroups are gone, and then at its
+    # status manager's next 10 s batch: measured up to ~13 s after the container exited.
     made = {
         node: KubernetesRuntime(
-            real_cluster.api_client(), node, volume_root=real_volume, namespace=real_namespace
+            real_cluster.api_client(),
+            node,
+            volume_root=real_volume,
+            namespace=real_namespace,
+            kill_slack=30.0,
         )
         for node in real_nodes.names
     }
@@ -90,3 +178,28 @@ async def test_a_job_deaf_to_sigterm_is_killed_by_the_kubelet_and_resumes_from_i
     await deaf_job_is_killed_and_resumes(
         real_admin, real_namespace, real_volume, real_runtimes, adapt=on_real_node, steps=600
     )
+
+
+@pytest.fixture
+async def daemonset_deployment(
+    real_cluster: KubeCluster, real_namespace: str, real_nodes: RealNodes, tmp_path: Path
+) -> AsyncIterator[Deployment]:
+    async with deployed(
+        real_cluster, real_namespace, tmp_path, adapt=on_real_node, agent_pod=daemonset_agent_pod
+    ) as d:
+        yield d
+
+
+async def test_the_agent_as_its_daemonset_runs_it_restores_a_job_on_its_node(
+    daemonset_deployment: Deployment,
+) -> None:
+    """Each agent is the DaemonSet's pod, run by its node's kubelet with the manifest's
+    credentials (a token projected for the manager; in-cluster API access as its
+    ServiceAccount) and its /data mount: the converged job moves from node-1 to node-2."""
+    d = daemonset_deployment
+    down = await converged_pod_moves(d, steps=300)
+    admin = KubeApi(d.cluster.api_client())
+    for node in ("node-1", "node-2"):
+        pod = admin.request("GET", f"/api/v1/namespaces/{d.namespace}/pods/specon-agent-{node}")
+        assert pod["status"]["phase"] == "Running" and pod["spec"]["nodeName"] == node
+    print(f"\nDAEMONSET AGENTS: training gap {down.gap:.2f} s")
