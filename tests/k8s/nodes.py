@@ -59,9 +59,13 @@ TRAIN_IMAGE = "local/specon-train:1"
 HOST_VOLUME = "host-{}"
 PYTHON = str(Path(sys.executable).absolute())  # the venv's interpreter: inside the repo bind
 CNI_CONF = '{"cniVersion": "0.4.0", "name": "lo-only", "plugins": [{"type": "loopback"}]}\n'
-POD_LOGS = Path("/var/log/pods")
+# The kubelet 1.20's fixed log roots. Shared, each kubelet's log GC would delete the other
+# node's pod log directories as "orphaned" (then no container of that pod can be created):
+# each node's containerd and kubelet run in a mount namespace of their own with these bound
+# to the node's directory.
+LOG_ROOTS = {"pods": "/var/log/pods", "containers": "/var/log/containers"}
 STATE_PREFIX = "specon-nodes-"  # /tmp/specon-nodes-XXXX: one RealNodes' state, sockets, cgroup name
-OWNER_FILE = "owner.pid"  # the kubelet's fixed pod log root, shared by both kubelets
+OWNER_FILE = "owner.pid"
 
 
 class NodeStartError(RuntimeError):
@@ -223,7 +227,6 @@ class RealNodes:
         (self._tmp / OWNER_FILE).write_text(str(os.getpid()))
         self._cgroup = f"{_own_memory_cgroup().rstrip('/')}/{self._tmp.name}"
         self._core = client.CoreV1Api(self.cluster.api_client())
-        self._logs_before: set[str] = set()
 
     def __enter__(self) -> RealNodes:
         self.start()
@@ -237,8 +240,6 @@ class RealNodes:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        with contextlib.suppress(OSError):
-            self._logs_before = {p.name for p in POD_LOGS.iterdir()}
         try:
             for name in self.names:
                 node = Node(name, self._tmp / name, f"{self._cgroup}/{name}")
@@ -265,15 +266,16 @@ class RealNodes:
                 self._remove_containers(node)
             if node.containerd is not None:
                 node.containerd.stop()
+        keep = os.environ.get("SPECON_NODE_LOGS")  # a directory to keep the daemons' logs in
         for node in self.nodes.values():
+            if keep:
+                Path(keep).mkdir(parents=True, exist_ok=True)
+                for log in node.dir.glob("*.log"):
+                    shutil.copy(log, Path(keep) / f"{node.name}-{log.name}")
             _unmount_under(node.dir)
             with contextlib.suppress(client.ApiException):
                 self._core.delete_node(node.name)
         _remove_cgroup(self._cgroup)
-        with contextlib.suppress(OSError):
-            for entry in POD_LOGS.iterdir():
-                if entry.name not in self._logs_before:
-                    shutil.rmtree(entry, ignore_errors=True)
         self.nodes.clear()
         shutil.rmtree(self._tmp, ignore_errors=True)
 
@@ -351,9 +353,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     conf_dir = "{node.dir}/cni"
 """
         )
-        node.containerd = self._spawn(
-            node, "containerd", [str(self.binaries.containerd), "--config", str(config)]
-        )
+        binds = []
+        for name, root in LOG_ROOTS.items():
+            Path(root).mkdir(parents=True, exist_ok=True)  # the mount point, on the host
+            (node.dir / "logs" / name).mkdir(parents=True)
+            binds += [str(node.dir / "logs" / name), root]
+        # A private mount namespace (root's propagation is private here: nothing leaks out);
+        # the kubelet joins it (_start_kubelet), so both see the node's own log roots and the
+        # volumes the kubelet mounts.
+        script = 'mount --bind "$1" "$2" && mount --bind "$3" "$4" && shift 4 && exec "$@"'
+        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *binds]
+        argv += [str(self.binaries.containerd), "--config", str(config)]
+        node.containerd = self._spawn(node, "containerd", argv)
         deadline = time.monotonic() + 30
         while (
             not node.socket.exists()
@@ -390,10 +401,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         kubeconfig = self.cluster.kubeconfig(node.dir / "kubeconfig")
         endpoint = f"unix://{node.socket}"
         labels = ",".join(f"{k}={v}" for k, v in self.labels.items())
+        assert node.containerd is not None
         node.kubelet = self._spawn(
             node,
             "kubelet",
             [
+                "nsenter",
+                f"--mount=/proc/{node.containerd.popen.pid}/ns/mnt",  # containerd's namespace
+                "--",
                 str(self.binaries.kubelet),
                 f"--config={conf_file}",
                 f"--kubeconfig={kubeconfig}",
@@ -475,6 +490,12 @@ def sweep_stale() -> None:
             _remove_cgroup(group)
         _unmount_under(state)
         shutil.rmtree(state, ignore_errors=True)
+
+
+def pod_log_files(namespace: str, pod: str) -> list[Path]:
+    """The container logs of pod ``namespace/pod`` on any node of a running RealNodes."""
+    base = Path(tempfile.gettempdir())
+    return sorted(base.glob(f"{STATE_PREFIX}*/*/logs/pods/{namespace}_{pod}_*/*/*.log"))
 
 
 def _fatal(proc: _Proc) -> str:

@@ -31,6 +31,7 @@ from specon.runtime.kubernetes import KubeApi, KubeError
 from tests.k8s.cluster import KubeCluster, free_ports
 from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet
+from tests.k8s.nodes import pod_log_files
 from tests.k8s.test_runtime_kubernetes import records, shared_volume, trained, training_pod, until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -168,7 +169,7 @@ class Deployment:
                 proc.send_signal(signal.SIGTERM)
         admin = KubeApi(self.cluster.api_client())
         for name in self.agent_pods:  # the kubelet SIGTERMs it; its log is kept with ours
-            for log in Path("/var/log/pods").glob(f"{self.namespace}_{name}_*/*/*.log"):
+            for log in pod_log_files(self.namespace, name):
                 with contextlib.suppress(OSError):
                     (self.work / f"pod-{name}.log").write_bytes(log.read_bytes())
             with contextlib.suppress(KubeError):
