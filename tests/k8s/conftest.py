@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 import pytest
 from kubernetes import client
@@ -56,45 +57,36 @@ TEST_NODES = tuple(
     NodeSpec(f"node-{i}", address=f"127.0.0.{i}", labels={"specon.io/test-node": "true"}) for i in (1, 2, 3)
 )
 
-_build: Binaries | BaseException | None = None
-_node_build: NodeBinaries | BaseException | None = None
+# One build per session and kind, shared by the collection hook and the fixtures: the result,
+# or the error to raise again.
+_builds: dict[str, Any] = {}
+T = TypeVar("T")
 
 
-def _build_once(config: pytest.Config) -> Binaries:
-    global _build  # noqa: PLW0603  (one build per session, shared by hook and fixture)
-    if _build is None:
+def _once(config: pytest.Config, what: str, build: Callable[[], T]) -> T:
+    if what not in _builds:
         capture = config.pluginmanager.getplugin("capturemanager")
         reporter = config.pluginmanager.getplugin("terminalreporter")
         if reporter is not None:
-            reporter.write_line("tests/k8s: ensuring kube-apiserver + etcd (a cold build takes ~5 min, once)")
+            reporter.write_line(f"tests/k8s: ensuring {what}, once")
         try:
             # Let the build script's progress reach the terminal.
             with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-                _build = ensure_binaries()
-        except (BuildImpossibleError, subprocess.CalledProcessError, OSError) as err:
-            _build = err
-    if isinstance(_build, BaseException):
-        raise _build
-    return _build
+                _builds[what] = build()
+        except (BuildImpossibleError, subprocess.CalledProcessError, OSError, RuntimeError) as err:
+            _builds[what] = err
+    got = _builds[what]
+    if isinstance(got, BaseException):
+        raise got
+    return cast("T", got)
+
+
+def _build_once(config: pytest.Config) -> Binaries:
+    return _once(config, "kube-apiserver + etcd (a cold build takes ~5 min)", ensure_binaries)
 
 
 def _build_nodes_once(config: pytest.Config) -> NodeBinaries:
-    global _node_build  # noqa: PLW0603  (as _build)
-    if _node_build is None:
-        capture = config.pluginmanager.getplugin("capturemanager")
-        reporter = config.pluginmanager.getplugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(
-                "tests/k8s: ensuring kubelet + containerd (a cold kubelet build takes ~3 min, once)"
-            )
-        try:
-            with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-                _node_build = ensure_node_binaries()
-        except (BuildImpossibleError, subprocess.CalledProcessError, OSError, RuntimeError) as err:
-            _node_build = err
-    if isinstance(_node_build, BaseException):
-        raise _node_build
-    return _node_build
+    return _once(config, "kubelet + containerd (a cold kubelet build takes ~3-5 min)", ensure_node_binaries)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

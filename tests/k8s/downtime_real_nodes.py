@@ -53,7 +53,7 @@ async def one_run(
             await asyncio.to_thread(nodes.import_images, node2, [train_archive])
         t_imported = time.time()
         started = await rts["node-2"].start(spec, checkpoint=res.checkpoint)
-        new_name = started.handle.partition("/")[2]
+        new_name = str(started.handle).partition("/")[2]
 
         async def phase_running() -> float | None:
             p = await asyncio.to_thread(

@@ -112,8 +112,8 @@ def on_real_node(pod: Mapping[str, Any], *, image: str = TRAIN_IMAGE) -> dict[st
     """A pod written for the stand-in (``python`` on PATH, any image) as it runs on a real node:
     the offline image, never pulled, host network, the host binds as read-only ``hostPath``
     volumes at the same paths, and the venv's interpreter for ``python``."""
-    pod = copy.deepcopy(dict(pod))
-    spec = pod["spec"]
+    made: dict[str, Any] = copy.deepcopy(dict(pod))
+    spec = made["spec"]
     spec["hostNetwork"] = True
     binds = host_binds()
     spec["volumes"] = [
@@ -135,7 +135,7 @@ def on_real_node(pod: Mapping[str, Any], *, image: str = TRAIN_IMAGE) -> dict[st
                 for i, (_, inside) in enumerate(binds)
             ),
         ]
-    return pod
+    return made
 
 
 def _own_memory_cgroup() -> str:

@@ -31,6 +31,7 @@ from tests.k8s.test_e2e_kubernetes import (
 from tests.k8s.test_runtime_kubernetes import (
     deaf_job_is_killed_and_resumes,
     disruption_budget_blocks_the_save,
+    node_runtimes,
     shared_volume,
 )
 
@@ -124,25 +125,14 @@ def real_volume(real_admin: KubeApi, real_namespace: str, tmp_path: Path) -> Ite
 
 
 @pytest.fixture
-async def real_runtimes(
+def real_runtimes(
     real_cluster: KubeCluster, real_namespace: str, real_volume: Path, real_nodes: RealNodes
-) -> AsyncIterator[dict[str, KubernetesRuntime]]:
+) -> Iterator[dict[str, KubernetesRuntime]]:
     # kill_slack 30 s, not the default 15: a 1.20 kubelet confirms a deletion (the API object
     # goes) only once the pod's containers, volumes and cgroups are gone, and then at its
     # status manager's next 10 s batch: measured up to ~13 s after the container exited.
-    made = {
-        node: KubernetesRuntime(
-            real_cluster.api_client(),
-            node,
-            volume_root=real_volume,
-            namespace=real_namespace,
-            kill_slack=30.0,
-        )
-        for node in real_nodes.names
-    }
-    yield made
-    for rt in made.values():
-        rt.close()
+    with node_runtimes(real_cluster, real_namespace, real_volume, kill_slack=30.0) as made:
+        yield made
 
 
 @pytest.fixture

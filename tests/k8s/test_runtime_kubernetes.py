@@ -5,10 +5,11 @@ PodDisruptionBudget refusal, the never-twice guard, a forced save, watch resync.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -172,19 +173,30 @@ def volume(admin: KubeApi, kube_namespace: str, tmp_path: Path) -> Iterator[Path
     admin.request("DELETE", f"/api/v1/persistentvolumes/specon-data-{kube_namespace}")
 
 
-@pytest.fixture
-async def runtimes(
-    kube_cluster: KubeCluster, kube_namespace: str, volume: Path, fake_kubelet: FakeKubelet
-) -> AsyncIterator[dict[str, KubernetesRuntime]]:
+@contextlib.contextmanager
+def node_runtimes(
+    cluster: KubeCluster, namespace: str, volume: Path, *, kill_slack: float
+) -> Iterator[dict[str, KubernetesRuntime]]:
+    """A KubernetesRuntime per node, node-1 and node-2, closed afterwards."""
     made = {
         node: KubernetesRuntime(
-            kube_cluster.api_client(), node, volume_root=volume, namespace=kube_namespace, kill_slack=5.0
+            cluster.api_client(), node, volume_root=volume, namespace=namespace, kill_slack=kill_slack
         )
         for node in ("node-1", "node-2")
     }
-    yield made
-    for rt in made.values():
-        rt.close()
+    try:
+        yield made
+    finally:
+        for rt in made.values():
+            rt.close()
+
+
+@pytest.fixture
+def runtimes(
+    kube_cluster: KubeCluster, kube_namespace: str, volume: Path, fake_kubelet: FakeKubelet
+) -> Iterator[dict[str, KubernetesRuntime]]:
+    with node_runtimes(kube_cluster, kube_namespace, volume, kill_slack=5.0) as made:
+        yield made
 
 
 async def create(admin: KubeApi, namespace: str, pod: dict[str, Any]) -> None:
