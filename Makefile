@@ -67,8 +67,8 @@ clean: ## Remove build products (keeps .venv and the cache)
 # The real control plane for tests/k8s (the test fixtures run the same script).
 KUBE_BUILD := tests/k8s/build-apiserver.sh
 .PHONY: kube-apiserver
-kube-apiserver: install ## Build once and cache kube-apiserver v1.20.2 + etcd (tests/k8s)
-	PYTHON=$(CURDIR)/$(BIN)/python bash $(KUBE_BUILD)
+kube-apiserver: install ## Build once and cache kube-apiserver + kubelet v1.20.2, pause, etcd; apt-install containerd/runc/CNI (tests/k8s)
+	PYTHON=$(CURDIR)/$(BIN)/python bash $(KUBE_BUILD) --node
 
 # -- Kubernetes (see manifests/ and the README's "Deploying to Kubernetes") ----------------
 IMAGE ?= specon:0.1.0

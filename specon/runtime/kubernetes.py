@@ -124,7 +124,7 @@ class KubernetesRuntime:
         include_owned: bool = False,
         watch: bool = True,
         metrics: bool = True,
-        kill_slack: float = 15.0,
+        kill_slack: float = 30.0,
         proc: Path = Path("/proc"),
         cgroup_root: Path = CGROUP_ROOT,
     ) -> None:
