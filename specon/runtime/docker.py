@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import json
 import shutil
 import tarfile
 import time
@@ -81,7 +80,7 @@ from specon.runtime.docker_recipe import (
     unsafe_host_config,
 )
 from specon.runtime.saving import run_save, unrecoverable
-from specon.runtime.volume import CorruptRecordError, JobPaths, Owner, job_lock
+from specon.runtime.volume import CorruptRecordError, JobPaths, Owner, job_lock, read_spec, write_spec
 
 log = structlog.get_logger()
 
@@ -402,22 +401,12 @@ class DockerRuntime:
         return self._agent_dir / "criu" / job
 
     def _read_spec(self, job: ContainerId) -> JobSpec:
-        path = self._spec_path(job)
-        try:
-            raw = ckpt.read_regular(path, 1 << 20)
-        except FileNotFoundError as exc:
-            raise CorruptRecordError(f"{path}: missing") from exc
-        except (ckpt.NotRegularFileError, ckpt.FileTooLargeError) as exc:
-            raise CorruptRecordError(f"{path}: {exc}") from exc
-        try:
-            return JobSpec.from_json(json.loads(raw))
-        except ValueError as exc:
-            raise CorruptRecordError(f"{path}: {exc}") from exc
+        return read_spec(self._spec_path(job))
 
     def _write_spec(self, spec: JobSpec) -> None:
         path = self._spec_path(spec.id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        ckpt.atomic_write(path, json.dumps(spec.to_json(), sort_keys=True).encode())
+        write_spec(path, spec)
 
     def _recipe_of(self, spec: JobSpec) -> Recipe:
         if not spec.template:

@@ -62,6 +62,8 @@ __all__ = [
     "append_exit",
     "iter_job_ids",
     "job_lock",
+    "read_spec",
+    "write_spec",
 ]
 
 # The agent's environment a local job must not inherit.
@@ -197,15 +199,10 @@ class JobPaths:
 
     # -- spec.json --------------------------------------------------------------------
     def read_spec(self) -> JobSpec:
-        try:
-            return JobSpec.from_json(json.loads(read_regular(self.spec, SPEC_MAX)))
-        except FileNotFoundError as exc:
-            raise CorruptRecordError(f"{self.spec}: missing") from exc
-        except (NotRegularFileError, FileTooLargeError, ValueError) as exc:
-            raise CorruptRecordError(f"{self.spec}: {exc}") from exc
+        return read_spec(self.spec)
 
     def write_spec(self, spec: JobSpec) -> None:
-        atomic_write(self.spec, json.dumps(spec.to_json(), sort_keys=True).encode())
+        write_spec(self.spec, spec)
 
     # -- exits.jsonl ------------------------------------------------------------------
     def read_exits(self) -> tuple[list[ExitRecord], int]:
@@ -250,6 +247,22 @@ class JobPaths:
     def finished(self) -> bool:
         """The job completed its work: a done marker, or a final ``{"event": "finished"}``."""
         return self.done.exists() or last_event(self.progress) == "finished"
+
+
+def read_spec(path: Path) -> JobSpec:
+    """A ``JobSpec`` file (``spec.json``, the Docker agents' recorded specs);
+    ``CorruptRecordError`` saying why when it is missing or unreadable."""
+    try:
+        return JobSpec.from_json(json.loads(read_regular(path, SPEC_MAX)))
+    except FileNotFoundError as exc:
+        raise CorruptRecordError(f"{path}: missing") from exc
+    except (NotRegularFileError, FileTooLargeError, ValueError) as exc:
+        raise CorruptRecordError(f"{path}: {exc}") from exc
+
+
+def write_spec(path: Path, spec: JobSpec) -> None:
+    """Replace ``path`` with ``spec`` atomically."""
+    atomic_write(path, json.dumps(spec.to_json(), sort_keys=True).encode())
 
 
 LOCK_TIMEOUT_S = 10.0
