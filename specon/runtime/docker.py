@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
 import shutil
 import tarfile
@@ -68,6 +69,7 @@ from specon.runtime.base import (
     cpu_shares,
     valid_job_id,
 )
+from specon.runtime.docker_cgroup import ContainerCounters
 from specon.runtime.docker_recipe import (
     LABEL_JOB,
     LABEL_MANAGED,
@@ -88,12 +90,15 @@ _POLL_S = 0.1
 _KILL_WAIT_S = 10.0
 
 
-def container_job(c: Container) -> ContainerId | None:
+def job_of(labels: Mapping[str, str], name: str) -> ContainerId | None:
     """The job id of a managed container (label, else name); None if it is not a valid id."""
-    labels = c.labels or {}
     with contextlib.suppress(ValueError):
-        return valid_job_id(labels.get(LABEL_JOB) or c.name or "")
+        return valid_job_id(labels.get(LABEL_JOB) or name)
     return None
+
+
+def container_job(c: Container) -> ContainerId | None:
+    return job_of(c.labels or {}, c.name or "")
 
 
 def _started_at(attrs: Mapping[str, Any]) -> float:
@@ -138,6 +143,7 @@ class DockerRuntime:
         self._info_raw = info
         self._busy: dict[ContainerId, ContainerState] = {}
         self._cpu_last: dict[str, float] = {}
+        self._counters = ContainerCounters()
         self._last: tuple[float, float] | None = None
         self.skipped_records = 0
         (root / "jobs").mkdir(parents=True, exist_ok=True)
@@ -188,20 +194,20 @@ class DockerRuntime:
             return None
 
     async def list_containers(self) -> list[ContainerInfo]:
-        containers = await asyncio.to_thread(self._managed)
-        out = []
-        for job, c in containers.items():
-            info = await asyncio.to_thread(self._info, job, c)
-            if info is not None:
-                out.append(info)
-        return out
+        return await asyncio.to_thread(self._list)
+
+    def _list(self) -> list[ContainerInfo]:
+        infos = (self._info(job, c) for job, c in self._managed().items())
+        return [i for i in infos if i is not None]
 
     async def usage(self) -> WorkerUsage:
         """CPU use since the previous call from the engine's per-container counters."""
-        managed = await asyncio.to_thread(self._managed)
-        running = {job: c for job, c in managed.items() if c.status == "running"}
-        seconds = await asyncio.gather(*(asyncio.to_thread(_cpu_seconds, c) for c in running.values()))
-        per_job = {job: s for job, s in zip(running, seconds, strict=True) if s is not None}
+        running = await asyncio.to_thread(self._running)
+        from_cgroups = await asyncio.to_thread(self._cgroup_seconds, running)
+        # Only where the cgroup cannot be read: the engine's stats, a second per call.
+        others = [job for job in running if job not in from_cgroups]
+        sampled = await asyncio.gather(*(asyncio.to_thread(_cpu_seconds, running[j]) for j in others))
+        per_job = {**from_cgroups, **{j: s for j, s in zip(others, sampled, strict=True) if s is not None}}
         # Counters restart with each container: sum increments per container id, never negative.
         ids = {job: running[job].id for job in per_job}
         total_inc = 0.0
@@ -227,8 +233,8 @@ class DockerRuntime:
         )
 
     async def set_cpu_weight(self, container_id: ContainerId, weight: int) -> bool:
-        c = (await asyncio.to_thread(self._managed)).get(container_id)
-        if c is None or c.status != "running":
+        c = (await asyncio.to_thread(self._running)).get(container_id)
+        if c is None:
             log.info("specon.docker.weight_skipped", container=container_id, reason="not running here")
             return False
         try:
@@ -432,6 +438,29 @@ class DockerRuntime:
                 continue
             if job not in out or c.attrs.get("Created", "") > out[job].attrs.get("Created", ""):
                 out[job] = c
+        return out
+
+    def _running(self) -> dict[ContainerId, Container]:
+        """This engine's running managed containers by job id, from one list call: the
+        engine's summaries carry labels and state, so no container is inspected (``_managed``
+        inspects each, for the details a listing reports). Called every agent tick."""
+        found = self.client.containers.list(
+            sparse=True, filters={"label": f"{LABEL_MANAGED}=true", "status": "running"}
+        )
+        out: dict[ContainerId, Container] = {}
+        for c in found:
+            job = job_of(c.attrs.get("Labels") or {}, (c.attrs.get("Names") or [""])[0].lstrip("/"))
+            if job is not None:
+                out[job] = c
+        return out
+
+    def _cgroup_seconds(self, running: Mapping[ContainerId, Container]) -> dict[ContainerId, float]:
+        self._counters.keep(str(c.id) for c in running.values())
+        out = {}
+        for job, c in running.items():
+            seconds = self._counters.seconds(str(c.id), functools.partial(_init_pid, self.client, c))
+            if seconds is not None:
+                out[job] = seconds
         return out
 
     def _adopt(self) -> int:
@@ -691,6 +720,12 @@ def _engine_labels(labels: list[str]) -> dict[str, str]:
         if key:
             out[key] = value
     return out
+
+
+def _init_pid(client: docker.DockerClient, c: Container) -> int | None:
+    with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
+        return int((client.api.inspect_container(c.id).get("State") or {}).get("Pid") or 0) or None
+    return None
 
 
 def _cpu_seconds(c: Container) -> float | None:
