@@ -60,22 +60,30 @@ class DockerHost:
         return self.base / "dockerd.log"
 
 
-def ensure_dockerd() -> None:
-    """``dockerd`` on PATH, installing Debian's ``docker.io`` if needed (waiting for the dpkg
-    lock); ``DockerUnavailable`` where that is impossible."""
-    if shutil.which("dockerd"):
-        return
+def apt_install(package: str, command: str) -> str:
+    """The path of ``command``, installing Debian's ``package`` first if it is missing
+    (waiting for a dpkg lock another apt holds); ``DockerUnavailable`` where that is impossible."""
+    found = shutil.which(command)
+    if found:
+        return found
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise DockerUnavailable("dockerd is not installed and apt-get (as root) is not available")
+        raise DockerUnavailable(f"{command} is not installed and apt-get (as root) is not available")
     done = subprocess.run(
-        ["apt-get", "-o", f"DPkg::Lock::Timeout={APT_LOCK_WAIT}", "install", "-y", "docker.io"],
+        ["apt-get", "-o", f"DPkg::Lock::Timeout={APT_LOCK_WAIT}", "install", "-y", "-q", package],
         env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
         capture_output=True,
         text=True,
         check=False,
     )
-    if done.returncode != 0 or not shutil.which("dockerd"):
-        raise DockerUnavailable(f"apt-get install docker.io failed: {done.stderr[-2000:]}")
+    found = shutil.which(command)
+    if done.returncode != 0 or not found:
+        raise DockerUnavailable(f"apt-get install {package} failed: {done.stderr[-2000:]}")
+    return found
+
+
+def ensure_dockerd() -> None:
+    """``dockerd`` on PATH, from Debian's ``docker.io`` if it is missing."""
+    apt_install("docker.io", "dockerd")
 
 
 class _UnixConnection(http.client.HTTPConnection):

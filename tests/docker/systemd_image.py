@@ -26,13 +26,13 @@ from typing import Any
 
 import docker
 
+from specon.docker_hosts import apt_install
 from tests.docker.engines import DockerUnavailable
 from tests.rootfs import REPO, host_binds
 
 SUITE = "bookworm"
 PACKAGES = "systemd,systemd-sysv,python3,dbus"
 TAG = "specon-test/systemd:bookworm"
-APT_LOCK_WAIT = "600"
 # Bumped when PACKAGES or the recipe changes, so an old cached tarball is not reused.
 RECIPE = "1"
 
@@ -60,22 +60,7 @@ def debian_mirror() -> tuple[str, str | None]:
 
 
 def _ensure_debootstrap() -> str:
-    found = shutil.which("debootstrap")
-    if found:
-        return found
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise DockerUnavailable("debootstrap is missing and apt-get (as root) is not available")
-    done = subprocess.run(
-        ["apt-get", "-o", f"DPkg::Lock::Timeout={APT_LOCK_WAIT}", "install", "-y", "-q", "debootstrap"],
-        env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    found = shutil.which("debootstrap")
-    if done.returncode != 0 or not found:
-        raise DockerUnavailable(f"apt-get install debootstrap failed: {done.stderr[-2000:]}")
-    return found
+    return apt_install("debootstrap", "debootstrap")
 
 
 def build_tarball() -> Path:
