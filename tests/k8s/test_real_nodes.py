@@ -187,7 +187,9 @@ async def test_the_agent_as_its_daemonset_runs_it_restores_a_job_on_its_node(
     credentials (a token projected for the manager; in-cluster API access as its
     ServiceAccount) and its /data mount: the converged job moves from node-1 to node-2."""
     d = daemonset_deployment
-    down = await converged_pod_moves(d, steps=300)
+    # The default length: at 300 steps a loaded machine let the job finish before its agent's
+    # ticks called it converged.
+    down = await converged_pod_moves(d)
     admin = KubeApi(d.cluster.api_client())
     for node in ("node-1", "node-2"):
         pod = admin.request("GET", f"/api/v1/namespaces/{d.namespace}/pods/specon-agent-{node}")
