@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--cpus", type=float, default=1.0, help="this worker's CPU budget in cores (local runtime)"
     )
     p.add_argument("--cluster", default="default", help="cgroup namespace for this cluster's workers")
+    p.add_argument(
+        "--warm",
+        action="store_true",
+        help="local runtime: fork jobs of the built-in workloads (python -m specon.workloads) from an "
+        "interpreter that imported torch once, instead of paying the imports on every start and restore",
+    )
     dock = p.add_argument_group("docker runtime")
     dock.add_argument(
         "--docker-host",
@@ -200,7 +206,12 @@ async def run(args: argparse.Namespace) -> int:
             return 2
     elif args.worker:
         runtime = LocalRuntime(
-            args.volume, WorkerId(args.worker), args.cpus, cluster=args.cluster, per_container_usage=False
+            args.volume,
+            WorkerId(args.worker),
+            args.cpus,
+            cluster=args.cluster,
+            per_container_usage=False,
+            warm=args.warm,
         )
     else:
         print("specon-agent: --runtime local needs --worker", file=sys.stderr)

@@ -36,6 +36,7 @@ import structlog
 
 from specon.model import ContainerId
 from specon.runtime.base import cpu_shares
+from specon.runtime.cgroup_entry import Entry, enter, make_entry
 from specon.runtime.cpuset import CpusetGroup, detect_cpuset, least_loaded, pin_tasks
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -343,41 +344,6 @@ def pick_cpus(cpus: float, available: Sequence[int], *, offset: int = 0) -> froz
     return frozenset(pool[(offset + i) % len(pool)] for i in range(n))
 
 
-def _enter(
-    procs_files: Iterable[Path],
-    affinity: frozenset[int] | None,
-    fallback: Mapping[Path, Path] | None = None,
-) -> Callable[[], None]:
-    """A ``preexec_fn``: join the groups / pin the CPUs in the child, before it execs. A file
-    with a ``fallback`` that cannot be written (a job's group another process removed between
-    its creation and this write: an agent prunes the groups of jobs it does not see running)
-    is replaced by its fallback (the worker's group: the job keeps its budget)."""
-    files = [
-        (os.fsencode(p), None if fallback is None or p not in fallback else os.fsencode(fallback[p]))
-        for p in procs_files
-    ]
-
-    def join(f: bytes) -> None:
-        fd = os.open(f, os.O_WRONLY)
-        try:
-            os.write(fd, b"0")
-        finally:
-            os.close(fd)
-
-    def preexec() -> None:
-        for f, alt in files:
-            try:
-                join(f)
-            except OSError:
-                if alt is None:
-                    raise
-                join(alt)
-        if affinity:
-            os.sched_setaffinity(0, affinity)
-
-    return preexec
-
-
 class CpuBudget:
     """A worker's CPU budget as enforced on this machine, its jobs' CPU weights, and its CPU
     accounting."""
@@ -466,9 +432,9 @@ class CpuBudget:
             raise ValueError(f"no cgroup CPU budget (enforcement {self.enforcement.value})")
         return self.group.child(JOB_PREFIX + job)
 
-    def preexec(self, job: ContainerId | None = None) -> Callable[[], None]:
-        """The ``preexec_fn`` of a new process of the worker: into ``job``'s own group (made
-        here; the worker's group if that fails), and into the worker's cpuset once pinned."""
+    def entry(self, job: ContainerId | None = None) -> Entry:
+        """Where a new process of the worker goes: into ``job``'s own group (made here; the
+        worker's group if that fails), and into the worker's cpuset once pinned."""
         files = list(self.group.procs_files) if self.group else []
         fallback: dict[Path, Path] = {}
         if self.group is not None and job is not None:
@@ -481,7 +447,16 @@ class CpuBudget:
                 log.warning("specon.runtime.job_cgroup_unavailable", container=job, error=str(exc))
         if self.pinned is not None and self.cpuset is not None and self.cpuset.made:
             files.append(self.cpuset.procs_file)
-        return _enter(files, self.affinity, fallback)
+        return make_entry(files, self.affinity, fallback)
+
+    def preexec(self, job: ContainerId | None = None) -> Callable[[], None]:
+        """The ``preexec_fn`` of a new process of the worker: ``enter`` its ``entry``."""
+        entry = self.entry(job)
+
+        def preexec() -> None:
+            enter(entry)
+
+        return preexec
 
     def set_cpus(self, cpus: float) -> None:
         quota_us(cpus)

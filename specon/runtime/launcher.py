@@ -86,19 +86,29 @@ def launcher_argv(python: str, exit_log: os.PathLike[str] | str, run_id: str, wo
     return [python, "-I", "-S", os.path.abspath(__file__), os.fspath(exit_log), run_id, worker, "--"]
 
 
+def warm_comm(run_id: str) -> str:
+    """The process name (``/proc/PID/comm``, at most 15 bytes) a launcher forked by the warm
+    interpreter (``specon.runtime.zygote``) takes for ``run_id``: its argv is the server's."""
+    return f"sp-{run_id[:12]}"
+
+
 def find_launcher(run_id: str, proc: os.PathLike[str] | str = "/proc") -> int | None:
-    """The pid of the launcher running ``run_id`` (its argv carries it), if one runs."""
-    marker, me = run_id.encode(), os.path.basename(__file__).encode()
+    """The pid of the launcher running ``run_id`` (its argv carries it, or, forked by the
+    warm interpreter, its name), if one runs."""
+    marker, me, comm = run_id.encode(), os.path.basename(__file__).encode(), warm_comm(run_id).encode()
     for name in os.listdir(proc):
         if not name.isdigit():
             continue
         try:
             with open(os.path.join(proc, name, "cmdline"), "rb") as f:
                 argv = f.read().split(b"\0")
+            if marker in argv and any(a.endswith(me) for a in argv):
+                return int(name)
+            with open(os.path.join(proc, name, "comm"), "rb") as f:
+                if f.read().strip() == comm:
+                    return int(name)
         except OSError:  # gone meanwhile
             continue
-        if marker in argv and any(a.endswith(me) for a in argv):
-            return int(name)
     return None
 
 

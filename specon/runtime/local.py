@@ -73,6 +73,8 @@ from specon.runtime.cgroups import (
 from specon.runtime.launcher import REASON_KILLED, REASON_LOST, ExitRecord, find_launcher, launcher_argv
 from specon.runtime.saving import run_save, unrecoverable
 from specon.runtime.volume import CorruptRecordError, JobPaths, Owner, iter_job_ids, job_lock
+from specon.runtime.warm import WarmInterpreter, WarmLaunchError, WarmSpec
+from specon.runtime.zygote import Request
 
 log = structlog.get_logger()
 
@@ -108,6 +110,7 @@ class LocalRuntime:
         proc: Path = PROC,
         affinity_offset: int = 0,
         per_container_usage: bool = True,
+        warm: bool | WarmSpec = False,
     ) -> None:
         try:
             valid_job_id(worker)
@@ -135,6 +138,9 @@ class LocalRuntime:
         self._warned: set[Path] = set()
         self.skipped_records = 0
         self._closed = False
+        # Built-in workloads fork from a pre-imported interpreter (``specon.runtime.warm``).
+        spec = WarmSpec() if warm is True else warm or None
+        self.warm = WarmInterpreter(worker, spec) if spec is not None else None
         (root / "jobs").mkdir(parents=True, exist_ok=True)
         running = {p.job: o for p, o in self._owned() if self._alive(o)}
         for job, owner in running.items():
@@ -352,6 +358,8 @@ class LocalRuntime:
         True when nothing was left behind.
         """
         self._closed = True
+        if self.warm is not None:
+            self.warm.close()
         clean = self._budget.close()
         if not clean:
             log.info("specon.runtime.cgroup_kept", worker=self._worker, reason="jobs still running")
@@ -482,6 +490,51 @@ class LocalRuntime:
             paths.write_owner(provisional)
         except OSError as exc:
             raise StartFailed(spec.id, f"cannot record the owner: {exc}") from exc
+        pid = self._launch_warm(spec, paths, run_id)
+        if pid is None:
+            pid = self._launch_cold(spec, paths, argv)
+        stat = read_stat(pid, proc=self._proc)  # an unreaped child is readable even if dead
+        owner = Owner(
+            worker=self._worker,
+            run_id=run_id,
+            started_at=self.now(),
+            host=self._host,
+            pid=pid,
+            start_ticks=None if stat is None else stat.start_ticks,
+        )
+        try:
+            paths.write_owner(owner)
+        except OSError as exc:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            raise StartFailed(spec.id, f"cannot record the owner, job killed: {exc}") from exc
+        return owner
+
+    def _launch_warm(self, spec: JobSpec, paths: JobPaths, run_id: str) -> int | None:
+        """Fork the job from the warm interpreter; None where it cannot run it (start cold)."""
+        args = None if self.warm is None else self.warm.runs(spec.command)
+        if self.warm is None or args is None:
+            return None
+        req = Request(
+            module=self.warm.module,
+            args=args,
+            cwd=str(paths.dir),
+            env=paths.env(spec, self._worker),
+            stdout=str(paths.stdout),
+            stderr=str(paths.stderr),
+            exits=str(paths.exits),
+            run_id=run_id,
+            worker=self._worker,
+            entry=self._budget.entry(spec.id),
+        )
+        try:
+            return self.warm.launch(req)
+        except WarmLaunchError as exc:
+            paths.clear_owner()
+            raise StartFailed(spec.id, f"cannot launch it warm: {exc}") from exc
+
+    def _launch_cold(self, spec: JobSpec, paths: JobPaths, argv: list[str]) -> int:
+        """Start the job under ``launcher.py`` in a fresh interpreter; the launcher's pid."""
         try:
             # Never through a symlink or into a FIFO planted in the job's directory.
             with _append(paths.stdout) as out, _append(paths.stderr) as err:
@@ -502,22 +555,7 @@ class LocalRuntime:
             paths.clear_owner()
             raise StartFailed(spec.id, f"cannot launch {spec.command[0]!r}: {exc}") from exc
         _children[child.pid] = child
-        stat = read_stat(child.pid, proc=self._proc)  # an unreaped child is readable even if dead
-        owner = Owner(
-            worker=self._worker,
-            run_id=run_id,
-            started_at=self.now(),
-            host=self._host,
-            pid=child.pid,
-            start_ticks=None if stat is None else stat.start_ticks,
-        )
-        try:
-            paths.write_owner(owner)
-        except OSError as exc:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)
-            raise StartFailed(spec.id, f"cannot record the owner, job killed: {exc}") from exc
-        return owner
+        return child.pid
 
     def _signal(self, owner: Owner, sig: signal.Signals) -> None:
         if owner.pid is None or not self._alive(owner):

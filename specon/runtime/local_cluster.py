@@ -19,6 +19,7 @@ from specon.model import WorkerId
 from specon.runtime.base import RuntimeFailure
 from specon.runtime.cgroups import CGROUP_ROOT, Mode
 from specon.runtime.local import LocalRuntime
+from specon.runtime.warm import WarmSpec
 
 log = structlog.get_logger()
 
@@ -39,6 +40,7 @@ class LocalCluster:
         budget: Mode = "auto",
         cgroup_parent: str = "specon",
         cgroup_root: Path = CGROUP_ROOT,
+        warm: bool | WarmSpec = False,
     ) -> None:
         self.root = root
         self.name = name or f"c{os.getpid()}-{secrets.token_hex(3)}"
@@ -56,6 +58,7 @@ class LocalCluster:
                     budget=budget,
                     cgroup_root=cgroup_root,
                     affinity_offset=offset,
+                    warm=warm,
                 )
                 offset += max(1, math.ceil(c))
         except BaseException:
