@@ -69,6 +69,7 @@ class WarmInterpreter:
         self.launches = 0
         env = {k: v for k, v in os.environ.items() if k not in AGENT_ONLY_ENV}
         argv = [python, "-m", "specon.runtime.zygote", str(self.socket), "--module", spec.module]
+        argv += ["--parent", str(os.getpid())]  # it may be gone before the server looks
         argv += [a for m in spec.preload for a in ("--preload", m)]
         with open(self._dir / "zygote.log", "ab") as out:
             self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(

@@ -259,12 +259,13 @@ def _serve_one(conn: socket.socket, modules: frozenset[str]) -> None:
             conn.sendall(json.dumps(reply).encode() + b"\n")
 
 
-def serve(path: str, modules: tuple[str, ...], preload: tuple[str, ...]) -> int:
+def serve(path: str, modules: tuple[str, ...], preload: tuple[str, ...], parent: int | None = None) -> int:
+    """Serve until the parent (``parent``, else whoever started us) is gone."""
+    parent = os.getppid() if parent is None else parent
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")
     for m in preload:  # the point of it all: the imports every job would pay, paid once
         importlib.import_module(m)
-    parent = os.getppid()
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -296,10 +297,11 @@ def main(argv: list[str]) -> int:
         "--module", action="append", help=f"a module requests may run (default {WORKLOADS_MODULE})"
     )
     p.add_argument("--preload", action="append", help="a module to import ahead (default: the workloads')")
+    p.add_argument("--parent", type=int, help="exit when this process is no longer our parent")
     args = p.parse_args(argv)
     modules = tuple(args.module or (WORKLOADS_MODULE,))
     preload = tuple(args.preload or (WORKLOADS_PRELOAD if modules == (WORKLOADS_MODULE,) else ()))
-    return serve(args.socket, modules, preload)
+    return serve(args.socket, modules, preload, args.parent)
 
 
 if __name__ == "__main__":
