@@ -34,6 +34,8 @@ DEFAULT_ENV_FILE = Path("/etc/specon/specon-agent.env")
 CREDENTIAL = "${CREDENTIALS_DIRECTORY}"
 # ProtectHome=yes hides these; an install under them needs read-only instead.
 HOME_DIRS = (Path("/home"), Path("/root"), Path("/run/user"))
+# What the units' PrivateTmp= replaces with an empty directory of the service's own.
+TMP_DIRS = (Path("/tmp"), Path("/var/tmp"))
 # Characters a path in a unit file may not hold: a space splits ReadWritePaths=, quotes and
 # backslashes are parsed, control characters have no place in a unit at all.
 _BAD_PATH = re.compile(r'[\s"\'\\\x00-\x1f\x7f]')
@@ -297,6 +299,24 @@ def install_paths(exec_path: Path) -> list[Path]:
     return paths
 
 
+def hidden_by_private_tmp(paths: list[Path]) -> Path | None:
+    """The first of ``paths`` under /tmp or /var/tmp, which the service cannot see."""
+    return next((p for p in paths if any(p.is_relative_to(t) for t in TMP_DIRS)), None)
+
+
+def warn_if_hidden(daemon: str, exec_path: Path) -> None:
+    """Say so when this install is where the unit cannot see it (a checkout or venv under
+    /tmp): the unit is still written, for an install that will be moved, but cannot start."""
+    hidden = hidden_by_private_tmp(install_paths(exec_path))
+    if hidden is not None:
+        print(
+            f"specon systemd {daemon}: warning: {hidden} is under /tmp or /var/tmp, which the unit's "
+            "PrivateTmp= hides from the service, so it will not start: install specon elsewhere "
+            "(python3 -m venv /opt/specon)",
+            file=sys.stderr,
+        )
+
+
 def protect_home(paths: list[Path]) -> Literal["yes", "read-only"]:
     """``yes`` (home directories hidden) unless the daemon needs something under one."""
     return "read-only" if any(p.is_relative_to(h) for p in paths for h in HOME_DIRS) else "yes"
@@ -337,7 +357,7 @@ def agent_unit(args: argparse.Namespace) -> AgentUnit:
     _read_token(token_file, "--token-file")
     exec_path = _executable(args.exec, "specon-agent")
     volume = _abs_path(args.volume, "--volume")
-    if any(volume.is_relative_to(t) for t in (Path("/tmp"), Path("/var/tmp"))):
+    if hidden_by_private_tmp([volume]):
         raise UnitError(f"--volume {volume}: the unit's PrivateTmp= hides /tmp and /var/tmp: use another")
     policy = _policy(args.policy)
     needed = install_paths(exec_path) + [volume] + ([policy] if policy else [])
@@ -475,6 +495,8 @@ def _agent(args: argparse.Namespace) -> int:
     except UnitError as exc:
         print(f"specon systemd agent: {exc}", file=sys.stderr)
         return 2
+    if not args.print:
+        warn_if_hidden("agent", unit.exec_path)
     secrets: dict[Path, str] = {}
     if unit.token_via == "environment" and not args.print:
         secrets[unit.env_file] = render_env_file(_read_token(unit.token_file, "--token-file"))
@@ -487,6 +509,8 @@ def _manager(args: argparse.Namespace) -> int:
     except UnitError as exc:
         print(f"specon systemd manager: {exc}", file=sys.stderr)
         return 2
+    if not args.print:
+        warn_if_hidden("manager", unit.exec_path)
     return _install(args, MANAGER_UNIT, render_manager(unit), {})
 
 

@@ -211,6 +211,20 @@ def test_writes_the_agent_unit(tmp_path: Path, token_file: Path, capsys: pytest.
     assert [p.name for p in dest.iterdir()] == ["specon-agent.service"]  # no temporary left
 
 
+def test_an_install_under_tmp_is_written_with_a_warning_that_it_cannot_start(
+    tmp_path: Path, token_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    exe = tmp_path / "venv/bin/specon-agent"  # pytest's tmp_path is under /tmp
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/usr/bin/python3\n")
+    exe.chmod(0o755)
+    assert main(_agent_argv(token_file, "--exec", str(exe), "--dest", str(tmp_path / "units"))) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {exe} is under /tmp or /var/tmp" in err and "PrivateTmp=" in err
+    assert main(_agent_argv(token_file, "--exec", str(exe), "--print")) == 0
+    assert "warning" not in capsys.readouterr().err  # --print only shows the unit
+
+
 def test_environment_file_is_root_only(tmp_path: Path, token_file: Path) -> None:
     env = tmp_path / "etc/specon/agent.env"
     argv = _agent_argv(token_file, "--runtime", "docker", "--token-via", "environment")
