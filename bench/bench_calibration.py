@@ -161,12 +161,20 @@ async def measure_sharing(
     return RateSample(k=k, cpus=cpus, rates=rates, cpu_seconds=cpu_b - cpu_a, seconds=t_b - t_a)
 
 
-async def measure_startup(root: Path, model: str, step_cost: float) -> float:
+async def warm_up(cluster: LocalCluster) -> None:
+    """Wait until every warm interpreter of ``cluster`` has imported (none: at once)."""
+    warm = [rt.warm for rt in cluster.runtimes.values() if rt.warm is not None]
+    await _wait(lambda: all(w.ready for w in warm))
+
+
+async def measure_startup(root: Path, model: str, step_cost: float, *, warm: bool = False) -> float:
     """CPU-seconds a job spends before its first training step (what delays its finish; its
     exit comes after its ``finished`` record), on a full core: the worker's CPU when the
-    first step is logged, less that step's ``step_cost``."""
-    async with LocalCluster(root, [1.0], name=f"cal{os.getpid()}s{model}") as cluster:
+    first step is logged, less that step's ``step_cost``. ``warm``: forked from the worker's
+    warm interpreter (whose one import per worker is not the job's)."""
+    async with LocalCluster(root, [1.0], name=f"cal{os.getpid()}s{model}", warm=warm) as cluster:
         rt = cluster.runtimes[WorkerId("w0")]
+        await warm_up(cluster)
         before = _cpu(rt)
         info = await rt.start(_spec(f"start-{model}", model, log_every=1))
         deadline = time.monotonic() + 60
@@ -179,11 +187,14 @@ async def measure_startup(root: Path, model: str, step_cost: float) -> float:
 
 
 async def measure_moves(
-    root: Path, *, cpus: float, busy: bool, moves: int, model: str = "vae"
+    root: Path, *, cpus: float, busy: bool, moves: int, model: str = "vae", warm: bool = False
 ) -> list[float]:
     """Downtime (SIGTERM -> first training sample on the other worker) of ``moves`` moves
-    between two workers of budget ``cpus``; ``busy``: one other job trains on each."""
-    async with LocalCluster(root, [cpus, cpus], name=f"cal{os.getpid()}m{int(busy)}") as cluster:
+    between two workers of budget ``cpus``; ``busy``: one other job trains on each; ``warm``:
+    jobs fork from each worker's warm interpreter."""
+    name = f"cal{os.getpid()}m{int(busy)}{'w' if warm else ''}"
+    async with LocalCluster(root, [cpus, cpus], name=name, warm=warm) as cluster:
+        await warm_up(cluster)
         w = [WorkerId("w0"), WorkerId("w1")]
         if busy:
             for i, wid in enumerate(w):

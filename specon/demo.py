@@ -131,8 +131,10 @@ async def run_once(
     deadline: float,
     label: str,
     runtime: RuntimeName = "local",
+    warm: bool = True,
 ) -> RunResult:
-    """One run: submit at the arrival times, watch until every job finished (or the deadline)."""
+    """One run: submit at the arrival times, watch until every job finished (or the deadline).
+    ``warm``: jobs start and restore from a warm interpreter per worker (local runtime)."""
     wids = [WorkerId(f"w{i}") for i in range(workers)]
     async with EmbeddedCluster(
         root,
@@ -141,6 +143,7 @@ async def run_once(
         policy=policy,
         with_specon=with_specon,
         runtime=runtime,
+        warm=warm,
     ) as cluster:
         t0 = time.time()
         pending = list(jobs)

@@ -71,6 +71,7 @@ class EmbeddedCluster:
         python: str = sys.executable,
         with_specon: bool = True,
         runtime: RuntimeName = "local",
+        warm: bool = False,
     ) -> None:
         self.root = root
         self.volume = root / "volume"
@@ -82,6 +83,9 @@ class EmbeddedCluster:
         self.python = python
         self.with_specon = with_specon
         self.runtime_name = runtime
+        # Local runtime: built-in workload jobs fork from a warm interpreter per worker, in
+        # the driver (first starts) and in each agent (restores).
+        self.warm = warm and runtime == "local"
         self.docker: DockerWorkers | None = None
         # One token per agent (it speaks only for its own worker) and one to read status.
         self.tokens_dir = root / "tokens"
@@ -123,16 +127,30 @@ class EmbeddedCluster:
                 DockerWorkers.start, self.root / "engines", self.volume, self.workers, self.cpus, self.name
             )
         else:
-            self.cluster = LocalCluster(self.volume, [self.cpus] * self.n_workers, name=self.name)
+            self.cluster = LocalCluster(
+                self.volume, [self.cpus] * self.n_workers, name=self.name, warm=self.warm
+            )
         if not self.with_specon:
+            await self._warm_up()
             return
         try:
             await self.start_manager()
             for i, w in enumerate(self.workers):
                 await self.start_agent(w, f"127.0.0.{i + 2}")
+            await self._warm_up()
         except BaseException:
             await self.stop()
             raise
+
+    async def _warm_up(self, timeout: float = 60.0) -> None:
+        """Wait (bounded) for the driver's warm interpreters, so a run's clock starts with
+        them imported; the agents' import at the same time. Past the timeout jobs start cold."""
+        if self.cluster is None or not self.warm:
+            return
+        warm = [rt.warm for rt in self.cluster.runtimes.values() if rt.warm is not None]
+        deadline = time.monotonic() + timeout
+        while not all(w.ready for w in warm) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
 
     def _write_tokens(self) -> None:
         self.tokens_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -177,6 +195,8 @@ class EmbeddedCluster:
             argv += self.docker.agent_args(worker)
         else:
             argv += ["--cpus", str(self.cpus), "--cluster", self.name]
+            if self.warm:
+                argv.append("--warm")
         if self.policy is not None:
             argv += ["--policy", str(self.policy)]
         d = await self._spawn(f"agent-{worker}", f"http://{host}:{port}", argv)

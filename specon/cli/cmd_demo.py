@@ -72,6 +72,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="local: each worker a CPU-budgeted cgroup, jobs processes (default); docker: each worker a "
         "private Docker engine (installs docker.io if missing; needs root), jobs containers",
     )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="local runtime: start every job in a fresh interpreter (by default each worker forks its "
+        "jobs from one that imported torch once, so starts and restores skip the imports)",
+    )
     p.add_argument("--out", type=Path, default=Path("specon-demo"), help="directory for results and plots")
     p.add_argument(
         "--keep", action="store_true", help="keep the runs' volumes and daemon logs under OUT/runs"
@@ -200,6 +206,7 @@ def main(args: argparse.Namespace) -> int:
                 deadline=deadline,
                 label="DS",
                 runtime=args.runtime,
+                warm=not args.cold,
             )
         )
         ours = asyncio.run(
@@ -214,6 +221,7 @@ def main(args: argparse.Namespace) -> int:
                 deadline=deadline,
                 label=label,
                 runtime=args.runtime,
+                warm=not args.cold,
             )
         )
     finally:
