@@ -245,6 +245,7 @@ def run_real(jobs: Sequence[DemoJob], root: Path, *, with_specon: bool) -> RunRe
             say=say,
             deadline=300.0,
             label=label,
+            warm=False,  # the start-up and downtime measured above are a fresh interpreter's
         )
     )
 

@@ -44,9 +44,10 @@ SPREAD = 0.5  # each job's steps x uniform [1 - SPREAD, 1 + SPREAD]
 SEEDS = {False: (1, 2, 3), True: (1,)}
 POLICIES = {False: ("ds", "balancer", "specon"), True: ("ds", "specon")}
 DEADLINE = 900.0
-# CPU-seconds a job spends before its first step (interpreter, torch, data set-up), measured
-# by `python -m bench bench_calibration` at 2.0-2.8 per model.
-STARTUP_CPU = 2.5
+# CPU-seconds a job spends before its first step: the demo forks its jobs from a warm
+# interpreter per worker, measured by `python -m bench bench_restore` at 0.04-0.56 per model
+# (mean 0.34; a fresh interpreter's 2.06).
+STARTUP_CPU = 0.34
 TARGET_REDUCTION = 15.0  # %
 GAP_TARGET = 10.0  # %
 RESULTS = Path(__file__).resolve().parent / "results"
