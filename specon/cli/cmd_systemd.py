@@ -63,6 +63,8 @@ class AgentUnit:
     cpus: float | None = None
     cluster: str | None = None
     policy: Path | None = None
+    # --runtime local: fork the built-in workloads' jobs from a warm interpreter.
+    warm: bool = False
     token_via: TokenVia = "credential"
     env_file: Path = DEFAULT_ENV_FILE
     protect_home: Literal["yes", "read-only"] = "yes"
@@ -126,6 +128,8 @@ def render_agent(unit: AgentUnit) -> str:
         argv.append(["--allow-bind", exec_arg(str(prefix))])
     if unit.cpus is not None:
         argv.append(["--cpus", f"{unit.cpus:g}"])
+    if unit.warm:
+        argv.append(["--warm"])
     if unit.cluster:
         argv.append(["--cluster", exec_arg(unit.cluster)])
     if unit.policy:
@@ -345,6 +349,8 @@ def agent_unit(args: argparse.Namespace) -> AgentUnit:
         raise UnitError(str(exc)) from exc
     if (args.docker_host or args.allow_bind) and args.runtime != "docker":
         raise UnitError("--docker-host and --allow-bind go with --runtime docker")
+    if args.warm and args.runtime != "local":
+        raise UnitError("--warm goes with --runtime local")
     if args.cpus is not None and not 0 < args.cpus < 1e6:
         raise UnitError(f"--cpus must be a positive number of cores, got {args.cpus}")
     if args.token_via == "environment" and args.runtime == "local":
@@ -372,6 +378,7 @@ def agent_unit(args: argparse.Namespace) -> AgentUnit:
         allow_bind=tuple(_abs_path(p, "--allow-bind") for p in args.allow_bind),
         listen=_listen(args.listen),
         cpus=args.cpus,
+        warm=args.warm,
         cluster=cluster,
         policy=policy,
         token_via=args.token_via,
@@ -580,6 +587,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--listen", default="127.0.0.1:7701", metavar="HOST:PORT", help="where /healthz and /metrics listen"
     )
     agent.add_argument("--cpus", type=float, help="this worker's CPU budget in cores (local runtime)")
+    agent.add_argument(
+        "--warm",
+        action="store_true",
+        help="with --runtime local: fork built-in workload jobs from a warm interpreter (agent --warm)",
+    )
     agent.add_argument("--cluster", metavar="NAME", help="cgroup namespace of this cluster's workers")
     agent.add_argument(
         "--token-via",

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from specon.runtime.base import cpu_shares
 from specon.runtime.kubernetes import KubeApi, KubeError, KubernetesRuntime
 from tests.k8s.cluster import KubeCluster, free_ports
 from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
@@ -29,10 +30,14 @@ from tests.k8s.test_e2e_kubernetes import (
     manager_restart_recovers,
 )
 from tests.k8s.test_runtime_kubernetes import (
+    create,
     deaf_job_is_killed_and_resumes,
     disruption_budget_blocks_the_save,
     node_runtimes,
+    running,
     shared_volume,
+    training_pod,
+    until,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -168,6 +173,36 @@ async def test_a_job_deaf_to_sigterm_is_killed_by_the_kubelet_and_resumes_from_i
     await deaf_job_is_killed_and_resumes(
         real_admin, real_namespace, real_volume, real_runtimes, adapt=on_real_node, steps=600
     )
+
+
+async def test_a_pods_cpu_weight_lands_in_the_cgroup_its_kubelet_made(
+    real_admin: KubeApi, real_namespace: str, real_runtimes: dict[str, KubernetesRuntime]
+) -> None:
+    """The priority action through a real kubelet: the pod's cgroup is the one the kubelet
+    made for it (its QoS class's group under the node's --cgroup-root, cgroupfs driver); the
+    agent's runtime finds it by the pod's uid, writes the weight as its cpu.shares and reads
+    the pod's CPU seconds from it."""
+    rt = real_runtimes["node-1"]
+    await create(real_admin, real_namespace, on_real_node(training_pod("weighed", "node-1", steps=10**6)))
+    try:
+        info = await until(lambda: running(rt, "weighed"), "the pod running")
+        pod = real_admin.request("GET", f"/api/v1/namespaces/{real_namespace}/pods/weighed")
+        for weight in (10_000, 1):
+            assert await rt.set_cpu_weight(info.id, weight)
+            rel = rt._cgroups.locate(pod)
+            assert rel is not None and rel.name == f"pod{pod['metadata']['uid']}"
+            assert rel.parent.name == pod["status"]["qosClass"].lower()  # besteffort: no requests
+            assert int((rt._cgroups.cpu_top / rel / "cpu.shares").read_text()) == cpu_shares(weight)
+        used = await until(
+            lambda: rt._cgroups.cpu_seconds([(info.id, pod)]).get(info.id) or None, "CPU seconds"
+        )
+        assert used > 0
+        # node-2's runtime sees the same cgroup tree here, but the pod is not on its node.
+        assert not await real_runtimes["node-2"].set_cpu_weight(info.id, 100)
+    finally:
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
+        with contextlib.suppress(KubeError):
+            real_admin.request("DELETE", f"/api/v1/namespaces/{real_namespace}/pods/weighed", body=body)
 
 
 @pytest.fixture

@@ -211,6 +211,17 @@ def test_writes_the_agent_unit(tmp_path: Path, token_file: Path, capsys: pytest.
     assert [p.name for p in dest.iterdir()] == ["specon-agent.service"]  # no temporary left
 
 
+def test_warm_passes_to_a_local_agent_only(
+    tmp_path: Path, token_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(_agent_argv(token_file, "--warm", "--print")) == 0
+    assert "--warm" in capsys.readouterr().out
+    assert main(_agent_argv(token_file, "--print")) == 0
+    assert "--warm" not in capsys.readouterr().out
+    assert main(_agent_argv(token_file, "--warm", "--runtime", "docker", "--print")) == 2
+    assert "--warm goes with --runtime local" in capsys.readouterr().err
+
+
 def test_an_install_under_tmp_is_written_with_a_warning_that_it_cannot_start(
     tmp_path: Path, token_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
