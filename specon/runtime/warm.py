@@ -25,7 +25,7 @@ from pathlib import Path
 import structlog
 
 from specon.runtime.volume import AGENT_ONLY_ENV
-from specon.runtime.zygote import WORKLOADS_MODULE, WORKLOADS_PRELOAD, Request
+from specon.runtime.zygote import WORKLOADS_MODULE, WORKLOADS_PRELOAD, Request, read_line
 
 log = structlog.get_logger()
 
@@ -104,12 +104,7 @@ class WarmInterpreter:
                 s.settimeout(_REPLY_TIMEOUT_S)
                 s.connect(str(self.socket))
                 s.sendall(req.encode())
-                reply = b""
-                while not reply.endswith(b"\n"):
-                    chunk = s.recv(65536)
-                    if not chunk:
-                        break
-                    reply += chunk
+                reply = read_line(s)
             answer = json.loads(reply)
         except (OSError, ValueError) as exc:
             log.warning("specon.runtime.warm_unavailable", worker=self.worker, error=str(exc))

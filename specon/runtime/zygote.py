@@ -227,7 +227,8 @@ def _fork(req: Request) -> int:
     return pid
 
 
-def _read(conn: socket.socket) -> bytes:
+def read_line(conn: socket.socket) -> bytes:
+    """One newline-ended message (either side of the protocol); ``ValueError`` past 1 MiB."""
     buf = b""
     while not buf.endswith(b"\n"):
         chunk = conn.recv(65536)
@@ -249,7 +250,7 @@ def _serve_one(conn: socket.socket, modules: frozenset[str]) -> None:
     with conn:
         conn.settimeout(10.0)
         try:
-            req = Request.decode(_read(conn))
+            req = Request.decode(read_line(conn))
             if req.module not in modules:
                 raise ValueError(f"module {req.module!r} is not one this interpreter runs")
             reply: dict[str, object] = {"pid": _fork(req)}
