@@ -129,6 +129,12 @@ def main(argv: list[str]) -> int:
         except OSError as exc:
             print(f"specon launcher: cannot run {command[0]!r}: {exc}", file=sys.stderr, flush=True)
         os._exit(EXEC_FAILED)
+    return wait_and_record(child, exit_log, run_id, worker)
+
+
+def wait_and_record(child: int, exit_log: str, run_id: str, worker: str) -> int:
+    """Wait for the job ``child``, append its exit record, and return the status this
+    launcher exits with (the job's code, or 128 + the signal that ended it)."""
     _, status = os.waitpid(child, 0)  # retried on EINTR (PEP 475)
     code = os.waitstatus_to_exitcode(status)
     sig = -code if code < 0 else None

@@ -36,14 +36,13 @@ import runpy
 import signal
 import socket
 import sys
-import time
 import traceback
 from dataclasses import dataclass
 from types import FrameType
 
 from specon import checkpoint as ckpt
 from specon.runtime.cgroup_entry import Entry, enter
-from specon.runtime.launcher import REASON_EXITED, ExitRecord, append_exit, warm_comm
+from specon.runtime.launcher import wait_and_record, warm_comm
 
 # The built-in workloads: the module a request may name, and what to import ahead for it.
 WORKLOADS_MODULE = "specon.workloads"
@@ -190,16 +189,7 @@ def _launcher(req: Request, ready: int) -> int:
     child = os.fork()
     if child == 0:
         os._exit(_run_job(req))
-    _, status = os.waitpid(child, 0)
-    code = os.waitstatus_to_exitcode(status)
-    sig = -code if code < 0 else None
-    append_exit(
-        req.exits,
-        ExitRecord(
-            req.run_id, req.worker, os.getpid(), code if code >= 0 else None, sig, REASON_EXITED, time.time()
-        ),
-    )
-    return code if code >= 0 else 128 + (sig or 0)
+    return wait_and_record(child, req.exits, req.run_id, req.worker)
 
 
 def _fork(req: Request) -> int:
