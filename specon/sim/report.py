@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from specon.sim.cluster import SimParams
 from specon.sim.experiment import METRICS, PointResult, ScenarioResult, Summary
 from specon.sim.scenarios import PaperNumbers
 
@@ -149,6 +150,18 @@ def sweep_table(result: ScenarioResult) -> list[str]:
     return lines
 
 
+def contention_law(pr: SimParams) -> str:
+    """The slowdown law the run used, as ``SimParams.slowdown`` applies it (r: threads per core)."""
+    if pr.job_threads > 1:
+        exp = f" x r^{pr.thread_exponent:.3g}" if pr.thread_exponent else ""
+        return (
+            f"{pr.job_threads} threads per job: step time x {pr.thread_overhead:g}, oversubscribed "
+            f"also x {pr.interference:g}{exp}"
+        )
+    exp = f" x r^{pr.interference_exponent:.3g}" if pr.interference_exponent else ""
+    return f"interference {pr.interference:g}{exp}"
+
+
 def markdown(result: ScenarioResult) -> str:
     sc = result.scenario
     n = len(result.seeds)
@@ -159,8 +172,7 @@ def markdown(result: ScenarioResult) -> str:
         "",
         f"{ALPHA} {result.main.alpha:g}, {DELTA} {result.main.interval:g} s{weights}; "
         f"{n} seed{'s' if n != 1 else ''} (mean ± 95 % CI); "
-        f"migration downtime {pr.migration_downtime:g} s, interference {pr.interference:g}"
-        f"{f' x r^{pr.interference_exponent:.3g}' if pr.interference_exponent else ''}. "
+        f"migration downtime {pr.migration_downtime:g} s, {contention_law(pr)}. "
         "“vs DS”: change against DS on the same seed (negative = faster).",
         "",
         *point_table(result.main, policies=result.policies),
@@ -219,6 +231,9 @@ def to_json(result: ScenarioResult) -> dict[str, Any]:
             "interference": result.params.interference,
             "interference_exponent": result.params.interference_exponent,
             "migration_downtime": result.params.migration_downtime,
+            "job_threads": result.params.job_threads,
+            "thread_overhead": result.params.thread_overhead,
+            "thread_exponent": result.params.thread_exponent,
         },
         "policies": main["policies"],
         "paper": main["paper"],
