@@ -258,8 +258,10 @@ def run_sim(
     startup: Mapping[str, float] | float,
     workers: int = WORKERS,
     cpus: float = CPUS,
+    step_costs: Mapping[str, float] | None = None,
 ) -> RunResult:
-    """The simulator's twin of a real run of ``jobs`` under ``policy`` (the demo's clock)."""
+    """The simulator's twin of a real run of ``jobs`` under ``policy`` (the demo's clock);
+    ``step_costs``: each model's CPU per step measured now (default: the traces')."""
     workload = sim_workload(
         jobs,
         workers=workers,
@@ -267,6 +269,7 @@ def run_sim(
         traces=load_traces(),
         startup_cpu=startup,
         log_every=LOG_EVERY,
+        step_costs=step_costs,
     )
     base = load_policy(DEMO_POLICY) if policy == "specon" else None
     return simulate(workload, make_policy(policy, base=base), params=params)

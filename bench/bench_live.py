@@ -10,7 +10,9 @@ favours none of them. The machine's load average before each run is recorded bes
 Figures, per policy: average JCT (mean over the seeds, and its spread: min-max), its change
 against DS on the same seed (mean, min-max), makespan, time-to-quality and the slowest job
 against DS; the simulator's prediction of each policy's average JCT on the same workloads
-(``specon.sim.calibration.sim_workload``, measured start-up CPU) and its gap; the targets:
+(``specon.sim.calibration.sim_workload``, measured start-up CPU, and each model's CPU per
+step measured on this machine before the runs: the traces' were recorded on another day,
+and this machine's speed drifts between sessions) and its gap; the targets:
 the default >= 15 % faster than DS and faster than the balancer, the simulator within 10 %.
 ``quick``: one seed, two policies (DS and the default).
 """
@@ -22,10 +24,10 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bench.bench_calibration import run_sim
+from bench.bench_calibration import measure_sharing, run_sim
 from bench.figures import Figure
 from specon import logs
 from specon.config import policy_to_yaml
@@ -33,6 +35,7 @@ from specon.demo import DemoJob, make_workload, run_once
 from specon.evaluation import RunResult, compare
 from specon.live_policies import live_policy
 from specon.sim.cluster import DEFAULT_PARAMS
+from specon.sim.trace import load_traces
 from specon.workloads.registry import WORKLOADS
 
 WORKERS = 2
@@ -49,6 +52,7 @@ DEADLINE = 900.0
 # (mean 0.34; a fresh interpreter's 2.06).
 STARTUP_CPU = 0.34
 TARGET_REDUCTION = 15.0  # %
+COST_WINDOW = 6.0  # seconds of training per model when measuring the machine's step costs
 GAP_TARGET = 10.0  # %
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -89,8 +93,27 @@ def _run(jobs: Sequence[DemoJob], name: str, root: Path) -> RunResult:
     )
 
 
-def _sim(jobs: Sequence[DemoJob], name: str) -> RunResult:
-    return run_sim(jobs, policy=name, params=DEFAULT_PARAMS, startup=STARTUP_CPU, workers=WORKERS, cpus=CPUS)
+def _sim(jobs: Sequence[DemoJob], name: str, costs: Mapping[str, float]) -> RunResult:
+    return run_sim(
+        jobs,
+        policy=name,
+        params=DEFAULT_PARAMS,
+        startup=STARTUP_CPU,
+        workers=WORKERS,
+        cpus=CPUS,
+        step_costs=costs,
+    )
+
+
+def _step_costs(root: Path, models: Sequence[str]) -> dict[str, float]:
+    """Each model's CPU-seconds per step on this machine now: one job alone on a one-core
+    worker, by the worker's CPU accounting (``bench_calibration.measure_sharing``)."""
+    return {
+        m: asyncio.run(
+            measure_sharing(root / f"cost-{m}", k=1, cpus=1.0, window=COST_WINDOW, model=m)
+        ).cpu_per_step
+        for m in models
+    }
 
 
 def _spread(xs: Sequence[float]) -> str:
@@ -106,6 +129,12 @@ def run(quick: bool) -> list[Figure]:
     sims: dict[str, list[RunResult]] = {p: [] for p in policies}
     loads: list[str] = []
     with tempfile.TemporaryDirectory(prefix="specon-bench-live-") as tmp:
+        # The simulator's twin needs this machine's speed today, not the traces' day's.
+        models = sorted({j.model for seed in seeds for j in _jobs(seed)})
+        costs = _step_costs(Path(tmp), models)
+        recorded = {m: statistics.fmean(t.step_cost for t in ts) for m, ts in load_traces().items()}
+        now = ", ".join(f"{m} {c * 1e3:.1f} ms ({recorded[m] * 1e3:.1f})" for m, c in costs.items())
+        print(f"  [bench_live] CPU per step now (traces): {now}", flush=True)
         for i, seed in enumerate(seeds):
             jobs = _jobs(seed)
             for name in _order(policies, i):
@@ -117,8 +146,16 @@ def run(quick: bool) -> list[Figure]:
                 print(f"  [bench_live] seed {seed} {name}: avg JCT {result.avg_jct or 0:.1f} s "
                       f"(load before {load:.2f})", flush=True)  # fmt: skip
             for name in policies:
-                sims[name].append(_sim(jobs, name))
-    figures: list[Figure] = []
+                sims[name].append(_sim(jobs, name, costs))
+    figures: list[Figure] = [
+        Figure(
+            "machine speed: CPU per step now / the traces' (mean over models)",
+            statistics.fmean(costs[m] / recorded[m] for m in costs),
+            "x",
+            detail=", ".join(f"{m} {costs[m] * 1e3:.1f} ms vs {recorded[m] * 1e3:.1f}" for m in costs)
+            + "; the simulator's twin uses the costs measured now",
+        )
+    ]
     base = real["ds"]
     for name in policies:
         runs = real[name]

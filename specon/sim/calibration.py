@@ -338,11 +338,14 @@ def sim_workload(
     traces: Mapping[str, Sequence[Trace]],
     startup_cpu: Mapping[str, float] | float = 0.0,
     log_every: int = 1,
+    step_costs: Mapping[str, float] | None = None,
 ) -> Workload:
     """The simulator's twin of a real run of ``jobs`` (see the module docstring).
 
     ``startup_cpu``: CPU-seconds a job spends before its first step, per model or one
     figure for all. ``log_every``: mini-batches each real progress record averages.
+    ``step_costs``: CPU-seconds per step measured on this machine now, per model, in place
+    of the traces' (recorded on another day, perhaps on a slower or faster CPU).
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
@@ -360,7 +363,7 @@ def sim_workload(
                 submit=job.submit,
                 trace=trace,
                 steps=job.steps,
-                step_cost=trace.step_cost + start / job.steps,
+                step_cost=(step_costs or {}).get(job.model, trace.step_cost) + start / job.steps,
                 worker=wids[i % workers],
             )
         )
