@@ -33,6 +33,7 @@ import json
 import os
 import random
 import runpy
+import shutil
 import signal
 import socket
 import sys
@@ -273,8 +274,8 @@ def serve(path: str, modules: tuple[str, ...], preload: tuple[str, ...], parent:
             continue
         _serve_one(conn, allowed)
     srv.close()
-    with contextlib.suppress(OSError):
-        os.unlink(path)
+    # The runtime that made our private directory is gone and cannot remove it: we do.
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
     return 0
 
 

@@ -237,10 +237,13 @@ async def test_the_server_exits_with_the_process_that_started_it(tmp_path: Path,
     server = int(line.split()[1])
     parent.send_signal(signal.SIGKILL)
     parent.wait()
+    home = Path(f"/proc/{server}/cwd").resolve()  # the private directory it serves in
+    assert home.name.startswith("specon-warm-w9-")
     deadline = time.monotonic() + 10
     while (st := read_stat(server)) is not None and not st.zombie:
         assert time.monotonic() < deadline, "the server outlived its parent"
         time.sleep(0.1)
+    assert not home.exists(), "the orphaned server removed its directory"
 
 
 @pytest.mark.timeout(180)
