@@ -73,7 +73,7 @@ from specon.runtime.cgroups import (
 from specon.runtime.launcher import REASON_KILLED, REASON_LOST, ExitRecord, find_launcher, launcher_argv
 from specon.runtime.saving import run_save, unrecoverable
 from specon.runtime.volume import CorruptRecordError, JobPaths, Owner, iter_job_ids, job_lock
-from specon.runtime.warm import WarmInterpreter, WarmLaunchError, WarmSpec
+from specon.runtime.warm import WarmInterpreter, WarmLaunchError, WarmNoAnswerError, WarmSpec
 from specon.runtime.zygote import Request
 
 log = structlog.get_logger()
@@ -532,6 +532,8 @@ class LocalRuntime:
         except WarmLaunchError as exc:
             paths.clear_owner()
             raise StartFailed(spec.id, f"cannot launch it warm: {exc}") from exc
+        except WarmNoAnswerError as exc:  # the provisional record stays: it names the run
+            raise StartFailed(spec.id, f"{exc}; a later start finds it if it runs") from exc
 
     def _launch_cold(self, spec: JobSpec, paths: JobPaths, argv: list[str]) -> int:
         """Start the job under ``launcher.py`` in a fresh interpreter; the launcher's pid."""

@@ -32,10 +32,17 @@ log = structlog.get_logger()
 # A request forks a launcher that enters its cgroups and opens its files: milliseconds.
 _REPLY_TIMEOUT_S = 10.0
 _STOP_WAIT_S = 5.0
+_SERVE = "import sys; from specon.runtime.zygote import main; sys.exit(main(sys.argv[1:]))"
 
 
 class WarmLaunchError(Exception):
     """The warm interpreter tried and could not set the job up (nothing runs)."""
+
+
+class WarmNoAnswerError(Exception):
+    """The request reached the warm interpreter but its answer did not come back: a job may
+    or may not run. Never start it cold then; the run's provisional owner record lets a
+    later start find its launcher by name if it does."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +75,9 @@ class WarmInterpreter:
         self.socket = self._dir / "zygote.sock"
         self.launches = 0
         env = {k: v for k, v in os.environ.items() if k not in AGENT_ONLY_ENV}
-        argv = [python, "-m", "specon.runtime.zygote", str(self.socket), "--module", spec.module]
+        # Not ``-m specon.runtime.zygote``: the package imports the module first, and runpy
+        # would then run it a second time as __main__ (a RuntimeWarning in every server's log).
+        argv = [python, "-c", _SERVE, str(self.socket), "--module", spec.module]
         argv += ["--parent", str(os.getpid())]  # it may be gone before the server looks
         argv += [a for m in spec.preload for a in ("--preload", m)]
         with open(self._dir / "zygote.log", "ab") as out:
@@ -96,19 +105,22 @@ class WarmInterpreter:
     def launch(self, req: Request) -> int | None:
         """Fork ``req``'s job; the launcher's pid (its process group). None when the warm
         interpreter is not there to ask (start it cold); ``WarmLaunchError`` when it tried and
-        could not set the job up."""
+        could not set the job up; ``WarmNoAnswerError`` when it was asked but did not answer."""
         if not self.ready:
             return None
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(_REPLY_TIMEOUT_S)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(_REPLY_TIMEOUT_S)
+            try:
                 s.connect(str(self.socket))
+            except OSError as exc:  # nothing was asked: a cold start is safe
+                log.warning("specon.runtime.warm_unavailable", worker=self.worker, error=str(exc))
+                return None
+            try:
                 s.sendall(req.encode())
                 reply = read_line(s)
-            answer = json.loads(reply)
-        except (OSError, ValueError) as exc:
-            log.warning("specon.runtime.warm_unavailable", worker=self.worker, error=str(exc))
-            return None
+                answer = json.loads(reply)
+            except (OSError, ValueError) as exc:
+                raise WarmNoAnswerError(f"no answer from the warm interpreter: {exc}") from exc
         if isinstance(answer, dict) and isinstance(answer.get("pid"), int):
             self.launches += 1
             return int(answer["pid"])

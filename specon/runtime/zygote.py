@@ -240,15 +240,21 @@ def _reap() -> None:
 def _serve_one(conn: socket.socket, modules: frozenset[str]) -> None:
     with conn:
         conn.settimeout(10.0)
+        pid = None
         try:
             req = Request.decode(read_line(conn))
             if req.module not in modules:
                 raise ValueError(f"module {req.module!r} is not one this interpreter runs")
-            reply: dict[str, object] = {"pid": _fork(req)}
+            pid = _fork(req)
+            reply: dict[str, object] = {"pid": pid}
         except (OSError, ValueError) as exc:
             reply = {"error": str(exc)}
-        with contextlib.suppress(OSError):
+        try:
             conn.sendall(json.dumps(reply).encode() + b"\n")
+        except OSError:
+            if pid is not None:  # nobody will record this run: it must not run unrecorded
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
 
 
 def serve(path: str, modules: tuple[str, ...], preload: tuple[str, ...], parent: int | None = None) -> int:

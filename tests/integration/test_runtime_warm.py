@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -33,6 +36,7 @@ from specon.runtime.cgroups import read_stat
 from specon.runtime.launcher import find_launcher, warm_comm
 from specon.runtime.volume import Owner
 from specon.runtime.warm import WarmInterpreter, WarmSpec
+from specon.runtime.zygote import Request, read_line
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -182,6 +186,76 @@ async def test_a_set_up_it_cannot_do_is_a_start_failure_and_nothing_runs(cluster
         await rt.start(spec("fifo"))
     assert not paths.owner.exists()
     assert await rt.list_containers() == []
+
+
+async def test_an_unanswered_request_is_never_started_cold_and_its_record_stays(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Asked but silent (a server that took the request and hung or died before answering): a
+    job may be running, so the runtime must not start a cold second copy. The start fails,
+    the provisional record stays, and a later start goes ahead once nothing runs."""
+    rt = cluster["w0"]
+    warm = await ready(rt)
+    real_socket = warm.socket
+    silent = tmp_path / "silent.sock"  # short: unix socket paths are limited to 107 bytes
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(silent))
+    srv.listen(1)
+
+    def take_and_drop() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            read_line(conn)  # the whole request, then no answer
+
+    taker = threading.Thread(target=take_and_drop)
+    taker.start()
+    warm.socket = silent
+    job = spec("silent", steps=5, pause=0.01)
+    try:
+        with pytest.raises(StartFailed, match="no answer"):
+            await rt.start(job)
+    finally:
+        taker.join(10)
+        srv.close()
+        warm.socket = real_socket
+    provisional = JobPaths.of(rt.root, "silent").read_owner()
+    assert provisional is not None and provisional.pid is None, "the run's record stays"
+    assert await rt.list_containers() == []
+    assert not JobPaths.of(rt.root, "silent").progress.exists(), "no cold copy was started"
+    await rt.start(job)  # nothing runs under that record: a later start goes ahead
+    await wait_for(JobPaths.of(rt.root, "silent").done.exists, "the job to finish")
+    assert warm.launches == 1
+
+
+async def test_a_launch_whose_answer_cannot_be_delivered_is_killed(cluster: LocalCluster) -> None:
+    """The other side of the same rule: a requester gone before the answer leaves nobody to
+    record the run, so the server kills the launcher it forked."""
+    rt = cluster["w0"]
+    warm = await ready(rt)
+    paths = JobPaths.of(rt.root, "orphan")
+    paths.create()
+    req = Request(
+        module=MODULE,
+        args=("10000", "0.01", "0", str(10**9), "normal"),
+        cwd=str(paths.dir),
+        env=paths.env(spec("orphan", steps=10_000), WorkerId("w0")),
+        stdout=str(paths.stdout),
+        stderr=str(paths.stderr),
+        exits=str(paths.exits),
+        run_id=uuid.uuid4().hex,  # its own: a name no other run could hold
+        worker="w0",
+        entry=rt.budget.entry(ContainerId("orphan")),
+    )
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(warm.socket))
+        s.sendall(req.encode())
+        s.shutdown(socket.SHUT_RDWR)  # gone before the answer
+    await wait_for(lambda: find_launcher(req.run_id) is None, "the undelivered launch to be killed")
+    steps = last_step(rt, "orphan")
+    time.sleep(0.5)
+    assert last_step(rt, "orphan") == steps, "nothing trains unrecorded"
+    assert not paths.exits.exists() or "exited" not in paths.exits.read_text(), "killed, not ended"
+    assert warm.ready, "the server serves on"
 
 
 async def test_a_runtime_killed_between_a_warm_launch_and_its_owner_record_never_starts_a_second_copy(
