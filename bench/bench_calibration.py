@@ -162,9 +162,9 @@ async def measure_sharing(
 
 
 async def warm_up(cluster: LocalCluster) -> None:
-    """Wait until every warm interpreter of ``cluster`` has imported (none: at once)."""
-    warm = [rt.warm for rt in cluster.runtimes.values() if rt.warm is not None]
-    await _wait(lambda: all(w.ready for w in warm))
+    """Every warm interpreter of ``cluster`` imported (none: at once), or ``TimeoutError``."""
+    if not await cluster.warm_up(120.0):
+        raise TimeoutError("the warm interpreters did not import within 120 s")
 
 
 async def measure_startup(root: Path, model: str, step_cost: float, *, warm: bool = False) -> float:

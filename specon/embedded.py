@@ -142,15 +142,11 @@ class EmbeddedCluster:
             await self.stop()
             raise
 
-    async def _warm_up(self, timeout: float = 60.0) -> None:
+    async def _warm_up(self) -> None:
         """Wait (bounded) for the driver's warm interpreters, so a run's clock starts with
-        them imported; the agents' import at the same time. Past the timeout jobs start cold."""
-        if self.cluster is None or not self.warm:
-            return
-        warm = [rt.warm for rt in self.cluster.runtimes.values() if rt.warm is not None]
-        deadline = time.monotonic() + timeout
-        while not all(w.ready for w in warm) and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        them imported; the agents' import at the same time."""
+        if self.cluster is not None and not await self.cluster.warm_up():
+            log.warning("specon.embedded.warm_timeout", reason="jobs start cold until it is ready")
 
     def _write_tokens(self) -> None:
         self.tokens_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

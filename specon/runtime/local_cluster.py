@@ -6,9 +6,11 @@ the embedded daemons and the tests drive them together and tear them all down at
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import secrets
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -72,6 +74,17 @@ class LocalCluster:
     @property
     def workers(self) -> list[WorkerId]:
         return list(self.runtimes)
+
+    async def warm_up(self, timeout: float = 60.0) -> bool:
+        """Wait, at most ``timeout`` seconds, until every worker's warm interpreter has
+        imported; True when all have (at once when there are none). Past it jobs start cold."""
+        warm = [rt.warm for rt in self.runtimes.values() if rt.warm is not None]
+        deadline = time.monotonic() + timeout
+        while not all(w.ready for w in warm):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.1)
+        return True
 
     async def teardown(self) -> bool:
         """Kill every job of every worker and remove every cgroup; True when all is gone."""
