@@ -27,7 +27,7 @@ from specon import checkpoint as ckpt  # the name `checkpoint` is a command's fi
 from specon.config import Policy, ProgressConfig
 from specon.jobkit import EXIT_CHECKPOINTED
 from specon.model import ContainerId, Direction, Resources, WorkerId
-from specon.policy.classifier import classifier_for
+from specon.policy.classifier import classifier_for, horizon
 from specon.policy.monitor import MonitorState, StateError
 from specon.progress import SkipReason, Tailer
 from specon.progress.fields import TS_KEYS
@@ -208,7 +208,13 @@ class Agent:
                 w.last_sample_at = now
                 self.counters.samples += len(got)
         states = {cid: w.state for cid, w in self.watched.items()}
-        result = self.classifier.tick_worker(states, samples, now, nonfinite=nonfinite or None)
+        # A job that declared its steps is judged against the rest of its run (robust classifier).
+        horizons = {
+            cid: h for cid, w in self.watched.items() if (h := horizon(w.info.spec.steps, w.step)) is not None
+        }
+        result = self.classifier.tick_worker(
+            states, samples, now, nonfinite=nonfinite or None, horizons=horizons or None
+        )
         for cid, st in result.states.items():
             old = self.watched[cid].state
             if old.display is not st.display:

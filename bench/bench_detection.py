@@ -73,7 +73,7 @@ def _model_figures(real: Sequence[Detection], diverging: Sequence[Detection]) ->
         s = detection.summarise([*mine, *(d for d in diverging if d.model == model)])
         out.append(
             Figure(
-                f"{model}: outside the target (shipped default)",
+                f"no declared steps, {model}: outside the target (shipped default)",
                 s.failures,
                 f"of {s.curves}",
                 target=0,
@@ -88,13 +88,66 @@ def _scores(
     real: Sequence[Curve],
     synthetic: Sequence[Curve],
     diverging: Sequence[Curve],
+    *,
+    declared: bool = False,
 ) -> dict[str, tuple[Summary, Summary]]:
     """Per candidate: (recorded + diverging, synthetic) summaries."""
     out = {}
     for c in cands:
-        rec = detection.run([*real, *diverging], c.monitor)
-        out[c.label] = (detection.summarise(rec), detection.summarise(detection.run(synthetic, c.monitor)))
+        rec = detection.run([*real, *diverging], c.monitor, declared=declared)
+        syn = detection.run(synthetic, c.monitor, declared=declared)
+        out[c.label] = (detection.summarise(rec), detection.summarise(syn))
     return out
+
+
+def _declared_figures(
+    real: Sequence[Curve], synthetic: Sequence[Curve], diverging: Sequence[Curve]
+) -> tuple[list[Figure], list[Detection]]:
+    """The shipped default on jobs that declared their steps (the classifier knows each
+    tick's horizon), per model and in all, and the ``horizon_gain`` the benchmark picks."""
+    shipped = MonitorConfig()
+    ship = [
+        *detection.run(real, shipped, declared=True),
+        *detection.run(diverging, shipped, declared=True),
+    ]
+    total = detection.summarise(ship)
+    synth = detection.summarise(detection.run(synthetic, shipped, declared=True))
+    per_model = "; ".join(
+        f"{m}: {s.failures}/{s.curves} ({_late(s)})" for m, s in detection.by_model(ship).items()
+    )
+    cands = detection.horizon_candidates(shipped)
+    scores = _scores(cands, real, synthetic, diverging, declared=True)
+    pick = detection.best(scores)
+    shipped_label = f"horizon_gain={shipped.robust.horizon_gain:g}"
+    ranked = sorted(scores, key=lambda label: (detection.rank_key(*scores[label]), label))
+    figures = [
+        Figure(
+            "declared steps, all models: outside the target (shipped default)",
+            total.failures,
+            f"of {total.curves}",
+            target=0,
+            detail=f"{_detail(total)}; {per_model}",
+        ),
+        Figure(
+            "declared steps, synthetic Optimus curves: outside the target",
+            synth.failures,
+            f"of {synth.curves}",
+            detail=_detail(synth),
+        ),
+        Figure(
+            "declared steps: benchmark's pick is the shipped horizon_gain",
+            float(pick == shipped_label),
+            "yes",
+            target=1,
+            better="min",
+            detail="ranked: "
+            + ", ".join(
+                f"{label} ({scores[label][0].failures}+{scores[label][1].failures})" for label in ranked
+            )
+            + " (recorded+synthetic outside)",
+        ),
+    ]
+    return figures, ship
 
 
 def _held_out(
@@ -172,6 +225,8 @@ def _write_detail(
     shipped_label: str,
     curves: Sequence[Curve],
     shipped: Sequence[Detection],
+    *,
+    declared: Sequence[Detection],
     previous: Sequence[Detection],
     scores: Mapping[str, tuple[Summary, Summary]],
 ) -> None:
@@ -185,6 +240,11 @@ def _write_detail(
             "label": shipped_label,
             "by_model": {m: dataclasses.asdict(s) for m, s in detection.by_model(shipped).items()},
             "detections": _rows(curves, shipped),
+        },
+        "shipped_declared_steps": {
+            "label": f"{shipped_label}, horizon_gain={MonitorConfig().robust.horizon_gain:g}",
+            "by_model": {m: dataclasses.asdict(s) for m, s in detection.by_model(declared).items()},
+            "detections": _rows(curves, declared),
         },
         "previous": {
             "label": "specon a=0.01",
@@ -236,8 +296,14 @@ def run(quick: bool) -> list[Figure]:
     before_div = detection.summarise(before_div_runs)
     scores = _scores(cands, real, synthetic, diverging)
     pick = detection.best(scores)
+    declared_figures, declared = _declared_figures(real, synthetic, diverging)
     _write_detail(
-        shipped_label, [*real, *diverging], [*ship_real, *ship_div], [*before, *before_div_runs], scores
+        shipped_label,
+        [*real, *diverging],
+        [*ship_real, *ship_div],
+        declared=declared,
+        previous=[*before, *before_div_runs],
+        scores=scores,
     )
     ticks = "/".join(map(str, detection.JOB_TICKS))
     steps = "/".join(f"{traces[0].steps / n:.0f}" for n in detection.JOB_TICKS)
@@ -251,16 +317,17 @@ def run(quick: bool) -> list[Figure]:
             f"ticks of 30 s (Δ = {steps} steps of a {traces[0].steps}-step job); {len(diverging)} diverging, "
             f"{len(synthetic)} synthetic; shipped: {shipped_label}",
         ),
+        *declared_figures,
         *_model_figures(ship_real, ship_div),
         Figure(
-            "all models: outside the target (shipped default)",
+            "no declared steps, all models: outside the target (shipped default)",
             total.failures,
             f"of {total.curves}",
             target=0,
             detail=_detail(total),
         ),
         Figure(
-            "synthetic Optimus curves (validation): outside the target",
+            "no declared steps, synthetic Optimus curves (validation): outside the target",
             synth.failures,
             f"of {synth.curves}",
             detail=_detail(synth),

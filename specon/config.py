@@ -166,15 +166,33 @@ class PriorityConfig:
     """Priority on the node: the CPU weights a worker's agent gives its containers
     (``specon.policy.priority``; each rule's module documents its paper and its arguments)."""
 
-    # Shortest remaining work first: the default because it won the simulated benchmark on
-    # A1, A3-A5 (`python -m bench bench_sim`; README "Choosing the default").
-    rule: PriorityRule = "srpt"
-    fsp: fsp_rule.Args = field(default_factory=fsp_rule.Args)
+    # The Fair Sojourn Protocol with half its aging: shortest remaining work first, but a
+    # job's deficit against equal sharing counts half against its remaining work. The default
+    # because it won the simulated benchmark on A1, A3-A5 with no job over x2 its DS time;
+    # plain srpt (aging 0) let one A5 job take x2.3-2.5, full FSP lost A3/A4 to srpt
+    # (`python -m bench bench_sim`; README "Choosing the default"). Each rule's own ``Args()``
+    # are its paper's (``peer_priority``).
+    rule: PriorityRule = "fsp"
+    fsp: fsp_rule.Args = field(default_factory=lambda: fsp_rule.Args(aging=0.5))
     srpt: srpt_rule.Args = field(default_factory=srpt_rule.Args)
     optimus: optimus_rule.Args = field(default_factory=optimus_rule.Args)
     tiresias: tiresias_rule.Args = field(default_factory=tiresias_rule.Args)
     hermes: hermes_rule.Args = field(default_factory=hermes_rule.Args)
     slaq: slaq_rule.Args = field(default_factory=slaq_rule.Args)
+
+
+def peer_priority(rule: PriorityRule) -> PriorityConfig:
+    """``rule`` with every rule's arguments at its module's ``Args()`` (its paper's), as the
+    peer policies run it (the default policy tunes some: ``PriorityConfig``)."""
+    return PriorityConfig(
+        rule=rule,
+        fsp=fsp_rule.Args(),
+        srpt=srpt_rule.Args(),
+        optimus=optimus_rule.Args(),
+        tiresias=tiresias_rule.Args(),
+        hermes=hermes_rule.Args(),
+        slaq=slaq_rule.Args(),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +280,8 @@ DOCS: dict[str, str] = {
     "monitor.robust.test": "doubling: converged when twice the training is predicted to improve E by "
     "less than gain of its improvement so far; change: k of n ticks with G below alpha, flat trend",
     "monitor.robust.gain": "doubling test: share of the improvement so far, in (0, 1)",
+    "monitor.robust.horizon_gain": "doubling test, for a job that declared its steps: share of the "
+    "improvement so far the rest of the job may still bring, in (0, 1)",
     "monitor.robust.memory": "doubling test: a tick from time t_i weighs (t_i/t)**memory in the log-time fit",
     "monitor.robust.confirm": "doubling test: share of the ticks so far it must hold for (at least one)",
     "placement": "Algorithm 2, target selection on each request (SPEC §4)",

@@ -18,13 +18,21 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from specon.config import Policy, load_policy, policy_from_dict, policy_to_dict
+from specon import codec
+from specon.config import (
+    Policy,
+    PriorityRule,
+    load_policy,
+    peer_priority,
+    policy_from_dict,
+    policy_to_dict,
+)
 
 DEMO_POLICY = Path(str(resources.files("specon") / "data" / "demo-policy.yaml"))
 
 # Never enough active neighbours: Algorithm 1 classifies but never asks to move.
 _NO_REQUESTS = {"request_min_active": 1 << 30}
-_PEERS = ("fsp", "srpt", "optimus", "tiresias", "hermes", "slaq")
+_PEERS: tuple[PriorityRule, ...] = ("fsp", "srpt", "optimus", "tiresias", "hermes", "slaq")
 
 CHANGES: dict[str, dict[str, Any]] = {
     "specon": {},
@@ -42,7 +50,11 @@ CHANGES: dict[str, dict[str, Any]] = {
         },
     },
     **{
-        rule: {"monitor": _NO_REQUESTS, "priority": {"rule": rule}, "rebalance": {"mode": "off"}}
+        rule: {
+            "monitor": _NO_REQUESTS,
+            "priority": codec.to_data(peer_priority(rule)),
+            "rebalance": {"mode": "off"},
+        }
         for rule in _PEERS
     },
 }

@@ -87,8 +87,13 @@ def replay(
     direction: Direction = Direction.MINIMIZE,
     seconds_per_record: float = DEFAULT_SECONDS_PER_RECORD,
     max_ticks: int = MAX_TICKS,
+    length: float | None = None,
 ) -> ReplayResult:
     """Run ``records`` through ``cfg.classifier`` in ticks of ``cfg.interval``.
+
+    ``length``: when the job declared how long it runs, that length on the replay's clock
+    (seconds since the first record); each tick then tells the classifier its horizon,
+    ``length / now`` (the agent's total steps / steps done). None: undeclared.
 
     ``ValueError`` for a non-positive interval, a negative ``seconds_per_record``, an
     unknown classifier or a log spanning more than ``max_ticks`` ticks.
@@ -98,6 +103,8 @@ def replay(
         raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
     if not (math.isfinite(seconds_per_record) and seconds_per_record >= 0):
         raise ValueError(f"seconds per record must be >= 0, got {seconds_per_record!r}")
+    if length is not None and not (math.isfinite(length) and length > 0):
+        raise ValueError(f"length must be a positive number of seconds, got {length!r}")
     clf = classifier_for(cfg)
     timed = record_times(records, seconds_per_record=seconds_per_record)
     state = clf.initial(direction=direction)
@@ -129,7 +136,8 @@ def replay(
             i += 1
         nonfinite_total += nonfinite
         stale += not samples
-        state = clf.tick(state, samples, now, nonfinite=nonfinite)
+        horizon = length / now if length is not None and now > 0 else None
+        state = clf.tick(state, samples, now, nonfinite=nonfinite, horizon=horizon)
         if state.wants_request and not state.pending_request:
             state = raise_request(state)
             requests += 1

@@ -9,6 +9,7 @@ request rule (SPEC §3.3).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,10 +29,19 @@ class TickFn(Protocol):
         cfg: MonitorConfig,
         *,
         nonfinite: int = 0,
+        horizon: float | None = None,
     ) -> MonitorState: ...
 
 
 CLASSIFIERS: Mapping[str, TickFn] = {"specon": monitor.tick, "robust": robust.tick}
+
+
+def horizon(total: float | None, done: float | None) -> float | None:
+    """A job's horizon for a tick: the steps it declared over the steps it has done (>= 1);
+    None when it declared none or has logged no step yet."""
+    if total is None or done is None or not (math.isfinite(total) and math.isfinite(done)) or done <= 0:
+        return None
+    return max(1.0, total / done)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +59,12 @@ def tick_worker(
     cfg: MonitorConfig,
     *,
     nonfinite: Mapping[ContainerId, int] | None = None,
+    horizons: Mapping[ContainerId, float] | None = None,
 ) -> WorkerTickResult:
     """One tick for every container on a worker, then the request rule.
 
-    A container without an entry in ``samples`` had no new sample (a stale tick).
+    A container without an entry in ``samples`` had no new sample (a stale tick); one
+    without an entry in ``horizons`` declared no length (``horizon``).
     Samples for a container without a state are a caller error (``ValueError``): the
     agent adds a container with ``initial`` before feeding it.
     """
@@ -61,9 +73,13 @@ def tick_worker(
         raise ValueError(f"samples for containers without a monitor state: {sorted(unknown)}")
     tick = _tick_fn(cfg)
     get = samples.get
-    if nonfinite:
-        bad = nonfinite.get
-        ticked = {cid: tick(s, get(cid, ()), now, cfg, nonfinite=bad(cid, 0)) for cid, s in states.items()}
+    if nonfinite or horizons:
+        bad = (nonfinite or {}).get
+        span = (horizons or {}).get
+        ticked = {
+            cid: tick(s, get(cid, ()), now, cfg, nonfinite=bad(cid, 0), horizon=span(cid))
+            for cid, s in states.items()
+        }
     else:
         ticked = {cid: tick(s, get(cid, ()), now, cfg) for cid, s in states.items()}
     new_states, requests = monitor.apply_request_rule(ticked, cfg)
@@ -93,9 +109,15 @@ class Classifier:
         return monitor.initial(direction=direction)
 
     def tick(
-        self, state: MonitorState, samples: Sequence[float], now: float, *, nonfinite: int = 0
+        self,
+        state: MonitorState,
+        samples: Sequence[float],
+        now: float,
+        *,
+        nonfinite: int = 0,
+        horizon: float | None = None,
     ) -> MonitorState:
-        return self._tick(state, samples, now, self.cfg, nonfinite=nonfinite)
+        return self._tick(state, samples, now, self.cfg, nonfinite=nonfinite, horizon=horizon)
 
     def tick_worker(
         self,
@@ -104,8 +126,9 @@ class Classifier:
         now: float,
         *,
         nonfinite: Mapping[ContainerId, int] | None = None,
+        horizons: Mapping[ContainerId, float] | None = None,
     ) -> WorkerTickResult:
-        return tick_worker(states, samples, now, self.cfg, nonfinite=nonfinite)
+        return tick_worker(states, samples, now, self.cfg, nonfinite=nonfinite, horizons=horizons)
 
     def mark_migrated(self, state: MonitorState, now: float) -> MonitorState:
         return monitor.mark_migrated(state, now)

@@ -152,15 +152,17 @@ def tick(
     cfg: MonitorConfig,
     *,
     nonfinite: int = 0,
+    horizon: float | None = None,
 ) -> MonitorState:
     """One categorisation tick of Algorithm 1 for one container.
 
     ``samples`` are the values logged in (t_{m-1}, t_m]; non-finite ones are ignored
-    (``nonfinite``, their count, is accepted for interface parity with ``robust`` and
-    unused here). The states are built positionally: this runs for every container
-    every Δ and ``dataclasses.replace`` would triple its cost.
+    (``nonfinite``, their count, and ``horizon``, the job's declared length, are accepted for
+    interface parity with ``robust`` and unused here: the paper knows neither). The states
+    are built positionally: this runs for every container every Δ and
+    ``dataclasses.replace`` would triple its cost.
     """
-    del nonfinite
+    del nonfinite, horizon
     if state.migrated:
         return state
     e = aggregate_samples(samples, cfg.aggregate)

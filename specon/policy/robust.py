@@ -13,11 +13,16 @@ has converged:
   best, minus the best: the lowest tick E or fitted level), in either direction, and both
   the fitted level and the newest E sit within ``RISE`` of that above the best (a rise is
   not convergence). After ``confirm`` of its ticks so far in a row (at least one) it is
-  converged and requests at once. A job that would pass at twice the gain is watching; one
-  that no longer passes starts over (PC, request dropped), as specon's reset. Why
+  converged and requests at once. A job that would pass at twice the gain is watching;
+  one that no longer passes starts over (PC, request dropped), as specon's reset. Why
   log-time: it needs neither Δ nor the job's length, so one setting holds whether a job
   spans ten ticks or a hundred. What it cannot know is how long the job will still run
-  (the ground truth's horizon): ``bench_detection`` measures what that costs.
+  (the ground truth's horizon), unless the job declared it: then (``horizon``: total
+  steps / steps done) the test asks what the ground truth asks, would the *rest of the
+  job* still pay? What the same slope leaves to come over the rest of the job, for a tail
+  falling as t**-1/2 (``TAIL_EXPONENT``), must be below ``horizon_gain`` of the
+  improvement so far (the job's speed so far stands in for its speed to come).
+  ``bench_detection`` measures both forms.
 * ``change``: E is smoothed with an EMA (``smoothing``) before differencing; each tick casts a
   vote, slow when the normalised change of the smoothed E is below alpha; a step needs ``k``
   of the last ``n`` votes to agree (hysteresis both ways: ``k`` fast votes reset to PC,
@@ -50,6 +55,11 @@ from specon.policy.monitor import (
 )
 from specon.policy.robust_config import RobustConfig
 
+# A declared job's loss is taken to end in the tail l = c + A·t**-TAIL_EXPONENT (SGD whose
+# gradient noise dominates falls as t**-1/2): its log-time slope b then leaves
+# |b|·(1 - r**-q)/q to come while the time grows r-fold. bench_detection chose q over
+# 0.25/0.5/1/2 (ln r, the q -> 0 limit, was late on most curves).
+TAIL_EXPONENT = 0.5
 _PC, _WC, _CC, _DV = Category.PROGRESSING, Category.WATCHING, Category.CONVERGED, Category.DIVERGING
 
 _LN2 = math.log(2.0)
@@ -92,8 +102,11 @@ def tick(
     cfg: MonitorConfig,
     *,
     nonfinite: int = 0,
+    horizon: float | None = None,
 ) -> MonitorState:
-    """One tick of the robust classifier; ``nonfinite`` counts NaN/inf values this tick.
+    """One tick of the robust classifier; ``nonfinite`` counts NaN/inf values this tick;
+    ``horizon`` is the job's declared length over its length so far (total steps / steps
+    done, >= 1), None when it declared none (module doc: the doubling test's two forms).
 
     Written for speed (it runs for every container every Δ): states are built
     positionally and config lookups are hoisted.
@@ -154,7 +167,7 @@ def tick(
     fit = state.fit
     stage = FAR
     if doubling:
-        fit, stage = fit_tick(fit, sign * e, rc)
+        fit, stage = fit_tick(fit, sign * e, rc, horizon)
     if nonfinite > 0 or (
         full and sign * (window[-1] - window[0]) > 0.0 and _diverging(window, sign, rc.diverge_threshold)
     ):
@@ -205,8 +218,11 @@ def tick(
     )
 
 
-def fit_tick(fit: tuple[float, ...], y: float, rc: RobustConfig) -> tuple[tuple[float, ...], int]:
-    """Add one tick's ``y`` (E signed so that lower is better) to the doubling test's fit.
+def fit_tick(
+    fit: tuple[float, ...], y: float, rc: RobustConfig, horizon: float | None = None
+) -> tuple[tuple[float, ...], int]:
+    """Add one tick's ``y`` (E signed so that lower is better) to the doubling test's fit;
+    ``horizon`` (total / done, None: undeclared) picks the test's form (module doc).
 
     Returns the new fit and the stage the test reached: ``FAR``, ``NEAR`` (it would pass at
     twice the gain: watching), ``PASSING`` (not yet confirmed) or ``CONFIRMED`` (module doc).
@@ -234,10 +250,13 @@ def fit_tick(fit: tuple[float, ...], y: float, rc: RobustConfig) -> tuple[tuple[
         level = (sy - per_efold * s1) / s0 + per_efold * u
         if level < best:
             best, start = level, worst
-        limit = rc.gain * (start - best)
-        # How far from passing: the larger of the doubling's gain and the rise (fitted level,
-        # newest E) above the best, each against its own limit.
-        need = max(abs(per_efold) * _LN2, (level - best) / RISE, (y - best) / RISE)
+        if horizon is None:  # would twice the training still pay?
+            limit, ahead = rc.gain * (start - best), _LN2
+        else:  # would the rest of the job still pay?
+            limit, ahead = rc.horizon_gain * (start - best), _tail_left(horizon)
+        # How far from passing: the larger of the gain still to come and the rise (fitted
+        # level, newest E) above the best, each against its own limit.
+        need = max(abs(per_efold) * ahead, (level - best) / RISE, (y - best) / RISE)
         if limit > 0.0 and need < 2.0 * limit:
             stage = NEAR
             if need < limit:
@@ -246,6 +265,12 @@ def fit_tick(fit: tuple[float, ...], y: float, rc: RobustConfig) -> tuple[tuple[
     if stage < PASSING:
         streak = 0.0
     return (t, s0, s1, s2, sy, suy, worst, start, best, streak), stage
+
+
+def _tail_left(horizon: float) -> float:
+    """The e-folds of improvement a tail at ``TAIL_EXPONENT`` still has in ``horizon`` x time."""
+    q = TAIL_EXPONENT
+    return (1.0 - math.pow(max(1.0, horizon), -q)) / q
 
 
 def trend(fit: tuple[float, ...]) -> tuple[float, float] | None:

@@ -36,6 +36,10 @@ class RobustConfig:
     memory: float = 5.0
     # The doubling test must hold for this share of the ticks seen so far (at least one).
     confirm: float = 0.0
+    # For a job that declared its length (a horizon): it has converged when the log-time fit
+    # predicts less than this share of its improvement so far over the rest of the job (in
+    # place of ``gain``'s doubling). Chosen by `python -m bench bench_detection`.
+    horizon_gain: float = 0.1
 
 
 def problems(cfg: RobustConfig) -> list[str]:
@@ -52,6 +56,8 @@ def problems(cfg: RobustConfig) -> list[str]:
         out.append(f"diverge_threshold: must be > 0, got {cfg.diverge_threshold}")
     if not (math.isfinite(cfg.gain) and 0 < cfg.gain < 1):
         out.append(f"gain: must be in (0, 1), got {cfg.gain}")
+    if not (math.isfinite(cfg.horizon_gain) and 0 < cfg.horizon_gain < 1):
+        out.append(f"horizon_gain: must be in (0, 1), got {cfg.horizon_gain}")
     if not (math.isfinite(cfg.memory) and cfg.memory > 0):
         out.append(f"memory: must be > 0, got {cfg.memory}")
     if not (math.isfinite(cfg.confirm) and 0 <= cfg.confirm <= 1):

@@ -173,12 +173,15 @@ def diverging_set(traces: Iterable[Trace], *, seed: int) -> list[Curve]:
 # --- replay ----------------------------------------------------------------------------------
 
 
-def request_tick(curve: Curve, cfg: MonitorConfig, job_ticks: int) -> int | None:
+def request_tick(curve: Curve, cfg: MonitorConfig, job_ticks: int, *, declared: bool = False) -> int | None:
     """The first tick at which ``cfg``'s classifier would ask to move ``curve`` replayed as a
-    job of ``job_ticks`` ticks (module doc), or None."""
+    job of ``job_ticks`` ticks (module doc), or None; ``declared``: the job declared its
+    length (its steps), so the classifier knows its horizon each tick."""
     interval = curve.steps / job_ticks
     records = [(float((i + 1) * curve.stride), loss) for i, loss in enumerate(curve.losses)]
-    result = replay(records, dataclasses.replace(cfg, interval=interval))
+    # The replay's clock starts at the first record, one stride into the job.
+    length = float(curve.steps - curve.stride) if declared else None
+    result = replay(records, dataclasses.replace(cfg, interval=interval), length=length)
     # The replay's clock starts at the first record; its ticks are whole multiples of Δ.
     return None if result.request_at is None else round(result.request_at / interval)
 
@@ -214,9 +217,12 @@ class Detection:
         return late is None or not -TARGET_EARLY <= late <= TARGET_LATE
 
 
-def detect(curve: Curve, cfg: MonitorConfig, job_ticks: int) -> Detection:
+def detect(curve: Curve, cfg: MonitorConfig, job_ticks: int, *, declared: bool = False) -> Detection:
     return Detection(
-        curve.model, job_ticks, truth_tick(curve, job_ticks), request_tick(curve, cfg, job_ticks)
+        curve.model,
+        job_ticks,
+        truth_tick(curve, job_ticks),
+        request_tick(curve, cfg, job_ticks, declared=declared),
     )
 
 
@@ -260,10 +266,14 @@ def summarise(detections: Iterable[Detection]) -> Summary:
 
 
 def run(
-    curves: Iterable[Curve], cfg: MonitorConfig, *, job_ticks: Sequence[int] = JOB_TICKS
+    curves: Iterable[Curve],
+    cfg: MonitorConfig,
+    *,
+    job_ticks: Sequence[int] = JOB_TICKS,
+    declared: bool = False,
 ) -> list[Detection]:
-    """Every curve at every job length, in that order."""
-    return [detect(c, cfg, n) for c in curves for n in job_ticks]
+    """Every curve at every job length, in that order (``declared``: ``request_tick``)."""
+    return [detect(c, cfg, n, declared=declared) for c in curves for n in job_ticks]
 
 
 def by_model(detections: Iterable[Detection]) -> dict[str, Summary]:
@@ -304,6 +314,22 @@ def candidates(base: MonitorConfig | None = None) -> list[Candidate]:
                 label = f"robust doubling gain={gain:g} memory={memory:g} confirm={confirm:g}"
                 out.append(Candidate(label, dataclasses.replace(b, classifier="robust", robust=rc)))
     return out
+
+
+HORIZON_GAINS = (0.06, 0.08, 0.09, 0.1, 0.11, 0.12, 0.14)
+
+
+def horizon_candidates(base: MonitorConfig | None = None) -> list[Candidate]:
+    """The ``horizon_gain`` settings the benchmark compares for jobs that declared their
+    length (replayed with ``declared=True``); ``base`` supplies every other knob."""
+    b = MonitorConfig() if base is None else base
+    return [
+        Candidate(
+            f"horizon_gain={g:g}",
+            dataclasses.replace(b, robust=dataclasses.replace(b.robust, horizon_gain=g)),
+        )
+        for g in HORIZON_GAINS
+    ]
 
 
 def rank_key(recorded: Summary, synthetic: Summary) -> tuple[float, int, float]:

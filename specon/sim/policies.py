@@ -39,6 +39,7 @@ from specon.config import (
     PriorityConfig,
     PriorityRule,
     default_policy,
+    peer_priority,
     policy_from_dict,
     policy_to_dict,
 )
@@ -57,7 +58,7 @@ SIMULATED = ("ds", "specon-paper", "specon", "specon-predicted", "balancer", *PE
 POLICIES = (*SIMULATED, "bound")
 
 # Every job the same CPU weight (DS and the balancer know no priority).
-EQUAL_SHARES = PriorityConfig(rule="none")
+EQUAL_SHARES = peer_priority("none")
 
 # "No limit" for the balancer's moves per job (the field is an int).
 _UNLIMITED = 1 << 30
@@ -118,7 +119,7 @@ def make_policy(
     if name == "ds":
         return SimPolicy(name, None, classify=False)
     if name in PEERS:
-        priority = replace(EQUAL_SHARES, rule=PEERS[name])
+        priority = peer_priority(PEERS[name])
         return SimPolicy(name, None, classify=PEERS[name] in NEEDS_GAIN, priority=priority)
     if name in ("specon", "specon-paper", "specon-predicted"):
         if base is None or name == "specon-paper":

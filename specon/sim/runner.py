@@ -38,7 +38,7 @@ from specon.effects import CommandQueued, Event, MemoryJournal
 from specon.evaluation import JobResult, MigrationRecord, RunResult
 from specon.migration import State
 from specon.model import Category, ContainerId, Resources, WorkerId
-from specon.policy.classifier import Classifier, classifier_for
+from specon.policy.classifier import Classifier, classifier_for, horizon
 from specon.policy.monitor import MonitorState
 from specon.policy.priority.base import JobProgress
 from specon.policy.priority.rules import weights as priority_weights
@@ -321,11 +321,13 @@ class _Run:
         self.stats.ticks += 1
         raised: list[SimJob] = []
         take = self.cluster.take_samples
+        declared = self.policy.declared  # as the agent's: a job's steps, where it declared them
         for w in self.cluster.workers.values():
             if not w.jobs:
                 continue
             states: dict[ContainerId, MonitorState] = {}
             samples: dict[ContainerId, list[float]] = {}
+            horizons: dict[ContainerId, float] = {}
             for job in w.jobs.values():
                 cid = ContainerId(job.id)
                 assert job.state is not None
@@ -333,7 +335,9 @@ class _Run:
                 got = take(job)
                 if got:
                     samples[cid] = got
-            result = classifier.tick_worker(states, samples, now)
+                if declared and (h := horizon(job.plan.steps, self.cluster.steps_now(job))) is not None:
+                    horizons[cid] = h
+            result = classifier.tick_worker(states, samples, now, horizons=horizons or None)
             for cid, st in result.states.items():
                 job = w.jobs[cid]
                 job.state = st

@@ -24,6 +24,7 @@ from manager_fakes import policy as make_policy
 from agent.core import Agent
 from specon.config import Policy
 from specon.model import Category, ContainerId, Resources
+from specon.policy import classifier as classifier_module
 from specon.protocol import Action, Command, CommandBatch, CommandResult, ContainerReport
 from specon.runtime import ContainerInfo, JobSpec
 from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume, JobScript
@@ -224,6 +225,28 @@ async def test_a_converging_job_steps_pc_wc_cc_and_requests_beside_an_active_job
     # Raised once; afterwards it stays pending (the heartbeat repeats it) without re-raising.
     assert await tick(agent, world.clock, 2) == [[], []]
     assert agent.watched[ContainerId("conv")].state.pending_request
+
+
+async def test_the_classifier_is_told_the_horizon_of_each_job_that_declared_its_steps(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[dict[ContainerId, float] | None] = []
+    real = classifier_module.tick_worker
+
+    def spy(*args: Any, horizons: Any = None, **kw: Any) -> Any:
+        seen.append(None if horizons is None else dict(horizons))
+        return real(*args, horizons=horizons, **kw)
+
+    monkeypatch.setattr(classifier_module, "tick_worker", spy)
+    await world.run("declared", steps=1000)
+    await world.run("open")
+    agent = world.agent(pol=make_policy())
+    await agent.refresh()
+    await tick(agent, world.clock, 3)
+    step = agent.watched[ContainerId("declared")].step
+    assert step is not None and 0 < step < 1000
+    # Only the job that declared its steps has one: total / the last step it logged.
+    assert seen[-1] == {ContainerId("declared"): pytest.approx(1000 / step)}
 
 
 @pytest.mark.parametrize(

@@ -182,6 +182,23 @@ def test_the_shipped_default_on_the_recorded_traces() -> None:
     assert before.missed > 0 and before.failures > 2 * total.failures
 
 
+def test_jobs_that_declare_their_steps_are_detected_closer_to_the_truth() -> None:
+    """``bench_detection``'s declared-steps figures: the classifier told each tick's horizon
+    (total / done) is outside the target less often than the doubling test without it, and
+    still never asks on a diverging curve."""
+    curves = [Curve.of(t) for t in TRACES]
+    declared = summarise(detection.run(curves, MonitorConfig(), declared=True))
+    undeclared = summarise(detection.run(curves, MonitorConfig()))
+    assert declared.missed == 0
+    assert declared.failures <= 12 < undeclared.failures  # of 45 curves x job lengths
+    for seed in (7, 1234):
+        s = summarise(detection.run(diverging_set(TRACES, seed=seed), MonitorConfig(), declared=True))
+        assert s.diverging_requested == 0
+    cands = detection.horizon_candidates()
+    assert [c.monitor.robust.horizon_gain for c in cands] == list(detection.HORIZON_GAINS)
+    assert sum(c.monitor == MonitorConfig() for c in cands) == 1
+
+
 def test_paper_mode_is_still_algorithm_1_at_alpha_001() -> None:
     paper = default_policy("paper").monitor
     curve = Curve.of(GEOMETRIC)

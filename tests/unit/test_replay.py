@@ -95,3 +95,17 @@ def test_bad_arguments_are_clear_errors() -> None:
         replay([(0.0, 1.0)], MonitorConfig(interval=0.0))
     with pytest.raises(ValueError, match="seconds per record"):
         replay([(None, 1.0)], LAST, seconds_per_record=-1.0)
+    for length in (0.0, -5.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="length"):
+            replay([(0.0, 1.0)], LAST, length=length)
+
+
+def test_a_declared_length_tells_the_classifier_its_horizon_each_tick() -> None:
+    cfg = MonitorConfig(classifier="robust", interval=1.0)
+    tail = [(float(t), 1.0 + 10.0 / (t + 1)) for t in range(40)]
+    undeclared = replay(tail, cfg)  # the doubling test: as if twice its time so far were left
+    soon = replay(tail, cfg, length=8.0)  # declared to end early: little is left to come
+    long = replay(tail, cfg, length=3900.0)  # a hundred times longer: much is left
+    assert soon.request_at is not None and undeclared.request_at is not None
+    assert long.request_at is not None
+    assert soon.request_at < undeclared.request_at < long.request_at

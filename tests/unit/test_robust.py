@@ -322,3 +322,71 @@ def test_the_doubling_state_round_trips() -> None:
     s = run(HYPERBOLA[:8], DEFAULT)[-1]
     assert s.fit and not s.votes  # only the change test votes
     assert clf.from_dict(json.loads(json.dumps(clf.to_dict(s)))) == s
+
+
+# --- a declared length (the horizon) -------------------------------------------------------
+
+
+def first_confirmed(values: Sequence[float], horizon: float | None) -> int | None:
+    fit: tuple[float, ...] = ()
+    for t, y in enumerate(values, start=1):
+        fit, stage = robust.fit_tick(fit, y, DEFAULT.robust, horizon)
+        if stage == CONFIRMED:
+            return t
+    return None
+
+
+def test_a_declared_job_converges_when_the_rest_of_its_run_would_not_pay() -> None:
+    tail = [1.0 + 10.0 / t for t in range(1, 60)]
+    # At its declared end nothing is left to come: it passes as soon as the fit exists.
+    assert first_confirmed(tail, 1.0) == robust.MIN_FIT_TICKS
+    # The further its end, the later it converges: a fixed ``horizon`` (total / done) is a
+    # job whose end keeps receding, so its curve must flatten further to pass.
+    got = [first_confirmed(tail, h) for h in (1.0, 1.5, 2.0, 4.0, 10.0, 100.0)]
+    assert all(a is not None for a in got)
+    assert got == sorted(got) and len(set(got)) == len(got)
+    # Without a declared length the doubling test decides (twice the training so far).
+    assert first_confirmed(tail, None) == first_confirmed(tail, 2.0)
+
+
+def test_what_a_tail_still_brings_is_its_slope_times_a_shrinking_share_of_the_time_left() -> None:
+    q = robust.TAIL_EXPONENT
+    for r in (1.0, 1.1, 2.0, 10.0, 1e6):
+        # l = c + A t**-q falls from t to r t by A t**-q (1 - r**-q) = |slope| (1 - r**-q) / q.
+        assert robust._tail_left(r) == pytest.approx((1.0 - r**-q) / q)
+    assert robust._tail_left(1.0) == 0.0
+    assert robust._tail_left(0.5) == 0.0  # a job past its declared steps has nothing left
+    assert robust._tail_left(1e12) < 1.0 / q  # bounded: a tail at q never falls more
+
+
+def test_a_declared_length_never_lets_a_rising_or_diverging_curve_request() -> None:
+    falling = [1.0 + 10.0 / t for t in range(1, 12)]
+    rising = [*falling, *(falling[-1] * 1.5**k for k in range(1, 10))]
+    states = []
+    s = monitor.initial()
+    tick = classifier_for(DEFAULT).tick
+    for m, y in enumerate(rising):
+        s = tick(s, [y], m * 30.0, horizon=1.0)  # its declared end: nothing left to come
+        states.append(s)
+    assert states[-1].category is DV and not states[-1].pending_request
+    assert not any(st.wants_request for st in states[len(falling) + 1 :])
+
+
+def test_tick_worker_gives_each_container_its_own_horizon() -> None:
+    tail = [1.0 + 10.0 / t for t in range(1, 8)]
+    a, b = ContainerId("a"), ContainerId("b")
+    states = {a: monitor.initial(), b: monitor.initial()}
+    for m, y in enumerate(tail):
+        result = tick_worker(states, {a: [y], b: [y]}, m * 30.0, DEFAULT, horizons={a: 1.0})
+        states = dict(result.states)
+    # a is at its declared end and converged; b (no horizon) still needs its doubling.
+    assert states[a].category is CC
+    assert states[b].category is not CC
+    # The paper's classifier knows no horizon: the same states with or without one.
+    paper = MonitorConfig()
+    paper = replace(paper, classifier="specon")
+    s1 = s2 = monitor.initial()
+    for m, y in enumerate(tail):
+        s1 = monitor.tick(s1, [y], m * 30.0, paper)
+        s2 = monitor.tick(s2, [y], m * 30.0, paper, horizon=1.0)
+    assert s1 == s2

@@ -5,7 +5,9 @@ from __future__ import annotations
 import ast
 import math
 from pathlib import Path
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -165,3 +167,26 @@ def test_no_simulation_branches_in_the_policy_code() -> None:
             a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs
         }
         assert not [n for n in names if "simulat" in n.lower()], path.name
+
+
+def test_jobs_tell_the_classifier_their_horizon_only_where_they_declare_their_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: dict[str, list[dict[str, float]]] = {"specon": [], "specon-predicted": []}
+    real = classifier.tick_worker
+    current = ["specon"]
+
+    def spy(*args: Any, horizons: Any = None, **kw: Any) -> Any:
+        seen[current[0]].append(dict(horizons or {}))
+        return real(*args, horizons=horizons, **kw)
+
+    monkeypatch.setattr(classifier, "tick_worker", spy)
+    wl = workload(2, (job_plan("a", _falling(0.05)), job_plan("b", _linear())))
+    for name in seen:
+        current[0] = name
+        simulate(wl, make_policy(name))
+    declared = [h for tick in seen["specon"] for h in tick.values()]
+    # As the agent's: total steps / steps done, >= 1, shrinking towards 1 as a job runs.
+    assert declared and all(h >= 1.0 for h in declared)
+    assert min(declared) < 1.5 < max(declared)
+    assert not any(seen["specon-predicted"])  # no declared steps, no horizon
