@@ -2,19 +2,29 @@
 
 Each seed is one workload (``specon.demo.make_workload``: random models, arrivals uniform in
 [0, WINDOW] s) run for real on the embedded default (``specon.demo.run_once``: W workers with
-a cgroup CPU budget each, real PyTorch jobs, a real manager and agents over loopback HTTP)
-once per policy. The order of the policies rotates from seed to seed (seed 0: ds, balancer,
-specon; seed 1: balancer, specon, ds; ...) so that a drift of the machine over the run
-favours none of them. The machine's load average before each run is recorded beside it.
+a cgroup CPU budget each, real PyTorch jobs, a real manager and agents over loopback HTTP).
+
+**Paired arms.** One run proves nothing: the same arrivals once favoured specon by 27.6 % on
+a loaded machine and once lost 26.1 % on a quiet one, and a seed's DS average moved by a
+quarter between two runs on an idle machine. The spread comes from the machine (its speed
+drifts between and within sessions: ``bench_live`` measured each model's CPU per step at
+1.1-2.1x the traces', and a run that shares the CPUs with anything else is slowed), so each
+policy runs *at the same time* as a DS twin of the same arrivals: the two clusters' workers
+share the machine's CPUs alike (each worker pinned to one CPU under its own CPU quota, the
+two arms' workers side by side on each CPU), and both see the same machine. Each policy is
+compared with its own twin. DS thus runs once per other policy and seed, and the spread of
+those DS runs of one seed (run at different moments) is the spread a sequential comparison
+would carry; it is reported beside the figures. Which pair runs first rotates from seed to
+seed. The machine's load average before each pair is recorded beside it.
 
 Figures, per policy: average JCT (mean over the seeds, and its spread: min-max), its change
-against DS on the same seed (mean, min-max), makespan, time-to-quality and the slowest job
-against DS; the simulator's prediction of each policy's average JCT on the same workloads
+against its DS twin (mean, min-max), makespan, time-to-quality and the slowest job against
+DS; the simulator's prediction of each policy's average JCT on the same workloads
 (``specon.sim.calibration.sim_workload``, measured start-up CPU, and each model's CPU per
 step measured on this machine before the runs: the traces' were recorded on another day,
 and this machine's speed drifts between sessions) and its gap; the targets:
 the default >= 15 % faster than DS and faster than the balancer, the simulator within 10 %.
-``quick``: one seed, two policies (DS and the default).
+``quick``: one seed, one pair (DS and the default).
 """
 
 from __future__ import annotations
@@ -45,7 +55,8 @@ WINDOW = 20.0
 STEP_SCALE = 0.35
 SPREAD = 0.5  # each job's steps x uniform [1 - SPREAD, 1 + SPREAD]
 SEEDS = {False: (1, 2, 3), True: (1,)}
-POLICIES = {False: ("ds", "balancer", "specon"), True: ("ds", "specon")}
+# Each runs beside a DS twin of its arrivals (module doc).
+POLICIES = {False: ("balancer", "specon"), True: ("specon",)}
 DEADLINE = 900.0
 # CPU-seconds a job spends before its first step: the demo forks its jobs from a warm
 # interpreter per worker, measured by `python -m bench bench_restore` at 0.04-0.56 per model
@@ -72,25 +83,33 @@ def _order(policies: Sequence[str], i: int) -> list[str]:
     return [*policies[k:], *policies[:k]]
 
 
-def _run(jobs: Sequence[DemoJob], name: str, root: Path) -> RunResult:
+async def _run(jobs: Sequence[DemoJob], name: str, root: Path) -> RunResult:
     policy = None
     if name != "ds":
         policy = root / f"{name}.yaml"
         policy.parent.mkdir(parents=True, exist_ok=True)
         policy.write_text(policy_to_yaml(live_policy(name)), encoding="utf-8")
-    return asyncio.run(
-        run_once(
-            jobs,
-            root=root / name,
-            workers=WORKERS,
-            cpus_per_worker=CPUS,
-            with_specon=policy is not None,
-            policy=policy,
-            say=lambda line: None,
-            deadline=DEADLINE,
-            label=name,
-        )
+    return await run_once(
+        jobs,
+        root=root / name,
+        workers=WORKERS,
+        cpus_per_worker=CPUS,
+        with_specon=policy is not None,
+        policy=policy,
+        say=lambda line: None,
+        deadline=DEADLINE,
+        label=name,
     )
+
+
+def _pair(jobs: Sequence[DemoJob], name: str, root: Path) -> tuple[RunResult, RunResult]:
+    """``name`` and its DS twin on the same arrivals at the same time: (DS, ``name``)."""
+
+    async def both() -> tuple[RunResult, RunResult]:
+        ds, other = await asyncio.gather(_run(jobs, "ds", root / f"twin-{name}"), _run(jobs, name, root))
+        return ds, other
+
+    return asyncio.run(both())
 
 
 def _sim(jobs: Sequence[DemoJob], name: str, costs: Mapping[str, float]) -> RunResult:
@@ -116,6 +135,112 @@ def _step_costs(root: Path, models: Sequence[str]) -> dict[str, float]:
     }
 
 
+def _finished(runs: Sequence[RunResult]) -> bool:
+    return all(r.avg_jct is not None for r in runs)
+
+
+def _gaps(sim: Sequence[RunResult], real: Sequence[RunResult]) -> list[float]:
+    """The simulator's |avg JCT - the real one| / the real one, %, per seed."""
+    return [
+        100 * abs((s.avg_jct or 0.0) - (r.avg_jct or 0.0)) / (r.avg_jct or 1.0)
+        for s, r in zip(sim, real, strict=True)
+    ]
+
+
+def _ds_figures(twins: Mapping[str, Sequence[RunResult]], sim: Sequence[RunResult]) -> list[Figure]:
+    """DS: each seed's twins (one beside each policy, run at different moments) and their
+    spread, the spread a sequential comparison carries, and the simulator's gap to them."""
+    runs = list(zip(*twins.values(), strict=True))  # per seed: its DS twins
+    if not runs or not all(_finished(seed) for seed in runs):
+        return [Figure("live ds: twins with unfinished jobs", sum(not _finished(s) for s in runs), "seeds")]
+    means = [statistics.fmean(r.avg_jct or 0.0 for r in seed) for seed in runs]
+    figures = [
+        Figure(
+            f"live ds: average JCT (mean of {len(means)} seeds)",
+            statistics.fmean(means),
+            "s",
+            detail=f"{_spread(means)}; each seed the mean of its {len(runs[0])} twin run(s); "
+            f"simulated {statistics.fmean(s.avg_jct or 0.0 for s in sim):.1f} s",
+        ),
+        Figure(
+            "live ds: simulator's avg JCT gap (mean |%|)",
+            statistics.fmean(
+                g for seed, s in zip(runs, sim, strict=True) for g in _gaps([s] * len(seed), seed)
+            ),
+            "%",
+            target=GAP_TARGET,
+            better="max",
+        ),
+    ]
+    if len(runs[0]) > 1:
+        repeat = [
+            100 * (max(r.avg_jct or 0.0 for r in seed) / min(r.avg_jct or 1.0 for r in seed) - 1)
+            for seed in runs
+        ]
+        figures.append(
+            Figure(
+                "live ds: same arrivals run again, avg JCT apart (mean)",
+                statistics.fmean(repeat),
+                "%",
+                detail="per seed " + ", ".join(f"{x:.1f}" for x in repeat) + " (max / min - 1 of its twins)",
+            )
+        )
+    return figures
+
+
+def _policy_figures(
+    name: str, runs: Sequence[RunResult], twins: Mapping[str, Sequence[RunResult]], sim: Sequence[RunResult]
+) -> list[Figure]:
+    avg = [r.avg_jct or 0.0 for r in runs]
+    spans = [r.makespan or 0.0 for r in runs]
+    gaps = _gaps(sim, runs)
+    cmps = [compare(t, r) for t, r in zip(twins[name], runs, strict=True)]
+    red = [100 * (c.avg_jct_reduction or 0.0) for c in cmps]
+    worst = max((c.worst_slowdown or 0.0) for c in cmps)
+    ttq = [100 * c.ttq_reduction for c in cmps if c.ttq_reduction is not None]
+    # What a sequential comparison would have said: against another policy's twin, a DS run
+    # of the same arrivals at another moment.
+    others = [p for p in twins if p != name]
+    crossed = [
+        100 * (compare(t, r).avg_jct_reduction or 0.0)
+        for p in others
+        for t, r in zip(twins[p], runs, strict=True)
+    ]
+    return [
+        Figure(
+            f"live {name}: average JCT (mean of {len(avg)} seeds)",
+            statistics.fmean(avg),
+            "s",
+            detail=f"{_spread(avg)}; makespan mean {statistics.fmean(spans):.1f} s ({_spread(spans)}); "
+            f"simulated {statistics.fmean(s.avg_jct or 0.0 for s in sim):.1f} s",
+        ),
+        Figure(
+            f"live {name}: simulator's avg JCT gap (mean |%|)",
+            statistics.fmean(gaps),
+            "%",
+            target=GAP_TARGET,
+            better="max",
+            detail="per seed " + ", ".join(f"{g:.1f}" for g in gaps),
+        ),
+        Figure(
+            f"live {name}: avg JCT reduction vs its DS twin (mean of {len(red)} seeds)",
+            statistics.fmean(red),
+            "%",
+            target=TARGET_REDUCTION if name == "specon" else None,
+            better="min",
+            detail=f"per seed {', '.join(f'{x:+.1f}' for x in red)} ({_spread(red)}); "
+            f"slowest job x{worst:.2f} its DS JCT; "
+            f"time-to-quality {statistics.fmean(ttq) if ttq else float('nan'):+.1f} %; moves "
+            f"{statistics.fmean(len(r.migrations) for r in runs):.1f} per run"
+            + (
+                f"; against the other DS runs of its seeds instead: {', '.join(f'{x:+.1f}' for x in crossed)}"
+                if crossed
+                else ""
+            ),
+        ),
+    ]
+
+
 def _spread(xs: Sequence[float]) -> str:
     return f"min {min(xs):.1f}, max {max(xs):.1f}" + (
         f", sd {statistics.stdev(xs):.1f}" if len(xs) > 1 else ""
@@ -126,7 +251,8 @@ def run(quick: bool) -> list[Figure]:
     logs.configure(level="warning", fmt="console")
     seeds, policies = SEEDS[quick], POLICIES[quick]
     real: dict[str, list[RunResult]] = {p: [] for p in policies}
-    sims: dict[str, list[RunResult]] = {p: [] for p in policies}
+    twins: dict[str, list[RunResult]] = {p: [] for p in policies}  # each run's DS twin
+    sims: dict[str, list[RunResult]] = {p: [] for p in ("ds", *policies)}
     loads: list[str] = []
     with tempfile.TemporaryDirectory(prefix="specon-bench-live-") as tmp:
         # The simulator's twin needs this machine's speed today, not the traces' day's.
@@ -140,12 +266,13 @@ def run(quick: bool) -> list[Figure]:
             for name in _order(policies, i):
                 load = os.getloadavg()[0]
                 t0 = time.monotonic()
-                result = _run(jobs, name, Path(tmp) / f"seed{seed}")
+                twin, result = _pair(jobs, name, Path(tmp) / f"seed{seed}")
                 real[name].append(result)
-                loads.append(f"seed {seed} {name}: load {load:.2f}, {time.monotonic() - t0:.0f} s")
-                print(f"  [bench_live] seed {seed} {name}: avg JCT {result.avg_jct or 0:.1f} s "
-                      f"(load before {load:.2f})", flush=True)  # fmt: skip
-            for name in policies:
+                twins[name].append(twin)
+                loads.append(f"seed {seed} {name} + ds: load {load:.2f}, {time.monotonic() - t0:.0f} s")
+                print(f"  [bench_live] seed {seed} {name}: avg JCT {result.avg_jct or 0:.1f} s, its DS twin "
+                      f"{twin.avg_jct or 0:.1f} s (load before {load:.2f})", flush=True)  # fmt: skip
+            for name in ("ds", *policies):
                 sims[name].append(_sim(jobs, name, costs))
     figures: list[Figure] = [
         Figure(
@@ -156,67 +283,31 @@ def run(quick: bool) -> list[Figure]:
             + "; the simulator's twin uses the costs measured now",
         )
     ]
-    base = real["ds"]
+    figures += _ds_figures(twins, sims["ds"])
     for name in policies:
         runs = real[name]
         avg = [r.avg_jct for r in runs if r.avg_jct is not None]
-        if len(avg) < len(runs):
+        if len(avg) < len(runs) or any(t.avg_jct is None for t in twins[name]):
             figures.append(Figure(f"live {name}: runs with unfinished jobs", len(runs) - len(avg), "runs"))
             continue
-        sim_avg = [s.avg_jct or 0.0 for s in sims[name]]
-        gaps = [100 * abs(s - r) / r for s, r in zip(sim_avg, avg, strict=True)]
-        spans = [r.makespan or 0.0 for r in runs]
-        figures.append(
-            Figure(
-                f"live {name}: average JCT (mean of {len(avg)} seeds)",
-                statistics.fmean(avg),
-                "s",
-                detail=f"{_spread(avg)}; makespan mean {statistics.fmean(spans):.1f} s ({_spread(spans)}); "
-                f"simulated {statistics.fmean(sim_avg):.1f} s",
-            )
-        )
-        figures.append(
-            Figure(
-                f"live {name}: simulator's avg JCT gap (mean |%|)",
-                statistics.fmean(gaps),
-                "%",
-                target=GAP_TARGET,
-                better="max",
-                detail="per seed " + ", ".join(f"{g:.1f}" for g in gaps),
-            )
-        )
-        if name == "ds":
-            continue
-        cmps = [compare(b, r) for b, r in zip(base, runs, strict=True)]
-        red = [100 * (c.avg_jct_reduction or 0.0) for c in cmps]
-        worst = max((c.worst_slowdown or 0.0) for c in cmps)
-        ttq = [100 * c.ttq_reduction for c in cmps if c.ttq_reduction is not None]
-        figures.append(
-            Figure(
-                f"live {name}: avg JCT reduction vs DS (mean of {len(red)} seeds)",
-                statistics.fmean(red),
-                "%",
-                target=TARGET_REDUCTION if name == "specon" else None,
-                better="min",
-                detail=f"per seed {', '.join(f'{x:+.1f}' for x in red)}; "
-                f"slowest job x{worst:.2f} its DS JCT; "
-                f"time-to-quality {statistics.fmean(ttq) if ttq else float('nan'):+.1f} %; moves "
-                f"{statistics.fmean(len(r.migrations) for r in runs):.1f} per run",
-            )
-        )
-    if "balancer" in real and "specon" in real:
+        figures += _policy_figures(name, runs, twins, sims[name])
+    pair = ("balancer", "specon")
+    if all(p in real and _finished(real[p]) and _finished(twins[p]) for p in pair):
+        # Each against its own twin, then the two ratios: the machine's moment cancels out.
         ahead = [
-            100 * ((b.avg_jct or 0.0) - (s.avg_jct or 0.0)) / (b.avg_jct or 1.0)
-            for b, s in zip(real["balancer"], real["specon"], strict=True)
+            100 * (1 - (s.avg_jct or 0.0) / (st.avg_jct or 1.0) / ((b.avg_jct or 0.0) / (bt.avg_jct or 1.0)))
+            for s, st, b, bt in zip(
+                real["specon"], twins["specon"], real["balancer"], twins["balancer"], strict=True
+            )
         ]
         figures.append(
             Figure(
-                "live specon: avg JCT reduction vs the balancer (mean)",
+                "live specon: avg JCT reduction vs the balancer (mean, each against its DS twin)",
                 statistics.fmean(ahead),
                 "%",
                 target=0.0,
                 better="min",
-                detail="per seed " + ", ".join(f"{x:+.1f}" for x in ahead),
+                detail=f"per seed {', '.join(f'{x:+.1f}' for x in ahead)}; {_spread(ahead)}",
             )
         )
     RESULTS.mkdir(parents=True, exist_ok=True)
