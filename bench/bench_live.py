@@ -125,11 +125,15 @@ def _sim(jobs: Sequence[DemoJob], name: str, costs: Mapping[str, float]) -> RunR
 
 
 def _step_costs(root: Path, models: Sequence[str]) -> dict[str, float]:
-    """Each model's CPU-seconds per step on this machine now: one job alone on a one-core
-    worker, by the worker's CPU accounting (``bench_calibration.measure_sharing``)."""
+    """Each model's CPU-seconds per step on this machine now, as a paired run loads it: one
+    job on each of two arms' workers (2 x WORKERS workers of CPUS each, side by side on the
+    CPUs), by the first worker's CPU accounting (``bench_calibration.measure_sharing``). A
+    CPU that time-slices two workers' jobs costs more per step than one job alone on it."""
     return {
         m: asyncio.run(
-            measure_sharing(root / f"cost-{m}", k=1, cpus=1.0, window=COST_WINDOW, model=m)
+            measure_sharing(
+                root / f"cost-{m}", k=1, cpus=CPUS, workers=2 * WORKERS, window=COST_WINDOW, model=m
+            )
         ).cpu_per_step
         for m in models
     }
