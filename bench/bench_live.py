@@ -314,6 +314,49 @@ def run(quick: bool) -> list[Figure]:
                 detail=f"per seed {', '.join(f'{x:+.1f}' for x in ahead)}; {_spread(ahead)}",
             )
         )
+    table = _table(real, twins, sims)
+    print(table, flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "bench_live.log").write_text("\n".join(loads) + "\n", encoding="utf-8")
+    (RESULTS / "bench_live.md").write_text(table + "\n", encoding="utf-8")
     return figures
+
+
+def _table(
+    real: Mapping[str, Sequence[RunResult]],
+    twins: Mapping[str, Sequence[RunResult]],
+    sims: Mapping[str, Sequence[RunResult]],
+) -> str:
+    """The real-run table (markdown): per policy, its average JCT over the seeds with the
+    spread, its change against its DS twin per seed, and the simulator's prediction."""
+    rows = [
+        "| policy | avg JCT, mean of seeds (min-max, sd) | vs its DS twin, per seed | simulator (mean gap) |",
+        "|---|---:|---:|---:|",
+    ]
+
+    def cell(runs: Sequence[RunResult]) -> str:
+        xs = [r.avg_jct for r in runs if r.avg_jct is not None]
+        if len(xs) < len(runs) or not xs:
+            return "unfinished jobs"
+        return f"{statistics.fmean(xs):.1f} s ({_spread(xs)})"
+
+    def sim_cell(sim: Sequence[RunResult], runs: Sequence[RunResult]) -> str:
+        gaps = _gaps(sim, runs) if _finished(runs) else []
+        gap = f" ({statistics.fmean(gaps):.1f} %)" if gaps else ""
+        return f"{statistics.fmean(s.avg_jct or 0.0 for s in sim):.1f} s{gap}"
+
+    seeds = list(zip(*twins.values(), strict=True))
+    ds_runs = [r for seed in seeds for r in seed]
+    ds_sim = [s for s, seed in zip(sims["ds"], seeds, strict=True) for _ in seed]
+    rows.append(f"| ds ({len(ds_runs)} twins) | {cell(ds_runs)} | - | {sim_cell(ds_sim, ds_runs)} |")
+    for name, runs in real.items():
+        if not (_finished(runs) and _finished(twins[name])):
+            rows.append(f"| {name} | {cell(runs)} | - | - |")
+            continue
+        red = [100 * (compare(t, r).avg_jct_reduction or 0.0) for t, r in zip(twins[name], runs, strict=True)]
+        per_seed = " / ".join(f"{x:+.1f}" for x in red)
+        rows.append(
+            f"| {name} | {cell(runs)} | {per_seed} % faster (mean {statistics.fmean(red):.1f} %) "
+            f"| {sim_cell(sims[name], runs)} |"
+        )
+    return "\n".join(rows)
