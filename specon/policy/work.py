@@ -66,6 +66,33 @@ def flow(works: Sequence[float], cpu: float, *, shortest_first: bool) -> float:
     return total
 
 
+def _typical(snapshot: ClusterSnapshot) -> float | None:
+    """The median reported remaining work: what a job that reports none counts as."""
+    known = [c.remaining_work for c in snapshot.containers if c.remaining_work is not None]
+    return statistics.median(known) if known else None
+
+
+def _gain(
+    x: float, saved: float, target: Sequence[float], target_flow: float, target_cpu: float, *, costs: Costs
+) -> float:
+    """Net gain of moving a job of work ``x`` that saves ``saved`` on its source onto a
+    worker with works ``target`` (sorted, total completion time ``target_flow``)."""
+    grown = list(target)
+    bisect.insort(grown, x)
+    added = flow(grown, target_cpu, shortest_first=costs.shortest_first) - target_flow
+    penalty = costs.downtime + costs.restore_cpu * len(target) / max(target_cpu, 1e-9)
+    return saved - added - penalty
+
+
+def _saved(x: float, source: Sequence[float], source_flow: float, source_cpu: float, costs: Costs) -> float:
+    """What taking a job of work ``x`` off a worker with works ``source`` (sorted) saves."""
+    rest = list(source)
+    i = bisect.bisect_left(rest, x)
+    if i < len(rest) and rest[i] == x:
+        del rest[i]
+    return source_flow - flow(rest, source_cpu, shortest_first=costs.shortest_first)
+
+
 @dataclass(slots=True)
 class _Worker:
     snap: WorkerSnapshot
@@ -83,10 +110,9 @@ def best_move(
 ) -> tuple[Move, float] | None:
     """The move with the largest predicted net gain (seconds of total completion time saved),
     if any exceeds ``min_gain``; ``eligible`` says which workers may take part."""
-    known = [c.remaining_work for c in snapshot.containers if c.remaining_work is not None]
-    if not known:
+    typical = _typical(snapshot)
+    if typical is None:
         return None
-    typical = statistics.median(known)
     workers = {w.id: _Worker(w, [], 0.0) for w in snapshot.workers if eligible(w)}
     if len(workers) < 2:
         return None
@@ -110,19 +136,13 @@ def best_move(
         for c in movable[s.snap.id]:
             x = c.remaining_work
             assert x is not None
-            rest = list(s.works)
-            del rest[bisect.bisect_left(rest, x)]
-            saved = s.flow - flow(rest, s.snap.capacity.cpu, shortest_first=costs.shortest_first)
+            saved = _saved(x, s.works, s.flow, s.snap.capacity.cpu, costs)
             for t in targets:
                 if t is s or not fits(c, t.snap):
                     continue
                 if costs.shortest_first and pushes_too_far(x, t.works, costs.max_push):
                     continue
-                grown = list(t.works)
-                bisect.insort(grown, x)
-                added = flow(grown, t.snap.capacity.cpu, shortest_first=costs.shortest_first) - t.flow
-                penalty = costs.downtime + costs.restore_cpu * len(t.works) / max(t.snap.capacity.cpu, 1e-9)
-                gain = saved - added - penalty
+                gain = _gain(x, saved, t.works, t.flow, t.snap.capacity.cpu, costs=costs)
                 if gain > min_gain and (best is None or gain > best[1]):
                     best = (Move(c.id, s.snap.id, t.snap.id, reason="rebalance"), gain)
     return best
@@ -151,9 +171,8 @@ def unfair(snapshot: ClusterSnapshot, move: Move, costs: Costs) -> bool:
 
 def move_gain(snapshot: ClusterSnapshot, move: Move, costs: Costs) -> float | None:
     """The predicted net gain of ``move`` (None: the moved job reports no remaining work)."""
+    typical = _typical(snapshot) or 0.0
     by_worker: dict[str, list[float]] = {}
-    known = [c.remaining_work for c in snapshot.containers if c.remaining_work is not None]
-    typical = statistics.median(known) if known else 0.0
     moved = None
     for c in snapshot.containers:
         by_worker.setdefault(c.worker, []).append(typical if c.remaining_work is None else c.remaining_work)
@@ -163,15 +182,10 @@ def move_gain(snapshot: ClusterSnapshot, move: Move, costs: Costs) -> float | No
         return None
     s_works = sorted(by_worker.get(move.source, []))
     t_works = sorted(by_worker.get(move.target, []))
+    if costs.shortest_first and pushes_too_far(moved, t_works, costs.max_push):
+        return -math.inf
     s_cpu = snapshot.worker(move.source).capacity.cpu
     t_cpu = snapshot.worker(move.target).capacity.cpu
     sf = costs.shortest_first
-    rest = list(s_works)
-    if moved in rest:
-        rest.remove(moved)
-    if sf and pushes_too_far(moved, t_works, costs.max_push):
-        return -math.inf
-    grown = sorted([*t_works, moved])
-    saved = flow(s_works, s_cpu, shortest_first=sf) - flow(rest, s_cpu, shortest_first=sf)
-    added = flow(grown, t_cpu, shortest_first=sf) - flow(t_works, t_cpu, shortest_first=sf)
-    return saved - added - costs.downtime - costs.restore_cpu * len(t_works) / max(t_cpu, 1e-9)
+    saved = _saved(moved, s_works, flow(s_works, s_cpu, shortest_first=sf), s_cpu, costs)
+    return _gain(moved, saved, t_works, flow(t_works, t_cpu, shortest_first=sf), t_cpu, costs=costs)
