@@ -204,7 +204,7 @@ class Agent:
                     if w.first_step is None:
                         w.first_step = steps[0]
                     if w.info.spec.steps is None:
-                        append_curve(w.curve, steps[-1], [s.value for s in got])
+                        append_curve(w, steps[-1], [s.value for s in got])
                 w.last_sample_at = now
                 self.counters.samples += len(got)
         states = {cid: w.state for cid, w in self.watched.items()}
@@ -262,7 +262,7 @@ class Agent:
                 w.state,
                 self.cpu_seconds.get(cid, 0.0),
                 first_step=w.first_step,
-                predicted_steps=predicted_steps(w.curve, w.info.spec.steps),
+                predicted_steps=predicted_steps(w),
             )
             for cid, w in self.watched.items()
             if w.info.state is ContainerState.RUNNING

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from specon.policy.monitor import MonitorState
-from specon.policy.remaining import steps_left
+from specon.policy.remaining import Fit, refit
 from specon.progress import SkipReason, Tailer
 from specon.runtime.base import ContainerInfo
 
@@ -24,6 +24,8 @@ class Watched:
     # (step, mean loss) per tick, for the loss-curve prediction of a job with no declared
     # total (``specon.policy.remaining``); thinned to every other point when full.
     curve: list[tuple[float, float]] = field(default_factory=list)
+    curve_samples: int = 0  # points ever added to ``curve`` (thinned ones included)
+    fit: Fit = field(default_factory=Fit)  # its last fit (``remaining.refit``)
     last_sample_at: float | None = None
     nonfinite_seen: int = 0
     # Skipped lines per reason already added to the agent's counters.
@@ -46,17 +48,22 @@ class AgentCounters:
 CURVE_POINTS = 256
 
 
-def append_curve(curve: list[tuple[float, float]], step: float, values: list[float]) -> None:
+def append_curve(w: Watched, step: float, values: list[float]) -> None:
+    """Add a tick's mean finite loss at ``step`` to ``w``'s curve (thinned when full)."""
     finite = [v for v in values if math.isfinite(v)]
     if finite:
-        curve.append((step, sum(finite) / len(finite)))
-        if len(curve) > CURVE_POINTS:
-            del curve[::2]
+        w.curve.append((step, sum(finite) / len(finite)))
+        w.curve_samples += 1
+        if len(w.curve) > CURVE_POINTS:
+            del w.curve[::2]
 
 
-def predicted_steps(curve: list[tuple[float, float]], declared: int | None) -> float | None:
-    """Steps left to convergence from a job's loss curve, for a job that declared no total."""
-    if declared is not None or not curve:
+def predicted_steps(w: Watched) -> float | None:
+    """Steps left to convergence from the loss curve of a job that declared no total
+    (refitted once its curve grew by ``remaining.REFIT_GROWTH``)."""
+    if w.info.spec.steps is not None or not w.curve or w.step is None:
         return None
-    steps, losses = zip(*curve, strict=True)
-    return steps_left(steps, losses)
+    if w.fit.stale(w.curve_samples):
+        steps, losses = zip(*w.curve, strict=True)
+        w.fit = refit(w.fit, steps, losses, samples=w.curve_samples)
+    return w.fit.steps_left(w.step)

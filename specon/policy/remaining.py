@@ -10,18 +10,24 @@ of the detection benchmark (95 % of the final improvement).
 A fit needs ``MIN_POINTS`` samples and a falling curve; otherwise the prediction is None
 (unknown), and the priority rules treat the job as of unknown size. At most ``MAX_POINTS``
 samples, evenly spaced, enter a fit, so its cost stays bounded however long a job runs.
+A job's fit (``Fit``) is redone only once it has logged ``REFIT_GROWTH`` times the samples
+of its last fit (``refit``); between fits the steps left count down from the predicted
+convergence step. The agent and the simulator keep one ``Fit`` per job alike.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from specon.sim.curves import fit_optimus
 
 MIN_POINTS = 8
 MAX_POINTS = 64
 SHARE = 0.05
+# A fit costs about 6 ms: redo it once the samples grew by a tenth, not every tick.
+REFIT_GROWTH = 1.1
 
 
 def steps_to_converge(
@@ -43,3 +49,26 @@ def steps_left(steps: Sequence[float], losses: Sequence[float], *, share: float 
     """Predicted steps from the last sample to convergence (None: no fit)."""
     k = steps_to_converge(steps, losses, share=share)
     return None if k is None else max(0.0, k - steps[-1])
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """A job's last loss-curve fit: how many samples it had logged then, and the step at
+    which the fit predicts convergence (None: no fit)."""
+
+    samples: int = 0
+    converge_at: float | None = None
+
+    def stale(self, samples: int) -> bool:
+        """Whether a job that has logged ``samples`` is due for a new fit."""
+        return samples >= max(REFIT_GROWTH * self.samples, self.samples + 1)
+
+    def steps_left(self, step: float) -> float | None:
+        """Steps from ``step`` to the predicted convergence (None: no fit)."""
+        return None if self.converge_at is None else max(0.0, self.converge_at - step)
+
+
+def refit(fit: Fit, steps: Sequence[float], losses: Sequence[float], *, samples: int) -> Fit:
+    """``fit``, redone on ``steps``/``losses`` if the job has logged ``samples`` (all it ever
+    logged, thinned ones included) >= ``REFIT_GROWTH`` times the samples of ``fit``."""
+    return Fit(samples, steps_to_converge(steps, losses)) if fit.stale(samples) else fit

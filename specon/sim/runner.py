@@ -42,7 +42,7 @@ from specon.policy.classifier import Classifier, classifier_for, horizon
 from specon.policy.monitor import MonitorState
 from specon.policy.priority.base import JobProgress
 from specon.policy.priority.rules import weights as priority_weights
-from specon.policy.remaining import steps_left
+from specon.policy.remaining import Fit, refit
 from specon.protocol import (
     Action,
     Command,
@@ -108,9 +108,6 @@ def simulated_manager(
     )
 
 
-# A job's loss curve is refitted once its samples grew by this factor (a fit costs ~6 ms).
-REFIT_GROWTH = 1.1
-
 # What the manager sees of a job; a report travels only when it changes (the remaining
 # work as its agent estimates it, in steps of the manager's ``WORK_RESOLUTION``).
 _Seen = tuple[ReportPhase, Category, float | None, bool, bool, float | None]
@@ -144,7 +141,7 @@ class _Run:
         self.params = params
         self.engine = Engine()
         self.prioritised = policy.priority.rule != "none"
-        self._fits: dict[str, tuple[int, float | None]] = {}  # job -> (samples fitted, steps left)
+        self._fits: dict[str, Fit] = {}  # job -> its last loss-curve fit
         # Agents report remaining work where the manager's policy uses it.
         m = policy.manager
         self.reports_work = m is not None and (m.rebalance.mode == "work" or m.placement.require_gain)
@@ -302,17 +299,15 @@ class _Run:
         )
 
     def _predicted(self, j: SimJob) -> float | None:
-        """Steps left to convergence from the losses ``j`` logged so far (Optimus's fit),
-        refitted once its samples grew by a tenth."""
-        n = math.floor(self.cluster.steps_now(j) / j.log_every)
-        n = min(n, len(j.data.losses))
-        done, value = self._fits.get(j.id, (0, None))
-        if n < max(REFIT_GROWTH * done, done + 1):
-            return value
-        steps = [(i + 1) * j.log_every for i in range(n)]
-        left = steps_left(steps, j.data.losses[:n])
-        self._fits[j.id] = (n, left)
-        return left
+        """Steps left to convergence from the losses ``j`` logged so far (Optimus's fit,
+        ``remaining.refit``: redone once its samples grew by a tenth)."""
+        step = self.cluster.steps_now(j)
+        n = min(math.floor(step / j.log_every), len(j.data.losses))
+        fit = self._fits.get(j.id, Fit())
+        if fit.stale(n):  # build the lists only then
+            steps = [(i + 1) * j.log_every for i in range(n)]
+            fit = self._fits[j.id] = refit(fit, steps, j.data.losses[:n], samples=n)
+        return fit.steps_left(step)
 
     def _tick(self) -> None:
         classifier = self.classifier

@@ -4,6 +4,7 @@ runs it every tick and reports the weight in effect."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Iterator
@@ -16,11 +17,13 @@ from manager_fakes import policy as make_policy
 
 from agent.core import Agent
 from agent.priority import Running, accrue, changed, decide, fair_shares, progress, running_of
-from agent.watched import CURVE_POINTS, append_curve, predicted_steps
+from agent.watched import CURVE_POINTS, Watched, append_curve, predicted_steps
 from agent.weights import CpuWeights, state_path
-from specon.config import PriorityConfig
-from specon.model import ContainerId, Resources
+from specon.config import PriorityConfig, ProgressConfig
+from specon.model import ContainerId, Resources, WorkerId
+from specon.policy import remaining
 from specon.policy.monitor import MonitorState
+from specon.progress import Tailer
 from specon.runtime import ContainerInfo, ContainerState, JobSpec
 from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume, JobScript
 
@@ -268,18 +271,56 @@ def test_remaining_work_is_steps_left_times_the_cpu_per_step_trained_here() -> N
     assert run(A, step=600, first_step=100, total=500, cpu_seconds=10.0).remaining_work == 0.0
 
 
-def test_a_job_without_a_total_is_sized_by_its_loss_curve() -> None:
+def watched(tmp_path: Path, steps: int | None = None) -> Watched:
+    spec = JobSpec(id=ContainerId("j"), command=("train",), steps=steps)
+    info = ContainerInfo(
+        ContainerId("j"), WorkerId("w0"), spec, ContainerState.RUNNING, tmp_path / "p.jsonl", tmp_path, 0.0
+    )
+    return Watched(info, Tailer(tmp_path / "p.jsonl", ProgressConfig()), MonitorState())
+
+
+def test_a_job_without_a_total_is_sized_by_its_loss_curve(tmp_path: Path) -> None:
     # Optimus' curve 1/(0.01 k + 1) + 0.5 is within 5 % of its floor at k = 19 / 0.01 = 1900.
-    curve: list[tuple[float, float]] = []
+    w = watched(tmp_path)
+    assert predicted_steps(w) is None  # no curve yet
     for k in range(10, 1010, 10):
-        append_curve(curve, float(k), [1.0 / (0.01 * k + 1.0) + 0.5, math.nan])
-    left = predicted_steps(curve, None)
+        append_curve(w, float(k), [1.0 / (0.01 * k + 1.0) + 0.5, math.nan])
+        w.step = k
+    left = predicted_steps(w)
     assert left == pytest.approx(900.0, rel=0.05)  # from step 1000
-    assert predicted_steps(curve, 5000) is None  # a declared total needs no prediction
-    assert predicted_steps([], None) is None
+    assert w.fit.samples == w.curve_samples == 100
+    assert predicted_steps(watched(tmp_path, steps=5000)) is None  # a declared total needs none
+    w.tailer.close()
+
+
+def test_the_curve_is_refitted_only_once_it_grew_by_a_tenth_and_counts_down_between(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fits: list[int] = []
+    real = remaining.steps_to_converge
+
+    def counted(steps: Any, losses: Any) -> float | None:
+        fits.append(len(steps))
+        return real(steps, losses)
+
+    monkeypatch.setattr(remaining, "steps_to_converge", counted)
+    w = watched(tmp_path)
+    lefts = []
+    for k in range(10, 2010, 10):
+        append_curve(w, float(k), [1.0 / (0.01 * k + 1.0) + 0.5])
+        w.step = k
+        lefts.append(predicted_steps(w))
+    # 200 ticks, refitted at 1, 2, ..., then every 10 % more samples: a few dozen fits.
+    assert len(fits) < 60
+    assert all(b >= a * remaining.REFIT_GROWTH or b == a + 1 for a, b in itertools.pairwise(fits))
+    # Between fits the steps left fall with the steps done.
+    last = [x for x in lefts[-5:] if x is not None]
+    assert last == sorted(last, reverse=True)
     for k in range(1000):
-        append_curve(curve, float(k), [1.0])
-    assert len(curve) <= CURVE_POINTS  # thinned, never unbounded
+        append_curve(w, float(3000 + k), [1.0])
+    assert len(w.curve) <= CURVE_POINTS  # thinned, never unbounded
+    assert w.curve_samples == 1200
+    w.tailer.close()
 
 
 async def test_the_agent_reports_each_jobs_remaining_work(tmp_path: Path) -> None:
