@@ -97,15 +97,25 @@ def fair_shares(running: Sequence[Running], capacity: float) -> dict[ContainerId
 
 
 def accrue(
-    fair: Mapping[ContainerId, float], running: Sequence[Running], capacity: float, dt: float
+    fair: Mapping[ContainerId, float],
+    running: Sequence[Running],
+    capacity: float,
+    dt: float,
+    *,
+    now: float | None = None,
 ) -> dict[ContainerId, float]:
     """``fair_seconds`` after ``dt`` more seconds of ``running`` sharing the worker equally;
-    containers not running now keep theirs (a clock that went back adds nothing)."""
+    containers not running now keep theirs (a clock that went back adds nothing). With
+    ``now``, a container that started less than ``dt`` ago accrues only since its start, as
+    the simulator's does (``dt`` may be inf: the agent's first tick)."""
     out = dict(fair)
-    if not math.isfinite(dt) or dt <= 0:
+    if math.isnan(dt) or dt <= 0:
         return out
+    started = {r.id: r.started for r in running}
     for cid, share in fair_shares(running, capacity).items():
-        out[cid] = out.get(cid, 0.0) + dt * share
+        span = dt if now is None else min(dt, now - started[cid])
+        if math.isfinite(span) and span > 0:
+            out[cid] = out.get(cid, 0.0) + span * share
     return out
 
 

@@ -58,8 +58,9 @@ class CpuWeights:
         changed; the weights decided."""
         if not self.enabled:
             return {}
-        dt = 0.0 if self.last_tick is None else now - self.last_tick
-        self.fair, self.last_tick = accrue(self.fair, running, capacity, dt), now
+        # Each container since the last tick or its start, whichever is later.
+        dt = math.inf if self.last_tick is None else now - self.last_tick
+        self.fair, self.last_tick = accrue(self.fair, running, capacity, dt, now=now), now
         wanted = decide(running, self.fair, self.cfg)
         for cid in set(self.applied) - set(wanted):  # no longer running here
             del self.applied[cid]

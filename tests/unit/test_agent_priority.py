@@ -53,6 +53,16 @@ def test_fair_seconds_accrue_for_running_containers_only() -> None:
         assert accrue(fair, [run(A)], 2.0, dt) == fair
 
 
+def test_a_container_accrues_only_since_it_started() -> None:
+    # A ran the whole interval (100-110); B arrived at 106: 4 s of its half share.
+    jobs = [run(A, started=90.0), run(B, started=106.0)]
+    assert accrue({}, jobs, 2.0, 10.0, now=110.0) == {A: 10.0, B: 4.0}
+    # The first tick (no previous one): each since its own start.
+    assert accrue({}, jobs, 2.0, math.inf, now=110.0) == {A: 20.0, B: 4.0}
+    # A start stamped after now (clock skew) adds nothing.
+    assert accrue({}, [run(A, started=120.0)], 2.0, 10.0, now=110.0) == {}
+
+
 def test_running_of_takes_the_declared_total_and_a_finite_gain_only() -> None:
     info = ContainerInfo(
         id=A,
@@ -127,7 +137,11 @@ async def started(rt: Recording, *jobs: ContainerId) -> None:
 async def test_the_shell_applies_changed_weights_and_reports_those_in_effect(worker: Recording) -> None:
     await started(worker, A, B)
     shell = CpuWeights(worker, SRPT)
-    jobs = [run(A, step=1, total=50, cpu_seconds=1.0), run(B, step=1, total=5, cpu_seconds=1.0)]
+    # Both started at the first tick: 10 s later each has had 10 s of its equal share.
+    jobs = [
+        run(A, step=1, total=50, cpu_seconds=1.0, started=100.0),
+        run(B, step=1, total=5, cpu_seconds=1.0, started=100.0),
+    ]
     assert await shell.tick(jobs, 2.0, 100.0) == {B: 10_000, A: 100}
     assert worker.weights == {A: 100, B: 10_000}
     assert await shell.tick(jobs, 2.0, 110.0) == {B: 10_000, A: 100}
@@ -168,7 +182,7 @@ async def test_fair_seconds_survive_a_restart_and_count_the_time_between(
     path = state_path(tmp_path / "monitor.json")
     assert path == tmp_path / "monitor.priority.json"
     first = CpuWeights(worker, SRPT, state_file=path)
-    jobs = [run(A), run(B)]
+    jobs = [run(A, started=1000.0), run(B, started=1000.0)]
     await first.tick(jobs, 2.0, 1000.0)
     await first.tick(jobs, 2.0, 1010.0)
     assert json.loads(path.read_text()) == {"at": 1010.0, "fair_seconds": {"a": 10.0, "b": 10.0}}
