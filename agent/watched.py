@@ -63,7 +63,6 @@ def predicted_steps(w: Watched) -> float | None:
     (refitted once its curve grew by ``remaining.REFIT_GROWTH``)."""
     if w.info.spec.steps is not None or not w.curve or w.step is None:
         return None
-    if w.fit.stale(w.curve_samples):
-        steps, losses = zip(*w.curve, strict=True)
-        w.fit = refit(w.fit, steps, losses, samples=w.curve_samples)
+    curve = w.curve
+    w.fit = refit(w.fit, w.curve_samples, lambda: ([k for k, _ in curve], [v for _, v in curve]))
     return w.fit.steps_left(w.step)

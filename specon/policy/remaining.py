@@ -18,7 +18,7 @@ convergence step. The agent and the simulator keep one ``Fit`` per job alike.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from specon.sim.curves import fit_optimus
@@ -68,7 +68,11 @@ class Fit:
         return None if self.converge_at is None else max(0.0, self.converge_at - step)
 
 
-def refit(fit: Fit, steps: Sequence[float], losses: Sequence[float], *, samples: int) -> Fit:
-    """``fit``, redone on ``steps``/``losses`` if the job has logged ``samples`` (all it ever
-    logged, thinned ones included) >= ``REFIT_GROWTH`` times the samples of ``fit``."""
-    return Fit(samples, steps_to_converge(steps, losses)) if fit.stale(samples) else fit
+def refit(fit: Fit, samples: int, points: Callable[[], tuple[Sequence[float], Sequence[float]]]) -> Fit:
+    """``fit``, redone on ``points()`` (steps, losses; built only then) if the job has logged
+    ``samples`` (all it ever logged, thinned ones included) >= ``REFIT_GROWTH`` times the
+    samples of ``fit``."""
+    if not fit.stale(samples):
+        return fit
+    steps, losses = points()
+    return Fit(samples, steps_to_converge(steps, losses))

@@ -303,10 +303,10 @@ class _Run:
         ``remaining.refit``: redone once its samples grew by a tenth)."""
         step = self.cluster.steps_now(j)
         n = min(math.floor(step / j.log_every), len(j.data.losses))
-        fit = self._fits.get(j.id, Fit())
-        if fit.stale(n):  # build the lists only then
-            steps = [(i + 1) * j.log_every for i in range(n)]
-            fit = self._fits[j.id] = refit(fit, steps, j.data.losses[:n], samples=n)
+        every, losses = j.log_every, j.data.losses
+        fit = self._fits[j.id] = refit(
+            self._fits.get(j.id, Fit()), n, lambda: ([(i + 1) * every for i in range(n)], losses[:n])
+        )
         return fit.steps_left(step)
 
     def _tick(self) -> None:
