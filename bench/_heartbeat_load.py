@@ -6,7 +6,7 @@ Run as its own process (the benchmark pins it to a core of its own)::
         --agents 1000 --containers 8 --concurrency 64 --duration 10 [--rate 200] --out result.json
 
 Every agent has a distinct worker id and ``--containers`` containers in a realistic mix of
-categories. Bodies come from ``specon.protocol.encode``: each agent's heartbeat is encoded
+categories. Bodies come from ``specon.wire.protocol.encode``: each agent's heartbeat is encoded
 once with sentinel ``seq``/``sent_at`` values, and only those two numbers are substituted
 per send (checked by decoding one at start-up), so the client spends its core on HTTP and
 the manager is what is measured. ``seq`` increases for every send, so no heartbeat is
@@ -37,9 +37,9 @@ from pathlib import Path
 import aiohttp
 
 from bench._proc import cpu_seconds
-from specon import protocol
 from specon.model import Category, ContainerId, Resources, WorkerId
-from specon.protocol import CommandBatch, ContainerReport, Heartbeat
+from specon.wire import protocol
+from specon.wire.protocol import CommandBatch, ContainerReport, Heartbeat
 
 SEQ_SENTINEL = 918273645546372819
 SENT_AT_SENTINEL = 123456789.25

@@ -24,17 +24,17 @@ from pathlib import Path
 
 import structlog
 from aiohttp import web
+from specon_agent.app import create_app
+from specon_agent.client import ManagerClient
+from specon_agent.core import Agent
+from specon_agent.daemon import AgentDaemon
 
-from agent.app import create_app
-from agent.client import ManagerClient
-from agent.core import Agent
-from agent.daemon import AgentDaemon
 from bench.figures import Figure
 from specon import checkpoint
 from specon.config import parse_policy
 from specon.model import ContainerId, Resources
 from specon.runtime import JobSpec
-from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume, JobScript
+from specon.testing.fake_runtime import FakeClock, FakeRuntime, FakeVolume, JobScript
 
 HEALTHZ_TARGET = 0.100  # s
 MEMORY_TARGET = 4 << 20  # bytes

@@ -16,9 +16,9 @@ scenario run for real and simulated (issue 4, item 2; target: gaps <= 10 %).
    again on the other worker), between idle one-core workers, between one-core workers
    each running one other job (the simulator's default: Algorithm 2 moves jobs to
    workers that are rarely empty), and between the scenario's workers.
-4. The scenario: 2 workers x 0.5 CPU, 4 random-model jobs (``specon.demo.make_workload``)
+4. The scenario: 2 workers x 0.5 CPU, 4 random-model jobs (``specon.embedded.demo.make_workload``)
    arriving in [0, 20] s with 35 % of the models' steps, run on the real local runtime by
-   ``specon.demo.run_once`` as DS and with specon (the demo policy), and in the simulator
+   ``specon.embedded.demo.run_once`` as DS and with specon (the demo policy), and in the simulator
    on the same arrivals, models, steps and placement (``specon.sim.calibration``) with the
    measured parameters. Reported: the gap of the simulated average JCT and makespan from
    the real ones, per policy.
@@ -43,13 +43,13 @@ from pathlib import Path
 from bench.bench_migration import _after, _records, _wait
 from bench.figures import Figure
 from specon.config import load_policy
-from specon.demo import DemoJob, job_spec, make_workload, run_once
+from specon.embedded.demo import DemoJob, job_spec, make_workload, run_once
+from specon.embedded.live_policies import DEMO_POLICY
 from specon.evaluation import RunResult, percentile
-from specon.live_policies import DEMO_POLICY
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import JobSpec
-from specon.runtime.local import LocalRuntime
-from specon.runtime.local_cluster import LocalCluster
+from specon.runtime.local.backend import LocalRuntime
+from specon.runtime.local.cluster import LocalCluster
 from specon.sim.calibration import (
     Gap,
     RateSample,

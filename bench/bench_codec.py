@@ -2,7 +2,7 @@
 
 The payloads are the daemon benchmark's realistic heartbeats (``bench._heartbeat_load``:
 a mix of categories, resources, job labels) of agents with 8 and with 100 containers,
-encoded once with ``specon.protocol.encode``. Measured, in µs per heartbeat (median of
+encoded once with ``specon.wire.protocol.encode``. Measured, in µs per heartbeat (median of
 several rounds over 200 distinct agents' heartbeats, CPU time of this thread):
 
 * ``protocol.decode``: what the manager runs per heartbeat (UTF-8, ``json.loads`` with the
@@ -29,8 +29,8 @@ from typing import Any
 
 from bench._heartbeat_load import heartbeat
 from bench.figures import Figure
-from specon import codec, protocol
-from specon.protocol import Heartbeat
+from specon.wire import codec, protocol
+from specon.wire.protocol import Heartbeat
 
 AGENTS = 200
 NOW = 1_700_000_000.0
@@ -114,7 +114,7 @@ def run(quick: bool) -> list[Figure]:
             want = protocol.decode(p, Heartbeat)
             for name, fn in alternatives.items():
                 if fn(p) != want:
-                    raise RuntimeError(f"{name} decodes a heartbeat differently from specon.protocol")
+                    raise RuntimeError(f"{name} decodes a heartbeat differently from specon.wire.protocol")
         cases: list[tuple[str, Callable[[bytes], object]]] = [
             ("protocol.decode", lambda raw: protocol.decode(raw, Heartbeat)),
             ("json.loads + codec.from_data", _codec_only),

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.figures import Figure
-from specon.runtime import docker_criu
+from specon.runtime.docker import criu as docker_criu
 from tests.docker.engines import DockerUnavailable, Engine, job_binds, python_image, start_engine, stop_engine
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """The daemons under load: manager heartbeat throughput and latency, agent CPU tailing 100 logs.
 
-1. Manager: the real ``python -m manager`` pinned to one core; a load generator
+1. Manager: the real ``python -m specon_manager`` pinned to one core; a load generator
    (``bench/_heartbeat_load.py``), pinned to the other core, plays 1,000 agents with 8
    containers each over loopback (four source addresses, 64 requests in flight). Measured:
    heartbeats answered (200) per second as fast as the manager answers, latency p50/p99
@@ -9,7 +9,7 @@
    rebalance mode is ``off`` for the headline (the cost of Algorithm 3 is bench_decisions'
    business); the shipped default policy is measured too, because it runs Algorithm 3's
    snapshot on every heartbeat.
-2. Agent: the real ``python -m agent`` of an embedded cluster (specon.embedded) whose one
+2. Agent: the real ``python -m specon_agent`` of an embedded cluster (specon.embedded.cluster) whose one
    worker owns 100 running jobs (``bench/_log_job.py``, started through the local runtime,
    each appending a progress record every 0.2 s); the agent's CPU time from /proc over a
    window, as a share of one core: with the default policy (Δ 30 s, heartbeat 5 s), then
@@ -49,7 +49,7 @@ import structlog
 from bench._proc import cpu_seconds, pinned_child, processes_mentioning, rss_bytes, usable_cpus
 from bench.figures import Figure
 from specon.config import MessagingConfig, MonitorConfig
-from specon.embedded import EmbeddedCluster, free_port
+from specon.embedded.cluster import EmbeddedCluster, free_port
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import JobSpec
 
@@ -151,7 +151,7 @@ def _manager(
     directory.mkdir(parents=True)
     port = free_port()
     argv = [
-        sys.executable, "-m", "manager",
+        sys.executable, "-m", "specon_manager",
         "--listen", f"127.0.0.1:{port}",
         "--token-file", str(token_file),
         "--state-dir", str(directory / "state"),

@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable
 
 from bench.figures import Figure
-from specon.builders import container, snapshot, worker
 from specon.config import PlacementConfig, RebalanceConfig
 from specon.model import Category, ClusterSnapshot, WorkerSnapshot
 from specon.policy.placement import ClusterIndex, select_target
 from specon.policy.rebalance import plan_rebalance
+from specon.testing.builders import container, snapshot, worker
 
 TIMEOUT = 20.0
 CATEGORIES = (Category.PROGRESSING, Category.WATCHING, Category.CONVERGED)

@@ -1,7 +1,7 @@
 """Real runs: DS, the live balancer and the default on the same arrivals, several seeds.
 
-Each seed is one workload (``specon.demo.make_workload``: random models, arrivals uniform in
-[0, WINDOW] s) run for real on the embedded default (``specon.demo.run_once``: W workers with
+Each seed is one workload (``specon.embedded.demo.make_workload``: random models, arrivals uniform in
+[0, WINDOW] s) run for real on the embedded default (``specon.embedded.demo.run_once``: W workers with
 a cgroup CPU budget each, real PyTorch jobs, a real manager and agents over loopback HTTP).
 
 **Paired arms.** One run proves nothing: the same arrivals once favoured specon by 27.6 % on
@@ -39,11 +39,11 @@ from pathlib import Path
 
 from bench.bench_calibration import measure_sharing, run_sim
 from bench.figures import Figure
-from specon import logs
 from specon.config import policy_to_yaml
-from specon.demo import DemoJob, make_workload, run_once
+from specon.daemon import logs
+from specon.embedded.demo import DemoJob, make_workload, run_once
+from specon.embedded.live_policies import live_policy
 from specon.evaluation import RunResult, compare
-from specon.live_policies import live_policy
 from specon.sim.cluster import DEFAULT_PARAMS
 from specon.sim.trace import load_traces
 from specon.workloads.registry import WORKLOADS

@@ -1,6 +1,6 @@
 """The manager under a day-to-day load: 1,000 agents at one heartbeat a second for 60 s.
 
-The real ``python -m manager`` pinned to one core; the load generator
+The real ``python -m specon_manager`` pinned to one core; the load generator
 (``bench/_heartbeat_load.py``, pinned to the other core) plays 1,000 agents with 8
 containers each, every agent once a second, open loop: a beat is sent when it is due
 whether or not earlier ones were answered, and its latency counts from that moment. A
@@ -35,7 +35,7 @@ from pathlib import Path
 from bench._proc import rss_bytes
 from bench.bench_daemons import CONTAINERS_PER_AGENT, _cores, _load, _manager, say
 from bench.figures import Figure
-from specon import protocol
+from specon.wire import protocol
 
 AGENTS = {False: 1_000, True: 200}
 DURATION = {False: 60.0, True: 15.0}

@@ -25,7 +25,7 @@ from bench.figures import Figure
 from specon.evaluation import percentile
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import JobSpec
-from specon.runtime.local_cluster import LocalCluster
+from specon.runtime.local.cluster import LocalCluster
 
 MODELS = ("vae", "gru", "birnn", "rnn", "dynrnn")
 

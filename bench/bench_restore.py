@@ -3,7 +3,7 @@ first step, and the downtime of a move, on the demo's workers.
 
 A cold local job imports torch (and what its optimizer imports lazily) on every start, so
 every restore of a moved job spends that CPU on the target worker, from the budget its
-other jobs share. The warm interpreter (``specon.runtime.zygote``) imports once per worker
+other jobs share. The warm interpreter (``specon.runtime.local.zygote``) imports once per worker
 and forks each job. Measured the same way for both, alternating cold and warm so drift
 favours neither:
 

@@ -1,6 +1,6 @@
 """Cheap, guarded reads: /healthz latency while 20 clients read the status of 100k containers.
 
-The real ``python -m manager`` (pinned to one core, with a read token) first learns a
+The real ``python -m specon_manager`` (pinned to one core, with a read token) first learns a
 cluster of 100 workers x 1,000 containers from real heartbeats over loopback; then 20
 clients read ``GET /v1/status`` (default page: 1,000 entries, with the read token) as fast
 as it answers, for a window, while a probe asks ``/healthz`` every 50 ms. Measured:
@@ -23,9 +23,9 @@ import aiohttp
 from bench._proc import rss_bytes
 from bench.bench_daemons import _cores, _manager, _sigterm_interrupts
 from bench.figures import Figure
-from specon import protocol
 from specon.model import Category, ContainerId, Resources, WorkerId
-from specon.protocol import ContainerReport, Heartbeat
+from specon.wire import protocol
+from specon.wire.protocol import ContainerReport, Heartbeat
 
 WORKERS, PER_WORKER = 100, 1_000
 READERS = 20

@@ -51,8 +51,8 @@ from pathlib import Path
 from bench.figures import Figure
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import ContainerInfo, JobSpec
-from specon.runtime.local import LocalRuntime
-from specon.runtime.local_cluster import LocalCluster
+from specon.runtime.local.backend import LocalRuntime
+from specon.runtime.local.cluster import LocalCluster
 from specon.sim.calibration import (
     THREAD_COLUMNS,
     RateSample,

@@ -50,6 +50,13 @@ class Direction(enum.StrEnum):
     MAXIMIZE = "maximize"
 
 
+# A container's CPU weight, as cgroup v2 ``cpu.weight``: 1..10,000, 100 for a container nobody
+# prioritised (the priority rules make them; every backend applies them as it can).
+WEIGHT_MIN = 1
+WEIGHT_MAX = 10_000
+WEIGHT_DEFAULT = 100
+
+
 @dataclass(frozen=True, slots=True)
 class Resources:
     """A resource request or capacity. CPU in cores, memory in bytes, GPUs as a count."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from specon.evaluation import JobResult, RunResult
 from specon.model import Category
-from specon.replay import ReplayResult
+from specon.policy.replay import ReplayResult
 
 try:
     from matplotlib.artist import Artist

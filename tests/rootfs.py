@@ -20,7 +20,7 @@ import json
 import tarfile
 from pathlib import Path
 
-from specon.host_image import REPO, host_binds, host_rootfs, python_prefix
+from specon.embedded.host_image import REPO, host_binds, host_rootfs, python_prefix
 
 __all__ = ["REPO", "docker_archive", "host_binds", "host_rootfs", "python_prefix"]
 

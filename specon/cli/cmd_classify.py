@@ -1,7 +1,7 @@
 """``specon classify``: replay training logs through Algorithm 1 and show what it decides.
 
 Every file is read whole (``specon.progress.read_file``) and replayed on its own
-(``specon.replay``). A file that cannot be read is reported on stderr and left out of the
+(``specon.policy.replay``). A file that cannot be read is reported on stderr and left out of the
 output; the others are still processed, and the exit status is 2.
 """
 
@@ -30,8 +30,8 @@ from specon.config import (
     policy_to_dict,
 )
 from specon.model import Direction
+from specon.policy.replay import DEFAULT_SECONDS_PER_RECORD, ReplayResult, replay
 from specon.progress import ProgressStats, SkipReason, read_file
-from specon.replay import DEFAULT_SECONDS_PER_RECORD, ReplayResult, replay
 
 EXIT_FAILED = 2
 

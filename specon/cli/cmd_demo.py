@@ -12,11 +12,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from specon import logs
 from specon.config import PolicyError, load_policy, policy_to_yaml
-from specon.demo import MODELS, make_workload, run_once
+from specon.daemon import logs
+from specon.embedded.demo import MODELS, make_workload, run_once
+from specon.embedded.live_policies import NAMES, WITHOUT_DAEMONS, live_policy
 from specon.evaluation import Comparison, RunResult, compare
-from specon.live_policies import NAMES, WITHOUT_DAEMONS, live_policy
 
 # Sizes: the default finishes within 15 minutes on 2 cores, --quick within 5.
 # The workers' budgets add up to less than the machine's two cores, so the specon daemons

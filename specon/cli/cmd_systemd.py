@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 
 import specon
 from specon.config import PolicyError, load_policy
-from specon.daemon_cli import WeakTokenError, check_token_strength, split_listen
-from specon.validate import InvalidIdError, valid_id
+from specon.daemon.cli_args import WeakTokenError, check_token_strength, split_listen
+from specon.wire.validate import InvalidIdError, valid_id
 
 AGENT_UNIT = "specon-agent.service"
 MANAGER_UNIT = "specon-manager.service"

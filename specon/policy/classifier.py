@@ -137,7 +137,7 @@ class Classifier:
         return monitor.answer_request(state)
 
     def to_dict(self, state: MonitorState) -> dict[str, Any]:
-        """The state as plain data (``monitor.to_dict``: the one codec, ``specon.codec``)."""
+        """The state as plain data (``monitor.to_dict``: the one codec, ``specon.wire.codec``)."""
         return monitor.to_dict(state)
 
     def from_dict(self, d: Mapping[str, Any]) -> MonitorState:

@@ -30,9 +30,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from specon import codec
 from specon.config import Aggregate, MonitorConfig, Normalize
 from specon.model import ACTIVE_CATEGORIES, Category, ContainerId, Direction
+from specon.wire import codec
 
 _PC, _WC, _CC, _DV = Category.PROGRESSING, Category.WATCHING, Category.CONVERGED, Category.DIVERGING
 
@@ -282,7 +282,7 @@ def pending_requests(states: Mapping[ContainerId, MonitorState]) -> tuple[Contai
 
 
 def to_dict(state: MonitorState) -> dict[str, Any]:
-    """A plain, JSON-ready dict (finite floats, strings, bools, lists), via ``specon.codec``."""
+    """A plain, JSON-ready dict (finite floats, strings, bools, lists), via ``specon.wire.codec``."""
     return {"format": STATE_FORMAT, **codec.to_data(state, MonitorState)}
 
 
@@ -293,7 +293,7 @@ class StateError(ValueError):
 def from_dict(d: Mapping[str, Any]) -> MonitorState:
     """Inverse of ``to_dict``; every problem is reported in one ``StateError``.
 
-    Read through ``specon.codec`` (a missing key takes its default; an unknown one, from a
+    Read through ``specon.wire.codec`` (a missing key takes its default; an unknown one, from a
     newer agent, is ignored), then the checks the types cannot say: a classifier category
     (never STALLED, a display flag) and non-negative counters.
     """

@@ -1,7 +1,7 @@
 """Steps left to convergence, predicted from the loss curve alone (Optimus, EuroSys '18).
 
 For a job that declares no total, Optimus fits l(k) = 1/(β0·k + β1) + β2 to its losses
-(``specon.sim.curves.fit_optimus``: least squares by variable projection, numpy only) and
+(``specon.policy.loss_curve.fit_optimus``: least squares by variable projection, numpy only) and
 takes convergence to be where the curve has made all but ``share`` of its total
 improvement l(0) - β2: 1/(β0·k + β1) <= share/β1, i.e. k* = (1/share - 1)·β1/β0. The steps
 left are k* minus the steps done (0 once past it). ``share`` 0.05 matches the ground truth
@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from specon.sim.curves import fit_optimus
+from specon.policy.loss_curve import fit_optimus
 
 MIN_POINTS = 8
 MAX_POINTS = 64

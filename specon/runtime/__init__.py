@@ -3,7 +3,7 @@
 ``local`` runs jobs as process groups in per-worker CPU budgets on this machine. Docker and
 Kubernetes backends import their client libraries only in their own modules (import contracts
 in pyproject.toml). ``fake`` is an in-memory runtime for tests: they import
-``specon.runtime.fake`` directly, and nothing outside the tests may (``make imports``).
+``specon.testing.fake_runtime`` directly, and nothing outside the tests may (``make imports``).
 """
 
 from specon.runtime.base import (
@@ -20,8 +20,8 @@ from specon.runtime.base import (
     StillRunning,
     WorkerUsage,
 )
-from specon.runtime.local import LocalRuntime
-from specon.runtime.local_cluster import LocalCluster
+from specon.runtime.local.backend import LocalRuntime
+from specon.runtime.local.cluster import LocalCluster
 from specon.runtime.volume import JobPaths
 
 __all__ = [

@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from specon import codec
 from specon.checkpoint import CheckpointInfo
 from specon.checkpoint import key as checkpoint_key
-from specon.model import ContainerId, Resources, WorkerId
-from specon.policy.priority.base import WEIGHT_MAX, WEIGHT_MIN
-from specon.validate import valid_id
+from specon.model import WEIGHT_MAX, WEIGHT_MIN, ContainerId, Resources, WorkerId
+from specon.wire import codec
+from specon.wire.validate import valid_id
 
 # The job contract's environment (SPEC §6): what every backend sets for a job.
 ENV_JOB_ID = "SPECON_JOB_ID"
@@ -93,7 +92,7 @@ class JobSpec:
             raise ValueError(f"job {self.id}: steps must be >= 0, got {self.steps}")
 
     def to_json(self) -> dict[str, Any]:
-        """``spec.json``'s shape, through the one codec (``specon.codec``).
+        """``spec.json``'s shape, through the one codec (``specon.wire.codec``).
 
         ``template``, ``selector`` and ``tolerations`` only when set: specs of the other
         backends serialise exactly as before they existed.

@@ -31,7 +31,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from specon import codec
 from specon.checkpoint import (
     FileTooLargeError,
     NotRegularFileError,
@@ -52,7 +51,8 @@ from specon.runtime.base import (
     RuntimeFailure,
     valid_job_id,
 )
-from specon.runtime.launcher import ExitRecord, append_exit
+from specon.runtime.local.launcher import ExitRecord, append_exit
+from specon.wire import codec
 
 __all__ = [
     "CorruptRecordError",

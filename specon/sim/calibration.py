@@ -15,9 +15,9 @@ simulator parameters and compares real runs with simulated ones:
   not confine threads: a 1-CPU quota on 2 cores runs them on both). ``thread_rows``
   tabulates median and spread per (T, budget, k); ``fit_threads`` gives
   ``SimParams.thread_overhead`` and ``thread_exponent``.
-* mapping: a workload of real jobs (``specon.demo.make_workload``) becomes a simulator
+* mapping: a workload of real jobs (``specon.embedded.demo.make_workload``) becomes a simulator
   ``Workload`` with the same workers, arrivals, models, steps and round-robin placement
-  (``specon.demo.run_once``'s rule: the i-th job in submission order goes to worker
+  (``specon.embedded.demo.run_once``'s rule: the i-th job in submission order goes to worker
   ``w{i mod W}``). A real job that trains only ``steps`` steps logs the first ``steps``
   steps of its model's curve, so its trace is truncated, not stretched. Traces hold raw
   mini-batch losses; a real job logs the mean of the ``log_every`` mini-batches since
@@ -39,16 +39,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from specon import codec
+from specon.config.yaml12 import load_yaml
 from specon.evaluation import RunResult
 from specon.model import WorkerId
 from specon.sim.cluster import DEFAULT_PARAMS, JobPlan, SimParams, WorkerSpec, Workload
 from specon.sim.trace import Trace
-from specon.yaml12 import load_yaml
+from specon.wire import codec
 
 
 class PlannedJob(Protocol):
-    """What the mapping needs of a real job (``specon.demo.DemoJob`` has it)."""
+    """What the mapping needs of a real job (``specon.embedded.demo.DemoJob`` has it)."""
 
     @property
     def id(self) -> str: ...
@@ -432,7 +432,7 @@ def params_from_dict(
 ) -> SimParams:
     """``base`` with the fields ``data`` names replaced; every problem is reported at once.
 
-    Read through the one codec (``specon.codec``): a problem names its key, an unknown key
+    Read through the one codec (``specon.wire.codec``): a problem names its key, an unknown key
     gets a did-you-mean, and ``SimParams``'s own range checks run on the result.
     """
     if not isinstance(data, Mapping):
@@ -446,7 +446,7 @@ def params_from_dict(
 def load_params(path: Path | str, *, base: SimParams = DEFAULT_PARAMS) -> SimParams:
     """Simulator parameters from a JSON or YAML file (a mapping of ``SimParams`` fields).
 
-    Read with the policy file's YAML loader (``specon.yaml12.load_yaml``, YAML 1.2), which
+    Read with the policy file's YAML loader (``specon.config.yaml12.load_yaml``, YAML 1.2), which
     reads JSON as well.
     """
     p = Path(path)

@@ -29,7 +29,7 @@ the curve's own fall at the onset, and both come from a seed. Any request on one
 failure.
 
 Pure: curves in, scores out. The classifier replayed is the agent's own
-(``specon.replay.replay``), fed the curve's raw mini-batch losses as logged samples.
+(``specon.policy.replay.replay``), fed the curve's raw mini-batch losses as logged samples.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from specon.config import MonitorConfig
+from specon.policy.replay import replay
 from specon.policy.robust_config import RobustConfig
-from specon.replay import replay
 from specon.sim.trace import Trace
 
 GROUND_TRUTH_FRACTION = 0.05

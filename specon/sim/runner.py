@@ -1,6 +1,6 @@
 """One simulated run: a workload, a policy, the manager's own coordinator, a virtual clock.
 
-The manager is not re-implemented here: the run drives ``specon.coordinator.Coordinator``
+The manager is not re-implemented here: the run drives ``specon.coordinator.machine.Coordinator``
 (through the inline shell, with an in-memory journal) exactly as the manager's shell
 does, and plays the agents around it:
 
@@ -17,7 +17,7 @@ does, and plays the agents around it:
 * the agents carry out the coordinator's commands: ``mark_migrated`` freezes the job in
   CC; ``save`` stops it on its worker and reports the checkpoint; ``start`` runs it on
   the target after the migration downtime (frozen in CC if Algorithm 2 decided for it).
-  So every simulated migration passes through ``specon.migration.next_step`` and the
+  So every simulated migration passes through ``specon.coordinator.migration.next_step`` and the
   journal, as a real one does.
 
 The convergence-blind ``balancer`` sees every job as progressing since its start: its
@@ -31,19 +31,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from specon.cluster_state import WORK_RESOLUTION, ClusterState
 from specon.config import Policy, default_policy
-from specon.coordinator_inline import InlineCoordinator
-from specon.effects import CommandQueued, Event, MemoryJournal
+from specon.coordinator.effects import CommandQueued, Event, MemoryJournal
+from specon.coordinator.inline import InlineCoordinator
+from specon.coordinator.migration import State
+from specon.coordinator.state import WORK_RESOLUTION, ClusterState
 from specon.evaluation import JobResult, MigrationRecord, RunResult
-from specon.migration import State
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.policy.classifier import Classifier, classifier_for, horizon
 from specon.policy.monitor import MonitorState
 from specon.policy.priority.base import JobProgress
 from specon.policy.priority.rules import weights as priority_weights
 from specon.policy.remaining import Fit, refit
-from specon.protocol import (
+from specon.sim.cluster import DEFAULT_PARAMS, Cluster, Phase, SimJob, SimParams, Workload
+from specon.sim.engine import ARRIVE, COMPLETE, PASS, TICK, Engine
+from specon.sim.policies import SimPolicy
+from specon.wire.protocol import (
     Action,
     Command,
     CommandResult,
@@ -51,10 +54,7 @@ from specon.protocol import (
     Heartbeat,
     ReallocationRequest,
 )
-from specon.protocol import Phase as ReportPhase
-from specon.sim.cluster import DEFAULT_PARAMS, Cluster, Phase, SimJob, SimParams, Workload
-from specon.sim.engine import ARRIVE, COMPLETE, PASS, TICK, Engine
-from specon.sim.policies import SimPolicy
+from specon.wire.protocol import Phase as ReportPhase
 
 
 @dataclass(slots=True)

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from specon import codec
 from specon.config import API_VERSION
+from specon.config.yaml12 import YamlError, load_yaml
 from specon.model import WorkerId
 from specon.sim.cluster import JobPlan, WorkerSpec, Workload
 from specon.sim.scenarios import (
@@ -48,7 +48,7 @@ from specon.sim.scenarios import (
     pick_trace,
 )
 from specon.sim.trace import Trace, TraceError, read_trace_file
-from specon.yaml12 import YamlError, load_yaml
+from specon.wire import codec
 
 KIND = "Scenario"
 TOP_KEYS = ("apiVersion", "kind", "name", "description", "workers", "jobs")

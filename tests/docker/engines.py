@@ -1,6 +1,6 @@
 """Real Docker engines as separate "hosts" on one machine, for the Docker backend's tests.
 
-Each :class:`Engine` is a ``specon.docker_hosts.DockerHost`` (its own ``dockerd`` with a
+Each :class:`Engine` is a ``specon.embedded.docker_hosts.DockerHost`` (its own ``dockerd`` with a
 private socket, data root and exec root; no bridge, no iptables: containers run with
 ``network_mode`` ``none`` or ``host`` only) plus SDK clients. ``ensure_dockerd`` installs
 Debian's ``docker.io`` when ``dockerd`` is missing; where that is impossible it raises
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import docker
 
-from specon.docker_hosts import DockerHost, DockerUnavailable, ensure_dockerd, start_host, stop_host
-from specon.runtime.docker import import_image
+from specon.embedded.docker_hosts import DockerHost, DockerUnavailable, ensure_dockerd, start_host, stop_host
+from specon.runtime.docker.backend import import_image
 from tests.rootfs import host_binds, host_rootfs
 
 __all__ = ["DockerUnavailable", "Engine", "ensure_dockerd", "start_engine", "stop_engine"]
@@ -51,7 +51,7 @@ def start_engine(
     criu_bin: Path | None = None,
     init_path: Path | None = None,
 ) -> Engine:
-    """Start a private ``dockerd`` under ``base`` (``specon.docker_hosts.start_host``)."""
+    """Start a private ``dockerd`` under ``base`` (``specon.embedded.docker_hosts.start_host``)."""
     host = start_host(name, base, experimental=experimental, criu_bin=criu_bin, init_path=init_path)
     return Engine(name=host.name, base=host.base, process=host.process, group=host.group)
 
@@ -65,7 +65,7 @@ def remove_managed(engine: Engine) -> None:
 
 
 def stop_engine(engine: Engine) -> None:
-    """Remove its containers, close its clients, stop it (``specon.docker_hosts.stop_host``)."""
+    """Remove its containers, close its clients, stop it (``specon.embedded.docker_hosts.stop_host``)."""
     with contextlib.suppress(Exception):
         remove_managed(engine)
     for c in engine.clients:

@@ -26,7 +26,7 @@ from typing import Any
 
 import docker
 
-from specon.docker_hosts import apt_install
+from specon.embedded.docker_hosts import apt_install
 from tests.docker.engines import DockerUnavailable
 from tests.rootfs import REPO, host_binds
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from specon.runtime import docker_criu
-from specon.runtime.docker import DockerRuntime, import_image
+from specon.runtime.docker import criu as docker_criu
+from specon.runtime.docker.backend import DockerRuntime, import_image
 from tests.docker import test_runtime_docker as rd
 from tests.docker.engines import DockerUnavailable, Engine, job_binds, start_engine, stop_engine
 from tests.rootfs import REPO, host_rootfs

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specon.docker_hosts import DockerUnavailable
-from specon.embedded import EmbeddedCluster
+from specon.embedded.cluster import EmbeddedCluster
+from specon.embedded.docker_hosts import DockerUnavailable
 from tests.integration.test_e2e_local import POLICY, converged_job_moves_once_and_finishes_exactly
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from specon.runtime import AlreadyRunning, ContainerState, JobSpec, StartFailed
-from specon.runtime.docker import DockerRuntime, _cpu_seconds
-from specon.runtime.docker_recipe import LABEL_JOB, LABEL_MANAGED, Bind, HostRules, Recipe
+from specon.runtime.docker.backend import DockerRuntime, _cpu_seconds
+from specon.runtime.docker.recipe import LABEL_JOB, LABEL_MANAGED, Bind, HostRules, Recipe
 from specon.runtime.volume import JobPaths
 from tests.docker.engines import Engine, job_binds, python_image, start_engine, stop_engine
 from tests.rootfs import REPO, host_binds
@@ -232,8 +232,8 @@ SAVE_IN_A_PROCESS = r"""
 import asyncio, sys
 from pathlib import Path
 import docker
-from specon.runtime.docker import DockerRuntime, _cpu_seconds
-from specon.runtime.docker_recipe import HostRules
+from specon.runtime.docker.backend import DockerRuntime, _cpu_seconds
+from specon.runtime.docker.recipe import HostRules
 volume, url, prefixes = Path(sys.argv[1]), sys.argv[2], tuple(sys.argv[3:])
 rt = DockerRuntime(volume, "host-1", docker.DockerClient(base_url=url),
                    rules=HostRules(volume=str(volume), ro_bind_prefixes=prefixes))

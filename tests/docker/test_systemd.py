@@ -33,7 +33,7 @@ import docker
 import pytest
 
 from specon.cli.cmd_systemd import hidden_by_private_tmp, install_paths
-from specon.embedded import free_port
+from specon.embedded.cluster import free_port
 from tests.docker.engines import DockerUnavailable, Engine
 from tests.docker.systemd_image import ensure_image, run_kwargs
 

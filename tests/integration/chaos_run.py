@@ -54,11 +54,11 @@ from jobwatch import (
 )
 
 from specon import checkpoint
-from specon.embedded import EmbeddedCluster
+from specon.embedded.cluster import EmbeddedCluster
 from specon.model import ContainerId, WorkerId
-from specon.protocol import Status
 from specon.runtime.base import StartFailed
 from specon.runtime.volume import JobPaths
+from specon.wire.protocol import Status
 
 
 @dataclass(frozen=True)

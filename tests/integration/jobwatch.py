@@ -25,11 +25,11 @@ from typing import Any
 
 import aiohttp
 
-from specon.embedded import Daemon, EmbeddedCluster
+from specon.embedded.cluster import Daemon, EmbeddedCluster
 from specon.model import ContainerId, WorkerId
-from specon.protocol import MigrationStatus, Status
 from specon.runtime.base import JobSpec
 from specon.runtime.volume import JobPaths
+from specon.wire.protocol import MigrationStatus, Status
 
 JOB = Path(__file__).parent / "jobs" / "curve_job.py"
 CHECKPOINT_EVERY = 50

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from specon.embedded import EmbeddedCluster
+from specon.embedded.cluster import EmbeddedCluster
 from specon.model import ContainerId, WorkerId
-from specon.protocol import Status
 from specon.runtime.base import JobSpec
+from specon.wire.protocol import Status
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -44,10 +44,11 @@ from jobwatch import (
     worker_reachable,
 )
 
-from specon import checkpoint, protocol
-from specon.embedded import EmbeddedCluster
+from specon import checkpoint
+from specon.embedded.cluster import EmbeddedCluster
 from specon.model import ContainerId, WorkerId
 from specon.runtime.volume import JobPaths
+from specon.wire import protocol
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(120)]
 

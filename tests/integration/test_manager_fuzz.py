@@ -1,6 +1,6 @@
 """Fuzz the real ``specon-manager`` over HTTP from its OpenAPI document (issue 8, item 3).
 
-The requests come from ``manager.openapi``'s document: for every POST body, a schema walker
+The requests come from ``specon_manager.openapi``'s document: for every POST body, a schema walker
 draws messages that break exactly one rule of the schema (a wrong type, a missing or
 unknown key, an id outside the id rule, a time past ±9e9 s, a negative usage, NaN and
 Infinity tokens, too many items, ...) with everything else valid, so each one reaches the
@@ -44,12 +44,12 @@ import pytest
 import yarl
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from specon_manager.openapi import openapi_document
 
-from manager.openapi import openapi_document
-from specon import protocol
-from specon.embedded import free_port
+from specon.embedded.cluster import free_port
 from specon.model import Category, ContainerId, Resources, WorkerId
-from specon.protocol import (
+from specon.wire import protocol
+from specon.wire.protocol import (
     CommandResult,
     ContainerReport,
     ErrorReply,

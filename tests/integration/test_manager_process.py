@@ -14,10 +14,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from specon import protocol
-from specon.embedded import free_port
+from specon.embedded.cluster import free_port
 from specon.model import Category, ContainerId, Resources, WorkerId
-from specon.protocol import CommandBatch, ContainerReport, ErrorReply, Heartbeat, Status
+from specon.wire import protocol
+from specon.wire.protocol import CommandBatch, ContainerReport, ErrorReply, Heartbeat, Status
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 

@@ -32,7 +32,7 @@ from specon.runtime import (
     SaveFailed,
     StartFailed,
 )
-from specon.runtime.cgroups import CLK_TCK, detect, group_alive, read_stat
+from specon.runtime.local.cgroups import CLK_TCK, detect, group_alive, read_stat
 from specon.runtime.volume import Owner
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -1,4 +1,4 @@
-"""The warm interpreter (``specon.runtime.zygote``) against real processes and cgroups.
+"""The warm interpreter (``specon.runtime.local.zygote``) against real processes and cgroups.
 
 The job is test_runtime_local's plain-Python loop, run as a module (``python -m warmjob``)
 so the warm interpreter may fork it; one test runs the real torch workload.
@@ -32,11 +32,11 @@ from specon.runtime import (
     LocalRuntime,
     StartFailed,
 )
-from specon.runtime.cgroups import read_stat
-from specon.runtime.launcher import find_launcher, warm_comm
+from specon.runtime.local.cgroups import read_stat
+from specon.runtime.local.launcher import find_launcher, warm_comm
+from specon.runtime.local.warm import WarmInterpreter, WarmSpec
+from specon.runtime.local.zygote import Request, read_line
 from specon.runtime.volume import Owner
-from specon.runtime.warm import WarmInterpreter, WarmSpec
-from specon.runtime.zygote import Request, read_line
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -297,7 +297,7 @@ async def test_a_runtime_killed_between_a_warm_launch_and_its_owner_record_never
 async def test_the_server_exits_with_the_process_that_started_it(tmp_path: Path, job_module: Path) -> None:
     code = (
         "import time\n"
-        "from specon.runtime.warm import WarmInterpreter, WarmSpec\n"
+        "from specon.runtime.local.warm import WarmInterpreter, WarmSpec\n"
         f"w = WarmInterpreter('w9', WarmSpec({MODULE!r}, preload=()))\n"
         "print('SERVER', w._proc.pid, flush=True)\n"
         "time.sleep(60)\n"

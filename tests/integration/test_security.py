@@ -22,10 +22,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from specon import protocol
-from specon.embedded import EmbeddedCluster, free_port
+from specon.embedded.cluster import EmbeddedCluster, free_port
 from specon.model import Category, ContainerId, Resources, WorkerId
-from specon.protocol import (
+from specon.runtime.base import JobSpec
+from specon.runtime.volume import JobPaths
+from specon.wire import protocol
+from specon.wire.protocol import (
     Action,
     Command,
     CommandBatch,
@@ -37,8 +39,6 @@ from specon.protocol import (
     ReallocationRequest,
     Status,
 )
-from specon.runtime.base import JobSpec
-from specon.runtime.volume import JobPaths
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -342,7 +342,7 @@ async def test_a_forged_start_recipe_never_runs_on_the_target(tmp_path: Path, ag
         [
             sys.executable,
             "-m",
-            "agent",
+            "specon_agent",
             "--worker",
             "w0",
             "--listen",
@@ -386,7 +386,7 @@ async def test_a_forged_start_recipe_never_runs_on_the_target(tmp_path: Path, ag
             agent.kill()
             agent.wait()
         await runner.cleanup()
-        from specon.runtime.local import LocalRuntime  # noqa: PLC0415
+        from specon.runtime.local.backend import LocalRuntime  # noqa: PLC0415
 
         rt = LocalRuntime(agent_volume, W0, 0.5, cluster=f"sec{os.getpid()}")
         for info in await rt.list_containers():
@@ -427,7 +427,7 @@ def test_the_agent_refuses_a_weak_token(tmp_path: Path, token: str, says: str) -
         [
             sys.executable,
             "-m",
-            "agent",
+            "specon_agent",
             "--worker",
             "w0",
             "--volume",

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from specon.model import ContainerId
-from specon.runtime.kubernetes import KubeApi, KubernetesRuntime
+from specon.runtime.kubernetes.backend import KubeApi, KubernetesRuntime
 from tests.k8s.cluster import KubeCluster, ensure_binaries
 from tests.k8s.nodes import TRAIN_IMAGE, RealNodes, ensure_node_binaries, on_real_node, real_nodes
 from tests.k8s.test_runtime_kubernetes import records, shared_volume, trained, training_pod, until

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from specon_manager.auth import Identity
+from specon_manager.auth_kubernetes import TokenReviewAuthenticator
 
-from manager.auth import Identity
-from manager.auth_kubernetes import TokenReviewAuthenticator
 from specon.model import WorkerId
-from specon.runtime.k8s_api import KubeApi, KubeError
+from specon.runtime.kubernetes.api import KubeApi, KubeError
 from tests.k8s.cluster import SA_ISSUER, KubeCluster
 from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet

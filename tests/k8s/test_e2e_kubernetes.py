@@ -21,13 +21,13 @@ from typing import Any
 
 import aiohttp
 import pytest
+from specon_manager.k8s_journal import KubeJournal
 
-from manager.k8s_journal import KubeJournal
-from specon import protocol
-from specon.migration import State
+from specon.coordinator.migration import State
 from specon.model import Resources, WorkerId
-from specon.protocol import Status
-from specon.runtime.kubernetes import KubeApi, KubeError
+from specon.runtime.kubernetes.backend import KubeApi, KubeError
+from specon.wire import protocol
+from specon.wire.protocol import Status
 from tests.k8s.cluster import KubeCluster, free_ports
 from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet
@@ -49,19 +49,19 @@ rebalance: {mode: "off"}
 
 
 # The manager with its journal in the API and agents authenticated by TokenReview. (With the
-# CLI flags: `python -m manager --journal kubernetes --agent-auth kubernetes ...`.) A process,
+# CLI flags: `python -m specon_manager --journal kubernetes --agent-auth kubernetes ...`.) A process,
 # so a test can SIGKILL it.
 MANAGER = """
 import sys
 import time
 from aiohttp import web
-from manager.app import create_app
-from manager.auth_kubernetes import TokenReviewAuthenticator
-from manager.k8s_journal import KubeJournal
-from manager.shell import ManagerShell
+from specon_manager.app import create_app
+from specon_manager.auth_kubernetes import TokenReviewAuthenticator
+from specon_manager.k8s_journal import KubeJournal
+from specon_manager.shell import ManagerShell
 from specon import logs
 from specon.config import load_policy
-from specon.runtime.kubernetes import load_api_client
+from specon.runtime.kubernetes.backend import load_api_client
 
 kubeconfig, namespace, policy, port, audience = sys.argv[1:6]
 logs.configure(level="info", fmt="console")
@@ -138,7 +138,7 @@ class Deployment:
         token_file = self.work / f"token-{node}"
         token_file.write_text(self.agent_token(node))
         argv = [
-            sys.executable, "-m", "agent",
+            sys.executable, "-m", "specon_agent",
             "--runtime", "kubernetes",
             "--node", node,
             "--namespace", self.namespace,

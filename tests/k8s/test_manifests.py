@@ -18,15 +18,15 @@ from typing import Any
 
 import pytest
 import yaml
+from specon_manager.auth_kubernetes import TokenReviewAuthenticator
+from specon_manager.k8s_journal import ANN_MIGRATIONS, KubeJournal
 
-from manager.auth_kubernetes import TokenReviewAuthenticator
-from manager.k8s_journal import ANN_MIGRATIONS, KubeJournal
 from specon.config import default_policy, load_policy
-from specon.migration import Mark, Migration, State
+from specon.coordinator.migration import Mark, Migration, State
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import JobSpec, SaveFailed, StartFailed
-from specon.runtime.k8s_restore import record_of
-from specon.runtime.kubernetes import KubeApi, KubeError, KubernetesRuntime
+from specon.runtime.kubernetes.backend import KubeApi, KubeError, KubernetesRuntime
+from specon.runtime.kubernetes.restore import record_of
 from tests.k8s.cluster import KubeCluster
 from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet, NodeSpec

@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from specon_agent.core import Agent
+from specon_manager.journal import Journal
+from specon_manager.shell import recover
 
-from agent.core import Agent
-from manager.journal import Journal
-from manager.shell import recover
 from specon.config import default_policy
-from specon.coordinator_inline import InlineCoordinator
+from specon.coordinator.inline import InlineCoordinator
 from specon.model import ContainerId
-from specon.protocol import Action, CommandBatch, Heartbeat, ReallocationRequest
-from specon.runtime.k8s_pods import TAINT_NOT_READY
-from specon.runtime.kubernetes import KubeApi, KubernetesRuntime
+from specon.runtime.kubernetes.backend import KubeApi, KubernetesRuntime
+from specon.runtime.kubernetes.pods import TAINT_NOT_READY
+from specon.wire.protocol import Action, CommandBatch, Heartbeat, ReallocationRequest
 from tests.k8s.cluster import KubeCluster
 from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet, NodeSpec, Taint
@@ -83,7 +83,7 @@ def _decide(tmp_path: Path, heartbeats: list[Heartbeat], namespace: str, job: st
     """A fresh manager hears ``heartbeats``, then the source asks to move ``job``."""
     journal = Journal(tmp_path / f"journal-{job}.db")
     coord = InlineCoordinator(
-        policy=default_policy(), journal=journal, recovered=recover(journal, time.time())
+        policy=default_policy(), journal=journal, clock=time.time, recovered=recover(journal, time.time())
     )
     for hb in heartbeats:
         coord.on_heartbeat(hb)

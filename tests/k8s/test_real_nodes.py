@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from specon.runtime.base import cpu_shares
-from specon.runtime.kubernetes import KubeApi, KubeError, KubernetesRuntime
+from specon.runtime.kubernetes.backend import KubeApi, KubeError, KubernetesRuntime
 from tests.k8s.cluster import KubeCluster, free_ports
 from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.nodes import RealNodes, on_real_node

@@ -15,9 +15,9 @@ import pytest
 
 from specon.model import ContainerId
 from specon.runtime.base import JobSpec, StartFailed
-from specon.runtime.k8s_pods import LABEL_JOB, template_of
-from specon.runtime.k8s_restore import record_name, record_of
-from specon.runtime.kubernetes import KubeApi, KubeError, KubernetesRuntime
+from specon.runtime.kubernetes.backend import KubeApi, KubeError, KubernetesRuntime
+from specon.runtime.kubernetes.pods import LABEL_JOB, template_of
+from specon.runtime.kubernetes.restore import record_name, record_of
 from tests.k8s.cluster import KubeCluster
 from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet

@@ -15,14 +15,14 @@ from typing import Any, TypeVar
 
 import pytest
 from kubernetes import client
+from specon_manager.k8s_journal import KubeJournal
 
-from manager.k8s_journal import KubeJournal
 from specon import checkpoint as ckpt
-from specon.migration import Mark, Migration, State
+from specon.coordinator.migration import Mark, Migration, State
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import AlreadyRunning, ContainerInfo, SaveFailed
-from specon.runtime.k8s_pods import ANN_GENERATION, ANN_RESTORED_FROM, LABEL_JOB
-from specon.runtime.kubernetes import Informer, KubeApi, KubeError, KubernetesRuntime
+from specon.runtime.kubernetes.backend import Informer, KubeApi, KubeError, KubernetesRuntime
+from specon.runtime.kubernetes.pods import ANN_GENERATION, ANN_RESTORED_FROM, LABEL_JOB
 from tests.k8s.cluster import KubeCluster
 from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet

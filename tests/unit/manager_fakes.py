@@ -6,13 +6,22 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from manager.journal import Journal
-from manager.shell import ManagerShell, recover
+from specon_manager.journal import Journal
+from specon_manager.shell import ManagerShell, recover
+
 from specon.config import Policy, default_policy
-from specon.coordinator_inline import InlineCoordinator
-from specon.effects import Event
+from specon.coordinator.effects import Event
+from specon.coordinator.inline import InlineCoordinator
 from specon.model import Category, ContainerId, Resources, WorkerId
-from specon.protocol import Action, Command, CommandBatch, CommandResult, ContainerReport, Heartbeat, Phase
+from specon.wire.protocol import (
+    Action,
+    Command,
+    CommandBatch,
+    CommandResult,
+    ContainerReport,
+    Heartbeat,
+    Phase,
+)
 
 START = 1_000_000.0
 

@@ -15,15 +15,15 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from manager_fakes import policy as make_policy
 from prometheus_client.parser import text_string_to_metric_families
+from specon_agent.app import create_app
+from specon_agent.client import ManagerClient
+from specon_agent.core import Agent
+from specon_agent.daemon import AgentDaemon
 
-from agent.app import create_app
-from agent.client import ManagerClient
-from agent.core import Agent
-from agent.daemon import AgentDaemon
 from specon.model import ContainerId, Resources
-from specon.protocol import Action, Command, CommandBatch, CommandResult
 from specon.runtime import JobSpec
-from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume, JobScript
+from specon.testing.fake_runtime import FakeClock, FakeRuntime, FakeVolume, JobScript
+from specon.wire.protocol import Action, Command, CommandBatch, CommandResult
 
 Client = TestClient[web.Request, web.Application]
 FAMILIES = {

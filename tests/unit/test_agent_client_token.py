@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from specon_agent.client import FileToken, ManagerClient, ManagerUnavailable
 
-from agent.client import FileToken, ManagerClient, ManagerUnavailable
-from specon import protocol
 from specon.model import Resources, WorkerId
-from specon.protocol import CommandBatch, Heartbeat
+from specon.wire import protocol
+from specon.wire.protocol import CommandBatch, Heartbeat
 
 
 def rotate(path: Path, token: str) -> None:

@@ -1,6 +1,6 @@
 """The agent's work without the network: watch, classify, report, execute commands, persist.
 
-Everything runs on the in-memory runtime (``specon.runtime.fake``): a ``FakeClock`` that moves
+Everything runs on the in-memory runtime (``specon.testing.fake_runtime``): a ``FakeClock`` that moves
 only when a test advances it, and a ``FakeVolume`` rooted in ``tmp_path`` so the real tailer
 reads the progress records the fake jobs write. A job logs one record per fake second.
 """
@@ -20,15 +20,15 @@ from typing import Any
 import pytest
 import structlog
 from manager_fakes import policy as make_policy
+from specon_agent.core import Agent
 
-from agent.core import Agent
 from specon.config import Policy
+from specon.daemon.settings import AgentSettings
 from specon.model import Category, ContainerId, Resources
 from specon.policy import classifier as classifier_module
-from specon.protocol import Action, Command, CommandBatch, CommandResult, ContainerReport
 from specon.runtime import ContainerInfo, JobSpec
-from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume, JobScript
-from specon.settings import AgentSettings
+from specon.testing.fake_runtime import FakeClock, FakeRuntime, FakeVolume, JobScript
+from specon.wire.protocol import Action, Command, CommandBatch, CommandResult, ContainerReport
 
 PC, WC, CC = Category.PROGRESSING, Category.WATCHING, Category.CONVERGED
 TICK = 10.0  # fake seconds between ticks: ten samples per tick

@@ -20,22 +20,22 @@ import pytest
 import structlog
 from aiohttp.test_utils import TestServer
 from manager_fakes import policy as make_policy
+from specon_agent.client import ManagerClient
+from specon_agent.core import Agent
+from specon_agent.daemon import AgentDaemon, backoff
+from specon_manager.app import create_app
+from specon_manager.journal import Journal
+from specon_manager.shell import ManagerShell
 from tenacity import RetryCallState
 
-from agent.client import ManagerClient
-from agent.core import Agent
-from agent.daemon import AgentDaemon, backoff
-from manager.app import create_app
-from manager.journal import Journal
-from manager.shell import ManagerShell
-from specon import protocol
 from specon.config import Policy
+from specon.daemon.settings import AgentSettings
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.policy.monitor import MonitorState
-from specon.protocol import Action, Command, Status
 from specon.runtime import JobSpec, WorkerUsage
-from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume
-from specon.settings import AgentSettings
+from specon.testing.fake_runtime import FakeClock, FakeRuntime, FakeVolume
+from specon.wire import protocol
+from specon.wire.protocol import Action, Command, Status
 
 TOKEN = "agent-daemon-test-token"
 W0 = WorkerId("w0")
@@ -186,7 +186,8 @@ async def test_a_request_answered_by_the_manager_freezes_the_container(rig: Rig)
 
     d.start()
     await eventually(
-        lambda: "a" in agent.watched and agent.watched[ContainerId("a")].state.migrated, "the mark command"
+        lambda: "a" in agent.watched and agent.watched[ContainerId("a")].state.migrated,
+        "the mark command",
     )
     await eventually(lambda: not agent.unacked and not coord.core.outbox.get(W0), "the result acknowledged")
 

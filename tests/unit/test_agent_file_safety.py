@@ -19,11 +19,11 @@ import structlog
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from manager_fakes import policy as make_policy
+from specon_agent.app import create_app
+from specon_agent.client import ManagerClient
+from specon_agent.core import Agent
+from specon_agent.daemon import AgentDaemon
 
-from agent.app import create_app
-from agent.client import ManagerClient
-from agent.core import Agent
-from agent.daemon import AgentDaemon
 from specon.checkpoint import NotRegularFileError
 from specon.config import ProgressConfig
 from specon.model import ContainerId, Resources
@@ -32,8 +32,8 @@ from specon.progress.last import last_event, last_record
 from specon.progress.reader import FileReader
 from specon.progress.samples import ProgressStats, Sample
 from specon.runtime import JobSpec, volume
-from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume, JobScript
 from specon.runtime.volume import CorruptRecordError, JobPaths, Owner
+from specon.testing.fake_runtime import FakeClock, FakeRuntime, FakeVolume, JobScript
 
 T = TypeVar("T")
 Client = TestClient[web.Request, web.Application]

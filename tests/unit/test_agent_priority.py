@@ -1,5 +1,5 @@
-"""The agent's priority action: the pure weights (``agent.priority``), the shell that applies
-them through the runtime and keeps ``fair_seconds`` (``agent.weights``), and the agent that
+"""The agent's priority action: the pure weights (``specon_agent.priority``), the shell that applies
+them through the runtime and keeps ``fair_seconds`` (``specon_agent.weights``), and the agent that
 runs it every tick and reports the weight in effect."""
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ from typing import Any
 import pytest
 import structlog
 from manager_fakes import policy as make_policy
+from specon_agent.core import Agent
+from specon_agent.priority import Running, accrue, changed, decide, fair_shares, progress, running_of
+from specon_agent.watched import CURVE_POINTS, Watched, append_curve, predicted_steps
+from specon_agent.weights import CpuWeights, state_path
 
-from agent.core import Agent
-from agent.priority import Running, accrue, changed, decide, fair_shares, progress, running_of
-from agent.watched import CURVE_POINTS, Watched, append_curve, predicted_steps
-from agent.weights import CpuWeights, state_path
 from specon.config import PriorityConfig, ProgressConfig
 from specon.model import ContainerId, Resources, WorkerId
 from specon.policy import remaining
 from specon.policy.monitor import MonitorState
 from specon.progress import Tailer
 from specon.runtime import ContainerInfo, ContainerState, JobSpec
-from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume, JobScript
+from specon.testing.fake_runtime import FakeClock, FakeRuntime, FakeVolume, JobScript
 
 A, B, C = ContainerId("a"), ContainerId("b"), ContainerId("c")
 SRPT = PriorityConfig(rule="srpt")

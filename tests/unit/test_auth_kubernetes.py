@@ -11,10 +11,10 @@ import time
 from typing import Any
 
 import pytest
+from specon_manager.auth import Identity
+from specon_manager.auth_kubernetes import EXTRA_POD_NAME, EXTRA_POD_UID, TokenReviewAuthenticator
 
-from manager.auth import Identity
-from manager.auth_kubernetes import EXTRA_POD_NAME, EXTRA_POD_UID, TokenReviewAuthenticator
-from specon.runtime.k8s_api import KubeApi, KubeError
+from specon.runtime.kubernetes.api import KubeApi, KubeError
 
 AUD = "specon-manager"
 USER = "system:serviceaccount:specon:specon-agent"

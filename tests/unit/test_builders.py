@@ -1,11 +1,13 @@
-"""specon.builders: the shared snapshot and workload builders of the tests and benchmarks."""
+"""specon.testing.builders: the shared snapshot and workload builders of the tests and benchmarks."""
 
 from __future__ import annotations
 
 import pytest
 
 from specon import model as m
-from specon.builders import (
+from specon.sim.cluster import JobPlan, WorkerSpec, Workload
+from specon.sim.trace import Trace
+from specon.testing.builders import (
     BIG,
     NOW,
     category,
@@ -17,8 +19,6 @@ from specon.builders import (
     worker,
     workload,
 )
-from specon.sim.cluster import JobPlan, WorkerSpec, Workload
-from specon.sim.trace import Trace
 
 
 def test_worker_defaults_to_big_capacity_and_takes_every_field() -> None:

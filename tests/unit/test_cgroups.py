@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from specon.model import ContainerId
 from specon.runtime.base import cpu_shares
-from specon.runtime.cgroups import (
+from specon.runtime.local.cgroups import (
     CLK_TCK,
     PRUNE_GRACE,
     CpuBudget,
@@ -28,7 +28,7 @@ from specon.runtime.cgroups import (
     quota_us,
     read_stat,
 )
-from specon.runtime.cpuset import format_cpulist, least_loaded, parse_cpulist
+from specon.runtime.local.cpuset import format_cpulist, least_loaded, parse_cpulist
 
 
 def stat_line(

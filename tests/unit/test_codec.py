@@ -8,8 +8,8 @@ from typing import Literal, NewType
 
 import pytest
 
-from specon import codec
-from specon.codec import SchemaError, from_data, to_data
+from specon.wire import codec
+from specon.wire.codec import SchemaError, from_data, to_data
 
 Name = NewType("Name", str)
 

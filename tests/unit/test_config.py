@@ -26,8 +26,8 @@ from specon.config import (
     policy_to_dict,
     policy_to_yaml,
 )
+from specon.config.yaml12 import YamlError, load_yaml
 from specon.model import Direction
-from specon.yaml12 import YamlError, load_yaml
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 HEAD = f"apiVersion: {API_VERSION}\nkind: Policy\n"

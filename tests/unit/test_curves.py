@@ -9,12 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specon.policy.loss_curve import CurveParams, fit_optimus
 from specon.sim.curves import (
-    CurveParams,
     ModelCurve,
     fit_model,
     fit_models,
-    fit_optimus,
     recorded_steps,
     synthetic_set,
     synthetic_trace,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specon.runtime.docker_cgroup import ContainerCounters
+from specon.runtime.docker.cgroup import ContainerCounters
 
 
 def tree(tmp: Path, cgroup_lines: str) -> tuple[Path, Path]:

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from specon.runtime.docker_recipe import Bind, HostRules, Recipe, from_inspect, problems, unsafe_host_config
+from specon.runtime.docker.recipe import Bind, HostRules, Recipe, from_inspect, problems, unsafe_host_config
 
 RULES = HostRules(volume="/srv/specon", ro_bind_prefixes=("/usr", "/opt/py"))
 OK = Recipe(

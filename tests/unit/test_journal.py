@@ -6,9 +6,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from specon_manager.journal import Journal, mark_from_row, migration_from_row, migration_to_row
 
-from manager.journal import Journal, mark_from_row, migration_from_row, migration_to_row
-from specon.migration import Mark, Migration, State
+from specon.coordinator.migration import Mark, Migration, State
 from specon.model import ContainerId, WorkerId
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from specon.cli.main import main
 from specon.config import default_policy
-from specon.demo import quality_time
-from specon.live_policies import CHANGES, NAMES, live_policy
+from specon.embedded.demo import quality_time
+from specon.embedded.live_policies import CHANGES, NAMES, live_policy
 from specon.sim.policies import PEERS
 
 

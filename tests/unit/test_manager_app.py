@@ -17,22 +17,14 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from manager_fakes import START, FakeAgent, FakeClock, only, policy, report, shell
 from prometheus_client.parser import text_string_to_metric_families
+from specon_manager.app import SHELL, create_app
 
-from manager.app import SHELL, create_app
-from specon import protocol
 from specon.config import Policy
-from specon.coordinator import Coordinator
-from specon.migration import State
+from specon.coordinator.machine import Coordinator
+from specon.coordinator.migration import State
 from specon.model import Category
-from specon.protocol import (
-    Action,
-    CommandBatch,
-    ErrorReply,
-    Goodbye,
-    Poll,
-    ReallocationRequest,
-    Status,
-)
+from specon.wire import protocol
+from specon.wire.protocol import Action, CommandBatch, ErrorReply, Goodbye, Poll, ReallocationRequest, Status
 
 TOKEN = "s3cret-token"
 AUTH = {protocol.AUTH_HEADER: f"Bearer {TOKEN}"}

@@ -7,12 +7,12 @@ import threading
 from pathlib import Path
 
 from manager_fakes import FakeAgent, FakeClock, only, policy, report, shell
+from specon_manager.journal import Journal
+from specon_manager.shell import ManagerShell
 
-from manager.journal import Journal
-from manager.shell import ManagerShell
-from specon.migration import Mark, Migration
+from specon.coordinator.migration import Mark, Migration
 from specon.model import Category
-from specon.protocol import Action, CommandResult, Heartbeat
+from specon.wire.protocol import Action, CommandResult, Heartbeat
 
 CC = Category.CONVERGED
 

@@ -17,17 +17,17 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from manager_fakes import FakeAgent, FakeClock, policy, report
+from specon_manager.app import SHELL, create_app
+from specon_manager.journal import Journal
+from specon_manager.shell import ManagerShell
 
-from manager.app import SHELL, create_app
-from manager.journal import Journal
-from manager.shell import ManagerShell
-from specon import protocol
 from specon.config import Policy, default_policy
-from specon.effects import MemoryJournal
-from specon.migration import Migration
+from specon.coordinator.effects import MemoryJournal
+from specon.coordinator.migration import Migration
 from specon.model import Category
-from specon.protocol import Action, Command, CommandBatch, CommandResult, ContainerReport, Heartbeat
 from specon.sim.runner import simulated_manager
+from specon.wire import protocol
+from specon.wire.protocol import Action, Command, CommandBatch, CommandResult, ContainerReport, Heartbeat
 
 CC, PC = Category.CONVERGED, Category.PROGRESSING
 TOKEN = "t" * 40

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from manager_fakes import START, FakeAgent, FakeClock, report
 
-from specon.cluster_state import ClusterState
-from specon.migration import Mark, Migration, State
+from specon.coordinator.migration import Mark, Migration, State
+from specon.coordinator.state import ClusterState
 from specon.model import Category, ContainerId, WorkerId
 
 CC, PC, WC = Category.CONVERGED, Category.PROGRESSING, Category.WATCHING

@@ -10,16 +10,16 @@ import pytest
 from manager_fakes import FakeAgent, FakeClock, coordinator, policy, report
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from specon_manager.auth import Identity, StaticTokens, load_agent_tokens
+from specon_manager.heap import HeapFreezer
+from specon_manager.metrics import ManagerMetrics
+from specon_manager.page import render_status_page
+from specon_manager.status import MAX_LIMIT, BadPageError, Page, build_status
 
-from manager.auth import Identity, StaticTokens, load_agent_tokens
-from manager.heap import HeapFreezer
-from manager.metrics import ManagerMetrics
-from manager.page import render_status_page
-from manager.status import MAX_LIMIT, BadPageError, Page, build_status
-from specon.coordinator import NotHostedError
-from specon.coordinator_inline import InlineCoordinator
+from specon.coordinator.inline import InlineCoordinator
+from specon.coordinator.machine import NotHostedError
 from specon.model import ContainerId, WorkerId
-from specon.protocol import ReallocationRequest
+from specon.wire.protocol import ReallocationRequest
 
 TOKEN_A, TOKEN_B, SHARED, READ = ("a" * 32, "b" * 32, "s" * 32, "r" * 32)
 

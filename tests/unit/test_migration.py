@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specon.migration import (
+from specon.coordinator.migration import (
     Advance,
     IssueSave,
     IssueStart,

@@ -16,10 +16,10 @@ from manager_fakes import (
     report,
 )
 
-from specon.coordinator_inline import InlineCoordinator
-from specon.migration import State
+from specon.coordinator.inline import InlineCoordinator
+from specon.coordinator.migration import State
 from specon.model import Category, ContainerId
-from specon.protocol import Action, Command, CommandResult, ContainerReport
+from specon.wire.protocol import Action, Command, CommandResult, ContainerReport
 
 CC = Category.CONVERGED
 

@@ -17,17 +17,17 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from specon_manager.app import create_app
+from specon_manager.journal import Journal
+from specon_manager.openapi import ENVELOPED, ID_PATTERN, ID_TYPES, main, openapi_document, openapi_json
+from specon_manager.shell import ManagerShell
 
-from manager.app import create_app
-from manager.journal import Journal
-from manager.openapi import ENVELOPED, ID_PATTERN, ID_TYPES, main, openapi_document, openapi_json
-from manager.shell import ManagerShell
-from specon import protocol
 from specon.config import default_policy
-from specon.validate import is_valid_id
+from specon.wire import protocol
+from specon.wire.validate import is_valid_id
 
 DOCUMENT = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
-REGENERATE = "python -m manager.openapi > docs/openapi.json"
+REGENERATE = "python -m specon_manager.openapi > docs/openapi.json"
 TOKEN = "openapi-test-token-" + "0" * 32
 
 

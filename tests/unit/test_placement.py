@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specon.builders import container, snapshot, worker
 from specon.config import PlacementConfig, Weights
 from specon.model import (
     Category,
@@ -21,6 +20,7 @@ from specon.model import (
 )
 from specon.policy.decisions import Move, RefusalReason, Refuse, Stay
 from specon.policy.placement import ClusterIndex, fits, select_target, tolerates
+from specon.testing.builders import container, snapshot, worker
 
 PC, WC, CC = Category.PROGRESSING, Category.WATCHING, Category.CONVERGED
 TIMEOUT = 20.0

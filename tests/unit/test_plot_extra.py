@@ -65,7 +65,7 @@ def test_demo_names_the_extra_before_running(tmp_path: Path, capsys: pytest.Capt
 def test_the_daemons_never_load_matplotlib() -> None:
     """Importing the daemons' entry points (and the CLI's) loads no matplotlib."""
     code = (
-        "import sys, agent.__main__, manager.__main__, specon.cli.main; "
+        "import sys, specon_agent.__main__, specon_manager.__main__, specon.cli.main; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

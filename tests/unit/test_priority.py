@@ -9,15 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specon.builders import job_plan, trace, workload
 from specon.config import PolicyError, PriorityConfig, policy_from_dict
-from specon.model import ContainerId
+from specon.model import WEIGHT_DEFAULT, WEIGHT_MAX, WEIGHT_MIN, ContainerId
 from specon.policy.priority import hermes, optimus, slaq, srpt, tiresias
-from specon.policy.priority.base import WEIGHT_DEFAULT, WEIGHT_MAX, WEIGHT_MIN, JobProgress, ranked_weights
+from specon.policy.priority.base import JobProgress, ranked_weights
 from specon.policy.priority.rules import weights
 from specon.sim.cluster import SimParams, water_fill
 from specon.sim.policies import make_policy
 from specon.sim.runner import simulate
+from specon.testing.builders import job_plan, trace, workload
 
 
 def _job(cid: str, **kw: float | int | None) -> JobProgress:

@@ -14,10 +14,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from specon import protocol
-from specon.migration import Migration, State
+from specon.coordinator.migration import Migration, State
 from specon.model import Category, ContainerId, Resources, WorkerId
-from specon.protocol import (
+from specon.wire import protocol
+from specon.wire.checks import check
+from specon.wire.protocol import (
     KINDS,
     MESSAGE_TYPES,
     VERSION,
@@ -34,7 +35,6 @@ from specon.protocol import (
     decode,
     encode,
 )
-from specon.protocol_checks import check
 
 # --- strategies, derived from the type hints like the codec itself -----------------------
 

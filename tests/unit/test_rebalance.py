@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specon import builders
-from specon.builders import container, snapshot, worker
 from specon.config import RebalanceConfig
 from specon.model import ClusterSnapshot, ContainerId, Resources, WorkerId
 from specon.policy.decisions import Move
 from specon.policy.placement import fits
 from specon.policy.rebalance import plan_rebalance, should_rebalance
+from specon.testing import builders
+from specon.testing.builders import container, snapshot, worker
 
 TIMEOUT = 20.0
 NOW = 1000.0

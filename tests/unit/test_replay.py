@@ -8,7 +8,7 @@ import pytest
 
 from specon.config import MonitorConfig
 from specon.model import Category
-from specon.replay import record_times, replay
+from specon.policy.replay import record_times, replay
 
 PC, WC, CC, DV = Category.PROGRESSING, Category.WATCHING, Category.CONVERGED, Category.DIVERGING
 LAST = MonitorConfig(classifier="specon", aggregate="last", normalize="none", alpha=0.5)

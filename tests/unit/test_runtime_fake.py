@@ -19,7 +19,7 @@ from specon.runtime import (
     StartFailed,
     StillRunning,
 )
-from specon.runtime.fake import FakeClock, FakeRuntime, FakeVolume, JobScript
+from specon.testing.fake_runtime import FakeClock, FakeRuntime, FakeVolume, JobScript
 
 JOB = JobSpec(id=ContainerId("vae-1"), command=("train",), steps=20, requests=Resources(cpu=1.0))
 

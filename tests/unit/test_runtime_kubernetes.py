@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from specon_agent.__main__ import build_parser, run
 
-from agent.__main__ import build_parser, run
 from specon import checkpoint as ckpt
 from specon.model import ContainerId
-from specon.runtime import k8s_pods as pods_module
 from specon.runtime.base import AlreadyRunning, ContainerState, JobSpec, SaveFailed, StartFailed
-from specon.runtime.k8s_pods import ANN_GENERATION, ANN_RESTORED_FROM, LABEL_JOB, job_spec, template_of
-from specon.runtime.k8s_restore import record_name, record_of
-from specon.runtime.kubernetes import Informer, KubeApi, KubeError, KubernetesRuntime
+from specon.runtime.kubernetes import pods as pods_module
+from specon.runtime.kubernetes.backend import Informer, KubeApi, KubeError, KubernetesRuntime
+from specon.runtime.kubernetes.pods import ANN_GENERATION, ANN_RESTORED_FROM, LABEL_JOB, job_spec, template_of
+from specon.runtime.kubernetes.restore import record_name, record_of
 
 # kmock's pytest plugin provides the `kmock` fixture (dev dependency).
 pytest.importorskip("kmock")

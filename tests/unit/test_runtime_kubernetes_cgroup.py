@@ -1,4 +1,4 @@
-"""A pod's cgroup on its node (``specon.runtime.k8s_cgroup``), against temporary trees laid
+"""A pod's cgroup on its node (``specon.runtime.kubernetes.cgroup``), against temporary trees laid
 out as a kubelet lays out cgroup v1 and v2, with either cgroup driver."""
 
 from __future__ import annotations
@@ -10,8 +10,14 @@ import pytest
 import structlog
 
 from specon.model import ContainerId
-from specon.runtime import k8s_cgroup
-from specon.runtime.k8s_cgroup import PodCgroups, find_kubepods, pod_cgroup_names, pod_cpu_limit, qos_class
+from specon.runtime.kubernetes import cgroup as k8s_cgroup
+from specon.runtime.kubernetes.cgroup import (
+    PodCgroups,
+    find_kubepods,
+    pod_cgroup_names,
+    pod_cpu_limit,
+    qos_class,
+)
 
 UID = "0f6e7a2c-1b2d-4c5e-9f00-123456789abc"
 JOB = ContainerId("default.train")

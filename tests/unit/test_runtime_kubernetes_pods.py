@@ -1,4 +1,4 @@
-"""The Kubernetes backend's pure rules (specon.runtime.k8s_pods): no cluster needed."""
+"""The Kubernetes backend's pure rules (specon.runtime.kubernetes.pods): no cluster needed."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from specon.model import ContainerId, Resources
 from specon.runtime.base import ContainerState, JobSpec
-from specon.runtime.k8s_pods import (
+from specon.runtime.kubernetes.pods import (
     ANN_GENERATION,
     ANN_RESTORED_FROM,
     ENV_RESTORE_CHECKPOINT,

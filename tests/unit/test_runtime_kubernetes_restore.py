@@ -1,4 +1,4 @@
-"""Restore records and the no-privilege-gain rule (specon.runtime.k8s_restore): no cluster.
+"""Restore records and the no-privilege-gain rule (specon.runtime.kubernetes.restore): no cluster.
 The same attacks against the real API server are in tests/k8s/test_restore_security.py."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from test_runtime_kubernetes_pods import CONTRACT, pod
 
 from specon.model import ContainerId
-from specon.runtime.k8s_pods import LABEL_JOB, PodError, restored_pod, template_of
-from specon.runtime.k8s_restore import (
+from specon.runtime.kubernetes.pods import LABEL_JOB, PodError, restored_pod, template_of
+from specon.runtime.kubernetes.restore import (
     ANN_POD_UID,
     original_from_record,
     privilege_gains,

@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specon.model import ContainerId, Resources, WorkerId
-from specon.runtime import JobPaths, JobSpec, launcher
+from specon.runtime import JobPaths, JobSpec
 from specon.runtime.base import valid_job_id
-from specon.runtime.launcher import EXEC_FAILED, ExitRecord
+from specon.runtime.local import launcher
+from specon.runtime.local.launcher import EXEC_FAILED, ExitRecord
 from specon.runtime.volume import CorruptRecordError, Owner, iter_job_ids
 
 LAUNCHER = Path(launcher.__file__)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from specon import builders
-from specon.builders import worker
 from specon.config import Policy, RebalanceConfig, default_policy
 from specon.model import Category, ClusterSnapshot, ContainerId, WorkerId
 from specon.policy.decisions import Move, RefusalReason, Stay
 from specon.policy.scheduler import InFlight, decide_pass
+from specon.testing import builders
+from specon.testing.builders import worker
 
 PC, CC = Category.PROGRESSING, Category.CONVERGED
 

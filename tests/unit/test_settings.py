@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from manager_fakes import START, FakeClock, shell
+from specon_manager.app import SETTINGS, create_app
+from specon_manager.status import DEFAULT_LIMIT, MAX_LIMIT, BadPageError, Page
 
-from manager.app import SETTINGS, create_app
-from manager.status import DEFAULT_LIMIT, MAX_LIMIT, BadPageError, Page
-from specon import protocol
+from specon.daemon.settings import AgentSettings, ManagerSettings, SettingsError
 from specon.model import WorkerId
-from specon.protocol import Poll
-from specon.settings import AgentSettings, ManagerSettings, SettingsError
+from specon.wire import protocol
+from specon.wire.protocol import Poll
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "settings-test-token"

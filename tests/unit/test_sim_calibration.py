@@ -41,7 +41,7 @@ from specon.sim.trace import Trace
 
 
 @dataclass(frozen=True)
-class Job:  # the shape of specon.demo.DemoJob
+class Job:  # the shape of specon.embedded.demo.DemoJob
     id: str
     model: str
     submit: float

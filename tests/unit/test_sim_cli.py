@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from specon.cli.main import main
-from specon.sim.curves import CurveParams, synthetic_trace
+from specon.policy.loss_curve import CurveParams
+from specon.sim.curves import synthetic_trace
 from specon.sim.policies import POLICIES
 from specon.sim.scenarios import PAPER_MODELS
 from specon.sim.trace import write_trace_file

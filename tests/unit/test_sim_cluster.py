@@ -9,7 +9,6 @@ from dataclasses import replace
 
 import pytest
 
-from specon.builders import job_plan, trace, workload
 from specon.model import WorkerId
 from specon.sim.cluster import (
     DEFAULT_PARAMS,
@@ -24,6 +23,7 @@ from specon.sim.cluster import (
 )
 from specon.sim.engine import Engine
 from specon.sim.trace import Trace
+from specon.testing.builders import job_plan, trace, workload
 
 
 def _countdown(n: int = 100, stride: int = 1) -> Trace:

@@ -13,14 +13,14 @@ from hypothesis import strategies as st
 
 import specon.policy
 import specon.sim
-from specon import coordinator_inline
-from specon.builders import job_plan, trace, workload
+from specon.coordinator import inline as coordinator_inline
 from specon.policy import classifier
 from specon.sim import runner
 from specon.sim.cluster import SimParams, Workload
 from specon.sim.policies import SIMULATED, lower_bound, make_policy
 from specon.sim.runner import simulate
 from specon.sim.trace import Trace
+from specon.testing.builders import job_plan, trace, workload
 
 STEPS = 300
 

@@ -11,8 +11,9 @@ import pytest
 
 from specon.cli.main import main
 from specon.model import WorkerId
+from specon.policy.loss_curve import CurveParams
 from specon.sim.cluster import SimParams, WorkerSpec
-from specon.sim.curves import CurveParams, synthetic_trace
+from specon.sim.curves import synthetic_trace
 from specon.sim.policies import make_policy
 from specon.sim.runner import simulate
 from specon.sim.scenario_file import FileWorkload, ScenarioFileError, load_scenario, parse_scenario

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specon.sim.curves import CurveParams, synthetic_trace
+from specon.policy.loss_curve import CurveParams
+from specon.sim.curves import synthetic_trace
 from specon.sim.experiment import mean_ci, run_scenario, t95
 from specon.sim.policies import POLICIES
 from specon.sim.scenarios import (

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from specon.runtime.cgroup_entry import Entry
-from specon.runtime.launcher import find_launcher, warm_comm
-from specon.runtime.warm import module_args
-from specon.runtime.zygote import Request
+from specon.runtime.local.cgroup_entry import Entry
+from specon.runtime.local.launcher import find_launcher, warm_comm
+from specon.runtime.local.warm import module_args
+from specon.runtime.local.zygote import Request
 
 PY = sys.executable
 

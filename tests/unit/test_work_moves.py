@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from specon.builders import container, snapshot, worker
 from specon.config import default_policy
 from specon.model import ContainerId, ContainerSnapshot
 from specon.policy import work
 from specon.policy.decisions import Move, Stay
 from specon.policy.scheduler import costs_of, decide_pass
+from specon.testing.builders import container, snapshot, worker
 
 FREE = work.Costs(downtime=0.0, restore_cpu=0.0, min_residence=0.0, shortest_first=True)
 NOW = 1000.0

@@ -6,12 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from specon.model import ContainerId
-
-# cgroup v2 ``cpu.weight``: 1..10,000, 100 for a container nobody prioritised.
-WEIGHT_MIN = 1
-WEIGHT_MAX = 10_000
-WEIGHT_DEFAULT = 100
+from specon.model import WEIGHT_DEFAULT, WEIGHT_MAX, WEIGHT_MIN, ContainerId
 
 
 @dataclass(frozen=True, slots=True)

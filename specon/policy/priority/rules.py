@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specon.config import PriorityConfig
-from specon.model import ContainerId
+from specon.model import WEIGHT_DEFAULT, ContainerId
 from specon.policy.priority import fsp, hermes, optimus, slaq, srpt, tiresias
-from specon.policy.priority.base import WEIGHT_DEFAULT, JobProgress
+from specon.policy.priority.base import JobProgress
 
 # Rules that read Algorithm 1's gain: their agents must classify even under a policy that
 # never migrates.

@@ -1,0 +1,272 @@
+"""``specon-agent`` / ``python -m specon_agent``: run the specon node agent for one worker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import structlog
+from aiohttp import web
+
+from specon.config import PolicyError, default_policy, load_policy
+from specon.daemon import logs
+from specon.daemon.cli_args import (
+    WeakTokenError,
+    check_token_strength,
+    load_settings,
+    read_token,
+    split_listen,
+)
+from specon.daemon.settings import AgentSettings
+from specon.model import WorkerId
+from specon.runtime.base import Runtime
+from specon.runtime.local.backend import LocalRuntime
+from specon_agent.app import create_app
+from specon_agent.client import FileToken, ManagerClient
+from specon_agent.core import Agent
+from specon_agent.daemon import AgentDaemon
+
+log = structlog.get_logger()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="specon-agent",
+        description="The specon node agent: finds its worker's training containers, tails their progress "
+        "logs, classifies them every interval (Algorithm 1), heartbeats the manager and executes its "
+        "save/start "
+        "commands. Serves /healthz and /metrics.",
+        epilog="Operational settings (poll wait, backoff, timeouts) come from SPECON_AGENT_* environment "
+        "variables; see the README's Operational settings.",
+    )
+    p.add_argument("--manager", default="http://127.0.0.1:7700", help="manager base URL")
+    p.add_argument(
+        "--worker", help="this worker's id (required with --runtime local; kubernetes: the node name)"
+    )
+    p.add_argument(
+        "--listen",
+        type=split_listen,
+        default=("127.0.0.1", 7701),
+        metavar="HOST:PORT",
+        help="address for /healthz and /metrics (default 127.0.0.1:7701); also the source address "
+        "of requests to the manager",
+    )
+    p.add_argument(
+        "--runtime",
+        choices=("local", "docker", "kubernetes"),
+        default="local",
+        help="container backend: local = processes in a CPU-budgeted cgroup (default); docker = the "
+        "containers labelled specon.io/managed=true on one Docker engine (--docker-host); kubernetes = "
+        "the managed pods bound to --node",
+    )
+    p.add_argument(
+        "--volume",
+        type=Path,
+        required=True,
+        help="the persistent volume: job specs, progress logs and checkpoints",
+    )
+    p.add_argument(
+        "--cpus", type=float, default=1.0, help="this worker's CPU budget in cores (local runtime)"
+    )
+    p.add_argument("--cluster", default="default", help="cgroup namespace for this cluster's workers")
+    p.add_argument(
+        "--warm",
+        action="store_true",
+        help="local runtime: fork jobs of the built-in workloads (python -m specon.workloads) from an "
+        "interpreter that imported torch once, instead of paying the imports on every start and restore",
+    )
+    dock = p.add_argument_group("docker runtime")
+    dock.add_argument(
+        "--docker-host",
+        default=os.environ.get("DOCKER_HOST"),
+        metavar="URL",
+        help="the engine's API, e.g. unix:///var/run/docker.sock (default $DOCKER_HOST, else the local one)",
+    )
+    dock.add_argument(
+        "--allow-bind",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="host path prefix a job's container may bind read-only (repeatable; default: none). Only the "
+        "job's own directory on --volume is ever writable",
+    )
+    dock.add_argument(
+        "--allow-host-network", action="store_true", help="let jobs use network_mode host (default: none)"
+    )
+    dock.add_argument(
+        "--allow-image",
+        action="append",
+        default=[],
+        metavar="IMAGE",
+        help="an image jobs may run (repeatable; default: any image present on the engine)",
+    )
+    k8s = p.add_argument_group("kubernetes runtime")
+    k8s.add_argument(
+        "--node", default=os.environ.get("NODE_NAME"), help="this node's name (default $NODE_NAME)"
+    )
+    k8s.add_argument("--namespace", help="watch managed pods in this namespace only (default: all)")
+    k8s.add_argument("--selector", default="specon.io/managed=true", help="label selector of managed pods")
+    k8s.add_argument(
+        "--claim", default="specon-data", help="PVC name of the shared volume that --volume mounts"
+    )
+    k8s.add_argument(
+        "--host-path", help="or: a hostPath directory that is the shared volume's root (single-node setups)"
+    )
+    k8s.add_argument("--include-owned", action="store_true", help="also save pods owned by a controller")
+    k8s.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
+    p.add_argument(
+        "--policy", type=Path, help="policy YAML (apiVersion specon/v1alpha1); default: SPEC defaults"
+    )
+    p.add_argument(
+        "--token-file",
+        help="file holding this agent's bearer token (its own, from the manager's --agent-tokens; or the "
+        "shared token; default: $SPECON_TOKEN). Re-read when it changes (a projected ServiceAccount "
+        "token rotates). At least 32 bytes",
+    )
+    p.add_argument(
+        "--state-dir", type=Path, help="where monitor states persist (default <volume>/agents/<worker>)"
+    )
+    p.add_argument("--log-level", default="info", help="debug, info, warning, error (default info)")
+    p.add_argument(
+        "--log-format", choices=("json", "console"), default="json", help="log rendering (default json)"
+    )
+    return p
+
+
+async def run(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.policy) if args.policy else default_policy()
+    except (PolicyError, OSError) as exc:
+        print(f"specon-agent: {exc}", file=sys.stderr)
+        return 2
+    settings = load_settings(AgentSettings, "specon-agent")
+    if settings is None:
+        return 2
+    # From a file, re-read when it changes (a projected ServiceAccount token rotates).
+    token: str | FileToken = FileToken(args.token_file, check=check_token_strength) if args.token_file else ""
+    try:
+        first = token() if isinstance(token, FileToken) else read_token(None)
+        if not first:
+            print("specon-agent: no token: pass --token-file or set SPECON_TOKEN", file=sys.stderr)
+            return 2
+        check_token_strength(first)
+    except WeakTokenError as exc:
+        print(f"specon-agent: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
+        print(f"specon-agent: cannot read the token file: {exc}", file=sys.stderr)
+        return 2
+    token = token or first
+    host, port = args.listen
+    runtime: Runtime
+    if args.runtime == "kubernetes":
+        if not args.node:
+            print("specon-agent: --runtime kubernetes needs --node or $NODE_NAME", file=sys.stderr)
+            return 2
+        # Imported here only: the client is heavy and only this backend needs it.
+        from specon.runtime.kubernetes.backend import KubernetesRuntime, load_api_client  # noqa: PLC0415
+
+        try:
+            api = load_api_client(args.kubeconfig)
+        except Exception as exc:  # the client raises several unrelated types for a bad config
+            print(f"specon-agent: no Kubernetes configuration: {exc}", file=sys.stderr)
+            return 2
+        runtime = KubernetesRuntime(
+            api,
+            args.node,
+            volume_root=args.volume,
+            namespace=args.namespace,
+            selector=args.selector,
+            claim=args.claim,
+            host_path=args.host_path,
+            include_owned=args.include_owned,
+        )
+    elif args.runtime == "docker":
+        if not args.worker:
+            print("specon-agent: --runtime docker needs --worker", file=sys.stderr)
+            return 2
+        from specon.runtime.docker.backend import DockerRuntime, connect  # noqa: PLC0415
+        from specon.runtime.docker.recipe import HostRules  # noqa: PLC0415
+
+        try:
+            runtime = DockerRuntime(
+                args.volume,
+                WorkerId(args.worker),
+                connect(args.docker_host),
+                rules=HostRules(
+                    volume=str(args.volume.resolve()),
+                    ro_bind_prefixes=tuple(args.allow_bind),
+                    host_network=args.allow_host_network,
+                    images=tuple(args.allow_image),
+                ),
+                migration_mode=policy.migration.mode,
+            )
+        except Exception as exc:  # the SDK raises several types for an engine it cannot reach
+            print(f"specon-agent: cannot use the Docker engine: {exc}", file=sys.stderr)
+            return 2
+    elif args.worker:
+        runtime = LocalRuntime(
+            args.volume,
+            WorkerId(args.worker),
+            args.cpus,
+            cluster=args.cluster,
+            per_container_usage=False,
+            warm=args.warm,
+        )
+    else:
+        print("specon-agent: --runtime local needs --worker", file=sys.stderr)
+        return 2
+    worker = runtime.worker
+    state_dir = args.state_dir or args.volume / "agents" / worker
+    state_dir.mkdir(parents=True, exist_ok=True)
+    agent = Agent(
+        runtime=runtime,
+        policy=policy,
+        address=f"{host}:{port}",
+        state_file=state_dir / "monitor.json",
+        settings=settings,
+    )
+    client = ManagerClient(args.manager, token, source_address=host if host.startswith("127.") else None)
+    daemon = AgentDaemon(agent, client)
+    runner = web.AppRunner(create_app(daemon), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info(
+        "specon.agent.started",
+        worker=worker,
+        listen=f"{host}:{port}",
+        manager=args.manager,
+        runtime=args.runtime,
+        enforcement=getattr(runtime, "enforcement", args.runtime),
+        cpus=args.cpus,
+    )
+    daemon.start()
+    await stop.wait()
+    log.info("specon.agent.stopping", worker=worker)
+    await daemon.stop()
+    await runner.cleanup()
+    # Jobs keep running: an agent restart must not cost them anything.
+    with contextlib.suppress(Exception):
+        runtime.close()
+    log.info("specon.agent.stopped", worker=worker)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logs.configure(level=args.log_level, fmt=args.log_format)
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,596 @@
+"""The agent's work, without the network: watch containers, classify, execute commands.
+
+``Agent`` owns one worker's runtime. ``tick`` tails every running container's progress
+log and runs Algorithm 1 (through ``specon.policy.classifier``) for the whole worker;
+``heartbeat`` builds the message the manager expects; ``execute`` carries out one
+manager command, idempotently per command id, and queues its result until a reply
+acknowledges it. Monitor states are persisted after every change, so a restarted agent
+keeps each container's category, pending request and ``migrated`` freeze.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import assert_never
+
+import structlog
+
+from specon import checkpoint as ckpt  # the name `checkpoint` is a command's field
+from specon.config import Policy, ProgressConfig
+from specon.coordinator.retention import expired
+from specon.daemon.settings import AgentSettings
+from specon.jobkit import EXIT_CHECKPOINTED
+from specon.model import ContainerId, Direction, Resources, WorkerId
+from specon.policy.classifier import classifier_for, horizon
+from specon.policy.monitor import MonitorState, StateError
+from specon.progress import SkipReason, Tailer
+from specon.progress.fields import TS_KEYS
+from specon.progress.last import last_record
+from specon.runtime.base import (
+    AlreadyFinished,
+    AlreadyRunning,
+    ContainerInfo,
+    ContainerState,
+    JobSpec,
+    Runtime,
+    RuntimeFailure,
+    StartFailed,
+)
+from specon.wire.protocol import (
+    Action,
+    Command,
+    CommandBatch,
+    CommandResult,
+    ContainerReport,
+    Heartbeat,
+    Phase,
+)
+from specon_agent.priority import Running, running_of
+from specon_agent.watched import AgentCounters, Watched, append_curve, predicted_steps
+from specon_agent.weights import CpuWeights, state_path
+
+log = structlog.get_logger()
+
+# Job labels that override the policy's progress settings for one job.
+LABEL_METRIC = "specon.io/metric"
+LABEL_DIRECTION = "specon.io/direction"
+LABEL_FORMAT = "specon.io/format"
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        runtime: Runtime,
+        policy: Policy,
+        address: str = "",
+        state_file: Path | None = None,
+        labels: dict[str, str] | None = None,
+        settings: AgentSettings | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.policy = policy
+        self.address = address
+        self.state_file = state_file
+        self.labels = labels or {}
+        self.settings = settings or AgentSettings()  # operational knobs (timeouts, memory, backoff)
+        self.classifier = classifier_for(policy.monitor)
+        self.watched: dict[ContainerId, Watched] = {}
+        # Containers that ended here (finished or failed) and are still reported.
+        self.ended: dict[ContainerId, tuple[ContainerInfo, Phase]] = {}
+        self.saved_states: dict[ContainerId, MonitorState] = self._load_states()
+        # When each container was last here (running, ended, or being saved away): the saved
+        # state of one gone longer than ``state_retention`` is forgotten.
+        self._last_here: dict[ContainerId, float] = dict.fromkeys(self.saved_states, runtime.now())
+        # Containers being saved or stopped away from here: never re-adopted by a refresh
+        # that raced with the save (that would report a stopped job as running).
+        self.leaving: set[ContainerId] = set()
+        # Commands: id -> result (done) or task (running); results not yet acknowledged.
+        self.done: dict[str, CommandResult] = {}
+        self.running: dict[str, asyncio.Task[CommandResult]] = {}
+        self.unacked: dict[str, tuple[int | None, CommandResult]] = {}
+        self.counters = AgentCounters()
+        # Containers whose category changed since their state was last published.
+        self.changed: set[ContainerId] = set()
+        self._seq = 0
+        # R(w, t), capacity and each container's CPU seconds, refreshed by ``sample_usage``.
+        self.usage = 0.0
+        self.capacity = Resources()
+        self.cpu_seconds: dict[ContainerId, float] = {}
+        # The priority action: CPU weights among this worker's containers (``specon_agent.weights``).
+        self._remaining: dict[ContainerId, float] = {}  # CPU-seconds left, per running job
+        self.cpu_weights = CpuWeights(
+            runtime, policy.priority, state_file=None if state_file is None else state_path(state_file)
+        )
+
+    @property
+    def worker(self) -> WorkerId:
+        return self.runtime.worker
+
+    # -- Algorithm 1 -------------------------------------------------------------------
+    async def refresh(self) -> None:
+        """Adopt new containers, notice ended ones."""
+        infos = await self.runtime.list_containers()
+        seen = set()
+        for info in infos:
+            seen.add(info.id)
+            if info.id in self.leaving:
+                continue
+            if info.alive:
+                w = self.watched.get(info.id)
+                if w is None:
+                    self._watch(info)
+                else:
+                    w.info = info
+            elif info.id in self.watched or info.id not in self.ended:
+                stopped = info.exit_code in (0, EXIT_CHECKPOINTED)  # 75: stopped after a checkpoint
+                phase: Phase = "finished" if info.finished else ("stopped" if stopped else "failed")
+                gone = self.watched.pop(info.id, None)
+                if gone is not None:
+                    gone.tailer.close()
+                self.ended[info.id] = (info, phase)
+                log.info(
+                    "specon.agent.container_ended", container=info.id, phase=phase, exit_code=info.exit_code
+                )
+        for cid in list(self.watched):
+            if cid not in seen:  # saved away or forgotten
+                self.watched.pop(cid).tailer.close()
+        for cid in list(self.ended):
+            if cid not in seen:
+                self.ended.pop(cid)
+        self.leaving &= seen
+        self._forget_old_states(seen)
+
+    def _forget_old_states(self, seen: set[ContainerId]) -> None:
+        now = self.runtime.now()
+        for cid in (*seen, *self.watched, *self.leaving):
+            self._last_here[cid] = now
+        for cid in self.saved_states:
+            self._last_here.setdefault(cid, now)  # saved or started since the last refresh
+        here = self.watched.keys() | self.ended.keys() | self.leaving
+        gone = expired(self._last_here, now, self.settings.state_retention, here)
+        for cid in gone:
+            del self._last_here[cid]
+            self.saved_states.pop(cid, None)
+        self.cpu_weights.forget(gone)
+        if gone:
+            self.counters.states_forgotten += len(gone)
+            log.info("specon.agent.states_forgotten", containers=len(gone))
+            self._save_states()
+
+    def _progress_config(self, spec: JobSpec) -> ProgressConfig:
+        labels = dict(spec.labels)
+        cfg = self.policy.progress
+        if LABEL_METRIC in labels:
+            cfg = replace(cfg, metric=labels[LABEL_METRIC])
+        if labels.get(LABEL_DIRECTION) in ("minimize", "maximize"):
+            cfg = replace(cfg, direction=Direction(labels[LABEL_DIRECTION]))
+        if labels.get(LABEL_FORMAT) in ("auto", "jsonl", "csv", "text"):
+            cfg = replace(cfg, format=labels[LABEL_FORMAT])  # type: ignore[arg-type]
+        return cfg
+
+    def _watch(self, info: ContainerInfo) -> None:
+        cfg = self._progress_config(info.spec)
+        state = self.saved_states.get(info.id) or self.classifier.initial(direction=cfg.direction)
+        tailer = Tailer(info.progress_path, cfg)
+        # A restored job appends to the log it had: classify only what it writes from now.
+        tailer.poll()
+        old = self.watched.get(info.id)
+        if old is not None:
+            old.tailer.close()
+        self.watched[info.id] = Watched(info, tailer, state)
+        self.ended.pop(info.id, None)
+        log.info("specon.agent.container_adopted", container=info.id, category=state.display.value)
+
+    def tick(self, now: float) -> list[ContainerId]:
+        """One categorisation interval for every watched container; the new requests."""
+        samples: dict[ContainerId, list[float]] = {}
+        nonfinite: dict[ContainerId, int] = {}
+        for cid, w in self.watched.items():
+            got = w.tailer.poll()
+            for reason, n in w.tailer.stats.skipped.items():
+                new_skips = n - w.skipped_seen.get(reason, 0)
+                if new_skips > 0:
+                    self.counters.skipped[reason.value] = (
+                        self.counters.skipped.get(reason.value, 0) + new_skips
+                    )
+                    w.skipped_seen[reason] = n
+            bad = w.tailer.stats.skipped[SkipReason.NONFINITE]
+            if bad > w.nonfinite_seen:
+                nonfinite[cid] = bad - w.nonfinite_seen
+                w.nonfinite_seen = bad
+            if got:
+                samples[cid] = [s.value for s in got]
+                steps = [s.step for s in got if s.step is not None]
+                if steps:
+                    w.step = steps[-1]
+                    if w.first_step is None:
+                        w.first_step = steps[0]
+                    if w.info.spec.steps is None:
+                        append_curve(w, steps[-1], [s.value for s in got])
+                w.last_sample_at = now
+                self.counters.samples += len(got)
+        states = {cid: w.state for cid, w in self.watched.items()}
+        # A job that declared its steps is judged against the rest of its run (robust classifier).
+        horizons = {
+            cid: h for cid, w in self.watched.items() if (h := horizon(w.info.spec.steps, w.step)) is not None
+        }
+        result = self.classifier.tick_worker(
+            states, samples, now, nonfinite=nonfinite or None, horizons=horizons or None
+        )
+        for cid, st in result.states.items():
+            old = self.watched[cid].state
+            if old.display is not st.display:
+                log.info(
+                    "specon.agent.category_changed",
+                    container=cid,
+                    old=old.display.value,
+                    new=st.display.value,
+                    g=st.last_g,
+                )
+                self.changed.add(cid)
+            self.watched[cid].state = st
+        self.counters.ticks += 1
+        self._save_states()
+        return list(result.requests)
+
+    async def publish_changes(self) -> None:
+        """Show changed categories where the platform has a place for them (pod annotations)."""
+        for cid in sorted(self.changed):
+            w = self.watched.get(cid)
+            if w is None:
+                continue
+            st = w.state
+            notes = {
+                "specon.io/category": st.display.value,
+                "specon.io/migrated": "true" if st.migrated else "false",
+                **({"specon.io/t-cc": f"{st.t_cc:.3f}"} if st.t_cc is not None else {}),
+            }
+            await self.runtime.publish_state(cid, notes)
+        self.changed.clear()
+
+    async def sample_usage(self) -> None:
+        u = await self.runtime.usage()
+        self.usage = min(1.0, max(0.0, u.cpu_utilisation)) if math.isfinite(u.cpu_utilisation) else 0.0
+        self.capacity = u.capacity
+        self.cpu_seconds = dict(u.per_container)
+
+    # -- priority on the node ----------------------------------------------------------
+    def running_jobs(self) -> list[Running]:
+        """The running containers as the priority rule sees them (``specon_agent.priority``)."""
+        return [
+            running_of(
+                w.info,
+                w.step,
+                w.state,
+                self.cpu_seconds.get(cid, 0.0),
+                first_step=w.first_step,
+                predicted_steps=predicted_steps(w),
+            )
+            for cid, w in self.watched.items()
+            if w.info.state is ContainerState.RUNNING
+        ]
+
+    async def apply_priority(self, now: float) -> None:
+        """After a tick: the policy's CPU weights, those that changed applied (``specon_agent.weights``),
+        and each job's remaining work for the next heartbeats."""
+        running = self.running_jobs()
+        self._remaining = {
+            r.id: w for r in running if (w := r.remaining_work) is not None and math.isfinite(w)
+        }
+        await self.cpu_weights.tick(running, self.capacity.cpu, now)
+
+    # -- heartbeat ---------------------------------------------------------------------
+    def next_seq(self) -> int:
+        # Wall-clock microseconds: strictly increasing, also across agent restarts.
+        self._seq = max(self._seq + 1, time.time_ns() // 1000)
+        return self._seq
+
+    def heartbeat(self, now: float) -> Heartbeat:
+        seq = self.next_seq()
+        reports = [self._report(w) for w in self.watched.values()]
+        for info, phase in self.ended.values():
+            st = self.saved_states.get(info.id)
+            reports.append(
+                ContainerReport(
+                    id=info.id,
+                    category=st.display if st else self.classifier.initial().category,
+                    phase=phase,
+                    migrated=bool(st and st.migrated),
+                    requests=info.spec.requests,
+                    job=_job_labels(info.spec),
+                    selector=dict(info.spec.selector),
+                    tolerations=info.spec.tolerations,
+                )
+            )
+        results = []
+        for cid, (sent_in, res) in self.unacked.items():
+            if sent_in is None:
+                self.unacked[cid] = (seq, res)
+            results.append(res)
+        return Heartbeat(
+            worker=self.worker,
+            address=self.address,
+            seq=seq,
+            sent_at=now,
+            capacity=self.capacity,
+            usage=self.usage,
+            containers=tuple(reports),
+            results=tuple(results),
+            labels={**self.runtime.node_labels, **self.labels},
+            # Reports carry each container's selector and tolerations, so the manager can
+            # offer this worker only to containers that tolerate its taints.
+            taints=self.runtime.node_taints,
+        )
+
+    def _report(self, w: Watched) -> ContainerReport:
+        st = w.state
+        return ContainerReport(
+            id=w.info.id,
+            category=st.display,
+            phase="running",
+            last_g=st.last_g if st.last_g is not None and math.isfinite(st.last_g) else None,
+            t_cc=st.t_cc,
+            migrated=st.migrated,
+            stalled=st.stalled,
+            pending_request=st.pending_request,
+            step=w.step,
+            requests=w.info.spec.requests,
+            job=_job_labels(w.info.spec),
+            selector=dict(w.info.spec.selector),
+            tolerations=w.info.spec.tolerations,
+            cpu_weight=self.cpu_weights.weight_of(w.info.id),
+            remaining_work=self._remaining.get(w.info.id),
+        )
+
+    def acknowledge(self, batch: CommandBatch) -> None:
+        """Drop results the manager has recorded (those sent in heartbeat ``ack`` or before)."""
+        if batch.ack is None:
+            return
+        for cid in [c for c, (sent, _) in self.unacked.items() if sent is not None and sent <= batch.ack]:
+            del self.unacked[cid]
+
+    # -- commands ----------------------------------------------------------------------
+    def accept(self, batch: CommandBatch) -> list[asyncio.Task[CommandResult]]:
+        """Start every new command in ``batch``; repeats of known commands are ignored."""
+        self.acknowledge(batch)
+        started = []
+        for cmd in batch.commands:
+            if cmd.id in self.running:
+                continue
+            if cmd.id in self.done:
+                # Executed before and the manager still asks: its result got lost. Resend.
+                self.unacked.setdefault(cmd.id, (None, self.done[cmd.id]))
+                continue
+            task = asyncio.create_task(self._run(cmd, batch.remaining(cmd)), name=f"specon-cmd-{cmd.id}")
+            self.running[cmd.id] = task
+            started.append(task)
+        return started
+
+    async def _run(self, cmd: Command, remaining: float) -> CommandResult:
+        action = cmd.action.value if isinstance(cmd.action, Action) else "unknown"
+        self.counters.commands[action] = self.counters.commands.get(action, 0) + 1
+        log.info("specon.agent.command_started", command=cmd.id, action=action, container=cmd.container)
+        try:
+            res = await self.execute(cmd, remaining)
+        except Exception as exc:  # a bug or an unexpected backend error: report, never die
+            log.exception("specon.agent.command_crashed", command=cmd.id)
+            res = CommandResult(command=cmd.id, ok=False, error=f"{type(exc).__name__}: {exc}")
+        if not res.ok:
+            self.counters.command_failures += 1
+        log.info("specon.agent.command_finished", command=cmd.id, ok=res.ok, error=res.error)
+        self.done[cmd.id] = res
+        while len(self.done) > self.settings.result_memory:
+            self.done.pop(next(iter(self.done)))
+        self.unacked[cmd.id] = (None, res)
+        self.running.pop(cmd.id, None)
+        return res
+
+    async def execute(self, cmd: Command, remaining: float) -> CommandResult:
+        known = isinstance(cmd.action, Action)
+        if not known:
+            # Decode refuses an unknown action; one that got here anyway (a newer manager's,
+            # a bug) is an error, never a stop: nothing is done to the container.
+            error = f"{cmd.container}: unknown action {cmd.action!r}; nothing done"
+            return CommandResult(command=cmd.id, ok=False, error=error)
+        if cmd.action is Action.SAVE:
+            return await self._save(cmd, remaining)
+        if cmd.action is Action.START:
+            return await self._start(cmd)
+        if cmd.action is Action.MARK_MIGRATED:
+            return self._mark(cmd)
+        if cmd.action is Action.STOP:
+            return await self._stop(cmd)
+        assert_never(cmd.action)  # every action is handled above (mypy checks it)
+
+    async def _save(self, cmd: Command, remaining: float) -> CommandResult:
+        grace = max(1.0, min(self.policy.migration.grace_period, remaining))
+        w = self.watched.get(cmd.container)
+        self.leaving.add(cmd.container)
+        began = self.runtime.now()  # the job stops training at the SIGTERM: downtime starts here
+        try:
+            res = await self.runtime.save(cmd.container, grace=grace)
+        except RuntimeFailure as exc:
+            # Not saved: the job keeps running here (or was never here) and is watched again.
+            self.leaving.discard(cmd.container)
+            return CommandResult(command=cmd.id, ok=False, error=str(exc))
+        now = self.runtime.now()
+        if w is not None:
+            self.saved_states[cmd.container] = w.state
+            w.tailer.close()
+        self.watched.pop(cmd.container, None)
+        self._save_states()
+        return CommandResult(
+            command=cmd.id,
+            ok=True,
+            checkpoint=str(res.checkpoint) if res.checkpoint else None,
+            checkpoint_step=res.step,
+            finished_at=now,
+            detail={
+                "began_at": began,
+                "seconds": round(res.seconds, 3),
+                "forced": res.forced,
+                "rolled_back": res.rolled_back,
+                "finished": res.finished,
+            },
+        )
+
+    async def _start(self, cmd: Command) -> CommandResult:
+        # What runs is the job as submitted, from this runtime's own record (the spec on
+        # the volume, the original pod in the API server), never a recipe that came over
+        # the wire: a forged save result must not choose what this host executes.
+        if cmd.spec:
+            log.warning("specon.agent.command_spec_ignored", command=cmd.id, container=cmd.container)
+        # Off the loop: on Kubernetes the record is read from the API server.
+        spec = await asyncio.to_thread(self.runtime.job_spec, cmd.container)
+        if spec is None:
+            return CommandResult(command=cmd.id, ok=False, error=f"{cmd.container}: no job spec on record")
+        if spec.id != cmd.container:
+            return CommandResult(
+                command=cmd.id, ok=False, error=f"{cmd.container}: the recorded spec is for job {spec.id}"
+            )
+        checkpoint = Path(cmd.checkpoint) if cmd.checkpoint else None
+        self.leaving.discard(cmd.container)
+        if cmd.migrated:
+            base = self.saved_states.get(cmd.container) or self.classifier.initial()
+            self.saved_states[cmd.container] = self.classifier.mark_migrated(base, self.runtime.now())
+        starting = self.runtime.now()
+        try:
+            info = await self._start_from(spec, checkpoint)
+        except AlreadyRunning as exc:
+            here = {i.id for i in await self.runtime.list_containers() if i.alive}
+            if cmd.container in here:  # a repeated start: it is running here, as asked
+                w = self.watched.get(cmd.container)
+                if cmd.migrated and w is not None and not w.state.migrated:
+                    w.state = self.classifier.mark_migrated(w.state, self.runtime.now())
+                    self.changed.add(cmd.container)
+                    self._save_states()
+                return CommandResult(command=cmd.id, ok=True, finished_at=self.runtime.now())
+            return CommandResult(command=cmd.id, ok=False, error=str(exc))
+        except AlreadyFinished as exc:
+            # Not an error to retry: the manager ends the migration (nothing left to run).
+            return CommandResult(command=cmd.id, ok=False, error=str(exc), detail={"finished": True})
+        except RuntimeFailure as exc:
+            return CommandResult(command=cmd.id, ok=False, error=str(exc))
+        self._watch(info)
+        self._save_states()
+        resumed = await self._first_record_after(info, starting, self.settings.first_record_timeout)
+        return CommandResult(command=cmd.id, ok=True, finished_at=resumed)
+
+    async def _first_record_after(self, info: ContainerInfo, since: float, timeout: float = 120.0) -> float:
+        """When the restarted job wrote its first progress record (it is training again).
+
+        A process that exists is not yet a job that runs: the interpreter, the framework and
+        the checkpoint load come first, and they are part of a migration's downtime. Falls
+        back to now if the job writes nothing timestamped within ``timeout``.
+        """
+        deadline = self.runtime.now() + timeout
+        while self.runtime.now() < deadline:
+            ts = _record_after(info.progress_path, since)
+            if ts is not None:
+                return ts
+            alive = {i.id for i in await self.runtime.list_containers() if i.alive}
+            if info.id not in alive:
+                break
+            await self.runtime.sleep(0.05)
+        return self.runtime.now()
+
+    async def _start_from(self, spec: JobSpec, checkpoint: Path | None) -> ContainerInfo:
+        """Start ``spec`` from ``checkpoint``, or, if that no longer verifies, from the newest
+        complete checkpoint beside it.
+
+        A checkpoint can rot between the save and the restore. The job resumes from its
+        newest complete checkpoint anyway (SPEC §6), so starting from the previous one only
+        redoes the steps after it, where refusing would leave the job running nowhere.
+        """
+        try:
+            return await self.runtime.start(spec, checkpoint=checkpoint)
+        except AlreadyRunning:
+            raise
+        except StartFailed:
+            fallback = None if checkpoint is None else _fallback_checkpoint(checkpoint)
+            if fallback is None:
+                raise
+            log.warning(
+                "specon.agent.checkpoint_fallback",
+                container=spec.id,
+                checkpoint=str(checkpoint),
+                fallback=str(fallback),
+            )
+            return await self.runtime.start(spec, checkpoint=fallback)
+
+    def _mark(self, cmd: Command) -> CommandResult:
+        w = self.watched.get(cmd.container)
+        if w is None:
+            return CommandResult(command=cmd.id, ok=False, error=f"{cmd.container}: not on {self.worker}")
+        w.state = self.classifier.mark_migrated(w.state, self.runtime.now())
+        self.changed.add(cmd.container)
+        self._save_states()
+        return CommandResult(command=cmd.id, ok=True, finished_at=self.runtime.now())
+
+    async def _stop(self, cmd: Command) -> CommandResult:
+        try:
+            await self.runtime.stop(cmd.container, grace=self.policy.migration.grace_period)
+        except RuntimeFailure as exc:
+            return CommandResult(command=cmd.id, ok=False, error=str(exc))
+        return CommandResult(command=cmd.id, ok=True, finished_at=self.runtime.now())
+
+    # -- persistence -------------------------------------------------------------------
+    def _load_states(self) -> dict[ContainerId, MonitorState]:
+        if self.state_file is None or not self.state_file.exists():
+            return {}
+        try:
+            raw = json.loads(self.state_file.read_text())
+            return {ContainerId(k): self.classifier.from_dict(v) for k, v in raw.items()}
+        except (OSError, ValueError, StateError, AttributeError) as exc:
+            log.warning("specon.agent.state_unreadable", path=str(self.state_file), error=str(exc))
+            return {}
+
+    def _save_states(self) -> None:
+        for cid, w in self.watched.items():
+            self.saved_states[cid] = w.state
+        if self.state_file is None:
+            return
+        data = {cid: self.classifier.to_dict(st) for cid, st in self.saved_states.items()}
+        try:
+            ckpt.atomic_write(self.state_file, json.dumps(data).encode())
+        except OSError as exc:
+            # Classification and commands go on; only a restart would lose the latest states.
+            self.counters.state_write_failures += 1
+            log.warning("specon.agent.state_unwritable", path=str(self.state_file), error=str(exc))
+
+
+def _job_labels(spec: JobSpec) -> dict[str, str]:
+    out = {k: v for k, v in spec.labels}
+    if spec.model:
+        out.setdefault("model", spec.model)
+    if spec.steps is not None:
+        out.setdefault("steps", str(spec.steps))
+    return out
+
+
+def _fallback_checkpoint(named: Path) -> Path | None:
+    """The newest complete checkpoint beside ``named`` if ``named`` fails verification;
+    None if it verifies (a start failed for another reason) or nothing there verifies."""
+    try:
+        ckpt.verify(named.with_suffix(".json"))
+    except ckpt.CheckpointError:
+        info = ckpt.latest_complete(named.parent)
+        return None if info is None else info.manifest
+    return None
+
+
+def _record_after(progress: Path, since: float) -> float | None:
+    """The timestamp of the log's last record if it is newer than ``since``."""
+    record = last_record(progress, tail_bytes=2048)
+    if record is None:
+        return None
+    ts = next((record[k] for k in TS_KEYS if record.get(k) is not None), None)
+    if isinstance(ts, int | float) and not isinstance(ts, bool) and math.isfinite(ts) and ts > since:
+        return float(ts)
+    return None

@@ -1,0 +1,330 @@
+"""The manager's HTTP face: protocol endpoints, status JSON and page, /metrics, /healthz.
+
+Every POST needs ``Authorization: Bearer <token>`` (401 otherwise). The token's identity
+(``specon_manager.auth``) must speak for the worker the message names: a per-agent token that
+names another worker gets 403. A body that does not decode as the expected message, or
+breaks a range rule (``specon.wire.checks``), gets 400 with an ``ErrorReply`` naming
+the problem; a body over ``messaging.max_body_bytes`` gets 413. Status (JSON and page)
+is paged and, with a read token configured, needs it (or the shared token);
+``/metrics``, ``/healthz`` and ``/openapi.json`` are open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from specon.coordinator.machine import NotHostedError
+from specon.daemon.settings import ManagerSettings
+from specon.wire import protocol
+from specon.wire.protocol import (
+    CommandBatch,
+    ErrorReply,
+    Goodbye,
+    Heartbeat,
+    Poll,
+    ProtocolError,
+    ReallocationRequest,
+)
+from specon_manager.auth import READER, SHARED, Authenticator, Identity, StaticTokens
+from specon_manager.heap import HeapFreezer
+from specon_manager.metrics import ManagerMetrics
+from specon_manager.openapi import openapi_json
+from specon_manager.page import render_status_page
+from specon_manager.shell import ManagerShell
+from specon_manager.status import BadPageError, Page, build_status
+
+log = structlog.get_logger()
+
+SHELL = web.AppKey("shell", ManagerShell)
+METRICS = web.AppKey("metrics", ManagerMetrics)
+AUTH = web.AppKey("authenticator", Authenticator)
+# Whether GET of status and the page needs a token (a read token was configured).
+GUARD_READS = web.AppKey("guard_reads", bool)
+STARTED = web.AppKey("started", float)
+STATUS_LOCK = web.AppKey("status_lock", asyncio.Lock)
+STATUS_CACHE = web.AppKey("status_cache", dict[tuple[str, Page], tuple[float, int, bytes]])
+# The operational knobs: ticker period, poll hold, status cache and page sizes.
+SETTINGS = web.AppKey("settings", ManagerSettings)
+IDENTITY = web.RequestKey("identity", Identity)  # the caller, set by _guard
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _reply(msg: protocol.Message, status: int = 200) -> web.Response:
+    return web.Response(body=protocol.encode(msg), status=status, content_type=protocol.CONTENT_TYPE)
+
+
+def _error(status: int, error: str, path: str | None = None) -> web.Response:
+    return _reply(ErrorReply(error=error, path=path), status)
+
+
+def _bearer(request: web.Request) -> str | None:
+    header = request.headers.get(protocol.AUTH_HEADER, "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given or not given.isascii():
+        return None  # a token is ASCII: anything else cannot match, whatever it decodes to
+    return given.strip()
+
+
+_GUARDED_READS = frozenset({protocol.STATUS_PATH, "/"})
+
+
+@web.middleware
+async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    metrics = request.app[METRICS]
+    guarded = request.method == "POST" or (request.app[GUARD_READS] and request.path in _GUARDED_READS)
+    if guarded:
+        token = _bearer(request)
+        who = None if token is None else await request.app[AUTH].authenticate(token)
+        if who is None:
+            metrics.rejected.labels(reason="unauthorized").inc()
+            log.warning("specon.manager.unauthorized", path=request.path, peer=request.remote)
+            return _error(401, "missing or wrong bearer token")
+        if request.method != "POST" and who.name not in (READER, SHARED):
+            metrics.rejected.labels(reason="forbidden").inc()
+            return _error(403, f"{who.name} may not read the status: use the read token")
+        if request.method == "POST" and not who.agent:
+            metrics.rejected.labels(reason="forbidden").inc()
+            return _error(403, f"{who.name} is read-only")
+        request[IDENTITY] = who
+    try:
+        return await handler(request)
+    except web.HTTPRequestEntityTooLarge as exc:
+        metrics.rejected.labels(reason="too_large").inc()
+        return _error(413, f"body too large: {exc.text}")
+    except web.HTTPClientError as exc:  # no such route or method: say so as an ErrorReply too
+        return _error(exc.status, exc.reason)
+
+
+def _forbidden(request: web.Request, worker: str) -> web.Response | None:
+    """403 unless the caller's token speaks for ``worker``."""
+    who: Identity = request[IDENTITY]
+    if who.may_speak_for(worker):
+        return None
+    request.app[METRICS].rejected.labels(reason="forbidden").inc()
+    log.warning("specon.manager.forbidden", identity=who.name, worker=worker, path=request.path)
+    return _error(403, f"{who.name} may not speak for worker {worker}", "worker")
+
+
+async def _decode(request: web.Request, kind: type[protocol.M]) -> protocol.M | web.Response:
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise
+    except web.RequestPayloadError as exc:  # e.g. a Content-Encoding that does not decode
+        request.app[METRICS].rejected.labels(reason="malformed").inc()
+        return _error(400, f"unreadable body: {exc}")
+    try:
+        return protocol.decode(body, kind)
+    except ProtocolError as exc:
+        request.app[METRICS].rejected.labels(reason="malformed").inc()
+        log.warning("specon.manager.bad_message", path=request.path, error=str(exc), field=exc.path)
+        return _error(400, str(exc), exc.path)
+
+
+async def heartbeat(request: web.Request) -> web.Response:
+    msg = await _decode(request, Heartbeat)
+    if isinstance(msg, web.Response):
+        return msg
+    if (denied := _forbidden(request, msg.worker)) is not None:
+        return denied
+    shell = request.app[SHELL]
+    coord = shell.core
+    cap = coord.policy.messaging.max_containers_per_heartbeat
+    if len(msg.containers) > cap:
+        request.app[METRICS].rejected.labels(reason="malformed").inc()
+        return _error(400, f"containers: {len(msg.containers)} in one heartbeat, at most {cap}", "containers")
+    if not coord.state.seq_plausible(msg, shell.clock()):
+        request.app[METRICS].rejected.labels(reason="malformed").inc()
+        log.warning("specon.manager.seq_implausible", worker=msg.worker, seq=msg.seq)
+        return _error(400, "seq: implausibly far ahead of the manager's clock (expected microseconds)", "seq")
+    t0 = time.perf_counter()
+    batch = await shell.heartbeat(msg)
+    request.app[METRICS].heartbeat_latency.observe(time.perf_counter() - t0)
+    # The ack says whether it was applied (other heartbeats may be applied meanwhile: the
+    # journal write is awaited, so a count taken before it would not tell).
+    if batch.ack is not None:
+        request.app[METRICS].heartbeats.labels(worker=msg.worker).inc()
+    else:
+        request.app[METRICS].rejected.labels(reason="stale").inc()
+    return _reply(batch)
+
+
+async def reallocation_request(request: web.Request) -> web.Response:
+    msg = await _decode(request, ReallocationRequest)
+    if isinstance(msg, web.Response):
+        return msg
+    if (denied := _forbidden(request, msg.worker)) is not None:
+        return denied
+    log.info("specon.manager.request_received", worker=msg.worker, container=msg.container, g=msg.g)
+    try:
+        return _reply(await request.app[SHELL].request(msg))
+    except NotHostedError as exc:
+        request.app[METRICS].rejected.labels(reason="forbidden").inc()
+        log.warning("specon.manager.request_not_hosted", worker=msg.worker, container=msg.container)
+        return _error(403, str(exc), "container")
+
+
+async def poll(request: web.Request) -> web.Response:
+    msg = await _decode(request, Poll)
+    if isinstance(msg, web.Response):
+        return msg
+    if (denied := _forbidden(request, msg.worker)) is not None:
+        return denied
+    wait = min(max(msg.wait, 0.0), request.app[SETTINGS].max_poll_wait)
+    batch: CommandBatch = await request.app[SHELL].poll(msg.worker, wait)
+    return _reply(batch)
+
+
+async def goodbye(request: web.Request) -> web.Response:
+    msg = await _decode(request, Goodbye)
+    if isinstance(msg, web.Response):
+        return msg
+    if (denied := _forbidden(request, msg.worker)) is not None:
+        return denied
+    log.info("specon.manager.goodbye", worker=msg.worker)
+    return _reply(await request.app[SHELL].goodbye(msg.worker))
+
+
+def _page(request: web.Request) -> Page | web.Response:
+    try:
+        return Page.parse(request.query.get("limit"), request.query.get("after"), request.app[SETTINGS])
+    except BadPageError as exc:
+        return _error(400, str(exc), "query")
+
+
+async def _rendered(request: web.Request, kind: str, render: Callable[[Page], bytes]) -> web.Response:
+    """A status page, built by one request at a time and shared while nothing changed
+    (for at most the ``status_ttl`` setting's seconds: its ages and ``now`` move on).
+
+    Building a page is synchronous work on the event loop: one at a time, each at most a
+    page's worth, keeps ``/healthz`` and heartbeats answered between them however many
+    clients read; the cache lets many readers of an unchanged cluster share one build.
+    """
+    page = _page(request)
+    if isinstance(page, web.Response):
+        return page
+    cache, settings = request.app[STATUS_CACHE], request.app[SETTINGS]
+    key = (kind, page)
+    revision = request.app[SHELL].core.revision
+    async with request.app[STATUS_LOCK]:
+        hit = cache.get(key)
+        now = time.monotonic()
+        if hit is None or hit[0] < now or hit[1] != revision:
+            if len(cache) >= settings.status_cache_size:
+                cache.clear()
+            hit = cache[key] = (now + settings.status_ttl, revision, render(page))
+            await asyncio.sleep(0)  # let waiting requests (healthz, heartbeats) in between builds
+    ctype = protocol.CONTENT_TYPE if kind == "json" else "text/html"
+    return web.Response(body=hit[2], content_type=ctype, charset=None if kind == "json" else "utf-8")
+
+
+async def status_json(request: web.Request) -> web.Response:
+    shell = request.app[SHELL]
+    return await _rendered(
+        request, "json", lambda p: protocol.encode(build_status(shell.core, shell.clock(), p))
+    )
+
+
+async def status_page(request: web.Request) -> web.Response:
+    shell = request.app[SHELL]
+    return await _rendered(
+        request, "html", lambda p: render_status_page(build_status(shell.core, shell.clock(), p)).encode()
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.Response(body=openapi_json(), content_type="application/json")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    coord = request.app[SHELL].core
+    return web.json_response(
+        {
+            "ok": True,
+            "uptime": round(time.time() - request.app[STARTED], 3),
+            "in_flight": len(coord.migrations),
+        }
+    )
+
+
+async def _ticker(app: web.Application) -> AsyncIterator[None]:
+    """Drive timeouts and Algorithm 3 even when no message arrives; log, never die, on a bug."""
+    shell, period = app[SHELL], app[SETTINGS].ticker_period
+    heap = HeapFreezer()
+
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await shell.tick()
+                state = shell.core.state
+                heap.maybe_freeze(len(state.containers) + len(state.workers))
+            except Exception:
+                log.exception("specon.manager.tick_failed")
+
+    task = asyncio.create_task(loop(), name="specon-manager-ticker")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def create_app(
+    shell: ManagerShell,
+    *,
+    token: str | None = None,
+    auth: Authenticator | None = None,
+    guard_reads: bool = False,
+    tick: bool = True,
+    settings: ManagerSettings | None = None,
+) -> web.Application:
+    """The manager app. ``auth`` decides who may call; ``token`` alone is a shared token
+    (every worker). ``guard_reads``: status and the page need a read or shared token.
+    ``settings``: the operational knobs (default: ``ManagerSettings()``)."""
+    if auth is None:
+        if not token:
+            raise ValueError("the manager needs a bearer token or an authenticator")
+        auth = StaticTokens(shared=token)
+    app = web.Application(middlewares=[_guard], client_max_size=shell.core.policy.messaging.max_body_bytes)
+    app[SHELL] = shell
+    app[AUTH] = auth
+    app[GUARD_READS] = guard_reads
+    app[SETTINGS] = settings or ManagerSettings()
+    app[STATUS_LOCK] = asyncio.Lock()
+    app[STATUS_CACHE] = {}
+    app[STARTED] = time.time()
+    m = ManagerMetrics()
+    m.watch(shell.core)
+    shell.on_event = m.on_event
+    app[METRICS] = m
+    app.router.add_post(protocol.HEARTBEAT_PATH, heartbeat)
+    app.router.add_post(protocol.REQUEST_PATH, reallocation_request)
+    app.router.add_post(protocol.POLL_PATH, poll)
+    app.router.add_post(protocol.GOODBYE_PATH, goodbye)
+    app.router.add_get(protocol.STATUS_PATH, status_json)
+    app.router.add_get("/", status_page)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/openapi.json", openapi)
+    if tick:
+        app.cleanup_ctx.append(_ticker)
+    app.on_shutdown.append(_release_polls)
+    return app
+
+
+async def _release_polls(app: web.Application) -> None:
+    app[SHELL].wake_all()
+    await app[SHELL].flush()  # journal what is still queued before the process ends

@@ -1,0 +1,152 @@
+"""Prometheus metrics of the manager, on a registry of its own (one per app, so tests don't clash)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from specon.coordinator.effects import Event
+from specon.coordinator.machine import Coordinator
+from specon.model import Category
+
+_DOWNTIME_BUCKETS = (0.25, 0.5, 1, 2, 3, 5, 10, 30, 60)
+_LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1)
+
+
+class ManagerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.heartbeats = Counter("specon_manager_heartbeats", "Heartbeats accepted", ["worker"], registry=r)
+        self.rejected = Counter(
+            "specon_manager_rejected_messages",
+            "Messages refused (auth, malformed, oversized, stale)",
+            ["reason"],
+            registry=r,
+        )
+        self.decisions = Counter(
+            "specon_manager_decisions", "Algorithm 2 outcomes (stay, move, refuse)", ["kind"], registry=r
+        )
+        self.refused = Counter("specon_manager_requests_refused", "Requests refused", ["reason"], registry=r)
+        self.deferred = Counter(
+            "specon_manager_requests_deferred", "Requests held back by the migration budget", registry=r
+        )
+        self.migrations = Counter(
+            "specon_manager_migrations",
+            "Finished migrations by result and reason",
+            ["result", "reason"],
+            registry=r,
+        )
+        self.downtime = Histogram(
+            "specon_manager_migration_downtime_seconds",
+            "Job stopped -> running again",
+            buckets=_DOWNTIME_BUCKETS,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "specon_manager_migration_duration_seconds",
+            "Decided -> finished",
+            buckets=_DOWNTIME_BUCKETS,
+            registry=r,
+        )
+        self.decision_latency = Histogram(
+            "specon_manager_decision_latency_seconds",
+            "One decision pass (snapshot, Alg. 2, Alg. 3)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.heartbeat_latency = Histogram(
+            "specon_manager_heartbeat_seconds",
+            "Answering one heartbeat (ingest, decisions it triggers, its journal writes)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.forgotten = Counter(
+            "specon_manager_workers_forgotten",
+            "Workers pruned after prune_after x worker_timeout of silence",
+            registry=r,
+        )
+        self.timeouts = Counter(
+            "specon_manager_migration_timeouts",
+            "Migrations rolled back for staying in a state past its deadline",
+            ["state"],
+            registry=r,
+        )
+        self.parked = Counter(
+            "specon_manager_migrations_parked",
+            "Failed migrations whose workers went silent: no longer holding the budget",
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "specon_manager_migrations_in_flight", "Migrations not yet finished", registry=r
+        )
+
+    def on_event(self, ev: Event) -> None:
+        if ev.kind == "decision":
+            self.decisions.labels(**ev.labels).inc()
+        elif ev.kind == "request_refused":
+            self.refused.labels(**ev.labels).inc()
+        elif ev.kind == "request_deferred":
+            self.deferred.inc()
+        elif ev.kind == "worker_forgotten":
+            self.forgotten.inc()
+        elif ev.kind == "migration_timeout":
+            self.timeouts.labels(**ev.labels).inc()
+        elif ev.kind == "migration_parked":
+            self.parked.inc()
+        elif ev.kind == "decision_pass" and ev.duration is not None:
+            self.decision_latency.observe(ev.duration)
+            with contextlib.suppress(KeyError):  # never heard from: no series to drop
+                self.heartbeats.remove(ev.labels["worker"])
+        elif ev.kind == "migration_finished":
+            self.migrations.labels(**ev.labels).inc()
+            if ev.downtime is not None:
+                self.downtime.observe(ev.downtime)
+            if ev.duration is not None:
+                self.duration.observe(ev.duration)
+
+    def watch(self, coord: Coordinator) -> None:
+        """Containers per category per worker and their CPU weights, read from the live
+        state at scrape time."""
+        self.in_flight.set_function(lambda: len(coord.migrations))
+        self.registry.register(_CategoryCollector(lambda: coord))
+
+
+class _CategoryCollector(Collector):
+    def __init__(self, get: Callable[[], Coordinator]) -> None:
+        self._get = get
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        coord = self._get()
+        fam = GaugeMetricFamily(
+            "specon_manager_containers",
+            "Running containers per worker and category",
+            labels=["worker", "category"],
+        )
+        tally: Tally[tuple[str, str]] = Tally()
+        for rec in coord.state.containers.values():
+            if rec.report.phase == "running":
+                tally[(rec.worker, rec.report.category.value)] += 1
+        for w in coord.state.workers:
+            for category in (Category.PROGRESSING, Category.WATCHING, Category.CONVERGED):
+                tally.setdefault((w, category.value), 0)
+        for (worker, name), n in sorted(tally.items()):
+            fam.add_metric([worker, name], n)
+        yield fam
+        # Per container, read at scrape time: a container that stopped or was pruned has no
+        # series any more, so nothing is left to remove.
+        weights = GaugeMetricFamily(
+            "specon_manager_container_cpu_weight",
+            "CPU weight (cgroup-v2 units, 1-10000) of each running container on its worker",
+            labels=["worker", "container"],
+        )
+        for cid in coord.state.container_order():
+            rec = coord.state.containers[cid]
+            if rec.report.phase == "running" and rec.report.cpu_weight is not None:
+                weights.add_metric([rec.worker, cid], rec.report.cpu_weight)
+        yield weights

@@ -1,0 +1,578 @@
+"""The manager's HTTP API as an OpenAPI 3.1 document, generated from ``specon.wire.protocol``.
+
+Nothing here names a message field by hand: every schema is walked from the protocol
+dataclasses' type hints (the same hints ``specon.wire.codec`` decodes with), its description
+from the class docstring and the comments beside each field. What the types cannot say,
+the range rules of ``specon.wire.checks`` and the id rule of ``specon.wire.validate``, is
+attached from their own constants in ``_RULES`` (checked at build time: a rule for a field
+that no longer exists is an error).
+
+``openapi_document()`` is the document (built once); ``python -m specon_manager.openapi`` prints
+it, which is how ``docs/openapi.json`` is regenerated::
+
+    python -m specon_manager.openapi > docs/openapi.json
+
+A test checks that the committed file equals the generated one.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+import functools
+import inspect
+import json
+import re
+import sys
+import textwrap
+import types
+import typing
+from typing import Any
+
+from specon.config import MessagingConfig
+from specon.model import WEIGHT_MAX, WEIGHT_MIN, Resources
+from specon.wire import checks as protocol_checks
+from specon.wire import codec, protocol
+from specon.wire.protocol import (
+    CommandBatch,
+    CommandResult,
+    ContainerReport,
+    ErrorReply,
+    Goodbye,
+    Heartbeat,
+    Poll,
+    ReallocationRequest,
+    Status,
+)
+from specon.wire.validate import MAX_ID_LENGTH, MAX_SECONDS
+from specon_manager.status import DEFAULT_LIMIT, MAX_LIMIT
+
+OPENAPI_VERSION = "3.1.0"
+JSON_SCHEMA_DIALECT = "https://spec.openapis.org/oas/3.1/dialect/base"
+SCHEMA_REF = "#/components/schemas/"
+
+# The one id rule (specon.wire.validate) as an ECMA-262 pattern: matched in full, so neither a
+# trailing newline nor a path separator passes; "." and ".." cannot start alphanumeric.
+ID_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_ID_LENGTH - 1}}}$"
+ID_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_ID_LENGTH,
+    "pattern": ID_PATTERN,
+    "description": f"1-{MAX_ID_LENGTH} of [A-Za-z0-9._-], starting alphanumeric (specon.wire.validate).",
+}
+# NewType ids that follow the id rule, by their name.
+ID_TYPES = ("WorkerId", "ContainerId")
+
+# Messages that travel on their own, in the envelope {"version", "kind", ...fields}.
+ENVELOPED: tuple[type[Any], ...] = (
+    Heartbeat,
+    ReallocationRequest,
+    Poll,
+    Goodbye,
+    CommandBatch,
+    ErrorReply,
+    Status,
+)
+
+# --- the range rules the types cannot state (specon.wire.checks) --------------------
+
+_TIME: dict[str, Any] = {"minimum": -MAX_SECONDS, "maximum": MAX_SECONDS}
+_COUNT: dict[str, Any] = {"minimum": 0, "maximum": protocol_checks.MAX_SEQ}
+_TEXT: dict[str, Any] = {"maxLength": protocol_checks.MAX_TEXT}
+_LABELS: dict[str, Any] = {
+    "maxProperties": protocol_checks.MAX_LABELS,
+    "propertyNames": {"minLength": 1, "maxLength": protocol_checks.MAX_LABEL_KEY},
+    "additionalProperties": {"type": "string", "maxLength": protocol_checks.MAX_LABEL_VALUE},
+}
+# Taints and tolerations, ``key[=value][:Effect]``.
+_TAINTS: dict[str, Any] = {
+    "maxItems": protocol_checks.MAX_TAINTS,
+    "items": {"type": "string", "minLength": 1, "maxLength": protocol_checks.MAX_TAINT},
+}
+_MAX_CONTAINERS = MessagingConfig().max_containers_per_heartbeat
+
+_RULES: dict[tuple[type[Any], str], dict[str, Any]] = {
+    (Resources, "cpu"): {"minimum": 0, "maximum": protocol_checks.MAX_CPU},
+    (Resources, "memory"): {"minimum": 0, "maximum": protocol_checks.MAX_BYTES},
+    (Resources, "gpu"): {"minimum": 0, "maximum": protocol_checks.MAX_GPU},
+    (Heartbeat, "address"): {"maxLength": 512},
+    (Heartbeat, "seq"): _COUNT,
+    (Heartbeat, "sent_at"): _TIME,
+    (Heartbeat, "usage"): {"minimum": 0, "maximum": 1},
+    (Heartbeat, "labels"): _LABELS,
+    (Heartbeat, "taints"): _TAINTS,
+    (Heartbeat, "results"): {"maxItems": protocol_checks.MAX_RESULTS},
+    (Heartbeat, "containers"): {"maxItems": _MAX_CONTAINERS},
+    (ContainerReport, "t_cc"): _TIME,
+    (ContainerReport, "step"): _COUNT,
+    (ContainerReport, "cpu_weight"): {"minimum": WEIGHT_MIN, "maximum": WEIGHT_MAX},
+    (ContainerReport, "job"): _LABELS,
+    (ContainerReport, "selector"): _LABELS,
+    (ContainerReport, "tolerations"): _TAINTS,
+    (CommandResult, "command"): {"maxLength": 512},
+    (CommandResult, "error"): _TEXT,
+    (CommandResult, "checkpoint"): _TEXT,
+    (CommandResult, "checkpoint_step"): _COUNT,
+    (CommandResult, "finished_at"): _TIME,
+    (ReallocationRequest, "t_cc"): _TIME,
+    (ReallocationRequest, "sent_at"): _TIME,
+    (Goodbye, "sent_at"): _TIME,
+    (Poll, "sent_at"): _TIME,
+    (Poll, "wait"): {"minimum": 0, "maximum": protocol_checks.MAX_POLL_WAIT},
+    (protocol.Command, "id"): {"maxLength": 512},
+    (protocol.Command, "checkpoint"): _TEXT,
+    (CommandBatch, "manager_time"): _TIME,
+}
+# What the schema keywords cannot say, added to the field's description.
+_NOTES: dict[tuple[type[Any], str], str] = {
+    (Heartbeat, "seq"): "The manager refuses a seq implausibly far ahead of its own clock in µs.",
+    (Heartbeat, "containers"): "Each id at most once; at most the policy's "
+    f"messaging.max_containers_per_heartbeat (default {_MAX_CONTAINERS}).",
+    (Poll, "wait"): "The manager waits at most 60 s, whatever is asked.",
+    (Heartbeat, "labels"): "Keys are printable text.",
+    (Heartbeat, "taints"): "Each printable text.",
+    (ContainerReport, "job"): "Keys are printable text.",
+    (ContainerReport, "selector"): "Keys are printable text.",
+    (ContainerReport, "tolerations"): "Each printable text.",
+}
+
+
+# --- walking the type hints -------------------------------------------------------------
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": SCHEMA_REF + name}
+
+
+def _docstring(cls: type[Any]) -> str | None:
+    doc = cls.__doc__
+    # A dataclass without a docstring gets its signature as one: not a description.
+    if not doc or doc.startswith(f"{cls.__name__}("):
+        return None
+    return " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+
+
+_FIELD_LINE = re.compile(r"^(\w+)\s*:[^#]*?(?:\s#\s?(.*))?$")
+
+
+def field_comments(cls: type[Any]) -> dict[str, str]:
+    """The comments written beside (after) or just above each field of ``cls``."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # no source (frozen, zipped): descriptions from docstrings only
+        return {}
+    out: dict[str, str] = {}
+    above: list[str] = []
+    for line in source.splitlines()[1:]:
+        if not line.startswith("    ") or line.startswith("     "):
+            above = [] if line.strip() else above
+            continue
+        body = line.strip()
+        if body.startswith(("def ", "@")):
+            break
+        if body.startswith("#"):
+            above.append(body.lstrip("#").strip())
+            continue
+        match = _FIELD_LINE.match(body)
+        if match is not None:
+            text = [*above, match[2] or ""]
+            joined = " ".join(t for t in text if t)
+            if joined:
+                out[match[1]] = joined
+        above = []
+    return out
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.schemas: dict[str, dict[str, Any]] = {}
+        self.used_rules: set[tuple[type[Any], str]] = set()
+        self._nested: set[str] = set()
+
+    def message(self, cls: type[Any]) -> dict[str, Any]:
+        """A ``$ref`` to ``cls`` as a message on its own (with the envelope)."""
+        self._dataclass(cls, envelope=True)
+        return _ref(cls.__name__)
+
+    def of(self, tp: Any) -> dict[str, Any]:
+        """The schema of values of type hint ``tp``."""
+        if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+            self._dataclass(tp, envelope=False)
+            return _ref(tp.__name__)
+        supertype = getattr(tp, "__supertype__", None)
+        if supertype is not None:  # a NewType
+            name = tp.__name__
+            if name in ID_TYPES:
+                self.schemas.setdefault(name, {"title": name, **ID_SCHEMA})
+                return _ref(name)
+            return self.of(supertype)
+        if tp is bool:
+            return {"type": "boolean"}
+        if tp is int:
+            return {"type": "integer"}
+        if tp is float:
+            return {"type": "number"}
+        if tp is str:
+            return {"type": "string"}
+        if tp is object or tp is Any:
+            return {"description": "Any JSON value (finite numbers only)."}
+        if isinstance(tp, type) and issubclass(tp, enum.Enum):
+            return self._enum(tp)
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if origin is typing.Literal:
+            return {"type": _json_type(args[0]), "enum": list(args)}
+        if origin in (typing.Union, types.UnionType):
+            rest = [a for a in args if a is not type(None)]
+            if len(rest) != 1 or len(args) != 2:
+                raise TypeError(f"openapi: only 'X | None' unions are supported, not {tp!r}")
+            return _nullable(self.of(rest[0]))
+        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+            return {"type": "array", "items": self.of(args[0])}
+        if origin is tuple:
+            items = [self.of(a) for a in args]
+            return {
+                "type": "array",
+                "prefixItems": items,
+                "items": False,
+                "minItems": len(items),
+                "maxItems": len(items),
+            }
+        if origin is list:
+            return {"type": "array", "items": self.of(args[0])}
+        if origin is dict and args and args[0] is str:
+            return {"type": "object", "additionalProperties": self.of(args[1])}
+        raise TypeError(f"openapi: unsupported type {tp!r}")
+
+    def _enum(self, cls: type[enum.Enum]) -> dict[str, Any]:
+        values = [m.value for m in cls]
+        schema: dict[str, Any] = {"title": cls.__name__, "type": _json_type(values[0]), "enum": values}
+        if (doc := _docstring(cls)) is not None:
+            schema["description"] = doc
+        self.schemas.setdefault(cls.__name__, schema)
+        return _ref(cls.__name__)
+
+    def _dataclass(self, cls: type[Any], *, envelope: bool) -> None:
+        name = cls.__name__
+        if envelope != (cls in ENVELOPED):
+            raise TypeError(f"openapi: {name} is {'not ' if envelope else ''}a message on its own")
+        if name in self.schemas:
+            return
+        placeholder: dict[str, Any] = {}
+        self.schemas[name] = placeholder  # recursion guard, filled in below
+        hints = typing.get_type_hints(cls)
+        comments = field_comments(cls)
+        properties: dict[str, Any] = {}
+        required: list[str] = []
+        if envelope:
+            properties["version"] = {
+                "type": "string",
+                "pattern": rf"^{protocol.MAJOR}\.[0-9]{{1,6}}$",
+                "examples": [protocol.VERSION],
+                "description": f"MAJOR.MINOR; this manager speaks {protocol.VERSION}. A higher minor "
+                "version's unknown fields are ignored; at this minor version or below they are refused.",
+            }
+            properties["kind"] = {"type": "string", "const": name}
+            required += ["version", "kind"]
+        for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
+            key = codec.wire_key(f)
+            schema = self.of(hints[f.name])
+            rule = _RULES.get((cls, f.name))
+            description = comments.get(f.name)
+            if rule is not None:
+                self.used_rules.add((cls, f.name))
+                schema = _constrain(schema, rule)
+            if (note := _NOTES.get((cls, f.name))) is not None:
+                self.used_rules.add((cls, f.name))
+                description = f"{description} {note}" if description else note
+            value = _default(f)
+            if value is dataclasses.MISSING:
+                required.append(key)
+            else:
+                schema = {**schema, "default": codec.encoder(hints[f.name])(value)}
+            if description:
+                schema = {**schema, "description": description}
+            properties[key] = schema
+        placeholder.update({"title": name, "type": "object"})
+        if (doc := _docstring(cls)) is not None:
+            placeholder["description"] = doc
+        placeholder["properties"] = properties
+        if required:
+            placeholder["required"] = required
+        placeholder["additionalProperties"] = False
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    """The field's default value (made by its factory), or ``dataclasses.MISSING``."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    factory = f.default_factory
+    return factory() if callable(factory) else dataclasses.MISSING
+
+
+def _json_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    raise TypeError(f"openapi: no JSON type for {value!r}")
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    if "$ref" in schema or "enum" in schema or not isinstance(schema.get("type"), str):
+        return {"anyOf": [schema, {"type": "null"}]}
+    return {**schema, "type": [schema["type"], "null"]}
+
+
+def _constrain(schema: dict[str, Any], rule: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with the keywords of ``rule``, inside the non-null branch of a nullable."""
+    if "anyOf" in schema:
+        inner, null = schema["anyOf"]
+        return {**schema, "anyOf": [_constrain(inner, rule), null]}
+    if "$ref" in schema:
+        return {"allOf": [schema], **rule}
+    return {**schema, **rule}
+
+
+# --- the document -----------------------------------------------------------------------
+
+
+def _error_response(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {protocol.CONTENT_TYPE: {"schema": _ref("ErrorReply")}}}
+
+
+_ERRORS = {
+    "400": (
+        "BadRequest",
+        "Not a valid message: not UTF-8 JSON, wrong kind or version, a missing or "
+        "mistyped field, or a value out of range. The ErrorReply names the field.",
+    ),
+    "401": ("Unauthorized", "No bearer token, or one the manager does not know."),
+    "403": (
+        "Forbidden",
+        "The token may not do this: it speaks for another worker, the container is not "
+        "the worker's, or the token is read-only.",
+    ),
+    "413": ("TooLarge", "The body is over the policy's messaging.max_body_bytes."),
+}
+
+
+def _error_refs(*codes: str) -> dict[str, Any]:
+    return {code: {"$ref": f"#/components/responses/{_ERRORS[code][0]}"} for code in codes}
+
+
+def _post(b: _Builder, cls: type[Any], summary: str, description: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "operationId": cls.__name__[0].lower() + cls.__name__[1:],
+            "summary": summary,
+            "description": description,
+            "security": [{"bearerAuth": []}],
+            "requestBody": {
+                "required": True,
+                "content": {protocol.CONTENT_TYPE: {"schema": b.message(cls)}},
+            },
+            "responses": {
+                "200": {
+                    "description": "The commands for this worker (possibly none).",
+                    "content": {protocol.CONTENT_TYPE: {"schema": b.message(CommandBatch)}},
+                },
+                **_error_refs("400", "401", "403", "413"),
+            },
+        }
+    }
+
+
+_PAGE_PARAMETERS: list[dict[str, Any]] = [
+    {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "description": "Entries on this page (workers, then containers, then migrations).",
+        "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT},
+    },
+    {
+        "name": "after",
+        "in": "query",
+        "required": False,
+        "description": "The cursor of the page to read: the previous page's Status.next "
+        "(w:<worker id>, c:<container id> or m:<n>); empty or absent for the first page.",
+        "schema": {"type": "string", "maxLength": 300, "pattern": "^((w|c):.*|m:[0-9]+)?$"},
+    },
+]
+_READ_SECURITY: list[dict[str, list[str]]] = [{}, {"bearerAuth": []}]
+_READ_NOTE = (
+    " Open unless the manager runs with a read token, then it needs the read token or the shared one."
+)
+
+
+@functools.cache
+def _build() -> dict[str, Any]:
+    b = _Builder()
+    paths: dict[str, Any] = {
+        protocol.HEARTBEAT_PATH: _post(
+            b,
+            Heartbeat,
+            "An agent's heartbeat",
+            "Every heartbeat_interval seconds. Answered with the commands for this worker; ack is the "
+            "heartbeat's seq.",
+        ),
+        protocol.REQUEST_PATH: _post(
+            b,
+            ReallocationRequest,
+            "A converged container asks to move",
+            "Sent at once when a container in CC slows further (Algorithm 2).",
+        ),
+        protocol.POLL_PATH: _post(
+            b,
+            Poll,
+            "Wait for commands (long poll)",
+            "Answered as soon as the manager has a command for this worker, or after wait seconds.",
+        ),
+        protocol.GOODBYE_PATH: _post(
+            b, Goodbye, "An agent leaves cleanly", "The manager stops waiting for this worker's heartbeats."
+        ),
+        protocol.STATUS_PATH: {
+            "get": {
+                "operationId": "status",
+                "summary": "The cluster as the manager sees it, paged",
+                "description": "Workers, then containers, then migrations, each by id; follow Status.next."
+                + _READ_NOTE,
+                "security": _READ_SECURITY,
+                "parameters": _PAGE_PARAMETERS,
+                "responses": {
+                    "200": {
+                        "description": "One page of the cluster's status.",
+                        "content": {protocol.CONTENT_TYPE: {"schema": b.message(Status)}},
+                    },
+                    **_error_refs("400", "401", "403"),
+                },
+            }
+        },
+        "/": {
+            "get": {
+                "operationId": "statusPage",
+                "summary": "The status page (HTML), paged like /v1/status",
+                "description": "A human-readable rendering of one status page." + _READ_NOTE,
+                "security": _READ_SECURITY,
+                "parameters": _PAGE_PARAMETERS,
+                "responses": {
+                    "200": {
+                        "description": "The page.",
+                        "content": {"text/html": {"schema": {"type": "string"}}},
+                    },
+                    **_error_refs("400", "401", "403"),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics",
+                "security": [{}],
+                "responses": {
+                    "200": {
+                        "description": "The Prometheus text exposition format.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+        "/healthz": {
+            "get": {
+                "operationId": "healthz",
+                "summary": "Liveness",
+                "security": [{}],
+                "responses": {
+                    "200": {
+                        "description": "The manager serves.",
+                        "content": {protocol.CONTENT_TYPE: {"schema": _ref("Health")}},
+                    }
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document",
+                "security": [{}],
+                "responses": {
+                    "200": {
+                        "description": "The OpenAPI document of this API.",
+                        "content": {protocol.CONTENT_TYPE: {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
+    }
+    b.message(ErrorReply)
+    unused = (set(_RULES) | set(_NOTES)) - b.used_rules
+    if unused:
+        names = ", ".join(sorted(f"{cls.__name__}.{name}" for cls, name in unused))
+        raise TypeError(f"openapi: range rules for fields no message has: {names}")
+    schemas = dict(sorted(b.schemas.items()))
+    schemas["Health"] = {
+        "title": "Health",
+        "type": "object",
+        "properties": {
+            "ok": {"type": "boolean"},
+            "uptime": {"type": "number", "description": "Seconds since the manager started."},
+            "in_flight": {"type": "integer", "minimum": 0, "description": "Migrations in flight."},
+        },
+        "required": ["ok"],
+    }
+    doc = inspect.cleandoc(protocol.__doc__ or "")
+    return {
+        "openapi": OPENAPI_VERSION,
+        "jsonSchemaDialect": JSON_SCHEMA_DIALECT,
+        "info": {
+            "title": "specon manager",
+            "version": protocol.VERSION,
+            "description": doc,
+        },
+        "servers": [{"url": "http://127.0.0.1:7700", "description": "specon-manager's default --listen"}],
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "responses": {
+                name: _error_response(description)
+                for name, description in (_ERRORS[c] for c in sorted(_ERRORS))
+            },
+            "securitySchemes": {
+                "bearerAuth": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A per-agent token (speaks for its own worker only), the shared token "
+                    "(every worker) or the read token (status and page only).",
+                }
+            },
+        },
+        "security": [{"bearerAuth": []}],
+    }
+
+
+def openapi_document() -> dict[str, Any]:
+    """The manager's API as an OpenAPI 3.1 document (a fresh copy; built once)."""
+    return copy.deepcopy(_build())
+
+
+@functools.cache
+def openapi_json() -> bytes:
+    """The document as the bytes ``GET /openapi.json`` and ``docs/openapi.json`` hold."""
+    return (json.dumps(_build(), indent=2, ensure_ascii=False) + "\n").encode()
+
+
+def main() -> int:
+    sys.stdout.buffer.write(openapi_json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""The manager's shell around the sans-I/O coordinator (``specon.coordinator.machine``).
+
+It feeds the coordinator the HTTP inputs and the ticker, with the manager's clock, and
+performs the effects it leaves: log events through structlog, metric events to the
+Prometheus collectors, journal writes in a worker thread (off the event loop: the
+Kubernetes journal is an HTTP read-modify-write with retries), and wake-ups for the
+long polls of workers that got a command.
+
+Write-ahead holds across the thread hop: the coordinator hands a command out only once
+the shell has reported the journal writes made before it as durable (``journaled``).
+Writes go to the journal in the order the coordinator made them (one writer at a time,
+FIFO); a failed write is kept and retried by the next flush (the ticker's, at the
+latest), and the commands behind it wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+import structlog
+
+from specon.config import Policy
+from specon.coordinator.effects import (
+    CommandQueued,
+    Event,
+    JournalWrite,
+    Log,
+    PutMark,
+    PutMigration,
+    Recovered,
+    write,
+)
+from specon.coordinator.machine import Coordinator
+from specon.model import WorkerId
+from specon.wire.protocol import CommandBatch, Heartbeat, ReallocationRequest
+from specon_manager.journal import JournalStore
+
+log = structlog.get_logger()
+
+Clock = Callable[[], float]
+
+
+def recover(journal: JournalStore, now: float) -> Recovered:
+    """Read back what the journal holds and stamp this manager's start (blocking I/O:
+    called once, before the event loop serves anything)."""
+    restarted = journal.get_meta("started_at") is not None
+    journal.set_meta("started_at", repr(now))
+    return Recovered(
+        in_flight=tuple(journal.in_flight()),
+        finished=tuple(m for m in journal.all() if not m.in_flight),
+        marks=tuple(journal.marks().values()),
+        restarted=restarted,
+    )
+
+
+class ManagerShell:
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        journal: JournalStore,
+        clock: Clock = time.time,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> None:
+        self.journal = journal
+        self.clock = clock
+        self.on_event = on_event
+        now = clock()
+        self.core = Coordinator(
+            policy=policy, now=now, recovered=recover(journal, now), timer=time.perf_counter
+        )
+        self._pending: list[JournalWrite] = []
+        self._waking: set[WorkerId] = set()
+        self._writer = asyncio.Lock()
+        self._wakeups: dict[WorkerId, asyncio.Event] = {}
+        self.journal_failures = 0
+        self._perform()
+
+    # -- effects ------------------------------------------------------------------------
+    def _perform(self) -> None:
+        """Log and count now; queue journal writes and wake-ups for ``flush``."""
+        for e in self.core.take_effects():
+            if isinstance(e, PutMigration | PutMark):
+                self._pending.append(e)
+            elif isinstance(e, CommandQueued):
+                self._waking.add(e.worker)
+            elif isinstance(e, Event):
+                if self.on_event is not None:
+                    self.on_event(e)
+            elif isinstance(e, Log):
+                (log.warning if e.level == "warning" else log.info)(e.event, **e.fields)
+
+    async def flush(self) -> None:
+        """Make the queued journal writes durable (in a thread), then wake the long polls
+        of workers with new commands. Never raises: a failed write stays queued."""
+        self._perform()
+        if self._pending:  # an input without writes of its own never queues behind another's
+            async with self._writer:  # FIFO: writes reach the journal in the order they were made
+                batch, self._pending = self._pending, []
+                if batch:
+                    try:
+                        seq = await asyncio.to_thread(write, self.journal, batch)
+                    except Exception as exc:
+                        self._pending[:0] = batch  # retried, in order, by the next flush
+                        self.journal_failures += 1
+                        log.error("specon.manager.journal_failed", writes=len(batch), error=str(exc))
+                        return
+                    self.core.journaled(seq)
+        if self._writer.locked():
+            return  # a write is in flight: its writer wakes the polls once it is durable
+        waking, self._waking = self._waking, set()
+        for w in waking:
+            ev = self._wakeups.get(w)
+            if ev is not None:
+                ev.set()
+
+    # -- inputs -----------------------------------------------------------------------
+    async def heartbeat(self, hb: Heartbeat) -> CommandBatch:
+        ack = self.core.heartbeat(hb, self.clock())
+        await self.flush()
+        return self.core.batch_for(hb.worker, self.clock(), ack=ack)
+
+    async def request(self, req: ReallocationRequest) -> CommandBatch:
+        """``NotHostedError`` unless ``req.worker`` runs the container."""
+        self.core.request(req, self.clock())
+        await self.flush()
+        return self.core.batch_for(req.worker, self.clock())
+
+    async def goodbye(self, worker: WorkerId) -> CommandBatch:
+        self.core.goodbye(worker, self.clock())
+        await self.flush()
+        return self.core.batch_for(worker, self.clock())
+
+    async def tick(self) -> None:
+        """The ticker's pass: timeouts, pruning, Algorithm 3; retries failed journal writes."""
+        self.core.tick(self.clock(), rebalance=True)
+        for w in set(self._wakeups) - self.core.state.workers.keys():
+            self._wakeups.pop(w).set()  # a pruned worker's parked poll returns at once
+        await self.flush()
+
+    async def poll(self, worker: WorkerId, timeout: float) -> CommandBatch:
+        """Long poll: return as soon as ``worker`` has a command no reply or poll carried yet.
+
+        Commands stay in the outbox until their result arrives (heartbeat replies repeat
+        them); a poll only wakes for ones not sent yet, so it does not spin during a save.
+        """
+        if worker not in self.core.state.workers:
+            # Not heard from (yet, or pruned): it has no commands, and keeps no state here.
+            await asyncio.sleep(min(timeout, 1.0))
+            return self.core.batch_for(worker, self.clock())
+        if not self.core.has_unsent(worker):
+            ev = self._wakeups.setdefault(worker, asyncio.Event())
+            ev.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ev.wait(), timeout)
+        return self.core.batch_for(worker, self.clock())
+
+    def wake_all(self) -> None:
+        """Release every parked long poll (shutdown must not wait for them)."""
+        for ev in self._wakeups.values():
+            ev.set()

@@ -1,0 +1,340 @@
+"""The versioned policy file's sections (``apiVersion: specon/v1alpha1``): schema and defaults.
+
+Every knob of SPEC.md is a field here, with the SPEC default. ``mode: paper`` swaps in
+the values that reproduce the paper's printed behaviour (``PAPER_OVERRIDES``) before the
+file's own values are applied, so a paper-mode file may still override single knobs.
+
+Loading is: parse YAML (1.2 scalars) -> lay the file over the mode's defaults -> check
+every field against its type hint (``specon.wire.codec``) and the rules no type can express
+(``_semantic_problems``) -> a frozen ``Policy``, or one ``PolicyError`` that lists every
+problem as ``path: problem`` in file order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from specon.model import Direction
+from specon.policy.priority import fsp as fsp_rule
+from specon.policy.priority import hermes as hermes_rule
+from specon.policy.priority import optimus as optimus_rule
+from specon.policy.priority import slaq as slaq_rule
+from specon.policy.priority import srpt as srpt_rule
+from specon.policy.priority import tiresias as tiresias_rule
+from specon.policy.robust_config import RobustConfig
+
+API_VERSION = "specon/v1alpha1"
+KIND = "Policy"
+
+Mode = Literal["default", "paper"]
+ClassifierName = Literal["specon", "robust"]
+Normalize = Literal["max", "previous", "none"]
+Aggregate = Literal["mean", "last"]
+StaleHandling = Literal["skip", "zero"]
+FormatName = Literal["auto", "jsonl", "csv", "text"]
+ScoreMode = Literal["count", "per_capacity"]
+RebalanceMode = Literal["balanced", "work", "paper", "off"]
+RebalanceWhen = Literal["all_migrated", "always"]
+DurationFrom = Literal["converged", "migrated", "placed"]
+MigrationMode = Literal["checkpoint", "criu"]
+PriorityRule = Literal["none", "fsp", "srpt", "optimus", "tiresias", "hermes", "slaq"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressConfig:
+    """How a job's progress log is read (SPEC §2)."""
+
+    format: FormatName = "auto"
+    metric: str = "loss"
+    direction: Direction = Direction.MINIMIZE
+    # Free-text pattern; must have one group capturing the number. ``{metric}`` is
+    # replaced by the escaped metric name.
+    regex: str = (
+        r"(?i)\b{metric}\b\s*[:=]?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|[-+]?inf(?:inity)?)"
+    )
+    # Longer lines are skipped (counted) rather than buffered without bound.
+    max_line_bytes: int = 1 << 20
+    # Bytes of one log read by one poll, at most: a huge log is read over several polls
+    # (it lags, it never stalls the agent), and a first poll skips to its end.
+    max_poll_bytes: int = 1 << 21
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorConfig:
+    """Algorithm 1, the agent's container monitor (SPEC §3)."""
+
+    # robust (doubling test) won the convergence-detection benchmark (bench_detection).
+    classifier: ClassifierName = "robust"
+    interval: float = 30.0  # Δ, seconds
+    alpha: float = 0.01
+    normalize: Normalize = "max"
+    aggregate: Aggregate = "mean"
+    stale: StaleHandling = "skip"
+    stale_ticks: int = 10
+    # At least this many PC+WC containers must share the worker for a request (SPEC §3.3).
+    request_min_active: int = 1
+    robust: RobustConfig = field(default_factory=RobustConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    progressing: float = 2.0
+    watching: float = 1.5
+    converged: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementConfig:
+    """Algorithm 2, target selection (SPEC §4)."""
+
+    weights: Weights = field(default_factory=Weights)
+    score: ScoreMode = "count"
+    tolerance: float = 1e-9
+    max_migrations_per_container: int = 1
+    # A move Algorithm 2 picks is made only if the work model (specon.policy.work) predicts
+    # it saves more completion time than it costs; otherwise the job stays. Jobs that report
+    # no remaining work are decided by the scores alone.
+    require_gain: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RebalanceConfig:
+    """Algorithm 3, rebalancing (SPEC §5)."""
+
+    mode: RebalanceMode = "balanced"
+    # The paper waits until every container is migrated (paper mode); rebalancing on every
+    # manager tick is the default because it measured better in the simulator on every
+    # scenario (A1, A3-A5: `python -m bench bench_sim`, see the README).
+    when: RebalanceWhen = "always"
+    duration_from: DurationFrom = "converged"
+    max_rebalances_per_container: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationConfig:
+    """The save/restore state machine and its limits (SPEC §6)."""
+
+    max_concurrent: int = 2
+    max_concurrent_per_worker: int = 1
+    grace_period: float = 30.0  # seconds between SIGTERM and SIGKILL on save
+    dry_run: bool = False
+    # Deadlines (seconds in one state) past which a migration rolls back. A save ends within
+    # grace_period (then SIGKILL; measured saves take 0.2-2 s) and its result rides the next
+    # heartbeat: 120 s leaves room for both on a busy node. A start is a process or pod start
+    # plus the job's own set-up (measured 3.7-18 s locally, 2.9 s for a CRIU restore); 300 s
+    # also covers pulling a training image on Kubernetes.
+    save_timeout: float = 120.0
+    restore_timeout: float = 300.0
+    # A failed migration whose source and target have both been silent this many
+    # worker_timeouts stops holding the migration budget (it still restarts the job as
+    # soon as one of them is back).
+    park_after: float = 3.0
+    # No thrashing: a job stays at least this long on a worker before any move (a move
+    # back 1.6 s after a move was seen in a real run). The cost of a move, for the work
+    # model: measured downtime (SIGTERM to the first record on the target, `python -m bench
+    # bench_calibration`: 7.9-8.9 s onto a worker with one job) and the CPU the restore
+    # takes from the target's jobs (interpreter, torch, data set-up: 2.0-2.8 CPU-s).
+    min_residence: float = 60.0
+    move_downtime: float = 8.4
+    restore_cpu: float = 2.5
+    # Fairness of a move under shortest-first priority: the moved job may go ahead of a job
+    # on the target only if it needs at most this share of that job's remaining work (so no
+    # job waits more than half again its own remaining time for one move). Measured: without
+    # it one A5 job took x2.5 its DS JCT (`python -m bench bench_sim`).
+    max_push: float = 0.5
+    # How a job moves on the Docker backend: checkpoint = the job contract (SIGTERM, the job
+    # saves, a fresh container resumes it); criu = Docker's CRIU checkpoint of the whole
+    # process, restored on the target (falls back to checkpoint where CRIU cannot work: GPU
+    # containers, engines without --experimental or criu). A job's label
+    # specon.io/migration-mode overrides it. Other backends always use checkpoint.
+    mode: MigrationMode = "checkpoint"
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityConfig:
+    """Priority on the node: the CPU weights a worker's agent gives its containers
+    (``specon.policy.priority``; each rule's module documents its paper and its arguments)."""
+
+    # The Fair Sojourn Protocol with half its aging: shortest remaining work first, but a
+    # job's deficit against equal sharing counts half against its remaining work. The default
+    # because it won the simulated benchmark on A1, A3-A5 with no job over x2 its DS time;
+    # plain srpt (aging 0) let one A5 job take x2.3-2.5, full FSP lost A3/A4 to srpt
+    # (`python -m bench bench_sim`; README "Choosing the default"). Each rule's own ``Args()``
+    # are its paper's (``peer_priority``).
+    rule: PriorityRule = "fsp"
+    fsp: fsp_rule.Args = field(default_factory=lambda: fsp_rule.Args(aging=0.5))
+    srpt: srpt_rule.Args = field(default_factory=srpt_rule.Args)
+    optimus: optimus_rule.Args = field(default_factory=optimus_rule.Args)
+    tiresias: tiresias_rule.Args = field(default_factory=tiresias_rule.Args)
+    hermes: hermes_rule.Args = field(default_factory=hermes_rule.Args)
+    slaq: slaq_rule.Args = field(default_factory=slaq_rule.Args)
+
+
+def peer_priority(rule: PriorityRule) -> PriorityConfig:
+    """``rule`` with every rule's arguments at its module's ``Args()`` (its paper's), as the
+    peer policies run it (the default policy tunes some: ``PriorityConfig``)."""
+    return PriorityConfig(
+        rule=rule,
+        fsp=fsp_rule.Args(),
+        srpt=srpt_rule.Args(),
+        optimus=optimus_rule.Args(),
+        tiresias=tiresias_rule.Args(),
+        hermes=hermes_rule.Args(),
+        slaq=slaq_rule.Args(),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MessagingConfig:
+    """Agent <-> manager messaging (SPEC §7)."""
+
+    heartbeat_interval: float = 5.0
+    worker_timeout: float = 20.0
+    max_body_bytes: int = 1 << 20
+    # More containers than a node can hold: a heartbeat over it is refused (400), so one
+    # agent cannot grow the manager's memory at will.
+    max_containers_per_heartbeat: int = 1000
+    # Workers and containers unseen for this many worker_timeouts are forgotten (unless
+    # a migration in flight still names them); the journal keeps their marks.
+    prune_after: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A complete, validated, defaulted policy."""
+
+    # Kubernetes-style spelling on disk; the codec reads the key from the metadata.
+    api_version: str = field(default=API_VERSION, metadata={"key": "apiVersion"})
+    kind: str = KIND
+    mode: Mode = "default"
+    progress: ProgressConfig = field(default_factory=ProgressConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
+    migration: MigrationConfig = field(default_factory=MigrationConfig)
+    priority: PriorityConfig = field(default_factory=PriorityConfig)
+    messaging: MessagingConfig = field(default_factory=MessagingConfig)
+
+
+# Values that reproduce the paper's printed behaviour (SPEC: "paper mode"), as
+# section -> field -> value. Applied before the file's own values.
+PAPER_OVERRIDES: dict[str, dict[str, object]] = {
+    "monitor": {
+        "classifier": "specon",
+        "normalize": "none",
+        "aggregate": "last",
+        "stale": "zero",
+        "request_min_active": 2,  # paper line 15: |PC| + |WC| > 1
+    },
+    "placement": {"score": "count", "require_gain": False},
+    "rebalance": {"mode": "paper", "when": "all_migrated"},
+    # The paper has no priority on the node and no residence time or cost model.
+    "migration": {"min_residence": 0.0},
+    "priority": {"rule": "none"},
+}
+
+
+# --- documentation of every knob (``specon config defaults`` prints it) ------------------
+# Keyed by the dotted path in the file. A test checks that every field has an entry;
+# allowed values of Literal/enum fields are appended from the schema itself.
+DOCS: dict[str, str] = {
+    "apiVersion": "policy file format version (required)",
+    "kind": "always Policy (required)",
+    "mode": "paper: start from the values that reproduce the paper, then apply this file",
+    "progress": "Reading job progress logs (SPEC §2)",
+    "progress.format": "log format; auto detects JSON lines, CSV with a header, or free text",
+    "progress.metric": "evaluation value E read from the log (jobs may override per job)",
+    "progress.direction": "whether the metric improves by falling or rising",
+    "progress.regex": "free-text pattern; {metric} becomes the escaped metric name; "
+    "its one group (or the group named value) is the number",
+    "progress.max_line_bytes": "longer lines are skipped and counted",
+    "progress.max_poll_bytes": "bytes of one log read per tick at most; the rest is read at the next "
+    "ticks; a log already longer than this when first seen is read from its end",
+    "monitor": "Algorithm 1, the agent's container monitor (SPEC §3)",
+    "monitor.classifier": "specon = Algorithm 1 as printed (repaired); robust = smoothed, with the "
+    "doubling or the change test and a diverging state",
+    "monitor.interval": "tick Δ in seconds",
+    "monitor.alpha": "threshold alpha on the normalised change G (specon, and robust's change test)",
+    "monitor.normalize": "max: divide by the largest |E| so far; previous: by |E(t-1)|; none: absolute",
+    "monitor.aggregate": "E(t) from the samples of one tick: their mean or the last one",
+    "monitor.stale": "a tick without samples: skip it, or treat it as G = 0 (paper)",
+    "monitor.stale_ticks": "stale ticks in a row before a container is reported stalled (0 = never)",
+    "monitor.request_min_active": "PC+WC containers needed on the worker before a CC container may request",
+    "monitor.robust": "Knobs of the robust classifier (used only with classifier: robust)",
+    "monitor.robust.smoothing": "exponential smoothing factor for E, in (0, 1]; 1 = none",
+    "monitor.robust.k": "change test: a category step needs k of the last n ticks to agree",
+    "monitor.robust.n": "change test: window of the k-of-n vote",
+    "monitor.robust.trend_window": "ticks in the least-squares trend and divergence tests (>= 2)",
+    "monitor.robust.diverge_threshold": "relative rise of smoothed E over the window that means diverging",
+    "monitor.robust.test": "doubling: converged when twice the training is predicted to improve E by "
+    "less than gain of its improvement so far; change: k of n ticks with G below alpha, flat trend",
+    "monitor.robust.gain": "doubling test: share of the improvement so far, in (0, 1)",
+    "monitor.robust.horizon_gain": "doubling test, for a job that declared its steps: share of the "
+    "improvement so far the rest of the job may still bring, in (0, 1)",
+    "monitor.robust.memory": "doubling test: a tick from time t_i weighs (t_i/t)**memory in the log-time fit",
+    "monitor.robust.confirm": "doubling test: share of the ticks so far it must hold for (at least one)",
+    "placement": "Algorithm 2, target selection on each request (SPEC §4)",
+    "placement.weights": "S_w = progressing*|PC| + watching*|WC| + converged*|CC|; strictly decreasing",
+    "placement.weights.progressing": "weight of a progressing container",
+    "placement.weights.watching": "weight of a watching container",
+    "placement.weights.converged": "weight of a converged container",
+    "placement.score": "count: the paper's score; per_capacity: divided by the worker's CPU cores",
+    "placement.tolerance": "scores closer than this are equal",
+    "placement.max_migrations_per_container": "times one container may be reallocated",
+    "placement.require_gain": "make a move Algorithm 2 picks only if the work model predicts it "
+    "saves more completion time than it costs (else the job stays)",
+    "rebalance": "Algorithm 3, rebalancing (SPEC §5)",
+    "rebalance.mode": "balanced: even out loads; work: the move that saves the most predicted "
+    "completion time, if it saves more than it costs (specon.policy.work); paper: the printed "
+    "algorithm; off: never",
+    "rebalance.when": "all_migrated: once every live container is migrated; always: every tick",
+    "rebalance.duration_from": "converged duration counted from t_cc, from the migrated mark, or from "
+    "when the container was placed on its worker (placed: a convergence-blind balancer)",
+    "rebalance.max_rebalances_per_container": "times one container may be moved by rebalancing",
+    "migration": "The save/restore state machine and its limits (SPEC §6)",
+    "migration.max_concurrent": "migrations in flight cluster-wide",
+    "migration.max_concurrent_per_worker": "migrations in flight touching one worker",
+    "migration.grace_period": "seconds between SIGTERM and SIGKILL when saving",
+    "migration.save_timeout": "seconds a save may take before the migration rolls back",
+    "migration.restore_timeout": "seconds a start on the target may take before the migration rolls back",
+    "migration.park_after": "worker_timeouts both workers of a failed migration may be silent "
+    "before it stops holding the budget",
+    "migration.min_residence": "seconds a job stays on a worker before any move (no thrashing)",
+    "migration.move_downtime": "seconds a moved job is expected not to run (measured), a cost of a move",
+    "migration.restore_cpu": "CPU-seconds a restore is expected to take from the target's jobs (measured)",
+    "migration.max_push": "a moved job may go ahead of a job on the target (shortest first) only if it "
+    "needs at most this share of that job's remaining work",
+    "migration.dry_run": "decide and record migrations but never touch a container",
+    "migration.mode": "checkpoint: the job contract (SIGTERM, save, resume); criu: Docker's CRIU "
+    "checkpoint/restore of the whole process (Docker backend; falls back to checkpoint where CRIU "
+    "cannot work); the job label specon.io/migration-mode overrides it",
+    "priority": "Priority on the node: CPU weights among a worker's containers (specon.policy.priority)",
+    "priority.rule": "none: equal weights; fsp: first to finish under equal sharing first; "
+    "srpt: least remaining work first; optimus: shares by "
+    "remaining work; tiresias: least attained CPU first; hermes: fastest-converging first; "
+    "slaq: weights by recent loss improvement",
+    "priority.fsp": "fsp: the job that would finish first under equal sharing first "
+    "(Fair Sojourn Protocol: SRPT's mean, no job far behind its fair-shared time)",
+    "priority.fsp.ratio": "weight of one rank over the next (100: near-strict; 1: fair sharing)",
+    "priority.fsp.aging": "share of a job's deficit against equal sharing taken off its remaining "
+    "work (1: FSP, no job far behind fair sharing; 0: plain shortest remaining first)",
+    "priority.srpt": "srpt: shortest remaining work (declared or predicted steps x CPU per step) first",
+    "priority.srpt.ratio": "weight of one rank over the next (100: near-strict; 1: fair sharing)",
+    "priority.optimus": "optimus: shares by marginal gain in remaining time (Optimus, EuroSys '18)",
+    "priority.optimus.exponent": "shares proportional to remaining work ** exponent "
+    "(0.5: the paper's greedy)",
+    "priority.tiresias": "tiresias: discretized least attained service (Tiresias, NSDI '19)",
+    "priority.tiresias.thresholds": "queue thresholds in attained CPU-seconds, ascending",
+    "priority.tiresias.ratio": "weight of one queue rank over the next",
+    "priority.hermes": "hermes: the fastest-converging job first (Hermes, Electronics 2021)",
+    "priority.hermes.ratio": "weight of one rank over the next",
+    "priority.slaq": "slaq: weights proportional to the recent loss improvement (SLAQ, SoCC '17)",
+    "priority.slaq.floor": "share of the top weight every job keeps, in (0, 1]",
+    "messaging": "Agent <-> manager messaging (SPEC §7)",
+    "messaging.heartbeat_interval": "seconds between an agent's heartbeats",
+    "messaging.worker_timeout": "a worker without a heartbeat this long is unreachable",
+    "messaging.max_body_bytes": "largest message the manager accepts",
+    "messaging.max_containers_per_heartbeat": "containers one heartbeat may report",
+    "messaging.prune_after": "forget workers and containers unseen for this many worker_timeouts",
+}

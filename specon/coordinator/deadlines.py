@@ -1,0 +1,25 @@
+"""How long a migration may take: the deadlines on its states and when it stops holding the
+budget (pure rules; the coordinator acts on them)."""
+
+from __future__ import annotations
+
+from specon.config import MigrationConfig, Policy
+from specon.coordinator.migration import Migration, State
+
+
+def deadline_passed(m: Migration, spent: float, cfg: MigrationConfig) -> str | None:
+    """Why ``m`` must roll back after ``spent`` seconds in its state; None within its deadline
+    (only a save and a start have one: every other state is left within one pass)."""
+    limit = {State.SAVING: cfg.save_timeout, State.RESTORING: cfg.restore_timeout}.get(m.state)
+    if limit is None or spent <= limit:
+        return None
+    return f"deadline: {m.state.value} for {spent:.0f} s (limit {limit:g} s)"
+
+
+def parked(m: Migration, silent: float, policy: Policy) -> str | None:
+    """The journal note for a failed migration whose source and target have both been silent
+    for ``silent`` seconds, once that is ``park_after`` worker timeouts; else None."""
+    limit = policy.migration.park_after * policy.messaging.worker_timeout
+    if m.state is not State.FAILED or silent < limit:
+        return None
+    return f"parked: {m.source} and {m.target} silent for {min(silent, 1e9):.0f} s (budget released)"

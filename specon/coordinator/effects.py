@@ -1,0 +1,120 @@
+"""The coordinator's exchange with its shell: the effects of each input, in order, and
+what the shell hands it at start (``Recovered``).
+
+The coordinator (``specon.coordinator.machine``) performs no I/O. Each input returns nothing but
+leaves effects behind (``Coordinator.take_effects``): journal writes, commands for
+agents, metric events and log events. A shell performs them: the manager's (journal
+writes in a thread, off the event loop; commands to long polls; Prometheus; structlog)
+or the simulator's (an in-memory journal, simulated agents).
+
+Write-ahead: a command is only handed to an agent once every journal write made before
+it is durable. Journal writes carry a sequence number; the shell reports the highest
+one it has made durable with ``Coordinator.journaled`` and the coordinator keeps newer
+commands back until then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from specon.coordinator.migration import Mark, Migration
+from specon.model import ContainerId, WorkerId
+from specon.wire.protocol import Command
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Something the metrics and the status page count (decoupled from Prometheus here)."""
+
+    # "decision", "decision_pass", "migration_finished", "migration_timeout", "migration_parked",
+    # "request_refused", "request_deferred", "worker_forgotten"
+    kind: str
+    labels: dict[str, str] = field(default_factory=dict)
+    downtime: float | None = None
+    duration: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PutMigration:
+    """Journal this migration record (an upsert by id)."""
+
+    seq: int
+    migration: Migration
+
+
+@dataclass(frozen=True, slots=True)
+class PutMark:
+    """Journal this container's marks (absolute values: an upsert by container)."""
+
+    seq: int
+    mark: Mark
+
+
+@dataclass(frozen=True, slots=True)
+class CommandQueued:
+    """``command`` waits in ``worker``'s outbox (deliverable once its writes are durable)."""
+
+    worker: WorkerId
+    command: Command
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    """A structured log event (namespaced name, fields)."""
+
+    event: str
+    fields: dict[str, object]
+    level: Literal["info", "warning"] = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """What a restarted manager reads back from its journal before the first input."""
+
+    in_flight: tuple[Migration, ...] = ()
+    finished: tuple[Migration, ...] = ()
+    marks: tuple[Mark, ...] = ()
+    # The journal was opened by a manager before: a restart into a running cluster.
+    restarted: bool = False
+
+
+JournalWrite = PutMigration | PutMark
+Effect = PutMigration | PutMark | CommandQueued | Event | Log
+
+
+class JournalWriter(Protocol):
+    """The writes a journal backend takes (SQLite, Kubernetes ConfigMaps, memory)."""
+
+    def put(self, m: Migration) -> None: ...
+    def put_mark(self, mark: Mark) -> None: ...
+
+
+def write(store: JournalWriter, writes: Iterable[JournalWrite]) -> int:
+    """Make ``writes`` durable in ``store``, in order; the last sequence number written (0: none)."""
+    last = 0
+    for w in writes:
+        if isinstance(w, PutMigration):
+            store.put(w.migration)
+        else:
+            store.put_mark(w.mark)
+        last = w.seq
+    return last
+
+
+class MemoryJournal:
+    """A journal that lives as long as its process (the simulator's; tests)."""
+
+    def __init__(self) -> None:
+        self.migrations: dict[str, Migration] = {}
+        self.marks: dict[ContainerId, Mark] = {}
+
+    def put(self, m: Migration) -> None:
+        self.migrations[m.id] = m
+
+    def put_mark(self, mark: Mark) -> None:
+        self.marks[mark.container] = mark
+
+    def all(self) -> list[Migration]:
+        return sorted(self.migrations.values(), key=lambda m: (m.decided_at, m.id))

@@ -1,0 +1,597 @@
+"""The manager's control logic as a sans-I/O state machine, shared with the simulator.
+
+Inputs, each with the time passed in: a heartbeat (or the simulator's lower-level
+``reports``), a reallocation request, a command result (riding on a heartbeat), a tick,
+a goodbye. Outputs: effects (``specon.coordinator.effects``) the caller performs — journal writes,
+commands for agents, metric and log events — and the command batch for a worker.
+
+Each pass (``tick``) takes the cluster view, answers pending reallocation requests
+within the migration budget (Algorithm 2), starts rebalancing moves when the trigger
+holds (Algorithm 3), and drives every journaled migration one step further with
+``specon.coordinator.migration.next_step``. Commands for an agent wait in its outbox until a
+result says they ran; each is idempotent on the agent, so repeats are harmless.
+
+Dry-run (``migration.dry_run`` in the policy) is one branch where a decided move begins
+(``_begin``): decisions are taken, journaled and reported exactly as in a live run, but no
+save or start is ever sent. The coordinator reads no clock: every input carries its time, and
+the time a decision pass took comes from the ``timer`` its shell hands it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Literal
+
+from specon.config import Policy
+from specon.coordinator.deadlines import deadline_passed, parked
+from specon.coordinator.effects import CommandQueued, Effect, Event, Log, PutMark, PutMigration, Recovered
+from specon.coordinator.migration import (
+    Advance,
+    IssueSave,
+    IssueStart,
+    Mark,
+    Migration,
+    Reason,
+    State,
+    Wait,
+    next_step,
+    why_failed,
+)
+from specon.coordinator.outbox import Outbox, mark_command, migration_command
+from specon.coordinator.retention import expired
+from specon.coordinator.state import UNMARKED, ClusterState
+from specon.model import ContainerId, WorkerId
+from specon.policy.decisions import Move, RefusalReason, Stay
+from specon.policy.placement import ClusterIndex
+from specon.policy.scheduler import InFlight, decide_pass
+from specon.wire.protocol import (
+    Action,
+    Command,
+    CommandBatch,
+    CommandResult,
+    ContainerReport,
+    Heartbeat,
+    ReallocationRequest,
+)
+
+# Finished migrations the status keeps in memory (the journal keeps them all).
+RECENT_MIGRATIONS = 1000
+
+
+class NotHostedError(ValueError):
+    """A worker asked about a container it does not run."""
+
+
+class Coordinator:
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        now: float,
+        recovered: Recovered | None = None,
+        state: ClusterState | None = None,
+        timer: Callable[[], float] | None = None,
+    ) -> None:
+        recovered = recovered or Recovered()
+        self.policy = policy
+        self.state = state or ClusterState()
+        # Times a decision pass for the ``decision_pass`` event (the shell's ``perf_counter``);
+        # without one the event says 0.
+        self.timer: Callable[[], float] = timer or (lambda: 0.0)
+        self.generation = 1
+        # Reallocation requests waiting for a decision: container -> first seen.
+        self.requests: dict[ContainerId, float] = {}
+        self.commands = Outbox()
+        self.marks: dict[ContainerId, Mark] = {m.container: m for m in recovered.marks}
+        self.migrations: dict[str, Migration] = {m.id: m for m in recovered.in_flight}
+        # The newest finished migrations, oldest first, for the status (never the whole journal).
+        self.recent: deque[Migration] = deque(
+            sorted(recovered.finished, key=lambda m: m.updated_at)[-RECENT_MIGRATIONS:],
+            maxlen=RECENT_MIGRATIONS,
+        )
+        self._pruned_at = now
+        # Bumped by every change a status reader could see (cached pages compare it).
+        self.revision = 0
+        # A restarted manager has heard from nobody yet: until every worker had a
+        # worker_timeout to report, silence is not evidence that it is gone.
+        self.started_at = now
+        self.restarted = recovered.restarted
+        # Refused restarts per migration, for the retry backoff (not journaled: a restarted
+        # manager simply retries at once).
+        self._refusals: dict[str, int] = {}
+        self._ids = itertools.count(1)
+        # Requests counted as deferred (once each, not once per pass).
+        self._deferred: set[ContainerId] = set()
+        # Dry-run only: where decided moves would have put containers, so the next
+        # decisions see the loads a live run would see.
+        self.virtual: dict[ContainerId, WorkerId] = {}
+        # Write-ahead: journal writes are numbered; a command waits for the writes made
+        # before it to be durable (``journaled``).
+        self._written = 0
+        self._durable = 0
+        self._effects: list[Effect] = []
+        # When each request was last answered (decided, refused, dropped): asked again within
+        # ``_quiet`` seconds it waits for the ticker instead of buying a pass of its own.
+        self._answered: dict[ContainerId, float] = {}
+        self._quiet = policy.messaging.heartbeat_interval
+        # Failed migrations whose workers are all silent: they no longer hold the budget.
+        self._parked: set[str] = set()
+        if self.migrations:
+            self._log("specon.manager.recovered", in_flight=len(self.migrations), ids=sorted(self.migrations))
+
+    # -- effects -------------------------------------------------------------------------
+    def take_effects(self) -> list[Effect]:
+        """The effects left by the inputs since the last call, in the order they arose."""
+        out, self._effects = self._effects, []
+        return out
+
+    def journaled(self, seq: int) -> None:
+        """Journal writes up to number ``seq`` are durable: commands after them may go."""
+        self._durable = max(self._durable, seq)
+
+    def _log(self, event: str, *, level: Literal["info", "warning"] = "info", **fields: object) -> None:
+        self._effects.append(Log(event, fields, level))
+
+    def emit(self, event: Event) -> None:
+        self._effects.append(event)
+
+    # -- inputs ------------------------------------------------------------------------
+    def heartbeat(self, hb: Heartbeat, now: float) -> int | None:
+        """Apply one heartbeat; the ``ack`` for its reply (None: stale, nothing applied)."""
+        if not self.state.ingest(hb, now):
+            return None
+        # A result's time on the manager clock: the agent's, shifted by this heartbeat's skew.
+        self._ingested(hb.worker, hb.containers, hb.results, now, skew=now - hb.sent_at)
+        # Only an applied heartbeat's results may be forgotten by the agent.
+        return hb.seq
+
+    def reports(
+        self,
+        worker: WorkerId,
+        now: float,
+        *,
+        containers: Iterable[ContainerReport] = (),
+        results: Iterable[CommandResult] = (),
+        usage: float | None = None,
+        step: bool = True,
+    ) -> None:
+        """The lower-level heartbeat: what changed on a known worker (the simulator's agents
+        report changes only; a container not listed stays as it was). ``step=False``
+        leaves the pass to the caller (the simulator batches many workers' reports)."""
+        listed = tuple(containers)
+        self.state.ingest_reports(worker, listed, now, usage=usage)
+        self._ingested(worker, listed, tuple(results), now, skew=0.0, step=step)
+
+    def _ingested(
+        self,
+        worker: WorkerId,
+        containers: Iterable[ContainerReport],
+        results: Iterable[CommandResult],
+        now: float,
+        *,
+        skew: float,
+        step: bool = True,
+    ) -> None:
+        self.revision += 1
+        in_flight = len(self.migrations)
+        for res in results:
+            self.result(worker, res, now if res.finished_at is None else res.finished_at + skew)
+        fresh = False
+        for rep in containers:
+            if rep.pending_request and rep.phase == "running" and rep.id not in self.requests:
+                self.requests[rep.id] = now
+                # Asked again right after an answer (the agent has not applied it yet): no news.
+                fresh = fresh or now - self._answered.get(rep.id, -math.inf) >= self._quiet
+        if not step:
+            return
+        if not fresh:
+            # A heartbeat with nothing new to decide drives migrations only: requests already
+            # waiting are decided by the next tick (every second), not by every heartbeat:
+            # 1,000 agents must not buy 1,000 decision passes a second. A migration that
+            # ended frees budget: that is news for the waiting requests.
+            self.drive(now)
+            fresh = bool(self.requests) and len(self.migrations) < in_flight
+        if fresh:
+            self.tick(now, rebalance=False)
+
+    def request(self, req: ReallocationRequest, now: float, *, step: bool = True) -> None:
+        """Queue ``req`` for Algorithm 2; ``NotHostedError`` unless the container runs on the
+        worker that asks (a worker may only ask to move its own containers). ``step=False``
+        leaves the pass to the caller (the simulator answers a tick's requests together)."""
+        if self.state.running_on(req.container) != req.worker:
+            raise NotHostedError(f"container {req.container} is not running on worker {req.worker}")
+        self.requests.setdefault(req.container, now)
+        if step:
+            self.tick(now, rebalance=False)
+
+    def goodbye(self, worker: WorkerId, now: float) -> None:
+        self.state.goodbye(worker)
+        self.revision += 1
+        self.tick(now, rebalance=False)
+
+    # -- outputs -------------------------------------------------------------------------
+    def batch_for(self, worker: WorkerId, now: float, *, ack: int | None = None) -> CommandBatch:
+        """The commands for ``worker`` whose journal writes are durable; counts them as sent."""
+        ready = self.commands.deliver(worker, self._durable)
+        return CommandBatch(manager_time=now, policy_generation=self.generation, commands=ready, ack=ack)
+
+    def has_unsent(self, worker: WorkerId) -> bool:
+        """``worker`` has a deliverable command no reply or poll carried yet (wakes a long poll)."""
+        return self.commands.has_unsent(worker, self._durable)
+
+    @property
+    def outbox(self) -> dict[WorkerId, dict[str, Command]]:
+        """Each worker's queued commands by id (read-only by convention)."""
+        return self.commands.boxes
+
+    # -- the loop ----------------------------------------------------------------------
+    def tick(self, now: float, *, rebalance: bool = True) -> bool:
+        """One pass: drive migrations, answer requests and, if asked, consider Algorithm 3;
+        True if it decided something (the simulator runs passes until one decides nothing).
+
+        Inputs call it without ``rebalance`` (cheap: nothing is built unless a request
+        waits); the manager's 1 s ticker calls it with ``rebalance=True``, which catches
+        job completions within a second as well.
+        """
+        timeout = self.policy.messaging.worker_timeout
+        if rebalance and now - self._pruned_at >= self.policy.messaging.heartbeat_interval:
+            self.prune(now)
+        self.drive(now)
+        if self.restarted and now - self.started_at < timeout:
+            return False  # a restarted manager decides only once every worker could have reported
+        rebalance = rebalance and self._rebalance_may_trigger()
+        if not (self.requests or rebalance):
+            return False
+        t0 = self.timer()
+        snap = self.state.view(now, marks=self.marks, in_flight=self.migrations.values(), placed=self.virtual)
+        # One index per pass, shared by Algorithms 2 and 3 (building it dominates both).
+        decided = self._decide(ClusterIndex.of(snap), now, rebalance=rebalance)
+        self.emit(Event("decision_pass", duration=self.timer() - t0))
+        return decided
+
+    def drive(self, now: float) -> None:
+        """Drive every migration in flight one step further (part of every ``tick``)."""
+        if self.migrations:
+            alive = self.state.alive(now, self.policy.messaging.worker_timeout)
+            for mid in list(self.migrations):
+                self._drive(mid, now, alive)
+
+    def prune(self, now: float) -> int:
+        """Forget workers and containers unseen for ``prune_after`` worker timeouts, with
+        what the coordinator holds for them; ids a migration in flight names stay."""
+        self._pruned_at = now
+        self.revision += 1
+        msg = self.policy.messaging
+        keep = {x for m in self.migrations.values() for x in (m.container, m.source, m.target)}
+        before_w = set(self.state.workers)
+        n = self.state.prune(now, msg.prune_after * msg.worker_timeout, keep)
+        if n:
+            for w in before_w - self.state.workers.keys():
+                self.emit(Event("worker_forgotten", {"worker": w}))
+                self.commands.forget(w)
+            for cid in [c for c in self.requests if c not in self.state.containers]:
+                del self.requests[cid]
+                self._deferred.discard(cid)
+            self._log("specon.manager.pruned", forgotten=n)
+        for cid in expired(self._answered, now, self._quiet):
+            del self._answered[cid]
+        return n
+
+    def record(self, m: Migration) -> None:
+        """Journal ``m`` (write-ahead: commands queued after this wait until it is durable)."""
+        self._written += 1
+        self._effects.append(PutMigration(self._written, m))
+        self.state.touch(m.container)
+        self.revision += 1
+        if m.state.terminal:
+            self.recent.append(m)
+
+    def _rebalance_may_trigger(self) -> bool:
+        """A cheap pre-check of Algorithm 3's trigger, before any snapshot is built."""
+        cfg = self.policy.rebalance
+        if cfg.mode == "off" or any(self.holds_budget(m) for m in self.migrations.values()):
+            return False
+        if cfg.when == "always":
+            return True
+        # Every running container migrated (there is at least one): one not yet ends the scan.
+        any_running = False
+        for r in self.state.containers.values():
+            if r.report.phase == "running":
+                if not (r.report.migrated or self.marks.get(r.id, UNMARKED).migrations > 0):
+                    return False
+                any_running = True
+        return any_running
+
+    def _drive(self, mid: str, now: float, alive: frozenset[WorkerId]) -> None:
+        """Drive migration ``mid`` one step further (a few Advances may chain)."""
+        warming_up = now - self.started_at < self.policy.messaging.worker_timeout
+        for _ in range(8):  # never loop forever
+            m = self.migrations.get(mid)
+            if m is None:
+                return
+            if warming_up and not {m.source, m.target} <= self.state.workers.keys():
+                return  # recovered migration: wait until its workers could have reported
+            if not warming_up and self._overdue(m, now):
+                continue
+            where = self.state.running_on(m.container)
+            step = next_step(
+                m,
+                # A silent worker's last heartbeat is no evidence the job still runs there.
+                running_on=where if where in alive else None,
+                finished=self.state.finished(m.container),
+                alive=alive,
+            )
+            if isinstance(step, Advance):
+                self._advance(m, step.state, now)
+                if step.state.terminal:
+                    return
+                continue
+            if isinstance(step, Wait):
+                self._park_if_abandoned(m, now)
+                return
+            self._parked.discard(mid)  # a worker to act on is back: it holds the budget again
+            if isinstance(step, IssueSave):
+                self._send(step.worker, self._command(m, Action.SAVE, step.worker, now))
+            elif isinstance(step, IssueStart):
+                if step.rollback and not self._retry_due(m, now):
+                    pass  # a refused restart is retried with backoff, by the ticker
+                elif not self.commands.has_start(m.id, (m.source, m.target)):  # never two at once
+                    cmd = self._command(m, Action.START, step.worker, now, rollback=step.rollback)
+                    self._send(step.worker, cmd)
+            return
+
+    def _overdue(self, m: Migration, now: float) -> bool:
+        """Roll ``m`` back if it stayed in a save or a start past its deadline (time in the
+        state as this manager saw it: a restart does not count its own downtime)."""
+        error = deadline_passed(m, now - max(m.updated_at, self.started_at), self.policy.migration)
+        if error is None:
+            return False
+        self.emit(Event("migration_timeout", {"state": m.state.value}))
+        self._log("specon.manager.migration_timeout", level="warning", migration=m.id, container=m.container,
+                  state=m.state.value, error=error)  # fmt: skip
+        self._advance(m, State.FAILED, now, error=error)
+        return True
+
+    def holds_budget(self, m: Migration) -> bool:
+        """False for a parked migration (see ``_park_if_abandoned``)."""
+        return m.id not in self._parked
+
+    def _park_if_abandoned(self, m: Migration, now: float) -> None:
+        """A failed migration waiting for a live worker whose source and target have both
+        been silent for ``park_after`` worker timeouts stops holding the budget (journaled
+        once); it still restarts the job when one of them comes back."""
+        silent = min(self.state.silent_for(m.source, now), self.state.silent_for(m.target, now))
+        note = parked(m, silent, self.policy)
+        if note is not None and m.id not in self._parked:
+            self._parked.add(m.id)
+            self.record(new := replace(m, error=f"{m.error}; {note}" if m.error else note))
+            self.migrations[m.id] = new
+            self.emit(Event("migration_parked"))
+            self._log("specon.manager.migration_parked", level="warning", migration=m.id,
+                      container=m.container, source=m.source, target=m.target)  # fmt: skip
+
+    def _advance(self, m: Migration, state: State, now: float, *, error: str | None = None) -> None:
+        changes: dict[str, object] = {}
+        if error is not None:
+            changes["error"] = error
+        if state is State.RUNNING and m.started_at is None:
+            # Seen running on the target before the start result arrived: the heartbeat
+            # time bounds the restart from above.
+            changes["started_at"] = now
+        if state is State.FAILED and m.error is None and error is None:
+            changes["error"] = why_failed(
+                m, self.state.running_on(m.container), self.state.finished(m.container)
+            )
+        new = m.to(state, at=now, **changes)
+        self.record(new)
+        self.commands.retract(m.id, (m.source, m.target))
+        if new.state.terminal:
+            self._finished(new, "done" if new.state is State.DONE else "rolled_back", now)
+        else:
+            self.migrations[m.id] = new
+            self._log("specon.manager.migration_state", migration=m.id, container=m.container,
+                      state=state.value)  # fmt: skip
+
+    def _finished(self, m: Migration, result: str, now: float) -> None:
+        del self.migrations[m.id]
+        self._parked.discard(m.id)
+        self.emit(
+            Event(
+                "migration_finished",
+                {"result": result, "reason": m.reason},
+                downtime=m.downtime,
+                duration=now - m.decided_at,
+            )
+        )
+        self._log("specon.manager.migration_finished", migration=m.id, container=m.container,
+                  result=result, downtime=m.downtime, error=m.error)  # fmt: skip
+
+    # -- Algorithm 2 -------------------------------------------------------------------
+    def _decide(self, index: ClusterIndex, now: float, *, rebalance: bool) -> bool:
+        """Act on one ``decide_pass``: answer a request, defer, or start a rebalancing move."""
+        queue = sorted(self.requests, key=self.requests.__getitem__)
+        flights = [
+            InFlight(m.container, m.source, m.target)
+            for m in self.migrations.values()
+            if self.holds_budget(m)
+        ]
+        p = decide_pass(
+            index.snapshot,
+            requests=queue,
+            in_flight=flights,
+            policy=self.policy,
+            index=index,
+            rebalance=rebalance,
+        )
+        for cid in (*p.dropped, *p.answered):
+            self.requests.pop(cid, None)
+            self._deferred.discard(cid)
+            self._answered[cid] = now
+        for cid in p.deferred:
+            if cid not in self._deferred:  # count a request once, not once per pass
+                self._deferred.add(cid)
+                self.emit(Event("request_deferred"))
+        for r in p.refused:
+            self.emit(Event("decision", {"kind": "refuse"}))
+            if r.reason is RefusalReason.MIGRATION_LIMIT:
+                # Already answered (e.g. the agent missed our mark): answer again.
+                self._mark_command(r.container, now)
+                continue
+            self._log("specon.manager.request_refused", level="warning", container=r.container,
+                      reason=r.reason.value, detail=r.detail)  # fmt: skip
+            self.emit(Event("request_refused", {"reason": r.reason.value}))
+        d = p.decision
+        if d is not None:
+            self.emit(Event("decision", {"kind": type(d).__name__.lower()}))
+            self._mark(d.container, now)
+            scores = dict(d.scores)  # not rounded here: 1,000 workers per decision add up
+            if isinstance(d, Stay):
+                self._log("specon.manager.stay", container=d.container, worker=d.worker, scores=scores)
+                self._mark_command(d.container, now)
+            elif isinstance(d, Move):
+                self._log("specon.manager.move", container=d.container, source=d.source, target=d.target,
+                          scores=scores)  # fmt: skip
+                if self._begin(d, now):
+                    self._mark_command(d.container, now)
+        if p.rebalance is not None:
+            mv = p.rebalance
+            self._mark(mv.container, now, rebalanced=True)
+            self._log("specon.manager.rebalance", container=mv.container, source=mv.source,
+                      target=mv.target)  # fmt: skip
+            self._begin(mv, now)
+        return d is not None or p.rebalance is not None
+
+    def _mark(self, cid: ContainerId, now: float, *, rebalanced: bool = False) -> None:
+        """Algorithm 2 decided for ``cid`` (the first time keeps its time), or 3 moved it."""
+        old = self.marks.get(cid) or Mark(cid)
+        if rebalanced:
+            new = replace(old, rebalances=old.rebalances + 1)
+        else:
+            first = old.migrated_at if old.migrated_at is not None else now
+            new = replace(old, migrated_at=first, migrations=old.migrations + 1)
+        self.marks[cid] = new
+        self.state.touch(cid)
+        self.revision += 1
+        self._written += 1
+        self._effects.append(PutMark(self._written, new))
+
+    def _mark_command(self, cid: ContainerId, now: float) -> None:
+        worker = self.state.running_on(cid)
+        if worker is None:
+            return
+        self._send(worker, mark_command(cid, now, self.policy))
+
+    # -- migrations and commands -------------------------------------------------------
+    def new_migration(self, move: Move, now: float) -> Migration:
+        reason: Reason = move.reason
+        mid = f"m{int(now * 1000):x}-{next(self._ids)}"
+        return Migration(mid, move.container, move.source, move.target, reason, State.DECIDED, now, now)
+
+    def _begin(self, move: Move, now: float) -> bool:
+        """Carry out a decided move: a journaled migration (save on the source, start on the
+        target), or under dry-run only its record. True when it was a dry run."""
+        if self.policy.migration.dry_run:
+            self.record_dry_run(move, now)
+            return True
+        self.open_migration(move, now)
+        return False
+
+    def record_dry_run(self, move: Move, now: float) -> Migration:
+        """Journal ``move`` as decided but never executed (dry-run), and let later decisions
+        count the container on its target, as they would after a live move."""
+        self.virtual[move.container] = move.target
+        m = self.new_migration(move, now)
+        m = m.to(State.FAILED, at=now, error="dry-run: decided, not executed")
+        m = m.to(State.ROLLED_BACK, at=now)
+        self.record(m)
+        self.emit(Event("migration_finished", {"result": "dry_run", "reason": m.reason}))
+        self._log("specon.manager.dry_run_move", container=move.container, source=move.source,
+                  target=move.target, reason=move.reason)  # fmt: skip
+        return m
+
+    def open_migration(self, move: Move, now: float) -> None:
+        m = self.new_migration(move, now)
+        self.record(m)
+        self.migrations[m.id] = m
+        self._log("specon.manager.migration_decided", migration=m.id, container=m.container,
+                  source=m.source, target=m.target, reason=m.reason)  # fmt: skip
+        self._drive(m.id, now, self.state.alive(now, self.policy.messaging.worker_timeout))
+
+    def _command(
+        self, m: Migration, action: Action, worker: WorkerId, now: float, *, rollback: bool = False
+    ) -> Command:
+        # The container arrives frozen in CC only if Algorithm 2 has decided for it; a
+        # rebalanced container that never requested keeps being classified.
+        migrated = action is Action.START and self.marks.get(m.container, UNMARKED).migrations > 0
+        return migration_command(m, action, worker, now, self.policy, migrated=migrated, rollback=rollback)
+
+    def _send(self, worker: WorkerId, cmd: Command) -> None:
+        if self.commands.put(worker, cmd, after_write=self._written):
+            self._log("specon.manager.command_queued", worker=worker, command=cmd.id, action=cmd.action.value)
+            self._effects.append(CommandQueued(worker, cmd))
+
+    def _retry_due(self, m: Migration, now: float) -> bool:
+        """After n refused restarts, wait heartbeat_interval * 2^(n-1), at most worker_timeout."""
+        n = self._refusals.get(m.id, 0)
+        if n == 0:
+            return True
+        msg = self.policy.messaging
+        wait = min(msg.worker_timeout, msg.heartbeat_interval * float(2 ** min(n - 1, 16)))
+        return now - m.updated_at >= wait
+
+    def result(self, worker: WorkerId, res: CommandResult, at: float) -> None:
+        """Apply one command result (repeats and results for finished work are ignored)."""
+        cmd = self.commands.pop(worker, res.command)
+        if cmd is None:
+            return  # a repeat of a result already applied
+        if cmd.action is Action.MARK_MIGRATED or cmd.migration is None:
+            return
+        m = self.migrations.get(cmd.migration)
+        if m is None:
+            return
+        rollback = cmd.rollback  # the command as we queued it, not the id the agent echoed
+        if cmd.action is Action.START and not res.ok and res.detail.get("finished"):
+            # The runtime says the job has completed (e.g. during a save cut short): there is
+            # nothing to start, and retrying would hold the budget for ever.
+            if m.state is not State.FAILED:
+                self._advance(m, State.FAILED, at, error="job finished during the migration")
+            self._advance(self.migrations[m.id], State.ROLLED_BACK, at)
+            return
+        if not res.ok:
+            self._log("specon.manager.command_failed", level="warning", command=res.command, worker=worker,
+                      error=res.error)  # fmt: skip
+            if not rollback and m.state in (State.SAVING, State.RESTORING):
+                self.record(new := m.to(State.FAILED, at=at, error=res.error, attempts=m.attempts + 1))
+                self.migrations[m.id] = new
+            elif rollback and m.state is State.FAILED:
+                # E.g. refused because a copy still runs somewhere: retry later, fresh id.
+                self._refusals[m.id] = self._refusals.get(m.id, 0) + 1
+                self.record(new := replace(m, attempts=m.attempts + 1, updated_at=at))
+                self.migrations[m.id] = new
+            return
+        if cmd.action is Action.SAVE and m.state is State.SAVING and res.detail.get("finished"):
+            self._advance(m, State.FAILED, at)  # the job completed meanwhile: nothing to move
+            return
+        if cmd.action is Action.SAVE and m.state is State.SAVING:
+            # The job stopped training at the SIGTERM, before the checkpoint was written.
+            began = res.detail.get("began_at")
+            stopped = at - (res.finished_at - began) if isinstance(began, float) and res.finished_at else at
+            new = m.to(
+                State.SAVED,
+                at=at,
+                checkpoint=res.checkpoint,
+                checkpoint_step=res.checkpoint_step,
+                stopped_at=stopped,
+            )
+            self.record(new)
+            self.migrations[m.id] = new
+        elif cmd.action is Action.START and not rollback and m.state is State.RESTORING:
+            self.record(new := m.to(State.RUNNING, at=at, started_at=at))
+            self.migrations[m.id] = new
+        elif cmd.action is Action.START and rollback and m.state is State.FAILED:
+            self.record(new := m.to(State.ROLLED_BACK, at=at, started_at=at))
+            self._finished(new, "rolled_back", at)

@@ -1,0 +1,120 @@
+"""Commands for agents: how the coordinator makes them and keeps them until they ran (no I/O).
+
+A command stays in its worker's box until a result says it ran (heartbeat replies repeat
+it; each is idempotent on the agent). Write-ahead: a command is handed out only once the
+journal writes made before it are durable — each carries the number of the last write
+before it (its gate), and ``durable`` is the highest write the shell reported durable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from specon.config import Policy
+from specon.coordinator.migration import Migration
+from specon.model import ContainerId, WorkerId
+from specon.wire.protocol import Action, Command
+
+
+def migration_command(
+    m: Migration,
+    action: Action,
+    worker: WorkerId,
+    now: float,
+    policy: Policy,
+    *,
+    migrated: bool,
+    rollback: bool = False,
+) -> Command:
+    """The save or start (or rollback start) of ``m`` on ``worker``."""
+    kind = "rollback" if rollback else action.value
+    return Command(
+        # A retry after a failed result is a new command: the agent answers a repeated id
+        # from its memory instead of running it again. The id is unique per step and
+        # attempt; what the command means is in its fields (``rollback``), never parsed
+        # back out of the id.
+        id=f"{m.id}:{kind}:{worker}:{m.attempts}",
+        action=action,
+        container=m.container,
+        deadline=now + policy.migration.grace_period + policy.messaging.worker_timeout,
+        migration=m.id,
+        checkpoint=m.checkpoint,
+        checkpoint_step=m.checkpoint_step,
+        target=m.target if action is Action.SAVE else None,
+        migrated=migrated,
+        # No spec: the target starts the job as it was submitted (its own runtime's
+        # record), never as a save result reported it (SPEC §6, security model).
+        rollback=rollback,
+    )
+
+
+def mark_command(cid: ContainerId, now: float, policy: Policy) -> Command:
+    """Tell the agent that Algorithm 2 has decided for ``cid`` (it freezes the job in CC)."""
+    return Command(
+        id=f"mark:{cid}",
+        action=Action.MARK_MIGRATED,
+        container=cid,
+        deadline=now + policy.messaging.worker_timeout,
+    )
+
+
+class Outbox:
+    def __init__(self) -> None:
+        self.boxes: dict[WorkerId, dict[str, Command]] = {}
+        self._gate: dict[str, int] = {}  # command id -> journal writes it waits for
+        # Command ids each worker has already been sent (by a reply or a poll).
+        self._delivered: dict[WorkerId, set[str]] = {}
+
+    def put(self, worker: WorkerId, cmd: Command, *, after_write: int) -> bool:
+        """Queue ``cmd`` behind journal write ``after_write``; False if it is queued already."""
+        box = self.boxes.setdefault(worker, {})
+        if cmd.id in box:
+            return False
+        box[cmd.id] = cmd
+        self._gate[cmd.id] = after_write
+        return True
+
+    def pop(self, worker: WorkerId, command_id: str) -> Command | None:
+        """Take out the command a result answers (None: answered already, or unknown)."""
+        self._gate.pop(command_id, None)
+        return self.boxes.get(worker, {}).pop(command_id, None)
+
+    def deliver(self, worker: WorkerId, durable: int) -> tuple[Command, ...]:
+        """The commands ``worker`` may have now; counts them as sent."""
+        box = self.boxes.get(worker, {})
+        ready = {cid: cmd for cid, cmd in box.items() if self._gate.get(cid, 0) <= durable}
+        if ready or worker in self._delivered:  # nothing is kept for a worker never sent anything
+            delivered = self._delivered.setdefault(worker, set())
+            delivered.intersection_update(box)
+            delivered.update(ready)
+        return tuple(ready.values())
+
+    def has_unsent(self, worker: WorkerId, durable: int) -> bool:
+        """A deliverable command no reply or poll carried yet (wakes a long poll)."""
+        seen = self._delivered.get(worker, set())
+        return any(
+            cid not in seen and self._gate.get(cid, 0) <= durable for cid in self.boxes.get(worker, {})
+        )
+
+    def has_start(self, migration: str, workers: Iterable[WorkerId]) -> bool:
+        """A start of ``migration`` is queued on one of ``workers`` (never two at once)."""
+        return any(
+            c.migration == migration and c.action is Action.START
+            for w in set(workers)
+            for c in self.boxes.get(w, {}).values()
+        )
+
+    def retract(self, migration: str, workers: Iterable[WorkerId]) -> None:
+        """Withdraw ``migration``'s commands from ``workers`` (a migration only ever commands
+        its source and its target)."""
+        for w in set(workers):
+            box = self.boxes.get(w, {})
+            for cid in [c for c, cmd in box.items() if cmd.migration == migration]:
+                del box[cid]
+                self._gate.pop(cid, None)
+
+    def forget(self, worker: WorkerId) -> None:
+        """Drop everything kept for a pruned worker."""
+        for cid in self.boxes.pop(worker, {}):
+            self._gate.pop(cid, None)
+        self._delivered.pop(worker, None)

@@ -1,0 +1,63 @@
+"""Command-line pieces both daemons share: bearer tokens and HOST:PORT arguments."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import TypeVar
+
+import structlog
+
+from specon.daemon.settings import AgentSettings, ManagerSettings, SettingsError
+
+S = TypeVar("S", AgentSettings, ManagerSettings)
+
+# Placeholders that docs and old manifests used: never accepted as a credential.
+PLACEHOLDER_TOKENS = frozenset({"change-me", "changeme", "placeholder", "specon-token", "replace-me"})
+MIN_TOKEN_BYTES = 32
+
+
+class WeakTokenError(ValueError):
+    """A token that must not guard anything (a placeholder, too short); says why."""
+
+
+def check_token_strength(token: str, *, what: str = "token") -> str:
+    """``token`` if it is fit to guard the manager, else ``WeakTokenError`` saying why."""
+    if token.strip().lower() in PLACEHOLDER_TOKENS or token.upper().startswith("REPLACE"):
+        raise WeakTokenError(f"the {what} is the documented placeholder: generate one (make deploy does)")
+    size = len(token.encode("utf-8", "replace"))
+    if size < MIN_TOKEN_BYTES:
+        raise WeakTokenError(
+            f"the {what} is {size} bytes; at least {MIN_TOKEN_BYTES} are required (`openssl rand -hex 32`)"
+        )
+    return token
+
+
+def read_token(path: str | None) -> str:
+    """The bearer token: ``--token-file`` (a mounted Secret), else ``$SPECON_TOKEN``."""
+    if path:
+        return Path(path).read_text().strip()
+    return os.environ.get("SPECON_TOKEN", "").strip()
+
+
+def load_settings(cls: type[S], prog: str) -> S | None:
+    """``cls.from_env()`` for daemon ``prog``: None (after saying why on stderr) when a value
+    is bad; unknown ``SPECON_*`` variables are logged, not fatal."""
+    try:
+        settings = cls.from_env()
+    except SettingsError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None
+    for var in cls.unknown_variables():
+        structlog.get_logger().warning(f"specon.{prog.removeprefix('specon-')}.unknown_setting", variable=var)
+    return settings
+
+
+def split_listen(value: str) -> tuple[str, int]:
+    """Parse ``HOST:PORT`` (``[::1]:80`` too) for argparse."""
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)

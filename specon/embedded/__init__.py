@@ -1,0 +1,8 @@
+"""The embedded default: a whole specon cluster on one machine, and the demo that runs on it.
+
+- ``cluster``: a manager process and one agent process per worker, on loopback;
+- ``demo``: ``specon demo``, the default scheduler (DS) against specon on the same arrivals;
+- ``live_policies``: the named policies the demo runs live;
+- ``docker_hosts``, ``docker_workers``, ``host_image``: workers as private Docker engines on
+  this machine, with an image made from this host's own Python (offline).
+"""

@@ -1,0 +1,278 @@
+"""The embedded default: a whole specon cluster on one machine, as real processes.
+
+A manager process on 127.0.0.1 and one agent process per worker, each on its own
+loopback address (127.0.0.2, 127.0.0.3, ...), talking real HTTP; workers are CPU-budgeted
+cgroups of the local runtime (or, with ``runtime="docker"``, one private Docker engine each,
+its containers sharing the worker's CPU budget: ``specon.embedded.docker_hosts``); jobs are real
+training processes whose logs and checkpoints live in one directory standing for the
+persistent volume. Used by ``specon demo`` and by the end-to-end tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal
+
+import aiohttp
+import structlog
+import yaml
+
+from specon.model import WorkerId
+from specon.runtime.base import ContainerInfo, JobSpec, Runtime
+from specon.runtime.local.cluster import LocalCluster
+from specon.wire import protocol
+from specon.wire.protocol import Status
+
+if TYPE_CHECKING:
+    from specon.embedded.docker_workers import DockerWorkers
+
+RuntimeName = Literal["local", "docker"]
+
+log = structlog.get_logger()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(slots=True)
+class Daemon:
+    name: str
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    argv: list[str] = field(default_factory=list)
+
+
+class EmbeddedCluster:
+    """Start with ``async with EmbeddedCluster(...) as c``; everything is stopped on exit."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        workers: int,
+        cpus_per_worker: float,
+        policy: Path | None = None,
+        name: str | None = None,
+        python: str = sys.executable,
+        with_specon: bool = True,
+        runtime: RuntimeName = "local",
+        warm: bool = False,
+    ) -> None:
+        self.root = root
+        self.volume = root / "volume"
+        self.logs = root / "logs"
+        self.n_workers = workers
+        self.cpus = cpus_per_worker
+        self.policy = policy
+        self.name = name or f"e{os.getpid()}{secrets.token_hex(2)}"
+        self.python = python
+        self.with_specon = with_specon
+        self.runtime_name = runtime
+        # Local runtime: built-in workload jobs fork from a warm interpreter per worker, in
+        # the driver (first starts) and in each agent (restores).
+        self.warm = warm and runtime == "local"
+        self.docker: DockerWorkers | None = None
+        # One token per agent (it speaks only for its own worker) and one to read status.
+        self.tokens_dir = root / "tokens"
+        self.agent_tokens = {w: secrets.token_urlsafe(32) for w in self.workers}
+        self.read_token = secrets.token_urlsafe(32)
+        self.manager: Daemon | None = None
+        self.agents: dict[WorkerId, Daemon] = {}
+        self.cluster: LocalCluster | None = None
+
+    @property
+    def workers(self) -> list[WorkerId]:
+        return [WorkerId(f"w{i}") for i in range(self.n_workers)]
+
+    def runtime(self, worker: WorkerId) -> Runtime:
+        if self.docker is not None:
+            return self.docker.runtimes[worker]
+        assert self.cluster is not None, "cluster not started"
+        return self.cluster.runtimes[worker]
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def __aenter__(self) -> EmbeddedCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self.volume.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self._write_tokens()
+        # The driver's own view of the workers: to submit jobs and to tear everything down.
+        if self.runtime_name == "docker":
+            from specon.embedded.docker_workers import DockerWorkers  # noqa: PLC0415  (the docker SDK)
+
+            self.docker = await asyncio.to_thread(
+                DockerWorkers.start, self.root / "engines", self.volume, self.workers, self.cpus, self.name
+            )
+        else:
+            self.cluster = LocalCluster(
+                self.volume, [self.cpus] * self.n_workers, name=self.name, warm=self.warm
+            )
+        if not self.with_specon:
+            await self._warm_up()
+            return
+        try:
+            await self.start_manager()
+            for i, w in enumerate(self.workers):
+                await self.start_agent(w, f"127.0.0.{i + 2}")
+            await self._warm_up()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _warm_up(self) -> None:
+        """Wait (bounded) for the driver's warm interpreters, so a run's clock starts with
+        them imported; the agents' import at the same time."""
+        if self.cluster is not None and not await self.cluster.warm_up():
+            log.warning("specon.embedded.warm_timeout", reason="jobs start cold until it is ready")
+
+    def _write_tokens(self) -> None:
+        self.tokens_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+        def secret(name: str, text: str) -> None:
+            path = self.tokens_dir / name
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+
+        secret("agents.yaml", yaml.safe_dump(dict(self.agent_tokens)))
+        secret("read", self.read_token)
+        for w, token in self.agent_tokens.items():
+            secret(f"agent-{w}", token)
+
+    async def start_manager(self, port: int | None = None) -> Daemon:
+        port = port or (int(self.manager.url.rsplit(":", 1)[1]) if self.manager else free_port())
+        argv = [
+            self.python, "-m", "specon_manager",
+            "--listen", f"127.0.0.1:{port}",
+            "--agent-tokens", str(self.tokens_dir / "agents.yaml"),
+            "--read-token-file", str(self.tokens_dir / "read"),
+            "--state-dir", str(self.root / "manager"),
+        ]  # fmt: skip
+        if self.policy is not None:
+            argv += ["--policy", str(self.policy)]
+        self.manager = await self._spawn("manager", f"http://127.0.0.1:{port}", argv)
+        return self.manager
+
+    async def start_agent(self, worker: WorkerId, host: str, port: int | None = None) -> Daemon:
+        assert self.manager is not None
+        port = port or free_port(host)
+        argv = [
+            self.python, "-m", "specon_agent",
+            "--worker", worker,
+            "--listen", f"{host}:{port}",
+            "--manager", self.manager.url,
+            "--volume", str(self.volume),
+            "--token-file", str(self.tokens_dir / f"agent-{worker}"),
+        ]  # fmt: skip
+        if self.docker is not None:
+            argv += self.docker.agent_args(worker)
+        else:
+            argv += ["--cpus", str(self.cpus), "--cluster", self.name]
+            if self.warm:
+                argv.append("--warm")
+        if self.policy is not None:
+            argv += ["--policy", str(self.policy)]
+        d = await self._spawn(f"agent-{worker}", f"http://{host}:{port}", argv)
+        self.agents[worker] = d
+        return d
+
+    async def _spawn(self, name: str, url: str, argv: list[str]) -> Daemon:
+        log_path = self.logs / f"{name}.log"
+        out = open(log_path, "ab")  # noqa: SIM115 - the child owns it for its lifetime
+        try:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            out.close()
+        d = Daemon(name, url, proc, log_path, argv)
+        await self._wait_healthy(d)
+        return d
+
+    async def _wait_healthy(self, d: Daemon, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as s:
+            while time.monotonic() < deadline:
+                if d.proc.poll() is not None:
+                    tail = d.log_path.read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"{d.name} exited with {d.proc.returncode}:\n{tail}")
+                with contextlib.suppress(aiohttp.ClientError, OSError):
+                    async with s.get(d.url + "/healthz", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                        if r.status == 200:
+                            return
+                await asyncio.sleep(0.1)
+        raise TimeoutError(f"{d.name} not healthy after {timeout}s; see {d.log_path}")
+
+    def kill(self, d: Daemon, sig: int = signal.SIGKILL) -> None:
+        """Signal a daemon (SIGKILL: a crash, for fault tests) and reap it."""
+        with contextlib.suppress(ProcessLookupError):
+            d.proc.send_signal(sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            d.proc.wait(timeout=30)
+
+    async def stop(self) -> None:
+        """Stop agents and manager (SIGTERM, then SIGKILL), kill every job, remove cgroups."""
+        daemons = [*self.agents.values(), *([self.manager] if self.manager else [])]
+        for d in daemons:
+            with contextlib.suppress(ProcessLookupError):
+                d.proc.send_signal(signal.SIGTERM)
+        for d in daemons:
+            try:
+                await asyncio.to_thread(d.proc.wait, 15)
+            except subprocess.TimeoutExpired:
+                d.proc.kill()
+                await asyncio.to_thread(d.proc.wait)
+        self.agents.clear()
+        self.manager = None
+        if self.cluster is not None:
+            await self.cluster.teardown()
+            self.cluster = None
+        if self.docker is not None:
+            await self.docker.teardown()
+            self.docker = None
+
+    # -- jobs and status ---------------------------------------------------------------------
+    async def submit(self, spec: JobSpec, worker: WorkerId) -> ContainerInfo:
+        """Start a job on ``worker`` (the initial placement is the caller's, as in the paper)."""
+        if self.docker is not None:
+            spec = self.docker.containerised(spec)
+        return await self.runtime(worker).start(spec)
+
+    async def containers(self) -> list[ContainerInfo]:
+        out: list[ContainerInfo] = []
+        for w in self.workers:
+            out += await self.runtime(w).list_containers()
+        return out
+
+    async def status(self) -> Status:
+        assert self.manager is not None
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(
+                self.manager.url + protocol.STATUS_PATH,
+                headers={protocol.AUTH_HEADER: f"Bearer {self.read_token}"},
+                timeout=aiohttp.ClientTimeout(total=10),
+            ) as r,
+        ):
+            return protocol.decode(await r.read(), Status)

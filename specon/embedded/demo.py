@@ -1,0 +1,228 @@
+"""``specon demo``: the default scheduler (DS) against specon on the same arrivals, for real.
+
+Both runs use the embedded default (``specon.embedded.cluster``): W workers with a CPU budget each,
+real PyTorch training jobs, the paper's fixed initial placement (round-robin by
+submission order). The DS run has no specon daemons at all; the specon run adds the
+manager and one agent per worker, which classify the jobs and move converged ones by
+save/restore. A job's JCT is read from its own progress log (submit -> its
+``finished`` record), so both runs are measured the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from specon.embedded.cluster import EmbeddedCluster, RuntimeName
+from specon.evaluation import JobResult, MigrationRecord, RunResult
+from specon.model import ContainerId, Resources, WorkerId
+from specon.progress.last import last_record
+from specon.runtime.base import ContainerInfo, JobSpec
+from specon.sim.detection import SMOOTH_HALF_WIDTH_STEPS, ground_truth_index
+
+Say = Callable[[str], None]
+MODELS = ("vae", "gru", "birnn", "rnn", "dynrnn")
+
+
+@dataclass(frozen=True, slots=True)
+class DemoJob:
+    id: str
+    model: str
+    submit: float  # seconds after the run starts
+    steps: int
+    seed: int
+
+
+def make_workload(
+    *,
+    jobs: int,
+    window: float,
+    seed: int,
+    steps: Callable[[str], int],
+    models: Sequence[str] = MODELS,
+    spread: float = 0.0,
+) -> list[DemoJob]:
+    """``jobs`` random-model jobs arriving uniformly in [0, window] (sorted), seeded.
+
+    Each job trains ``steps(model)`` steps times a factor uniform in [1 - spread, 1 + spread]
+    (jobs of one size finish together, which leaves a scheduler nothing to improve).
+    """
+    rng = random.Random(seed)
+    arrivals = sorted(rng.uniform(0.0, window) for _ in range(jobs))
+    if arrivals:
+        arrivals[0] = 0.0  # the run starts with its first job
+    out = []
+    for i, t in enumerate(arrivals):
+        model = rng.choice(list(models))
+        n = max(1, round(steps(model) * rng.uniform(1.0 - spread, 1.0 + spread)))
+        out.append(DemoJob(f"job-{i + 1:02d}", model, round(t, 3), n, rng.randrange(1 << 30)))
+    return out
+
+
+# Steps between two progress records of a demo job.
+LOG_EVERY = 5
+
+
+def job_spec(job: DemoJob, *, python: str = sys.executable, log_every: int = LOG_EVERY) -> JobSpec:
+    argv = (
+        python, "-m", "specon.workloads",
+        "--model", job.model,
+        "--steps", str(job.steps),
+        "--seed", str(job.seed),
+        "--log-every", str(log_every),
+    )  # fmt: skip
+    return JobSpec(
+        id=ContainerId(job.id),
+        command=argv,
+        requests=Resources(cpu=0.0),
+        labels=(("model", job.model),),
+        steps=job.steps,
+        model=job.model,
+    )
+
+
+def quality_time(progress: Path, *, log_every: int) -> float | None:
+    """When the job's logged loss reached 95 % of its final improvement (the detection
+    benchmark's ground truth, ``specon.sim.detection``), as its record's wall-clock ``ts``."""
+    stamps: list[float] = []
+    losses: list[float] = []
+    try:
+        lines = progress.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            loss, ts = float(rec["loss"]), float(rec["ts"])
+        except (ValueError, KeyError, TypeError):
+            continue  # event records (started, finished, ...) carry no loss
+        if math.isfinite(loss) and math.isfinite(ts):
+            stamps.append(ts)
+            losses.append(loss)
+    if not losses:
+        return None
+    half_width = max(0, round(SMOOTH_HALF_WIDTH_STEPS / log_every))
+    return stamps[ground_truth_index(tuple(losses), half_width=half_width)]
+
+
+def _finished_record(progress: Path) -> dict[str, object] | None:
+    """The job's ``finished`` progress record, if that is its last record."""
+    record = last_record(progress)
+    return record if record is not None and record.get("event") == "finished" else None
+
+
+async def run_once(
+    jobs: Sequence[DemoJob],
+    *,
+    root: Path,
+    workers: int,
+    cpus_per_worker: float,
+    with_specon: bool,
+    policy: Path | None,
+    say: Say,
+    deadline: float,
+    label: str,
+    runtime: RuntimeName = "local",
+    warm: bool = True,
+) -> RunResult:
+    """One run: submit at the arrival times, watch until every job finished (or the deadline).
+    ``warm``: jobs start and restore from a warm interpreter per worker (local runtime)."""
+    wids = [WorkerId(f"w{i}") for i in range(workers)]
+    async with EmbeddedCluster(
+        root,
+        workers=workers,
+        cpus_per_worker=cpus_per_worker,
+        policy=policy,
+        with_specon=with_specon,
+        runtime=runtime,
+        warm=warm,
+    ) as cluster:
+        t0 = time.time()
+        pending = list(jobs)
+        where: dict[str, list[tuple[float, str]]] = {}
+        finish: dict[str, tuple[float, int]] = {}
+        quality: dict[str, float | None] = {}
+        infos: dict[str, ContainerInfo] = {}
+        seen_migrations: set[str] = set()
+        next_report = 0.0
+        while len(finish) < len(jobs):
+            now = time.time() - t0
+            if now > deadline:
+                say(
+                    f"[{label} {now:6.1f}s] deadline reached with {len(jobs) - len(finish)} job(s) unfinished"
+                )
+                break
+            while pending and pending[0].submit <= now:
+                job = pending.pop(0)
+                i = jobs.index(job)
+                worker = wids[i % workers]  # the paper's fixed round-robin placement
+                info = await cluster.submit(job_spec(job), worker)
+                infos[job.id] = info
+                where[job.id] = [(round(job.submit, 3), worker)]
+                say(f"[{label} {now:6.1f}s] submit {job.id} ({job.model}, {job.steps} steps) -> {worker}")
+            running: dict[str, int] = dict.fromkeys(wids, 0)
+            for c in await cluster.containers():
+                if c.alive:
+                    running[c.worker] += 1
+                    hist = where.setdefault(c.id, [])
+                    if hist and hist[-1][1] != c.worker:
+                        hist.append((round(now, 3), c.worker))
+                if c.id in finish or c.id not in infos:
+                    continue
+                rec = _finished_record(c.progress_path)
+                if rec is not None and not c.alive:
+                    ts = float(rec.get("ts", time.time()))  # type: ignore[arg-type]
+                    done = int(rec.get("steps", rec.get("step", 0)))  # type: ignore[call-overload]
+                    finish[c.id] = (ts - t0, done)
+                    q = quality_time(c.progress_path, log_every=LOG_EVERY)
+                    quality[c.id] = None if q is None else q - t0
+                    jct = ts - t0 - next(j.submit for j in jobs if j.id == c.id)
+                    say(f"[{label} {now:6.1f}s] {c.id} finished on {c.worker}: JCT {jct:.1f}s")
+            if with_specon:
+                with contextlib.suppress(Exception):
+                    st = await cluster.status()
+                    for m in st.migrations:
+                        if m.id not in seen_migrations and m.state.value in ("done", "rolled_back"):
+                            seen_migrations.add(m.id)
+                            down = "" if m.downtime is None else f", downtime {m.downtime:.1f}s"
+                            say(
+                                f"[{label} {now:6.1f}s] {m.reason} migration of {m.container}: "
+                                f"{m.source} -> {m.target} {m.state.value}{down}"
+                            )
+            if now >= next_report:
+                load = " ".join(f"{w}:{n}" for w, n in running.items())
+                say(f"[{label} {now:6.1f}s] finished {len(finish)}/{len(jobs)}; running per worker {load}")
+                next_report = now + 30.0
+            await asyncio.sleep(0.5)
+        migrations: list[MigrationRecord] = []
+        if with_specon:
+            st = await cluster.status()
+            for m in st.migrations:
+                if m.state.value == "done":
+                    migrations.append(
+                        MigrationRecord(
+                            m.container, m.source, m.target, m.reason, round(m.decided_at - t0, 3), m.downtime
+                        )
+                    )
+    results = tuple(
+        JobResult(
+            id=j.id,
+            model=j.model,
+            submit=j.submit,
+            finish=finish[j.id][0] if j.id in finish else None,
+            steps=j.steps,
+            steps_done=finish[j.id][1] if j.id in finish else 0,
+            worker_history=tuple(where.get(j.id, ())),
+            quality_time=quality.get(j.id),
+        )
+        for j in jobs
+    )
+    return RunResult(jobs=results, migrations=tuple(migrations))

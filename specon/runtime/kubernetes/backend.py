@@ -1,0 +1,598 @@
+"""The Kubernetes runtime: a worker is a node, a container is a managed pod bound to it.
+
+The backend, one concern a module: ``k8s_api`` the REST client (plain JSON manifests over
+the official client's connection, and why it stays on threads), ``k8s_watch`` the list+watch
+cache, ``k8s_calls`` the REST calls on a job's pods and restore record, ``k8s_usage`` the
+usage readings, ``k8s_pods``/``k8s_nodes``/``k8s_restore`` the pure rules (applied to exactly
+what the API server sends), and this module the runtime; the save skeleton it shares with
+the other backends is ``specon.runtime.saving``. The client names stay importable from here.
+
+One ``KubernetesRuntime`` per agent, for the agent's node. Pods on the node that match the
+label selector are its containers (kept current by a watch on the node's pods, relisting
+after ``410 Gone``); its node object is watched the same way for capacity, labels, taints.
+A container is a job, identified by (namespace, job): its id is ``<namespace>.<job>``.
+
+Save (SPEC §6) first records the pod, as the API server holds it, in the job's restore
+record (``k8s_restore``), then goes through the **Eviction API**, with the save's grace
+period as the eviction's ``gracePeriodSeconds``: the API server honours
+PodDisruptionBudgets (a blocked eviction, HTTP 429, is a ``SaveFailed`` and the pod keeps
+running), the kubelet sends SIGTERM, the job checkpoints to the shared volume and exits, and
+the pod object goes away. The runtime waits for that, then verifies the newest complete
+checkpoint on the volume. Past the grace period the kubelet has SIGKILLed the job: the
+result is its newest complete checkpoint (``forced``). A pod still there long after the
+grace period (a kubelet that does not answer) is never force-deleted: it may still run, so
+the save fails and no copy starts.
+
+Start takes nothing from the ``JobSpec`` it is given but the job's id: the copy is made from
+the job's pod as the API server holds it (a pod of the job that still exists, else the
+restore record), in the job's own namespace, pinned with ``spec.nodeName`` (see
+``k8s_pods.restored_pod``), and refused if it would gain a privilege the original lacked
+(``k8s_restore.privilege_gains``). It refuses while any pod of the job that has not
+terminated exists anywhere (``AlreadyRunning``); pod names are unique per generation, so two
+racing starts cannot both create one. ``job_spec`` answers from the same trusted sources.
+
+Deviations from the local runtime, inherent to pods: a saved or stopped pod is deleted, so
+it is no longer listed afterwards; ``forget`` deletes an ended pod (and a finished job's
+restore record).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import structlog
+from kubernetes import client as k8s_client
+
+from specon import checkpoint as ckpt
+from specon import jobkit
+from specon.model import ContainerId, WorkerId
+from specon.progress.last import last_event
+from specon.runtime.base import (
+    AlreadyFinished,
+    AlreadyRunning,
+    ContainerInfo,
+    ContainerState,
+    JobSpec,
+    NoSuchContainer,
+    Runtime,
+    RuntimeFailure,
+    SaveFailed,
+    SaveResult,
+    StartFailed,
+    StillRunning,
+    WorkerUsage,
+    valid_job_id,
+)
+from specon.runtime.kubernetes import pods, restore
+from specon.runtime.kubernetes.api import KubeApi, KubeError, load_api_client, pods_path
+from specon.runtime.kubernetes.calls import PodCalls, record_path
+from specon.runtime.kubernetes.cgroup import CGROUP_ROOT, PodCgroups, pod_cpu_limit
+from specon.runtime.kubernetes.pods import DEFAULT_CLAIM, DEFAULT_SELECTOR, Manifest, PodError, SharedVolume
+from specon.runtime.kubernetes.usage import NodeUsage
+from specon.runtime.kubernetes.watch import Informer
+from specon.runtime.saving import run_save
+
+__all__ = ["Informer", "KubeApi", "KubeError", "KubernetesRuntime", "load_api_client", "pods_path"]
+
+log = structlog.get_logger()
+
+_POLL_S = 0.05  # between looks at the (watch-fed) cache while waiting for a pod to go
+_SYNC_WAIT_S = 10.0  # for a new watch's first list before falling back to a direct list
+_SIGKILL_EXIT = 137
+
+
+@dataclass(frozen=True, slots=True)
+class _Pod:
+    """A managed pod on this node, understood."""
+
+    manifest: Manifest
+    job: ContainerId
+    spec: JobSpec
+    progress: Path
+    checkpoints: Path
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return pods.key_of(self.manifest)
+
+    @property
+    def name(self) -> str:
+        return f"{self.key[0]}/{self.key[1]}"
+
+
+class KubernetesRuntime:
+    """One node's managed pods, through the Kubernetes API."""
+
+    def __init__(
+        self,
+        api: k8s_client.ApiClient | KubeApi,
+        node: str,
+        *,
+        volume_root: Path,
+        namespace: str | None = None,
+        selector: str = DEFAULT_SELECTOR,
+        claim: str | None = DEFAULT_CLAIM,
+        host_path: str | None = None,
+        include_owned: bool = False,
+        watch: bool = True,
+        metrics: bool = True,
+        kill_slack: float = 30.0,
+        proc: Path = Path("/proc"),
+        cgroup_root: Path = CGROUP_ROOT,
+    ) -> None:
+        try:
+            valid_job_id(node)
+        except ValueError as exc:
+            raise ValueError(f"invalid node name: {exc}") from exc
+        self.api = api if isinstance(api, KubeApi) else KubeApi(api)
+        self._worker = WorkerId(node)
+        self.node = node
+        self.volume_root = volume_root
+        self.namespace = namespace
+        self.selector = selector
+        self._requirements = pods.parse_selector(selector)
+        self.volume = SharedVolume(claim=claim, host_path=host_path)
+        self.include_owned = include_owned
+        self.kill_slack = kill_slack
+        self._busy: dict[ContainerId, ContainerState] = {}
+        # The last state seen of pods being saved or stopped: their exit code, once gone.
+        self._last_seen: dict[tuple[str, str], Manifest] = {}
+        self.skipped: dict[str, int] = {}
+        self._warned: set[tuple[str, str]] = set()
+        self._pod_query = {"labelSelector": selector, "fieldSelector": f"spec.nodeName={node}"}
+        self._node_query = {"fieldSelector": f"metadata.name={node}"}
+        self._pods = (
+            Informer(
+                self.api, pods_path(namespace), name=f"pods-{node}", query=self._pod_query, accept=self._ours
+            )
+            if watch
+            else None
+        )
+        self._node_watch = (
+            Informer(
+                self.api,
+                "/api/v1/nodes",
+                name=f"node-{node}",
+                query=self._node_query,
+                accept=lambda o: pods.meta(o).get("name") == node,
+            )
+            if watch
+            else None
+        )
+        self._node: Manifest | None = None
+        self._calls = PodCalls(self.api, selector)
+        self._usage = NodeUsage(self.api, node, metrics=metrics, proc=proc)
+        self._cgroups = PodCgroups(cgroup_root)  # the pods' cgroups, where the node's are mounted
+
+    # -- the Runtime interface -------------------------------------------------------------
+    @property
+    def worker(self) -> WorkerId:
+        return self._worker
+
+    @property
+    def enforcement(self) -> str:
+        return "kubernetes"  # the kubelet enforces each pod's own requests and limits
+
+    def now(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    async def list_containers(self) -> list[ContainerInfo]:
+        return [self._info(p) for p in self._one_per_job(await self._managed())]
+
+    def job_spec(self, container_id: ContainerId) -> JobSpec | None:
+        """The job's spec from its pod as the API server holds it: a pod of the job here (the
+        watch cache), else any pod of the job, else its restore record; None if none exists
+        or it cannot be read. Its ``template`` is the one ``start`` would restore.
+
+        Blocking (up to two API calls when the pod is not on this node): call it from a
+        thread (``asyncio.to_thread``) on an event loop."""
+        for manifest in self._pods.items() if self._pods else []:
+            p = self._understand(manifest)
+            if p is not None and p.job == container_id:
+                return p.spec
+        try:
+            original, _ = self._calls.lookup(container_id)
+            return None if original is None else pods.job_spec(original)
+        except (KubeError, PodError, ValueError) as exc:
+            log.warning("specon.k8s.spec_unreadable", container=container_id, error=str(exc))
+            return None
+
+    async def usage(self) -> WorkerUsage:
+        u = await self._usage.read(self._worker, await self._node_object())
+        seconds = await asyncio.to_thread(self._cgroups.cpu_seconds, await self._live())  # pod cgroups
+        return replace(u, per_container=tuple(sorted(seconds.items())))
+
+    async def set_cpu_weight(self, container_id: ContainerId, weight: int) -> bool:
+        """Its pod's cgroup on this node (``k8s_cgroup``, which logs why where it cannot)."""
+        pod = next((m for job, m in await self._live() if job == container_id), None)
+        return await asyncio.to_thread(self._cgroups.set_weight, container_id, pod, weight)
+
+    async def _live(self) -> list[tuple[ContainerId, Manifest]]:
+        try:
+            return [(p.job, p.manifest) for p in await self._managed() if pods.alive(p.manifest)]
+        except RuntimeFailure:
+            return []  # the API server is away: no pod to weigh or account this time
+
+    @property
+    def last_usage_source(self) -> str:
+        """Where the last utilisation reading came from: ``metrics``, ``proc`` or ``none``."""
+        return self._usage.source
+
+    async def save(self, container_id: ContainerId, *, grace: float) -> SaveResult:
+        p = await self._require(container_id)
+        if not pods.migratable(p.manifest):
+            raise SaveFailed(container_id, f"pod {p.name} opted out ({pods.ANN_MIGRATABLE}: false)")
+        owners = pods.owners(p.manifest)
+        if owners and not self.include_owned:
+            raise SaveFailed(container_id, f"pod {p.name} is owned by {', '.join(owners)}; left alone")
+
+        async def halt(t0: float) -> bool:
+            # The recipe for the restore, from the API server, before the pod goes.
+            await asyncio.to_thread(self._calls.write_record, p.job, p.manifest)
+            await asyncio.to_thread(self._calls.evict, p.job, p.manifest, grace)
+            if await self._wait_gone(p, grace + self.kill_slack) is not None:
+                raise SaveFailed(
+                    container_id,
+                    f"pod {p.name} still terminating {grace + self.kill_slack:g}s after the eviction "
+                    "(kubelet unresponsive?); it may still run, so no copy may start",
+                )
+            seconds = time.monotonic() - t0
+            code = pods.exit_code(self._last_seen.pop(p.key, p.manifest))
+            # Killed at the grace deadline: 137 (128 + SIGKILL) from a container runtime, -9
+            # from a plain process; with no exit code, outliving the grace period tells.
+            return code in (_SIGKILL_EXIT, -9) or (code is None and seconds >= grace)
+
+        return await run_save(
+            container_id,
+            self._worker,
+            grace=grace,
+            checkpoints=p.checkpoints,
+            busy=self._busy,
+            halt=halt,
+            finished=lambda: self._finished(p),
+            events="specon.k8s",
+            context={"node": self.node, "pod": p.name},
+            corrupt="the pod is gone without a verifiable checkpoint and every earlier one is corrupt",
+        )
+
+    async def start(self, spec: JobSpec, *, checkpoint: Path | None = None) -> ContainerInfo:
+        """Restore job ``spec.id`` here. Only the id is used: what the copy runs comes from
+        the job's pod as the API server holds it, never from ``spec``."""
+        job = spec.id
+        try:
+            namespace, _ = pods.split_job_id(job)
+        except PodError as exc:
+            raise StartFailed(job, str(exc)) from exc
+        if self.namespace is not None and namespace != self.namespace:
+            raise StartFailed(job, f"namespace {namespace} is not this agent's namespace {self.namespace}")
+        try:
+            original, existing = await asyncio.to_thread(self._calls.lookup, job)
+        except KubeError as exc:
+            raise StartFailed(job, f"cannot read the job's pods or restore record: {exc}") from exc
+        except PodError as exc:
+            raise StartFailed(job, f"refused: {exc}") from exc
+        running = [o for o in existing if pods.alive(o)]
+        if running:
+            where = ", ".join(
+                f"{'/'.join(pods.key_of(o))} on {pods.node_of(o) or 'no node'}" for o in running
+            )
+            raise AlreadyRunning(job, f"a pod of the job has not terminated: {where}")
+        if original is None:
+            raise StartFailed(
+                job,
+                f"no pod of the job and no restore record in namespace {namespace} "
+                "(a save writes it): nothing trusted to restore from",
+            )
+        template = pods.template_of(original)
+        try:
+            probe = pods.restored_pod(
+                template, job=job, node=self.node, gen=1, restored_from=None, restore_checkpoint=None
+            )
+            files = pods.job_files(probe, self.volume)
+        except PodError as exc:
+            raise StartFailed(job, str(exc)) from exc
+        ckpt_dir = self.volume_root / files.checkpoints
+        restore_in_pod = None
+        if checkpoint is not None:
+            manifest = checkpoint.with_suffix(".json")
+            if manifest.parent.resolve() != ckpt_dir.resolve():
+                raise StartFailed(job, f"{checkpoint} is not in the job's checkpoint directory {ckpt_dir}")
+            try:
+                ckpt.verify(manifest)
+            except ckpt.CheckpointError as exc:
+                raise StartFailed(job, f"checkpoint does not verify: {exc}") from exc
+            with contextlib.suppress(ValueError, PodError):
+                relative = PurePosixPath(manifest.relative_to(self.volume_root).as_posix())
+                restore_in_pod = pods.to_pod(probe, relative, self.volume)
+        if _finished(self.volume_root / files.progress, ckpt_dir):
+            raise AlreadyFinished(job, "already finished (done marker or final progress record)")
+        gen = max([pods.generation(original), *(pods.generation(o) for o in existing)]) + 1
+        try:
+            body = pods.restored_pod(
+                template,
+                job=job,
+                node=self.node,
+                gen=gen,
+                restored_from=str(pods.meta(original).get("name") or "") or None,
+                restore_checkpoint=restore_in_pod,
+            )
+        except PodError as exc:
+            raise StartFailed(job, str(exc)) from exc
+        gains = restore.privilege_gains(original, body)
+        if gains:
+            raise StartFailed(
+                job,
+                f"refused: the copy would gain what pod {'/'.join(pods.key_of(original))} lacked: "
+                + "; ".join(gains),
+            )
+        name = pods.key_of(body)[1]
+        try:
+            created = await self._call("POST", pods_path(namespace), body=body)
+        except KubeError as exc:
+            if exc.status == 409:
+                raise AlreadyRunning(job, f"pod {name} exists already: {exc}") from exc
+            raise StartFailed(job, f"cannot create pod {namespace}/{name}: {exc}") from exc
+        for old in existing:  # ended pods of the job are superseded: one pod per job
+            with contextlib.suppress(KubeError):
+                await self._delete(old, grace=0)
+        p = self._understand(created)
+        if p is None:  # pragma: no cover - it was built from a pod that parsed
+            raise StartFailed(job, "created a pod that cannot be read back")
+        log.info(
+            "specon.k8s.started",
+            node=self.node,
+            container=job,
+            pod=p.name,
+            generation=gen,
+            restore_checkpoint=restore_in_pod,
+        )
+        return self._info(p)
+
+    async def stop(self, container_id: ContainerId, *, grace: float) -> ContainerInfo:
+        p = await self._require(container_id)
+        if container_id in self._busy:
+            raise RuntimeFailure(container_id, f"a {self._busy[container_id].value} is in progress")
+        self._busy[container_id] = ContainerState.STOPPING
+        try:
+            await self._delete(p.manifest, grace=math.ceil(grace))
+            if await self._wait_gone(p, grace + self.kill_slack) is not None:
+                raise RuntimeFailure(container_id, f"pod {p.name} is still terminating")
+        finally:
+            self._busy.pop(container_id, None)
+        final = self._last_seen.pop(p.key, p.manifest)
+        state, code = pods.state_of(final)
+        if state in (ContainerState.RUNNING, ContainerState.STOPPING):
+            state = ContainerState.EXITED if code in (0, None) else ContainerState.FAILED
+        log.info("specon.k8s.stopped", node=self.node, container=container_id, pod=p.name)
+        return ContainerInfo(
+            id=p.job,
+            worker=self._worker,
+            spec=p.spec,
+            state=state,
+            progress_path=p.progress,
+            checkpoint_dir=p.checkpoints,
+            started_at=pods.started_at(final),
+            handle=p.name,
+            exit_code=code,
+            finished=self._finished(p),
+        )
+
+    async def forget(self, container_id: ContainerId) -> None:
+        p = await self._require(container_id)
+        if container_id in self._busy or pods.alive(p.manifest):
+            raise StillRunning(container_id, "cannot forget a running pod; stop or save it first")
+        with contextlib.suppress(KubeError):
+            await self._delete(p.manifest, grace=0)
+        if self._finished(p):  # nothing left to restore: the record goes too
+            with contextlib.suppress(KubeError, PodError):
+                await self._call("DELETE", record_path(container_id))
+        log.info("specon.k8s.forgotten", node=self.node, container=container_id, pod=p.name)
+
+    # -- beyond the interface -----------------------------------------------------------------
+    @property
+    def node_labels(self) -> dict[str, str]:
+        return pods.labels_of(self._node) if self._node else {}
+
+    @property
+    def node_taints(self) -> tuple[str, ...]:
+        """Taints that keep pods off this node, ``key[=value]:Effect`` (cordoned and not-Ready
+        included)."""
+        return pods.node_taints(self._node) if self._node else ()
+
+    async def publish_state(self, container_id: ContainerId, annotations: Mapping[str, str]) -> bool:
+        """Merge ``annotations`` (e.g. ``specon.io/category``) into the job's pod; False if
+        it has none here or the patch failed (best effort: the agent's state file rules)."""
+        for p in await self._managed():
+            if p.job == container_id and pods.alive(p.manifest):
+                ns, name = p.key
+                try:
+                    await self._call(
+                        "PATCH",
+                        f"{pods_path(ns)}/{name}",
+                        body={"metadata": {"annotations": dict(annotations)}},
+                        content_type="application/merge-patch+json",
+                    )
+                    return True
+                except KubeError as exc:
+                    log.warning("specon.k8s.annotate_failed", pod=p.name, error=str(exc))
+                    return False
+        return False
+
+    def close(self) -> bool:
+        for inf in (self._pods, self._node_watch):
+            if inf is not None:
+                inf.stop()
+        return True
+
+    # -- internals ---------------------------------------------------------------------------
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: object = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        return await asyncio.to_thread(
+            self.api.request, method, path, query=query, body=body, content_type=content_type
+        )
+
+    def _ours(self, pod: Manifest) -> bool:
+        return pods.node_of(pod) == self.node and pods.matches(pods.labels_of(pod), self._requirements)
+
+    async def _raw_pods(self) -> list[Manifest]:
+        """This node's managed pods: from the watch cache, or listed when it is not ready."""
+        if self._pods is not None:
+            self._pods.start()
+            if self._node_watch is not None:
+                self._node_watch.start()
+            deadline = time.monotonic() + _SYNC_WAIT_S
+            while not self._pods.synced and time.monotonic() < deadline:
+                await asyncio.sleep(_POLL_S)
+            if self._pods.synced:
+                return self._pods.items()
+        data = await self._call("GET", pods_path(self.namespace), query=self._pod_query)
+        return [o for o in data.get("items") or [] if isinstance(o, dict) and self._ours(o)]
+
+    async def _managed(self) -> list[_Pod]:
+        try:
+            raw = await self._raw_pods()
+        except KubeError as exc:
+            raise RuntimeFailure(self.node, f"cannot list the node's pods: {exc}") from exc
+        out = []
+        for manifest in raw:
+            p = self._understand(manifest)
+            if p is not None:
+                out.append(p)
+        return out
+
+    def _understand(self, manifest: Manifest) -> _Pod | None:
+        try:
+            spec = pods.job_spec(manifest)
+            files = pods.job_files(manifest, self.volume)
+        except (PodError, ValueError) as exc:
+            self._skip(manifest, "unmanageable", exc)
+            return None
+        return _Pod(
+            manifest=manifest,
+            job=spec.id,
+            spec=spec,
+            progress=self.volume_root / files.progress,
+            checkpoints=self.volume_root / files.checkpoints,
+        )
+
+    def _skip(self, manifest: Manifest, reason: str, exc: Exception) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        key = ("/".join(pods.key_of(manifest)), str(exc))
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("specon.k8s.pod_skipped", pod=key[0], reason=reason, error=str(exc))
+
+    @staticmethod
+    def _one_per_job(found: list[_Pod]) -> list[_Pod]:
+        """A job's live pod wins over its ended ones; among equals, the newest generation."""
+
+        def rank(p: _Pod) -> tuple[bool, int, float]:
+            return pods.alive(p.manifest), pods.generation(p.manifest), pods.started_at(p.manifest)
+
+        best: dict[ContainerId, _Pod] = {}
+        for p in found:
+            if p.job not in best or rank(p) > rank(best[p.job]):
+                best[p.job] = p
+        return sorted(best.values(), key=lambda p: p.job)
+
+    async def _require(self, container_id: ContainerId) -> _Pod:
+        for p in self._one_per_job(await self._managed()):
+            if p.job == container_id:
+                return p
+        raise NoSuchContainer(container_id, f"no managed pod of the job on node {self.node}")
+
+    def _info(self, p: _Pod) -> ContainerInfo:
+        state, code = pods.state_of(p.manifest)
+        if p.job in self._busy and pods.alive(p.manifest):
+            state = self._busy[p.job]
+        return ContainerInfo(
+            id=p.job,
+            worker=self._worker,
+            spec=p.spec,
+            state=state,
+            progress_path=p.progress,
+            checkpoint_dir=p.checkpoints,
+            started_at=pods.started_at(p.manifest),
+            handle=p.name,
+            exit_code=code,
+            finished=self._finished(p),
+            cpu_limit=pod_cpu_limit(p.manifest),
+        )
+
+    @staticmethod
+    def _finished(p: _Pod) -> bool:
+        return _finished(p.progress, p.checkpoints)
+
+    async def _delete(self, manifest: Manifest, *, grace: int) -> None:
+        await asyncio.to_thread(self._calls.delete, manifest, grace=grace)
+
+    async def _current(self, p: _Pod) -> Manifest | None:
+        """The pod as it is now (same uid), None once it is gone."""
+        ns, name = p.key
+        uid = pods.meta(p.manifest).get("uid")
+        if self._pods is not None and self._pods.synced:
+            cur = self._pods.get(ns, name)
+        else:
+            try:
+                cur = await self._call("GET", f"{pods_path(ns)}/{name}")
+            except KubeError as exc:
+                if exc.status == 404:
+                    return None
+                raise
+        if cur is None or (uid and pods.meta(cur).get("uid") != uid):
+            return None
+        return cur
+
+    async def _wait_gone(self, p: _Pod, timeout: float) -> Manifest | None:
+        """Wait until the pod object is gone; the pod if it is still there at ``timeout``."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        seen = self._last_seen
+        while True:
+            try:
+                cur = await self._current(p)
+            except KubeError as exc:
+                log.warning("specon.k8s.wait_failed", pod=p.name, error=str(exc))
+                cur = seen.get(p.key, p.manifest)
+            if cur is None:
+                return None
+            seen[p.key] = cur
+            if time.monotonic() >= deadline:
+                return cur
+            await self.sleep(_POLL_S)
+
+    async def _node_object(self) -> Manifest | None:
+        if self._node_watch is not None and self._node_watch.synced:
+            items = self._node_watch.items()
+            self._node = items[0] if items else None
+            return self._node
+        try:
+            self._node = await self._call("GET", f"/api/v1/nodes/{self.node}")
+        except KubeError as exc:
+            log.warning("specon.k8s.node_unreadable", node=self.node, error=str(exc))
+        return self._node
+
+
+def _finished(progress: Path, checkpoints: Path) -> bool:
+    """The job completed its work: jobkit's done marker, or a final ``finished`` record."""
+    return jobkit.read_done(checkpoints) is not None or last_event(progress) == "finished"
+
+
+def _implements_runtime(rt: KubernetesRuntime) -> Runtime:
+    return rt  # mypy proves KubernetesRuntime satisfies the Runtime protocol

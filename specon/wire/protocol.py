@@ -1,0 +1,498 @@
+"""The agent <-> manager wire protocol (SPEC §6-§7): every message, defined once.
+
+Field names live only here. A message is a frozen dataclass; ``encode`` turns it into
+one compact JSON object and ``decode`` back, through the one generic codec
+(``specon.wire.codec``), so a new field is a new annotated attribute and nothing else.
+
+Envelope: every message is ``{"version": "1.0", "kind": "<class name>", ...fields}``.
+``version`` is ``MAJOR.MINOR``. A different major version is rejected, naming the
+version received and the one spoken here. A *higher* minor version is accepted and
+its unknown fields are ignored (minor versions only ever add fields with defaults);
+at our own minor version or below, an unknown field is an error, because it can only
+be a bug. A missing or mistyped field is an error naming its path
+(``containers[3].category: missing``).
+
+Non-finite floats are rejected, on both sides: JSON has no NaN or infinity, and a
+NaN loss never enters E (SPEC §2), so one appearing here is a bug to surface, not a
+value to smuggle through as ``null``. ``encode`` raises ``ProtocolError`` naming the
+field; ``decode`` refuses ``NaN``/``Infinity`` tokens and numbers that overflow.
+
+Clocks: times an agent sends (``sent_at``, ``t_cc``, ``finished_at``) are on the
+agent's clock; the manager translates them with the same message's ``sent_at``.
+Times the manager sends (``manager_time``, ``Command.deadline``) are on its clock;
+``CommandBatch.remaining`` gives an agent the seconds left for a command.
+
+Flow: the agent POSTs a ``Heartbeat`` every ``heartbeat_interval`` to
+``HEARTBEAT_PATH`` and a ``ReallocationRequest`` at once to ``REQUEST_PATH``; both
+are answered with a ``CommandBatch`` (so agents need no inbound port). Results of
+commands ride on the next heartbeat until a batch acknowledges it (``ack``). On exit
+the agent POSTs a ``Goodbye``. Between heartbeats the agent keeps one ``Poll`` open at
+``POLL_PATH`` so a command reaches it as soon as the manager issues it.
+``GET STATUS_PATH`` returns a ``Status``. A rejected message is answered with an
+``ErrorReply``. Every request carries ``AUTH_HEADER: Bearer <token>``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, overload
+
+from specon.config import Mode
+from specon.coordinator.migration import Migration, Reason, State
+from specon.model import Category, ContainerId, Resources, WorkerId
+from specon.wire import codec
+from specon.wire.checks import check
+
+VERSION = "1.2"
+MAJOR, MINOR = (int(part) for part in VERSION.split("."))
+
+CONTENT_TYPE = "application/json"
+AUTH_HEADER = "Authorization"  # value: "Bearer <token>"
+HEARTBEAT_PATH = "/v1/heartbeat"
+REQUEST_PATH = "/v1/request"
+GOODBYE_PATH = "/v1/goodbye"
+STATUS_PATH = "/v1/status"
+POLL_PATH = "/v1/poll"
+
+
+class ProtocolError(ValueError):
+    """A message that cannot be encoded or decoded; ``path`` names the field, if one."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+# --- messages ---------------------------------------------------------------------------
+
+
+class Action(enum.StrEnum):
+    """What a ``Command`` asks an agent to do."""
+
+    # Checkpoint the container (SIGTERM, wait up to the grace period) and stop it here.
+    SAVE = "save"
+    # Start the container here, restoring from ``checkpoint`` (or from scratch if None).
+    START = "start"
+    # Algorithm 2 has answered the container's request (moved or told to stay): freeze
+    # it in CC and stop requesting (SPEC §3.5).
+    MARK_MIGRATED = "mark_migrated"
+    # Stop the container without a checkpoint (e.g. the job was deleted).
+    STOP = "stop"
+
+
+# Where a container's process is, as the agent sees it. The migration state machine
+# reads "running" and "finished" (``specon.coordinator.migration.next_step``).
+Phase = Literal["running", "stopped", "finished", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerReport:
+    """One container in a heartbeat: the agent's view of its job (SPEC §3, §7)."""
+
+    id: ContainerId
+    category: Category
+    phase: Phase = "running"
+    last_g: float | None = None
+    # When it last stepped WC -> CC, on the agent's clock (None: never converged).
+    t_cc: float | None = None
+    migrated: bool = False
+    stalled: bool = False
+    # A reallocation request is waiting for the manager's answer (repeated until answered).
+    pending_request: bool = False
+    step: int | None = None  # training steps done, if the job logs them
+    # CPU-seconds (one core) the job still needs, the agent's estimate from its declared or
+    # predicted steps left and its measured CPU per step (protocol 1.2; None: unknown).
+    remaining_work: float | None = None
+    requests: Resources = field(default_factory=Resources)
+    # Labels / metadata of the job (model, submit time, ...), free-form.
+    job: dict[str, str] = field(default_factory=dict, hash=False)
+    # Placement constraints (protocol 1.1), honoured by ``specon.policy.placement.fits``:
+    # node labels a target must carry (a Kubernetes pod's nodeSelector), and the taints
+    # the job tolerates, each ``key``, ``key=value``, ``key=`` (empty value), ``*`` (any
+    # key), optionally ``:Effect`` (see ``placement.tolerates``). Heartbeat ``taints``
+    # are ``key[=value][:Effect]``.
+    selector: dict[str, str] = field(default_factory=dict, hash=False)
+    tolerations: tuple[str, ...] = ()
+    # The CPU weight in effect among the worker's containers, cgroup-v2 units 1..10000
+    # (protocol 1.2; None: the agent set none, or the runtime could not apply it).
+    cpu_weight: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """The outcome of one ``Command``, carried by the next heartbeats until acknowledged."""
+
+    command: str  # Command.id
+    ok: bool
+    error: str | None = None
+    # After a save: the complete checkpoint written (path and step).
+    checkpoint: str | None = None
+    checkpoint_step: int | None = None
+    # When the action completed (container stopped / started), on the agent's clock.
+    finished_at: float | None = None
+    # After a save: what the runtime needs to start the container elsewhere (image,
+    # command, env, ...); the manager copies it into the ``start`` command.
+    spec: dict[str, object] = field(default_factory=dict, hash=False)
+    detail: dict[str, object] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Agent -> manager, every ``heartbeat_interval`` seconds."""
+
+    worker: WorkerId
+    address: str  # host:port where the agent serves /healthz and /metrics
+    # Strictly increasing per worker, also across agent restarts (agents send their
+    # wall clock in microseconds); lets the manager drop reordered heartbeats.
+    seq: int
+    sent_at: float  # agent clock
+    capacity: Resources
+    usage: float  # R(w, t): CPU utilisation of the worker, 0..1
+    containers: tuple[ContainerReport, ...] = ()
+    results: tuple[CommandResult, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict, hash=False)
+    taints: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReallocationRequest:
+    """Agent -> manager at once when a CC container slows further (SPEC §3.2, §7)."""
+
+    worker: WorkerId
+    container: ContainerId
+    t_cc: float  # agent clock
+    g: float
+    sent_at: float  # agent clock
+
+
+@dataclass(frozen=True, slots=True)
+class Goodbye:
+    """Agent -> manager on a clean exit: stop waiting for this worker's heartbeats."""
+
+    worker: WorkerId
+    sent_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Poll:
+    """Agent -> manager: wait up to ``wait`` seconds for commands (a long poll).
+
+    Heartbeats already carry commands; the poll delivers them the moment they exist,
+    which is what keeps a migration's downtime to the save and the restore themselves.
+    """
+
+    worker: WorkerId
+    sent_at: float  # agent clock
+    wait: float = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """Manager -> agent: one step of a migration (or a stop). Idempotent per ``id``."""
+
+    id: str
+    action: Action
+    container: ContainerId
+    deadline: float  # manager clock; see CommandBatch.remaining
+    migration: str | None = None
+    # start: the checkpoint to restore from (None: from scratch); save: unused.
+    checkpoint: str | None = None
+    checkpoint_step: int | None = None
+    # mark_migrated: the worker it is moving to (None: it stays where it is).
+    target: WorkerId | None = None
+    # start: the container arrives already marked migrated (frozen in CC).
+    migrated: bool = False
+    # start: the runtime spec from the source's save result.
+    spec: dict[str, object] = field(default_factory=dict, hash=False)
+    # start: this start puts the job back on its source after a failed migration (a
+    # rollback), not on the migration's target (protocol 1.1).
+    rollback: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CommandBatch:
+    """Manager -> agent: the answer to every heartbeat and request."""
+
+    manager_time: float
+    policy_generation: int
+    commands: tuple[Command, ...] = ()
+    # The heartbeat ``seq`` this answers (None for a request): results sent in it or
+    # earlier have been recorded and need not be sent again.
+    ack: int | None = None
+
+    def remaining(self, command: Command) -> float:
+        """Seconds ``command`` has left, independent of clock skew between the hosts."""
+        return command.deadline - self.manager_time
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    """Manager -> agent (or any client): why a message was refused."""
+
+    error: str
+    path: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    id: WorkerId
+    address: str
+    ready: bool
+    reachable: bool  # heartbeat younger than worker_timeout
+    heartbeat_age: float | None  # seconds, manager clock; None: never heard from
+    capacity: Resources
+    usage: float
+    containers: tuple[ContainerId, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict, hash=False)
+    taints: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerStatus:
+    id: ContainerId
+    worker: WorkerId
+    category: Category
+    phase: Phase = "running"
+    # (manager time, category) at every change, oldest first.
+    history: tuple[tuple[float, Category], ...] = ()
+    last_g: float | None = None
+    t_cc: float | None = None  # manager clock
+    migrated: bool = False
+    stalled: bool = False
+    pending_request: bool = False
+    step: int | None = None
+    migrations: int = 0
+    rebalances: int = 0
+    job: dict[str, str] = field(default_factory=dict, hash=False)
+    # Its CPU weight on its worker, as its agent last reported it (protocol 1.2).
+    cpu_weight: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationStatus:
+    """A journaled migration (``specon.coordinator.migration.Migration``) as the status API shows it."""
+
+    id: str
+    container: ContainerId
+    source: WorkerId
+    target: WorkerId
+    reason: Reason
+    state: State
+    decided_at: float
+    updated_at: float
+    checkpoint: str | None = None
+    checkpoint_step: int | None = None
+    stopped_at: float | None = None
+    started_at: float | None = None
+    downtime: float | None = None
+    error: str | None = None
+    attempts: int = 0
+
+    @classmethod
+    def of(cls, m: Migration) -> MigrationStatus:
+        return cls(
+            id=m.id,
+            container=m.container,
+            source=m.source,
+            target=m.target,
+            reason=m.reason,
+            state=m.state,
+            decided_at=m.decided_at,
+            updated_at=m.updated_at,
+            checkpoint=m.checkpoint,
+            checkpoint_step=m.checkpoint_step,
+            stopped_at=m.stopped_at,
+            started_at=m.started_at,
+            downtime=m.downtime,
+            error=m.error,
+            attempts=m.attempts,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """The manager's ``GET /v1/status``: the whole cluster as it sees it."""
+
+    now: float  # manager clock
+    mode: Mode
+    policy_generation: int
+    dry_run: bool = False
+    workers: tuple[WorkerStatus, ...] = ()
+    containers: tuple[ContainerStatus, ...] = ()
+    migrations: tuple[MigrationStatus, ...] = ()
+    # Paging (protocol 1.1): the cursor of the next page (``?after=``), None on the last;
+    # the totals count every entry, not only this page's.
+    next: str | None = None
+    total_workers: int = 0
+    total_containers: int = 0
+    total_migrations: int = 0
+
+
+Message = (
+    Heartbeat
+    | ReallocationRequest
+    | Goodbye
+    | Poll
+    | CommandBatch
+    | ErrorReply
+    | Status
+    | Command
+    | CommandResult
+)
+MESSAGE_TYPES: tuple[type[Message], ...] = (
+    Heartbeat,
+    ReallocationRequest,
+    Goodbye,
+    Poll,
+    CommandBatch,
+    ErrorReply,
+    Status,
+    Command,
+    CommandResult,
+)
+# The kind on the wire is the class name.
+KINDS: dict[str, type[Message]] = {cls.__name__: cls for cls in MESSAGE_TYPES}
+ENVELOPE_KEYS = ("version", "kind")
+
+M = TypeVar("M", bound=Message)
+
+
+# --- encode / decode --------------------------------------------------------------------
+
+
+def encode(msg: Message) -> bytes:
+    """The message as compact UTF-8 JSON with its envelope."""
+    cls = type(msg)
+    if KINDS.get(cls.__name__) is not cls:
+        raise ProtocolError(f"not a protocol message: {cls.__name__}")
+    try:
+        body = codec.to_data(msg)
+        out = {"version": VERSION, "kind": cls.__name__}
+        out.update(body)
+        return json.dumps(out, separators=(",", ":"), allow_nan=False).encode()
+    except codec.SchemaError as e:
+        raise _invalid(cls.__name__, "cannot encode", e) from None
+    except RecursionError:
+        raise ProtocolError(f"cannot encode {cls.__name__}: nested too deeply") from None
+    except (TypeError, ValueError) as e:  # a value of the wrong type in a field
+        raise ProtocolError(f"cannot encode {cls.__name__}: {e}") from None
+
+
+@overload
+def decode(data: bytes | bytearray | str, expected: type[M]) -> M: ...
+@overload
+def decode(data: bytes | bytearray | str, expected: None = None) -> Message: ...
+def decode(data: bytes | bytearray | str, expected: type[Any] | None = None) -> Message:
+    """Parse and check one message; ``expected`` pins its kind. Raises only ``ProtocolError``."""
+    obj = _parse(data)
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"expected a JSON object, got {codec.describe(obj)}")
+    strict = _check_version(obj.pop("version", None))
+    kind = obj.pop("kind", None)
+    cls = KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        if kind is None:
+            raise ProtocolError("kind: missing", path="kind")
+        known = ", ".join(sorted(KINDS))
+        shown = repr(kind) if isinstance(kind, str) else codec.describe(kind)
+        raise ProtocolError(f"kind: unknown message kind {shown} (known: {known})", path="kind")
+    if expected is not None and cls is not expected:
+        raise ProtocolError(f"kind: expected {expected.__name__}, got {kind}", path="kind")
+    try:
+        msg = codec.from_data(cls, obj, strict=strict)
+    except codec.SchemaError as e:
+        raise _invalid(kind, "invalid", e) from None
+    except RecursionError:
+        raise ProtocolError(f"invalid {kind}: nested too deeply") from None
+    problems = check(msg)
+    if problems:
+        path = problems[0][0]
+        listed = "; ".join(f"{p}: {w}" for p, w in problems[:20])
+        raise ProtocolError(f"invalid {kind}: {listed}", path=path)
+    return msg
+
+
+def _invalid(kind: str, what: str, e: codec.SchemaError) -> ProtocolError:
+    problems = "; ".join(map(str, e.problems))
+    return ProtocolError(f"{what} {kind}: {problems}", path=codec.format_path(e.problems[0].path))
+
+
+_VERSION = re.compile(r"(\d{1,6})\.(\d{1,6})")
+
+
+def _check_version(version: object) -> bool:
+    """Accept our major version; True when unknown fields must be refused (strict)."""
+    if version is None:
+        raise ProtocolError(f"version: missing (this specon speaks protocol {VERSION})", path="version")
+    match = _VERSION.fullmatch(version) if isinstance(version, str) else None
+    if match is None:
+        raise ProtocolError(
+            f"version: expected 'MAJOR.MINOR' like {VERSION!r}, got {codec.describe(version)}", path="version"
+        )
+    major, minor = int(match[1]), int(match[2])
+    if major != MAJOR:
+        raise ProtocolError(
+            f"version: unsupported protocol version {version!r}; this specon speaks {VERSION} "
+            f"(any {MAJOR}.x)",
+            path="version",
+        )
+    return minor <= MINOR
+
+
+def _reject_constant(name: str) -> Any:
+    raise ProtocolError(f"not valid JSON: {name} is not a number JSON allows")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ProtocolError(f"not valid JSON: number {text[:40]} overflows")
+    return value
+
+
+def _parse(data: object) -> Any:
+    if isinstance(data, bytes | bytearray):
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ProtocolError(f"not UTF-8: {e.reason} at byte {e.start}") from None
+    elif isinstance(data, str):
+        text = data
+    else:
+        raise ProtocolError(f"expected bytes or str, got {type(data).__name__}")
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except ProtocolError:
+        raise
+    except RecursionError:
+        raise ProtocolError("not valid JSON: nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError (with line and column) or an int too long
+        raise ProtocolError(f"not valid JSON: {e}") from None
+    # A lone surrogate escape (\ud800) decodes to a str that no UTF-8 writer accepts: it
+    # would poison every page, log line and journal row it reached. Only texts with such an
+    # escape pay for the walk.
+    if _SURROGATE_ESCAPE.search(text) is not None:
+        _reject_surrogates(obj)
+    return obj
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _reject_surrogates(obj: object, depth: int = 0) -> None:
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ProtocolError(f"invalid string {ascii(obj)[:60]}: a lone surrogate is not text") from None
+    elif isinstance(obj, list):
+        for item in obj:
+            _reject_surrogates(item)
+    elif isinstance(obj, dict):
+        for key, item in obj.items():
+            _reject_surrogates(key)
+            _reject_surrogates(item)
