@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from manager_fakes import FakeClock
+
+from tests.unit.manager_fakes import FakeClock
 
 
 @pytest.fixture

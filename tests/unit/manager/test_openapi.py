@@ -1,0 +1,268 @@
+"""The OpenAPI document: generated from the protocol, committed, routed, and in step with the decoder."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import re
+import types
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from specon_manager.app import create_app
+from specon_manager.journal import Journal
+from specon_manager.openapi import ENVELOPED, ID_PATTERN, ID_TYPES, main, openapi_document, openapi_json
+from specon_manager.shell import ManagerShell
+
+from specon.config import default_policy
+from specon.wire import protocol
+from specon.wire.validate import is_valid_id
+
+DOCUMENT = Path(__file__).resolve().parents[3] / "docs" / "openapi.json"
+REGENERATE = "python -m specon_manager.openapi > docs/openapi.json"
+TOKEN = "openapi-test-token-" + "0" * 32
+
+
+def refs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                yield value
+            else:
+                yield from refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from refs(item)
+
+
+def python_flavoured(node: Any) -> Any:
+    """``node`` with each ``pattern`` as ECMA-262 means it, for jsonschema (which uses Python's
+    ``re``, where a final ``$`` also matches before a final newline: ``^a$`` matches ``"a\\n"``)."""
+    if isinstance(node, dict):
+        return {
+            k: v[:-1] + r"\Z"
+            if k == "pattern" and isinstance(v, str) and v.endswith("$")
+            else python_flavoured(v)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [python_flavoured(v) for v in node]
+    return node
+
+
+def validator(doc: dict[str, Any], name: str) -> jsonschema.Draft202012Validator:
+    components = python_flavoured(doc["components"])
+    return jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{name}", "components": components})
+
+
+def test_the_committed_document_is_the_generated_one() -> None:
+    assert DOCUMENT.exists(), f"docs/openapi.json is missing: {REGENERATE}"
+    assert DOCUMENT.read_bytes() == openapi_json(), f"docs/openapi.json is stale: {REGENERATE}"
+
+
+def test_python_m_manager_openapi_prints_the_document(capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    assert main() == 0
+    printed = capsysbinary.readouterr().out
+    assert printed == openapi_json()
+    assert json.loads(printed) == openapi_document()
+
+
+def test_each_call_gives_a_fresh_copy() -> None:
+    doc = openapi_document()
+    doc["paths"].clear()
+    assert openapi_document()["paths"]
+
+
+def test_the_document_is_openapi_3_1_with_valid_schemas_and_no_dangling_refs() -> None:
+    doc = openapi_document()
+    assert doc["openapi"].startswith("3.1.")
+    assert doc["info"]["version"] == protocol.VERSION
+    assert doc["components"]["securitySchemes"]["bearerAuth"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": doc["components"]["securitySchemes"]["bearerAuth"]["description"],
+    }
+    for schema in doc["components"]["schemas"].values():
+        jsonschema.Draft202012Validator.check_schema(schema)
+    for ref in set(refs(doc)):
+        section, _, name = ref.removeprefix("#/components/").partition("/")
+        assert name in doc["components"][section], ref
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            assert op["responses"], (method, path)
+            if method == "post":
+                codes = set(op["responses"])
+                assert {"200", "400", "401", "403", "413"} <= codes, path
+                assert op["security"] == [{"bearerAuth": []}]
+
+
+def test_every_message_field_is_in_its_schema_once() -> None:
+    schemas = openapi_document()["components"]["schemas"]
+    for cls in protocol.MESSAGE_TYPES:
+        schema = schemas[cls.__name__]
+        envelope = ["version", "kind"] if cls in ENVELOPED else []
+        fields = [f.metadata.get("key", f.name) for f in dataclasses.fields(cls)]
+        assert list(schema["properties"]) == [*envelope, *fields], cls.__name__
+        assert schema["additionalProperties"] is False
+        if envelope:
+            assert schema["properties"]["kind"]["const"] == cls.__name__
+
+
+def test_the_endpoints_are_the_ones_the_manager_routes(tmp_path: Path) -> None:
+    sh = ManagerShell(policy=default_policy(), journal=Journal(tmp_path / "journal.db"))
+    app = create_app(sh, token=TOKEN, tick=False)
+    routed = {
+        (route.method.lower(), route.resource.canonical)
+        for route in app.router.routes()
+        if route.resource is not None and route.method != "HEAD"
+    }
+    documented = {(method, path) for path, item in openapi_document()["paths"].items() for method in item}
+    assert routed == documented
+
+
+async def test_the_manager_serves_this_document(tmp_path: Path) -> None:
+    sh = ManagerShell(policy=default_policy(), journal=Journal(tmp_path / "journal.db"))
+    async with TestClient(TestServer(create_app(sh, token=TOKEN, tick=False))) as client:
+        resp = await client.get("/openapi.json")
+        assert resp.status == 200
+        assert resp.content_type == "application/json"
+        assert await resp.json() == openapi_document()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "job-1",
+        "a",
+        "A.b_c-9",
+        "a" * 253,
+        "0",
+        "job-1\n",
+        "\ud800",
+        "../x",
+        "..",
+        ".",
+        "",
+        "a" * 254,
+        "-a",
+        "a b",
+    ],
+)
+def test_the_id_pattern_is_the_id_rule(value: str) -> None:
+    schemas = openapi_document()["components"]["schemas"]
+    for name in ID_TYPES:
+        assert schemas[name]["pattern"] == ID_PATTERN
+    # ECMA ``$`` matches only at the end; Python's before a final newline too, hence \Z.
+    pattern = ID_PATTERN.removesuffix("$") + r"\Z"
+    assert (re.match(pattern, value) is not None) == is_valid_id(value)
+
+
+@given(st.text(max_size=12))
+def test_the_id_pattern_is_the_id_rule_for_any_text(value: str) -> None:
+    pattern = ID_PATTERN.removesuffix("$") + r"\Z"
+    assert (re.match(pattern, value) is not None) == is_valid_id(value)
+
+
+# --- the schema and the decoder agree ------------------------------------------------------
+
+IDS = st.sampled_from(
+    ["job-1", "w", "A.b_c-9", "a" * 253, "a" * 254, "job-1\n", "../x", "", ".", "x y", "-x"]
+)
+EDGE_FLOATS = [0.0, -0.0, 1e-9, -1e-9, 0.5, 1.0, 1.0000001, 3600.0, 3600.5, 1e6, 1000000.5, 9e9, 9.0000001e9]
+EDGE_INTS = [0, 1, -1, 10**6, 10**6 + 1, 2**60, 2**60 + 1, 2**63 - 1, 2**63]
+TEXTS = st.text(st.characters(codec="utf-8"), max_size=6) | st.sampled_from(
+    ["x" * 512, "x" * 513, "x" * 4096, "x" * 4097, "k" * 317, "k" * 318, "v" * 1025, "\x00", "\n"]
+)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | TEXTS,
+    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(TEXTS, inner, max_size=2),
+    max_leaves=4,
+)
+# Rules the decoder keeps that JSON Schema cannot state.
+UNSAYABLE = ("reported twice", "printable")
+
+
+def values(tp: Any) -> st.SearchStrategy[Any]:
+    """Values of type hint ``tp``, near and past the range rules' edges."""
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        hints = typing.get_type_hints(tp)
+        return st.builds(tp, **{f.name: values(hints[f.name]) for f in dataclasses.fields(tp) if f.init})
+    if getattr(tp, "__supertype__", None) is not None:
+        return IDS if tp.__name__ in ID_TYPES else values(tp.__supertype__)
+    if tp is bool:
+        return st.booleans()
+    if tp is int:
+        return st.sampled_from(EDGE_INTS) | st.integers(-5, 10**7)
+    if tp is float:
+        bounds = [-x for x in EDGE_FLOATS] + EDGE_FLOATS
+        return st.sampled_from(bounds) | st.floats(allow_nan=False, allow_infinity=False) | st.integers(-5, 5)
+    if tp is str:
+        return TEXTS
+    if tp is object:
+        return JSON
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return st.sampled_from(list(tp))
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return st.sampled_from(args)
+    if origin in (typing.Union, types.UnionType):
+        (inner,) = [a for a in args if a is not type(None)]
+        return st.none() | values(inner)
+    if origin is tuple and args[-1] is Ellipsis:
+        return st.lists(values(args[0]), max_size=2).map(tuple)
+    if origin is tuple:
+        return st.tuples(*(values(a) for a in args))
+    if origin is dict:
+        return st.dictionaries(TEXTS, values(args[1]), max_size=2)
+    raise TypeError(tp)
+
+
+CHECKED = (
+    protocol.Heartbeat,
+    protocol.ReallocationRequest,
+    protocol.Poll,
+    protocol.Goodbye,
+    protocol.CommandBatch,
+)
+DOC = openapi_document()
+VALIDATORS = {cls: validator(DOC, cls.__name__) for cls in CHECKED}
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(CHECKED).flatmap(values))
+def test_the_schema_refuses_exactly_what_the_decoder_refuses(msg: Any) -> None:
+    try:
+        wire = protocol.encode(msg)
+    except protocol.ProtocolError:
+        return  # not even writable (e.g. a float that JSON cannot hold)
+    schema_ok = VALIDATORS[type(msg)].is_valid(json.loads(wire))
+    try:
+        protocol.decode(wire, type(msg))
+    except protocol.ProtocolError as exc:
+        assert not schema_ok or any(rule in str(exc) for rule in UNSAYABLE), f"the schema accepts: {exc}"
+    else:
+        errors = [e.message for e in VALIDATORS[type(msg)].iter_errors(json.loads(wire))]
+        assert schema_ok, f"the decoder accepts what the schema refuses: {errors[:3]}"
+
+
+def test_protocol_messages_validate_against_their_schemas() -> None:
+    """The status and error replies the manager writes fit their documented shapes."""
+    doc = openapi_document()
+    status = protocol.Status(now=1.0, mode="default", policy_generation=1, next="w:a")
+    assert validator(doc, "Status").is_valid(json.loads(protocol.encode(status)))
+    error = protocol.ErrorReply(error="no", path="worker")
+    assert validator(doc, "ErrorReply").is_valid(json.loads(protocol.encode(error)))
+    assert not validator(doc, "ErrorReply").is_valid({"version": protocol.VERSION, "kind": "ErrorReply"})
+
+
+def test_healthz_matches_its_schema() -> None:
+    schema = openapi_document()["components"]["schemas"]["Health"]
+    jsonschema.validate({"ok": True, "uptime": 1.5, "in_flight": 0}, schema)
