@@ -18,7 +18,8 @@ COPY pyproject.toml README.md ./
 COPY specon ./specon
 COPY agent ./agent
 COPY manager ./manager
-RUN pip install . && rm -rf /src
+# The image serves every backend: the Kubernetes client and the Docker SDK with it.
+RUN pip install ".[kubernetes,docker]" && rm -rf /src
 
 # Unprivileged by default (the manager runs as this user; the agent's manifest chooses root
 # with DAC_OVERRIDE only, to write beside the training pods' files on the shared volume).

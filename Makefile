@@ -13,7 +13,7 @@ PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/specon
 export SPECON_CACHE := $(CACHE)
 
-.PHONY: install install-dev run test lint typecheck imports unit bench chaos clean help
+.PHONY: install install-dev run test check fast lint typecheck imports unit bench chaos clean help
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -26,12 +26,12 @@ install-dev: $(DEV_STAMP) ## Only specon (editable, plot extra) and the dev tool
 $(DEV_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip setuptools wheel
-	$(PIP) -e ".[dev,plot]"
+	$(PIP) -e ".[dev,plot,kubernetes]"
 	@touch $@
 
 $(STAMP): $(DEV_STAMP) pyproject.toml
 	$(PIP) "torch==2.13.0"
-	$(PIP) -e ".[dev,train,plot,docker]"
+	$(PIP) -e ".[dev,train,plot,docker,kubernetes]"
 	@touch $@
 
 run: install ## Run the main job on the embedded default and print the result
@@ -49,6 +49,11 @@ imports: $(DEV_STAMP) ## Import contracts (layering; [tool.importlinter] in pypr
 
 unit: install ## The test suite only
 	$(BIN)/pytest -q
+
+fast: install ## The fast tests: tests/unit without the ones marked slow
+	$(BIN)/pytest -q tests/unit -m "not slow"
+
+check: install lint typecheck imports fast ## Lint, types, import contracts and the fast tests (about a minute)
 
 test: install lint typecheck imports unit ## Lint, type check, import contracts and the whole suite
 
@@ -70,7 +75,7 @@ KUBE_BUILD := tests/k8s/build-apiserver.sh
 kube-apiserver: install ## Build once and cache kube-apiserver + kubelet v1.20.2, pause, etcd; apt-install containerd/runc/CNI (tests/k8s)
 	PYTHON=$(CURDIR)/$(BIN)/python bash $(KUBE_BUILD) --node
 
-# -- Kubernetes (see manifests/ and the README's "Deploying to Kubernetes") ----------------
+# -- Kubernetes (see manifests/ and docs/kubernetes.md) ------------------------------------
 IMAGE ?= specon:0.1.0
 KUBECTL ?= kubectl
 DEPLOY_DIR := $(CACHE)/deploy

@@ -20,6 +20,7 @@ from specon.daemon.cli_args import (
     WeakTokenError,
     check_token_strength,
     load_settings,
+    missing_extra,
     read_token,
     split_listen,
 )
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         "save/start "
         "commands. Serves /healthz and /metrics.",
         epilog="Operational settings (poll wait, backoff, timeouts) come from SPECON_AGENT_* environment "
-        "variables; see the README's Operational settings.",
+        "variables; see docs/reference.md (specon config reference).",
     )
     p.add_argument("--manager", default="http://127.0.0.1:7700", help="manager base URL")
     p.add_argument(
@@ -169,6 +170,9 @@ async def run(args: argparse.Namespace) -> int:
         if not args.node:
             print("specon-agent: --runtime kubernetes needs --node or $NODE_NAME", file=sys.stderr)
             return 2
+        if missing := missing_extra("kubernetes", "kubernetes", "--runtime kubernetes"):
+            print(f"specon-agent: {missing}", file=sys.stderr)
+            return 2
         # Imported here only: the client is heavy and only this backend needs it.
         from specon.runtime.kubernetes.backend import KubernetesRuntime, load_api_client  # noqa: PLC0415
 
@@ -190,6 +194,9 @@ async def run(args: argparse.Namespace) -> int:
     elif args.runtime == "docker":
         if not args.worker:
             print("specon-agent: --runtime docker needs --worker", file=sys.stderr)
+            return 2
+        if missing := missing_extra("docker", "docker", "--runtime docker"):
+            print(f"specon-agent: {missing}", file=sys.stderr)
             return 2
         from specon.runtime.docker.backend import DockerRuntime, connect  # noqa: PLC0415
         from specon.runtime.docker.recipe import HostRules  # noqa: PLC0415

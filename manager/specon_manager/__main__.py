@@ -15,7 +15,7 @@ from aiohttp import web
 
 from specon.config import PolicyError, default_policy, load_policy
 from specon.daemon import logs
-from specon.daemon.cli_args import check_token_strength, load_settings, read_token, split_listen
+from specon.daemon.cli_args import check_token_strength, load_settings, missing_extra, read_token, split_listen
 from specon.daemon.settings import ManagerSettings
 from specon_manager.app import create_app
 from specon_manager.auth import Authenticator, Chain, StaticTokens, load_agent_tokens
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="The specon manager: collects agent heartbeats, decides migrations (Algorithm 2) and "
         "rebalancing (Algorithm 3), journals them, and serves /v1/status, /, /metrics and /healthz.",
         epilog="Operational settings (ticker period, poll hold, status cache and page sizes) come from "
-        "SPECON_MANAGER_* environment variables; see the README's Operational settings.",
+        "SPECON_MANAGER_* environment variables; see docs/reference.md (specon config reference).",
     )
     p.add_argument(
         "--listen",
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE",
         help="YAML mapping 'worker id: token', one token per agent: a token speaks only for its own "
-        "worker (403 otherwise). Recommended; see the README's Security model",
+        "worker (403 otherwise). Recommended; see docs/safety.md, Security model",
     )
     p.add_argument(
         "--agent-auth",
@@ -129,6 +129,8 @@ def _authenticator(args: argparse.Namespace) -> tuple[Authenticator, bool]:
     static = StaticTokens(agents=agents, shared=shared or None, read=read or None)
     if not kube:
         return static, bool(read)
+    if missing := missing_extra("kubernetes", "kubernetes", "--agent-auth kubernetes"):
+        raise ValueError(missing)
     # Imported here only: the client is heavy and only this mode needs it.
     from specon.runtime.kubernetes.backend import load_api_client  # noqa: PLC0415
     from specon_manager.auth_kubernetes import TokenReviewAuthenticator  # noqa: PLC0415
@@ -166,12 +168,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     journal: JournalStore
     if args.journal == "kubernetes":
+        if missing := missing_extra("kubernetes", "kubernetes", "--journal kubernetes"):
+            print(f"specon-manager: {missing}", file=sys.stderr)
+            return 2
         # Imported here only: the client is heavy and only this journal needs it.
         from specon.runtime.kubernetes.backend import load_api_client  # noqa: PLC0415
         from specon_manager.k8s_journal import KubeJournal  # noqa: PLC0415
 
         try:
-            # No pod mirror: the manager may not write pods (least privilege; README).
+            # No pod mirror: the manager may not write pods (least privilege; docs/kubernetes.md).
             journal = KubeJournal(load_api_client(args.kubeconfig), args.journal_namespace, mirror_pods=False)
             journal.marks()  # fail fast: the API is reachable and the role allows it
         except Exception as exc:  # JournalError, or what the client raises for a bad config

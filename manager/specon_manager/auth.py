@@ -1,6 +1,6 @@
 """Who is calling: bearer tokens mapped to identities, and what each identity may do.
 
-Three kinds of credential (the README's "Security model"):
+Three kinds of credential (docs/safety.md, "Security model"):
 
 * a per-agent token (``--agent-tokens FILE``, a YAML mapping ``worker id: token``, or on
   Kubernetes the agent pod's projected ServiceAccount token checked by TokenReview) speaks

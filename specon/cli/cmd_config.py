@@ -1,10 +1,12 @@
-"""``specon config``: validate policy files, print the defaults, show a file's effect."""
+"""``specon config``: validate policy files, print the defaults, show a file's effect, print the
+reference of every key and setting."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from specon.cli.reference import reference_markdown
 from specon.config import (
     MODES,
     Policy,
@@ -55,6 +57,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _comments_flag(show)
     show.set_defaults(func=_show)
 
+    reference = actions.add_parser(
+        "reference",
+        help="print the reference of every policy key and daemon setting (Markdown)",
+        description="Print docs/reference.md: every key of the policy file and every operational "
+        "setting of the daemons, with its default and meaning, generated from the code.",
+    )
+    reference.set_defaults(func=_reference)
+
 
 def _comments_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -93,4 +103,9 @@ def _show(args: argparse.Namespace) -> int:
         print(e, file=sys.stderr)
         return 1
     sys.stdout.write(policy_to_yaml(policy, comments=args.comments))
+    return 0
+
+
+def _reference(args: argparse.Namespace) -> int:
+    sys.stdout.write(reference_markdown())
     return 0

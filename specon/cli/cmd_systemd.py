@@ -1,9 +1,8 @@
 """``specon systemd``: write hardened systemd units for ``specon-agent`` and ``specon-manager``.
 
-Rendering is pure (``render_agent`` / ``render_manager`` return the unit text for a validated
-``AgentUnit`` / ``ManagerUnit``); the command validates its arguments, renders and writes the
-files (mode 0644 units, 0600 secrets, atomically), and with ``--enable`` runs ``systemctl``.
-The templates are package data in ``specon/data/systemd/``.
+The command validates its arguments into an ``AgentUnit`` / ``ManagerUnit``, renders them
+(``specon.cli.systemd_units``, pure) and writes the files (mode 0644 units, 0600 secrets,
+atomically), and with ``--enable`` runs ``systemctl``.
 """
 
 from __future__ import annotations
@@ -15,23 +14,26 @@ import stat
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
 import specon
+from specon.cli.systemd_units import (
+    AGENT_UNIT,
+    DEFAULT_ENV_FILE,
+    MANAGER_UNIT,
+    AgentUnit,
+    ManagerUnit,
+    render_agent,
+    render_env_file,
+    render_manager,
+)
 from specon.config import PolicyError, load_policy
 from specon.daemon.cli_args import WeakTokenError, check_token_strength, split_listen
 from specon.wire.validate import InvalidIdError, valid_id
 
-AGENT_UNIT = "specon-agent.service"
-MANAGER_UNIT = "specon-manager.service"
 DEFAULT_DEST = Path("/etc/systemd/system")
-DEFAULT_ENV_FILE = Path("/etc/specon/specon-agent.env")
-# Where a systemd unit may read the token it is given (LoadCredential= copies it at start).
-CREDENTIAL = "${CREDENTIALS_DIRECTORY}"
 # ProtectHome=yes hides these; an install under them needs read-only instead.
 HOME_DIRS = (Path("/home"), Path("/root"), Path("/run/user"))
 # What the units' PrivateTmp= replaces with an empty directory of the service's own.
@@ -40,173 +42,9 @@ TMP_DIRS = (Path("/tmp"), Path("/var/tmp"))
 # backslashes are parsed, control characters have no place in a unit at all.
 _BAD_PATH = re.compile(r'[\s"\'\\\x00-\x1f\x7f]')
 
-Runtime = Literal["local", "docker"]
-TokenVia = Literal["credential", "environment"]
-
 
 class UnitError(ValueError):
     """An argument no unit can be written for; the message says what to do instead."""
-
-
-@dataclass(frozen=True)
-class AgentUnit:
-    exec_path: Path
-    manager: str
-    worker: str
-    token_file: Path
-    volume: Path
-    runtime: Runtime = "local"
-    docker_host: str | None = None
-    # --runtime docker: host path prefixes jobs may bind read-only.
-    allow_bind: tuple[Path, ...] = ()
-    listen: str = "127.0.0.1:7701"
-    cpus: float | None = None
-    cluster: str | None = None
-    policy: Path | None = None
-    # --runtime local: fork the built-in workloads' jobs from a warm interpreter.
-    warm: bool = False
-    token_via: TokenVia = "credential"
-    env_file: Path = DEFAULT_ENV_FILE
-    protect_home: Literal["yes", "read-only"] = "yes"
-
-
-@dataclass(frozen=True)
-class ManagerUnit:
-    exec_path: Path
-    listen: str = "127.0.0.1:7700"
-    agent_tokens: Path | None = None
-    token_file: Path | None = None
-    read_token_file: Path | None = None
-    policy: Path | None = None
-    user: str | None = None  # None: DynamicUser=yes
-    protect_home: Literal["yes", "read-only"] = "yes"
-
-
-# -- rendering (pure) -------------------------------------------------------------------
-
-
-def _template(name: str) -> str:
-    return (resources.files("specon") / "data" / "systemd" / name).read_text(encoding="utf-8")
-
-
-def _fill(text: str, values: dict[str, str]) -> str:
-    for key, value in values.items():
-        text = text.replace(f"@{key}@", value)
-    left = re.findall(r"@[A-Z_]+@", text)
-    if left:  # a template and its renderer out of step: a bug, not a user error
-        raise AssertionError(f"unfilled template placeholders: {sorted(set(left))}")
-    return text
-
-
-def escape(value: str) -> str:
-    """``value`` as it must appear in a unit file: systemd expands ``%`` specifiers there."""
-    return value.replace("%", "%%")
-
-
-def exec_arg(value: str) -> str:
-    """One literal ``ExecStart=`` argument: specifiers and ``$`` variables escaped, quoted if
-    it holds anything the command-line parser would split or interpret."""
-    s = escape(value).replace("$", "$$")
-    if s and not re.search(r'[\s"\'\\;]', s):
-        return s
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _exec_start(lines: list[list[str]]) -> str:
-    # One option a line: a long command stays readable in `systemctl cat`.
-    return " \\\n    ".join(" ".join(words) for words in lines)
-
-
-def render_agent(unit: AgentUnit) -> str:
-    """The text of ``specon-agent.service`` for ``unit`` (already validated)."""
-    argv = [[exec_arg(str(unit.exec_path))], ["--manager", exec_arg(unit.manager)]]
-    argv += [["--worker", exec_arg(unit.worker)], ["--volume", exec_arg(str(unit.volume))]]
-    argv += [["--listen", exec_arg(unit.listen)], ["--runtime", unit.runtime]]
-    if unit.docker_host:
-        argv.append(["--docker-host", exec_arg(unit.docker_host)])
-    for prefix in unit.allow_bind:
-        argv.append(["--allow-bind", exec_arg(str(prefix))])
-    if unit.cpus is not None:
-        argv.append(["--cpus", f"{unit.cpus:g}"])
-    if unit.warm:
-        argv.append(["--warm"])
-    if unit.cluster:
-        argv.append(["--cluster", exec_arg(unit.cluster)])
-    if unit.policy:
-        argv.append(["--policy", exec_arg(str(unit.policy))])
-    argv.append(["--state-dir", "/var/lib/specon-agent"])
-    if unit.token_via == "credential":
-        # The variable is systemd's own (not escaped): the private copy LoadCredential= makes.
-        argv.append(["--token-file", f"{CREDENTIAL}/token"])
-        token = (
-            "# The agent's own token (one per worker, from the manager's --agent-tokens), copied by\n"
-            "# systemd at each start into a directory only this service can read. Rotating it\n"
-            "# needs `systemctl restart specon-agent` (the copy is made at start).\n"
-            f"LoadCredential=token:{escape(str(unit.token_file))}"
-        )
-    else:
-        token = (
-            "# The agent's own token as SPECON_TOKEN, from a root-only file (mode 0600).\n"
-            f"EnvironmentFile={escape(str(unit.env_file))}"
-        )
-    read_write = [str(unit.volume)] + (["/sys/fs/cgroup"] if unit.runtime == "local" else [])
-    return _fill(
-        _template("specon-agent.service.in"),
-        {
-            "VERSION": specon.__version__,
-            "WORKER": escape(unit.worker),
-            "AFTER": " docker.service" if unit.runtime == "docker" else "",
-            "EXEC_START": _exec_start(argv),
-            "TOKEN": token,
-            "PROTECT_HOME": unit.protect_home,
-            "READ_WRITE": " ".join(escape(p) for p in read_write),
-            "RUNTIME": _template(f"agent-{unit.runtime}.in"),
-        },
-    )
-
-
-def render_env_file(token: str) -> str:
-    """The ``EnvironmentFile=`` for ``--token-via environment`` (mode 0600)."""
-    head = "# specon-agent's token, written by `specon systemd agent`. Keep it mode 0600.\n"
-    return f"{head}SPECON_TOKEN={token}\n"
-
-
-def render_manager(unit: ManagerUnit) -> str:
-    """The text of ``specon-manager.service`` for ``unit`` (already validated)."""
-    argv = [[exec_arg(str(unit.exec_path))], ["--listen", exec_arg(unit.listen)]]
-    argv.append(["--state-dir", "/var/lib/specon-manager"])
-    creds: list[str] = []
-    for flag, name, path in (
-        ("--agent-tokens", "agent-tokens", unit.agent_tokens),
-        ("--token-file", "token", unit.token_file),
-        ("--read-token-file", "read-token", unit.read_token_file),
-    ):
-        if path is not None:
-            argv.append([flag, f"{CREDENTIAL}/{name}"])
-            creds.append(f"LoadCredential={name}:{escape(str(path))}")
-    if unit.policy:
-        argv.append(["--policy", exec_arg(str(unit.policy))])
-    if unit.user:
-        user = f"User={escape(unit.user)}"
-    else:
-        user = "# A user allocated at each start, owning nothing but the state directory.\nDynamicUser=yes"
-    _, port = split_listen(unit.listen)
-    # Only a port below 1024 needs a capability; otherwise the manager holds none at all.
-    caps = "CAP_NET_BIND_SERVICE" if port < 1024 else ""
-    return _fill(
-        _template("specon-manager.service.in"),
-        {
-            "VERSION": specon.__version__,
-            "EXEC_START": _exec_start(argv),
-            "USER": user,
-            "CREDENTIALS": "\n".join(creds),
-            "PROTECT_HOME": unit.protect_home,
-            "CAPABILITIES": caps,
-        },
-    )
-
-
-# -- validation -------------------------------------------------------------------------
 
 
 def _abs_path(value: str | Path, what: str) -> Path:
@@ -549,7 +387,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="write hardened systemd units for specon-agent and specon-manager",
         description="Write a systemd unit for a specon daemon on a host without Kubernetes: "
         "Restart=on-failure, NoNewPrivileges=, ProtectSystem=strict, tokens through LoadCredential= "
-        "(systemd >= 247). Token files must be mode 0600. See the README's 'Installing the agent "
+        "(systemd >= 247). Token files must be mode 0600. See docs/docker-hosts.md, 'Installing the agent "
         "with systemd'.",
     )
     actions = parser.add_subparsers(dest="systemd_action", metavar="UNIT", required=True)

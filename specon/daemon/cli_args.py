@@ -1,8 +1,9 @@
-"""Command-line pieces both daemons share: bearer tokens and HOST:PORT arguments."""
+"""Command-line pieces both daemons share: bearer tokens, HOST:PORT arguments, optional extras."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -17,6 +18,14 @@ S = TypeVar("S", AgentSettings, ManagerSettings)
 # Placeholders that docs and old manifests used: never accepted as a credential.
 PLACEHOLDER_TOKENS = frozenset({"change-me", "changeme", "placeholder", "specon-token", "replace-me"})
 MIN_TOKEN_BYTES = 32
+
+
+def missing_extra(module: str, extra: str, what: str) -> str | None:
+    """Why ``what`` cannot run when the client library ``module`` (the ``specon[extra]``
+    install) is absent, else None: a plain ``pip install specon`` runs the local runtime only."""
+    if importlib.util.find_spec(module) is not None:
+        return None
+    return f"{what} needs the {module} client library: pip install 'specon[{extra}]'"
 
 
 class WeakTokenError(ValueError):

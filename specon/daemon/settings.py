@@ -10,7 +10,7 @@ set them like any other variable, and the policy file stays about policy.
 
 ``AgentSettings.from_env()`` / ``ManagerSettings.from_env()`` report every bad value at
 once (``SettingsError``), each under its variable's name; constructing the classes
-directly checks the same rules. The README's "Operational settings" table lists them all.
+directly checks the same rules. docs/reference.md lists them all (``specon config reference``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class SettingsError(ValueError):
 
 
 def _setting(default: _T, doc: str, *, zero_ok: bool = False) -> _T:
-    """A setting: its default and what it means (the README's table says the same). It must
+    """A setting: its default and what it means (docs/reference.md prints it). It must
     be > 0, or >= 0 with ``zero_ok``; an integer setting is an integer."""
     return field(default=default, metadata={"doc": doc, "zero_ok": zero_ok})
 

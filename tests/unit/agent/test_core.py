@@ -173,6 +173,7 @@ async def test_refresh_reports_ended_containers_with_their_phase(world: World) -
     assert {r.id for r in agent.heartbeat(world.clock.now()).containers} == set(phases)
 
 
+@pytest.mark.slow
 async def test_refresh_closes_the_progress_log_of_an_ended_container(world: World) -> None:
     await world.run("a")
     agent = world.agent()

@@ -288,6 +288,7 @@ class FlakyRuntime(FakeRuntime):
         return await super().usage()
 
 
+@pytest.mark.slow
 async def test_a_crashing_loop_is_logged_and_restarted(rig: Rig) -> None:
     rig.runtime = FlakyRuntime("w0", rig.volume)
     d = rig.daemon(f"http://127.0.0.1:{free_port()}")

@@ -307,6 +307,7 @@ def test_a_job_without_a_total_is_sized_by_its_loss_curve(tmp_path: Path) -> Non
     w.tailer.close()
 
 
+@pytest.mark.slow
 def test_the_curve_is_refitted_only_once_it_grew_by_a_tenth_and_counts_down_between(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

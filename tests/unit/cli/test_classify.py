@@ -99,6 +99,7 @@ def test_missing_file_is_reported_and_the_others_still_processed(
     assert [d["file"] for d in docs] == [str(LOGS / "converging.jsonl")]
 
 
+@pytest.mark.slow
 def test_plot_writes_a_png(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "categories.png"
     code = main(["classify", "--plot", str(out), str(LOGS / "lr_drop.jsonl"), str(LOGS / "diverging.jsonl")])
@@ -110,6 +111,7 @@ def test_plot_writes_a_png(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
     assert "final:" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_unwritable_plot_is_an_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code = main(["classify", "--plot", str(tmp_path / "no" / "dir.png"), str(LOGS / "converging.jsonl")])
     assert code == 2

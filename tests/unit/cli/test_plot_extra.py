@@ -62,6 +62,7 @@ def test_demo_names_the_extra_before_running(tmp_path: Path, capsys: pytest.Capt
     assert not (tmp_path / "demo").exists()
 
 
+@pytest.mark.slow
 def test_the_daemons_never_load_matplotlib() -> None:
     """Importing the daemons' entry points (and the CLI's) loads no matplotlib."""
     code = (

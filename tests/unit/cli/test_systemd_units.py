@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from specon.cli import cmd_systemd
-from specon.cli.cmd_systemd import AgentUnit, ManagerUnit, exec_arg, render_agent, render_manager
+from specon.cli import cmd_systemd, systemd_units
 from specon.cli.main import main
+from specon.cli.systemd_units import AgentUnit, ManagerUnit, exec_arg, render_agent, render_manager
 
 TOKEN = "0123456789abcdef" * 4
 BIN = Path(sys.executable).parent
@@ -96,7 +96,7 @@ def test_agent_environment_token() -> None:
     assert d["EnvironmentFile"] == ["/etc/specon/specon-agent.env"]
     assert "LoadCredential" not in d
     assert "--token-file" not in d["ExecStart"][0]
-    assert cmd_systemd.render_env_file(TOKEN).endswith(f"\nSPECON_TOKEN={TOKEN}\n")
+    assert systemd_units.render_env_file(TOKEN).endswith(f"\nSPECON_TOKEN={TOKEN}\n")
 
 
 def test_manager_unit() -> None:

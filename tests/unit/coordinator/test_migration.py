@@ -86,6 +86,7 @@ def test_finished_job_ends_any_migration() -> None:
     assert next_step(mig(State.RUNNING), running_on=None, finished=True, alive=ALL) == Advance(State.DONE)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     state=st.sampled_from(list(State)),

@@ -349,6 +349,7 @@ def test_sigterm_subprocess_exits_with_a_checkpoint(script: Path, tmp_path: Path
     assert jobkit.read_done(tmp_path / "ckpt") is None
 
 
+@pytest.mark.slow
 def test_many_sigterms_end_with_exactly_the_configured_steps(script: Path, tmp_path: Path) -> None:
     steps = 400
     rng = random.Random(11)
@@ -374,6 +375,7 @@ def test_many_sigterms_end_with_exactly_the_configured_steps(script: Path, tmp_p
     assert jobkit.read_done(tmp_path / "ckpt") is not None
 
 
+@pytest.mark.slow
 def test_sigkill_redoes_only_the_steps_after_the_last_checkpoint(script: Path, tmp_path: Path) -> None:
     steps = 200
     progress = tmp_path / "progress.jsonl"

@@ -32,6 +32,7 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int)
     return losses
 
 
+@pytest.mark.slow
 def test_resumed_training_continues_exactly_as_uninterrupted() -> None:
     random.seed(1)
     np.random.seed(1)

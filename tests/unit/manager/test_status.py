@@ -132,6 +132,7 @@ def _fields(obj: object) -> dict[str, object]:
     return {name: getattr(obj, name) for name in obj.__slots__}  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_the_heap_freezer_freezes_once_per_growth_step() -> None:
     freezer = HeapFreezer(growth=2.0, minimum=100)
     try:

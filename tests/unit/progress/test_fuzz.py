@@ -9,6 +9,7 @@ import math
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -63,6 +64,7 @@ def finite(samples: list[Sample]) -> bool:
     return all(math.isfinite(s.value) for s in samples)
 
 
+@pytest.mark.slow
 @fuzz_settings
 @given(lines=st.one_of(st.lists(any_line, max_size=12), st.lists(json_line, min_size=1, max_size=12)))
 def test_parsers_never_raise_and_block_equals_line_by_line(lines: list[bytes]) -> None:
@@ -83,6 +85,7 @@ def test_parsers_never_raise_and_block_equals_line_by_line(lines: list[bytes]) -
         ]
 
 
+@pytest.mark.slow
 @fuzz_settings
 @given(lines=st.lists(any_line, max_size=8))
 def test_detect_format_never_raises(lines: list[bytes]) -> None:
@@ -91,6 +94,7 @@ def test_detect_format_never_raises(lines: list[bytes]) -> None:
     make_parser(fmt, ProgressConfig())
 
 
+@pytest.mark.slow
 @fuzz_settings
 @given(
     content=st.one_of(st.binary(max_size=400), st.lists(any_line, max_size=20).map(b"\n".join)),

@@ -22,6 +22,7 @@ def records(first: int, count: int) -> bytes:
     )
 
 
+@pytest.mark.slow
 def test_a_poll_reads_at_most_the_cap_and_the_next_ones_go_on(tmp_path: Path) -> None:
     log = tmp_path / "progress.jsonl"
     log.write_bytes(b"")
@@ -43,6 +44,7 @@ def test_a_poll_reads_at_most_the_cap_and_the_next_ones_go_on(tmp_path: Path) ->
         assert tailer.stats.bytes_skipped == 0
 
 
+@pytest.mark.slow
 def test_a_first_poll_of_a_long_log_skips_to_its_end(tmp_path: Path) -> None:
     log = tmp_path / "progress.jsonl"
     log.write_bytes(records(0, 100_000))  # ~3.5 MB of history

@@ -313,6 +313,7 @@ def write_in_chunks(tailer: Tailer, path: Path, chunks: list[bytes]) -> list[Sam
     return got
 
 
+@pytest.mark.slow
 @hypothesis_settings
 @given(lines=jsonl_lines, tail=junk, points=st.lists(st.integers(0, 10**4), max_size=12))
 def test_any_chunking_reads_every_complete_line_once(
@@ -341,6 +342,7 @@ csv_rows = st.lists(
 )
 
 
+@pytest.mark.slow
 @hypothesis_settings
 @given(rows=csv_rows, points=st.lists(st.integers(0, 10**4), max_size=12))
 def test_any_chunking_of_a_csv_log(rows: list[bytes], points: list[int]) -> None:
@@ -355,6 +357,7 @@ def test_any_chunking_of_a_csv_log(rows: list[bytes], points: list[int]) -> None
             assert tailer.stats.lines == count
 
 
+@pytest.mark.slow
 @hypothesis_settings
 @given(
     before=jsonl_lines,
@@ -396,6 +399,7 @@ def test_truncation_reads_lines_before_and_after_once(
             assert got == expected_old + expected_new
 
 
+@pytest.mark.slow
 @hypothesis_settings
 @given(
     before=jsonl_lines,

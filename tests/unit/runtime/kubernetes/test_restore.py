@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from test_runtime_kubernetes_pods import CONTRACT, pod
 
 from specon.model import ContainerId
 from specon.runtime.kubernetes.pods import LABEL_JOB, PodError, restored_pod, template_of
@@ -20,6 +19,7 @@ from specon.runtime.kubernetes.restore import (
     record_name,
     record_of,
 )
+from tests.unit.runtime.kubernetes.test_pods import CONTRACT, pod
 
 JOB = ContainerId("ml.j1")
 
