@@ -1,1 +1,11 @@
-"""The specon node agent: one per worker; tails job logs, classifies, heartbeats, executes commands."""
+"""The specon node agent: one per worker; tails job logs, classifies, heartbeats, executes commands.
+
+An I/O shell around ``specon``'s pure core: no algorithm and no message schema lives here.
+
+- ``__main__``: ``specon-agent``, its arguments and start-up;
+- ``core``: the agent's work without the network (watch containers, classify, run commands);
+- ``watched``: what it keeps per container;
+- ``priority``: the priority action's pure half; ``weights``: its I/O shell;
+- ``client``: the HTTP client for the manager; ``daemon``: the supervised background tasks;
+- ``app``: the agent's own /healthz and /metrics.
+"""

@@ -15,7 +15,13 @@ from aiohttp import web
 
 from specon.config import PolicyError, default_policy, load_policy
 from specon.daemon import logs
-from specon.daemon.cli_args import check_token_strength, load_settings, missing_extra, read_token, split_listen
+from specon.daemon.cli_args import (
+    check_token_strength,
+    load_settings,
+    missing_extra,
+    read_token,
+    split_listen,
+)
 from specon.daemon.settings import ManagerSettings
 from specon_manager.app import create_app
 from specon_manager.auth import Authenticator, Chain, StaticTokens, load_agent_tokens

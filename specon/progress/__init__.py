@@ -3,6 +3,12 @@
 ``Tailer(path, config).poll()`` returns the new ``Sample``s of one log file;
 ``DirectoryTailer`` does the same for every file of a log directory; ``read_file`` reads a
 finished file once. Parsers turn one line into a ``Sample`` or a counted ``SkipReason``.
+
+- ``samples``: what reading yields (samples, typed skips, counters);
+- ``parser``: the one shape of a format's parser; ``fields``: raw cells into value, step, time;
+- ``jsonl``, ``csvlog``, ``text``: the formats; ``detect``: choosing one (``format: auto``);
+- ``reader``: one file read incrementally by byte offset; ``tailer``: the tailers on top;
+- ``last``: the last record of a JSON-lines log (how runtimes tell a job's state).
 """
 
 from specon.progress.csvlog import CsvParser

@@ -1,1 +1,14 @@
-"""The discrete-event simulator: the same Algorithm 1-3 code on a virtual clock."""
+"""The discrete-event simulator: the same Algorithm 1-3 code on a virtual clock.
+
+It drives the manager's own coordinator (``specon.coordinator.inline``) and the policies of
+``specon.policy``; it copies neither.
+
+- ``engine``: the virtual clock and its queue of timed callbacks;
+- ``cluster``: the simulated runtime (workers, training jobs, migrations, CPU contention);
+- ``runner``: one simulated run of a workload under a policy;
+- ``policies``: the policies compared and the lower bound; ``experiment``: runs over seeds;
+- ``scenarios``: arrival processes and the paper's A1-A5; ``scenario_file``: a user's own cluster;
+- ``trace``: loss-curve traces; ``curves``: synthetic ones; ``record``: recording real ones;
+- ``calibration``: the simulator against the local runtime; ``detection``: the detection benchmark;
+- ``report``, ``summary``: tables beside the paper's numbers, JSON and PNGs.
+"""

@@ -127,7 +127,8 @@ class SimParams:
 # with ``job_threads: 2, job_cores: 1, thread_overhead: 1`` (a job spans its one-node
 # worker, whose sizes already are a job alone on it) A3's DS makespan is 4.5 x the
 # paper's, so the paper's jobs did not lose throughput to sharing as 2-thread torch jobs do
-# here. The thread law is for what-if runs (``specon sim --params``; docs/simulator.md, "The contention model").
+# here. The thread law is for what-if runs (``specon sim --params``; docs/simulator.md, "The
+# contention model").
 DEFAULT_PARAMS = SimParams(
     interference_exponent=0.072, migration_downtime=8.4, thread_overhead=1.47, thread_exponent=1.06
 )
