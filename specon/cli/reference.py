@@ -98,8 +98,9 @@ def _allowed(tp: object) -> str:
 def _type_name(tp: object) -> str:
     if tp is bool:
         return "true/false"
-    if tp in (int, float, str):
-        return {int: "integer", float: "number", str: "text"}[tp]  # type: ignore[index]
+    names: dict[object, str] = {int: "integer", float: "number", str: "text"}
+    if tp in names:
+        return names[tp]
     args = typing.get_args(tp)
     if typing.get_origin(tp) is tuple:
         return f"list of {_type_name(args[0])}" if args else "list"

@@ -6,7 +6,7 @@ pidfile (INFRA.md "Docker Engine"): no bridge and no iptables, so its containers
 engine's containers share one CPU budget, like a machine of that size: the engine puts them
 under ``--cgroup-parent``, a cgroup-v1 group whose CFS quota is the budget.
 
-Standard library only (the ``docker`` SDK stays in ``specon.runtime.docker.backend``): the engine is
+Standard library only (the ``docker`` SDK stays in ``specon.runtime.docker``): the engine is
 asked ``/_ping`` over its unix socket directly.
 """
 

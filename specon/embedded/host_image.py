@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 # The source tree specon runs from (editable install: the repo).
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # Debian 12 merges /bin and /lib* into /usr: the image keeps the links, /usr is bound. /sbin
 # stays a directory: Docker mounts its init at /sbin/docker-init, which a link would put on the

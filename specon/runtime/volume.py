@@ -99,6 +99,11 @@ class Owner:
     # An opaque backend handle (a Docker container id, a pod name) for non-local backends.
     handle: str | None = None
 
+    @property
+    def provisional(self) -> bool:
+        """Written ahead of the launch: neither a pid nor a handle names the run yet."""
+        return self.pid is None and self.handle is None
+
 
 @dataclass(frozen=True, slots=True)
 class JobPaths:

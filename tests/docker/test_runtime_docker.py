@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from specon.runtime import AlreadyRunning, ContainerState, JobSpec, StartFailed
-from specon.runtime.docker.backend import DockerRuntime, _cpu_seconds
+from specon.runtime.docker.backend import DockerRuntime
+from specon.runtime.docker.engine import cpu_seconds
 from specon.runtime.docker.recipe import LABEL_JOB, LABEL_MANAGED, Bind, HostRules, Recipe
 from specon.runtime.volume import JobPaths
 from tests.docker.engines import Engine, job_binds, python_image, start_engine, stop_engine
@@ -139,7 +140,7 @@ async def test_a_restarted_agent_readopts_its_containers_and_weights_them(
     usage = await again.usage()
     assert usage.enforcement == "docker" and dict(usage.per_container)["adopt-1"] > 0
     # Read from the container's cgroup: the counter the engine's own stats report.
-    engine_says = _cpu_seconds(c)
+    engine_says = cpu_seconds(c)
     assert engine_says is not None and abs(dict(usage.per_container)["adopt-1"] - engine_says) < 1.0
     assert 0 < usage.cpu_utilisation <= 1
     await again.stop("adopt-1", grace=10)
@@ -232,7 +233,7 @@ SAVE_IN_A_PROCESS = r"""
 import asyncio, sys
 from pathlib import Path
 import docker
-from specon.runtime.docker.backend import DockerRuntime, _cpu_seconds
+from specon.runtime.docker.backend import DockerRuntime
 from specon.runtime.docker.recipe import HostRules
 volume, url, prefixes = Path(sys.argv[1]), sys.argv[2], tuple(sys.argv[3:])
 rt = DockerRuntime(volume, "host-1", docker.DockerClient(base_url=url),

@@ -1,9 +1,12 @@
 """The Docker-host backend: one worker is one Docker engine (the ``docker`` extra).
 
-- ``backend``: ``DockerRuntime``;
+- ``backend``: ``DockerRuntime`` (its owner records: ``specon.runtime.owners``);
+- ``engine``: the engine calls it makes: connecting, images, what a container says about
+  itself, a recipe's create arguments;
 - ``recipe``: how a job's container is made, as plain data;
 - ``cgroup``: CPU weights and usage from the containers' cgroups;
-- ``criu``: checkpoint/restore of a whole container with CRIU.
+- ``criu``: checkpoint/restore of a whole container with CRIU (the engine's API);
+- ``criu_store``: the jobs' CRIU images on the volume, from a save to the next start.
 
 Only this subpackage imports ``docker`` (import contract ``docker-backend``).
 """

@@ -1,12 +1,14 @@
 """The Docker backend: a worker is one Docker engine, a job one labelled container.
 
-The only module that imports ``docker`` (an import contract keeps it so). Containers are the
-engine's containers labelled ``specon.io/managed=true``; a job's id is its
+Containers are the engine's containers labelled ``specon.io/managed=true``; a job's id is its
 ``specon.io/job`` label (else the container's name). Everything durable lives on the shared
 volume, as with the local backend (``specon.runtime.volume``): the progress log and
 checkpoints in the job's directory, and ``owner.json`` naming the worker, the engine and the
 container of the current run, so a restarted agent re-adopts its containers by listing them
-and no job is started while any engine runs it.
+and no job is started while any engine runs it. That record's code (write-ahead, host checks,
+stop, forget) is ``specon.runtime.owners``, shared with the local backend; here are its hooks
+for containers. The engine calls are in ``engine``, the CRIU images in ``criu_store``; only
+this subpackage imports ``docker`` (an import contract keeps it so).
 
 - **save** (job contract, ``migration.mode: checkpoint``): SIGTERM, wait the grace period for
   the job to checkpoint to the volume and exit, SIGKILL past it, judge the checkpoint (the
@@ -27,16 +29,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import io
-import shutil
-import tarfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from datetime import datetime
-from pathlib import Path, PurePosixPath
-from typing import Any
+from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 import docker
 import docker.errors
@@ -47,11 +45,6 @@ from specon import checkpoint as ckpt
 from specon.config import MigrationMode
 from specon.model import ContainerId, Resources, WorkerId
 from specon.runtime.base import (
-    ENV_CHECKPOINT_DIR,
-    ENV_DONE_FILE,
-    ENV_JOB_ID,
-    ENV_PROGRESS_FILE,
-    ENV_WORKER,
     AlreadyFinished,
     AlreadyRunning,
     ContainerInfo,
@@ -60,18 +53,27 @@ from specon.runtime.base import (
     NoSuchContainer,
     Runtime,
     RuntimeFailure,
-    SaveFailed,
     SaveResult,
     StartFailed,
-    StillRunning,
     WorkerUsage,
     cpu_shares,
     valid_job_id,
 )
-from specon.runtime.docker import criu as docker_criu
 from specon.runtime.docker.cgroup import ContainerCounters
+from specon.runtime.docker.criu_store import CriuStore
+from specon.runtime.docker.engine import (
+    connect,
+    container_job,
+    cpu_seconds,
+    create_kwargs,
+    engine_id,
+    engine_labels,
+    import_image,
+    init_pid,
+    job_of,
+    started_at,
+)
 from specon.runtime.docker.recipe import (
-    LABEL_JOB,
     LABEL_MANAGED,
     LABEL_MIGRATION,
     LABEL_RUN,
@@ -81,37 +83,31 @@ from specon.runtime.docker.recipe import (
     problems,
     unsafe_host_config,
 )
-from specon.runtime.saving import run_save, unrecoverable
-from specon.runtime.volume import CorruptRecordError, JobPaths, Owner, job_lock, read_spec, write_spec
+from specon.runtime.owners import OwnerRecords
+from specon.runtime.saving import run_save
+from specon.runtime.volume import CorruptRecordError, JobPaths, Owner, read_spec, write_spec
+
+# connect and import_image are engine helpers (``engine``), imported from here by the agent,
+# the embedded Docker hosts and the tests.
+__all__ = ["DockerRuntime", "connect", "import_image"]
 
 log = structlog.get_logger()
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _POLL_S = 0.1
 _KILL_WAIT_S = 10.0
 
 
-def job_of(labels: Mapping[str, str], name: str) -> ContainerId | None:
-    """The job id of a managed container (label, else name); None if it is not a valid id."""
-    with contextlib.suppress(ValueError):
-        return valid_job_id(labels.get(LABEL_JOB) or name)
-    return None
+class DockerRuntime(OwnerRecords[Container]):
+    """One Docker engine as one worker: a run is a container, which the shared owner-record
+    code (``OwnerRecords``) acts on once the record names this engine."""
 
-
-def container_job(c: Container) -> ContainerId | None:
-    return job_of(c.labels or {}, c.name or "")
-
-
-def _started_at(attrs: Mapping[str, Any]) -> float:
-    raw = str((attrs.get("State") or {}).get("StartedAt") or "")
-    with contextlib.suppress(ValueError):
-        # Docker writes nanoseconds; fromisoformat takes at most microseconds.
-        head, _, frac = raw.rstrip("Z").partition(".")
-        return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00").timestamp()
-    return 0.0
-
-
-class DockerRuntime:
-    """One Docker engine as one worker."""
+    _EVENTS = "specon.docker"
+    _HOST_NOUN = "engine"
+    # Teardown goes on past a container that resists or an engine error.
+    _STOP_ALL_SKIPS = (RuntimeFailure, docker.errors.APIError)
 
     def __init__(
         self,
@@ -133,14 +129,12 @@ class DockerRuntime:
         self.rules = rules or HostRules(volume=str(root))
         self.migration_mode = migration_mode
         info = client.info()
-        # A container id means something only on the engine that issued it. Engines of one
-        # machine may share an ID (it comes from /etc/docker/key.json), never a data root.
-        self._engine = f"docker:{info.get('ID') or info.get('Name')}@{info.get('DockerRootDir')}"
-        self._data_root = Path(str(info.get("DockerRootDir") or "/var/lib/docker"))
-        self._labels = _engine_labels(info.get("Labels") or [])
+        self._host = engine_id(info)
+        self._labels = engine_labels(info.get("Labels") or [])
         cores = float(cpus or info.get("NCPU") or 1)
         self.capacity = Resources(cpu=cores, memory=int(info.get("MemTotal") or 0))
-        self._info_raw = info
+        data_root = Path(str(info.get("DockerRootDir") or "/var/lib/docker"))
+        self._criu = CriuStore(self._agent_dir / "criu", client.api, info, data_root)
         self._busy: dict[ContainerId, ContainerState] = {}
         self._cpu_last: dict[str, float] = {}
         self._counters = ContainerCounters()
@@ -152,7 +146,7 @@ class DockerRuntime:
         log.info(
             "specon.docker.ready",
             worker=worker,
-            engine=self._engine,
+            engine=self._host,
             cpus=self.capacity.cpu,
             adopted=adopted,
             migration_mode=migration_mode,
@@ -206,7 +200,7 @@ class DockerRuntime:
         from_cgroups = await asyncio.to_thread(self._cgroup_seconds, running)
         # Only where the cgroup cannot be read: the engine's stats, a second per call.
         others = [job for job in running if job not in from_cgroups]
-        sampled = await asyncio.gather(*(asyncio.to_thread(_cpu_seconds, running[j]) for j in others))
+        sampled = await asyncio.gather(*(asyncio.to_thread(cpu_seconds, running[j]) for j in others))
         per_job = {**from_cgroups, **{j: s for j, s in zip(others, sampled, strict=True) if s is not None}}
         # Counters restart with each container: sum increments per container id, never negative.
         ids = {job: running[job].id for job in per_job}
@@ -263,12 +257,7 @@ class DockerRuntime:
         except OSError as exc:
             raise StartFailed(spec.id, f"cannot create the job's directories: {exc}") from exc
         async with self._locked(paths):
-            try:
-                owner = await asyncio.to_thread(self._read_owner, paths)
-            except CorruptRecordError as exc:
-                raise StartFailed(spec.id, f"cannot tell whether it runs elsewhere: {exc}") from exc
-            if owner is not None and await asyncio.to_thread(self._alive, owner):
-                raise AlreadyRunning(spec.id, f"already running on worker {owner.worker} ({owner.host})")
+            await self._offload(self._refuse_running, paths)
             here = (await asyncio.to_thread(self._managed)).get(spec.id)
             if here is not None and here.status in ("running", "restarting", "paused", "created"):
                 raise AlreadyRunning(spec.id, f"container {here.short_id} of this job exists on this engine")
@@ -297,34 +286,22 @@ class DockerRuntime:
 
     async def save(self, container_id: ContainerId, *, grace: float) -> SaveResult:
         paths, owner, c = await self._require(container_id)
-        criu_why = await asyncio.to_thread(self._criu_unusable, c)
+        criu_why = await asyncio.to_thread(self._criu.refusal, c, self.migration_mode_of(c))
         use_criu = criu_why is None
 
         async def halt(_t0: float) -> bool:
             if use_criu:
                 try:
-                    await asyncio.to_thread(self._criu_dump, container_id, owner, c)
+                    await asyncio.to_thread(self._criu.dump, container_id, owner.run_id, c)
                     return False
                 except RuntimeFailure as exc:
                     log.warning("specon.docker.criu_fallback", container=container_id, error=str(exc))
-            await asyncio.to_thread(c.kill, signal="SIGTERM")
-            if await self._wait_exited(c, grace):
-                return False
-            if await unrecoverable(paths.checkpoints):
-                log.error("specon.docker.save_failed", container=container_id, left_running=True)
-                raise SaveFailed(
-                    container_id,
-                    f"no checkpoint verified within {grace:g}s and every earlier one is corrupt;"
-                    " killing it would lose its progress, so it was left running",
-                )
-            await self._kill(c)
-            return True
+            return await self._terminate(paths, c, grace, saving=True)
 
         async def release() -> None:
             async with self._locked(paths):
-                await asyncio.to_thread(self._clear_owner, paths, owner)
-            with contextlib.suppress(docker.errors.NotFound):
-                await asyncio.to_thread(c.remove, force=True)
+                await self._offload(self._clear_owner, paths, owner)
+            await self._discard(c)
 
         if self.migration_mode_of(c) == "criu" and criu_why is not None:
             log.info("specon.docker.criu_refused", container=container_id, reason=criu_why)
@@ -342,47 +319,7 @@ class DockerRuntime:
             corrupt="it exited without a verifiable checkpoint and every earlier one is corrupt",
         )
 
-    async def stop(self, container_id: ContainerId, *, grace: float) -> ContainerInfo:
-        _paths, _owner, c = await self._require(container_id)
-        if container_id in self._busy:
-            raise RuntimeFailure(container_id, f"a {self._busy[container_id].value} is in progress")
-        if c.status == "running":
-            self._busy[container_id] = ContainerState.STOPPING
-            try:
-                await asyncio.to_thread(c.kill, signal="SIGTERM")
-                if not await self._wait_exited(c, grace):
-                    await self._kill(c)
-            finally:
-                self._busy.pop(container_id, None)
-            log.info("specon.docker.stopped", worker=self._worker, container=container_id)
-        info = await asyncio.to_thread(self._info, container_id, c)
-        if info is None:
-            raise NoSuchContainer(container_id, "its records vanished while stopping")
-        return info
-
-    async def forget(self, container_id: ContainerId) -> None:
-        paths, owner, c = await self._require(container_id)
-        async with self._locked(paths):
-            await asyncio.to_thread(c.reload)
-            if container_id in self._busy or c.status in ("running", "restarting", "paused"):
-                raise StillRunning(container_id, "cannot forget a running container; stop or save it first")
-            await asyncio.to_thread(self._clear_owner, paths, owner)
-            with contextlib.suppress(docker.errors.NotFound):
-                await asyncio.to_thread(c.remove, force=True)
-        log.info("specon.docker.forgotten", worker=self._worker, container=container_id)
-
     # -- housekeeping ------------------------------------------------------------------------
-    async def stop_all(self, *, grace: float = 0.0) -> int:
-        """Terminate every running managed container of this engine (demo teardown)."""
-        stopped = 0
-        for job, c in (await asyncio.to_thread(self._managed)).items():
-            if job in self._busy or c.status != "running":
-                continue
-            with contextlib.suppress(RuntimeFailure, docker.errors.APIError):
-                await self.stop(job, grace=grace)
-                stopped += 1
-        return stopped
-
     def close(self) -> bool:
         self.client.close()
         return True
@@ -402,9 +339,6 @@ class DockerRuntime:
 
     def _spec_path(self, job: ContainerId) -> Path:
         return self._agent_dir / "specs" / f"{job}.json"
-
-    def _criu_dir(self, job: ContainerId) -> Path:
-        return self._agent_dir / "criu" / job
 
     def _read_spec(self, job: ContainerId) -> JobSpec:
         return read_spec(self._spec_path(job))
@@ -458,7 +392,7 @@ class DockerRuntime:
         self._counters.keep(str(c.id) for c in running.values())
         out = {}
         for job, c in running.items():
-            seconds = self._counters.seconds(str(c.id), functools.partial(_init_pid, self.client, c))
+            seconds = self._counters.seconds(str(c.id), functools.partial(init_pid, self.client, c))
             if seconds is not None:
                 out[job] = seconds
         return out
@@ -492,8 +426,8 @@ class DockerRuntime:
                 Owner(
                     worker=self._worker,
                     run_id=(c.labels or {}).get(LABEL_RUN) or uuid.uuid4().hex,
-                    started_at=_started_at(c.attrs),
-                    host=self._engine,
+                    started_at=started_at(c.attrs),
+                    host=self._host,
                     handle=c.id,
                 )
             )
@@ -526,7 +460,7 @@ class DockerRuntime:
             state=state,
             progress_path=paths.progress,
             checkpoint_dir=paths.checkpoints,
-            started_at=_started_at(c.attrs),
+            started_at=started_at(c.attrs),
             pid=None,
             handle=c.id,
             exit_code=exit_code,
@@ -534,70 +468,16 @@ class DockerRuntime:
             cpu_limit=nano / 1e9 if nano else None,
         )
 
-    async def _require(self, container_id: ContainerId) -> tuple[JobPaths, Owner, Container]:
-        try:
-            paths = JobPaths.of(self.root, container_id)
-        except ValueError as exc:
-            raise NoSuchContainer(container_id, str(exc)) from exc
-        c = (await asyncio.to_thread(self._managed)).get(paths.job)
-        if c is None:
-            raise NoSuchContainer(container_id, f"no managed container of it on worker {self._worker}")
-        try:
-            owner = await asyncio.to_thread(self._read_owner, paths)
-        except CorruptRecordError as exc:
-            raise NoSuchContainer(container_id, str(exc)) from exc
-        if owner is None or owner.worker != self._worker or owner.host != self._engine:
-            where = "nowhere" if owner is None else f"on worker {owner.worker}"
-            raise NoSuchContainer(container_id, f"its record says it runs {where}, not here")
-        return paths, owner, c
-
-    def _read_owner(self, paths: JobPaths) -> Owner | None:
-        """``owner.json``; a provisional record of this engine (no container yet) is completed
-        from the container labelled with its run, if that exists."""
-        owner = paths.read_owner()
-        if owner is None or owner.handle is not None or owner.host != self._engine:
-            return owner
-        found = self.client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={owner.run_id}"})
-        if not found:
-            return owner
-        full = replace(owner, handle=found[0].id)
-        with contextlib.suppress(OSError):
-            paths.write_owner(full)
-        log.warning("specon.docker.owner_completed", worker=self._worker, container=paths.job)
-        return full
-
-    def _alive(self, owner: Owner) -> bool:
-        if owner.host != self._engine:
-            return True  # another engine's container: cannot be verified here (never run twice)
-        if owner.handle is None:
-            return False  # provisional and no container carries its run: never created
-        try:
-            c = self.client.containers.get(owner.handle)
-        except docker.errors.NotFound:
-            return False
-        return c.status in ("running", "restarting", "paused", "created")
-
-    def _clear_owner(self, paths: JobPaths, owner: Owner) -> None:
-        try:
-            current = paths.read_owner()
-        except CorruptRecordError:
-            current = None
-        if current is not None and current.run_id == owner.run_id:
-            paths.clear_owner()
-
     async def _launch(self, spec: JobSpec, recipe: Recipe, paths: JobPaths) -> tuple[Owner, bool]:
         """Create and start the job's container (restoring a CRIU image of its last run, if
         one is on record); the owner record is written ahead and completed after."""
-        run_id = uuid.uuid4().hex
-        provisional = Owner(worker=self._worker, run_id=run_id, started_at=self.now(), host=self._engine)
-        try:
-            paths.write_owner(provisional)
-        except OSError as exc:
-            raise StartFailed(spec.id, f"cannot record the owner: {exc}") from exc
-        kwargs = self._create_kwargs(spec, recipe, run_id)
+        provisional = self._write_ahead(spec.id, paths)
+        kwargs = create_kwargs(
+            spec, recipe, run_id=provisional.run_id, worker=self._worker, job_dir=paths.dir
+        )
         try:
             c = await asyncio.to_thread(self.client.containers.create, **kwargs)
-            restored = await asyncio.to_thread(self._criu_restore, spec.id, c)
+            restored = await asyncio.to_thread(self._criu.restore, spec.id, c)
             if not restored:
                 if c.status != "created":  # a restore that failed half-way: begin afresh
                     await asyncio.to_thread(c.remove, force=True)
@@ -613,149 +493,68 @@ class DockerRuntime:
             paths.write_owner(owner)
         return owner, restored
 
-    def _create_kwargs(self, spec: JobSpec, recipe: Recipe, run_id: str) -> dict[str, Any]:
-        inside = PurePosixPath(recipe.volume_target) / "jobs" / spec.id
-        env = dict(recipe.env)
-        env.setdefault("OMP_NUM_THREADS", "1")
-        env.update(
-            {
-                ENV_JOB_ID: spec.id,
-                ENV_WORKER: self._worker,
-                ENV_PROGRESS_FILE: str(inside / "progress.jsonl"),
-                ENV_CHECKPOINT_DIR: str(inside / "checkpoints"),
-                ENV_DONE_FILE: str(inside / "done"),
-            }
-        )
-        volumes = {b.source: {"bind": b.target, "mode": "ro"} for b in recipe.binds}
-        volumes[str(JobPaths(self.root, spec.id).dir)] = {"bind": str(inside), "mode": "rw"}
-        labels = {k: v for k, v in recipe.labels if not k.startswith("specon.io/")}
-        labels.update({LABEL_MANAGED: "true", LABEL_JOB: spec.id, LABEL_RUN: run_id})
-        migration = dict(recipe.labels).get(LABEL_MIGRATION)
-        if migration:
-            labels[LABEL_MIGRATION] = migration
-        kwargs: dict[str, Any] = {
-            "image": recipe.image,
-            "command": list(recipe.command),
-            "name": f"specon-{spec.id}-{run_id[:8]}",
-            "environment": env,
-            "volumes": volumes,
-            "labels": labels,
-            "network_mode": recipe.network_mode,
-            "working_dir": recipe.working_dir or str(inside),
-            "init": recipe.init or None,
-            "detach": True,
-        }
-        for key in ("nano_cpus", "cpu_shares", "mem_limit", "user"):
-            value = getattr(recipe, key)
-            if value is not None:
-                kwargs[key] = value
-        return kwargs
+    # -- OwnerRecords hooks: a run is a container of this engine --------------------------------
+    async def _offload(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(fn, *args, **kwargs)  # the SDK's calls block
 
-    async def _wait_exited(self, c: Container, timeout: float) -> bool:
+    def _find_run(self, owner: Owner) -> Owner | None:
+        found = self.client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={owner.run_id}"})
+        return replace(owner, handle=found[0].id) if found else None
+
+    def _alive_here(self, owner: Owner) -> bool:
+        if owner.handle is None:
+            return False  # provisional and no container carries its run: never created
+        try:
+            c = self.client.containers.get(owner.handle)
+        except docker.errors.NotFound:
+            return False
+        return c.status in ("running", "restarting", "paused", "created")
+
+    async def _run(self, paths: JobPaths, owner: Owner) -> Container:
+        c = (await asyncio.to_thread(self._managed)).get(paths.job)
+        if c is None:
+            raise NoSuchContainer(paths.job, f"no managed container of it on worker {self._worker}")
+        return c
+
+    async def _stoppable(self, run: Container) -> bool:
+        return bool(run.status == "running")
+
+    async def _still_running(self, run: Container) -> bool:
+        await asyncio.to_thread(run.reload)
+        return run.status in ("running", "restarting", "paused")
+
+    async def _discard(self, run: Container) -> None:
+        with contextlib.suppress(docker.errors.NotFound):
+            await asyncio.to_thread(run.remove, force=True)
+
+    async def _report(self, paths: JobPaths, run: Container) -> ContainerInfo | None:
+        return await asyncio.to_thread(self._info, paths.job, run)
+
+    async def _live_jobs(self) -> list[ContainerId]:
+        return [job for job, c in (await asyncio.to_thread(self._managed)).items() if c.status == "running"]
+
+    async def _send_term(self, run: Container) -> None:
+        await asyncio.to_thread(run.kill, signal="SIGTERM")
+
+    async def _wait_ended(self, run: Container, timeout: float) -> bool:
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             try:
-                await asyncio.to_thread(c.reload)
+                await asyncio.to_thread(run.reload)
             except docker.errors.NotFound:
                 return True
-            if c.status not in ("running", "restarting", "paused"):
+            if run.status not in ("running", "restarting", "paused"):
                 return True
             if time.monotonic() >= deadline:
                 return False
             await self.sleep(_POLL_S)
 
-    async def _kill(self, c: Container) -> None:
+    async def _kill(self, paths: JobPaths, run: Container) -> None:
         with contextlib.suppress(docker.errors.APIError):
-            await asyncio.to_thread(c.kill, signal="SIGKILL")
-        if not await self._wait_exited(c, _KILL_WAIT_S):
-            raise RuntimeFailure(container_job(c) or str(c.name), f"container {c.short_id} survived SIGKILL")
-        log.warning("specon.docker.killed", worker=self._worker, container=container_job(c))
-
-    # -- CRIU ----------------------------------------------------------------------------------
-    def _criu_unusable(self, c: Container) -> str | None:
-        """Why this save cannot be a CRIU checkpoint (None: it will be)."""
-        if self.migration_mode_of(c) != "criu":
-            return "migration mode is checkpoint"
-        return docker_criu.criu_refusal(c.attrs, self._info_raw)
-
-    def _criu_dump(self, job: ContainerId, owner: Owner, c: Container) -> None:
-        """Checkpoint the container's processes into the agents' area of the volume (never
-        a job's own directory: a job must not be able to forge the image it is restored from)
-        and stop it; the image is named after the run it captures."""
-        target = self._criu_dir(job)
-        shutil.rmtree(target, ignore_errors=True)
-        target.mkdir(parents=True)
-        docker_criu.checkpoint(self.client.api, str(c.id), owner.run_id, target)
-
-    def _criu_restore(self, job: ContainerId, c: Container) -> bool:
-        """Restore the job's CRIU image into ``c`` if one of its last run is on record; the
-        image is used once, whatever happens. False: start normally (the job contract)."""
-        store = self._criu_dir(job)
-        names = sorted(d.name for d in store.iterdir() if d.is_dir()) if store.is_dir() else []
-        if not names:
-            return False
-        try:
-            if self._info_raw.get("ExperimentalBuild") is not True:
-                why = "engine not --experimental"
-                log.warning("specon.docker.criu_restore_refused", container=job, reason=why)
-                return False
-            docker_criu.restore(self.client.api, str(c.id), names[-1], store, self._data_root)
-            return True
-        except RuntimeFailure as exc:
-            log.warning("specon.docker.criu_restore_failed", container=job, error=str(exc))
-            with contextlib.suppress(docker.errors.APIError):
-                c.reload()
-            return False
-        finally:
-            shutil.rmtree(store, ignore_errors=True)
-
-    def _locked(self, paths: JobPaths) -> contextlib.AbstractAsyncContextManager[None]:
-        return job_lock(paths, self.sleep)
-
-
-def _engine_labels(labels: list[str]) -> dict[str, str]:
-    out = {}
-    for item in labels:
-        key, _, value = str(item).partition("=")
-        if key:
-            out[key] = value
-    return out
-
-
-def _init_pid(client: docker.DockerClient, c: Container) -> int | None:
-    with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
-        return int((client.api.inspect_container(c.id).get("State") or {}).get("Pid") or 0) or None
-    return None
-
-
-def _cpu_seconds(c: Container) -> float | None:
-    """Cumulative CPU seconds of a running container, from one stats sample."""
-    try:
-        stats = c.stats(stream=False, one_shot=True)
-    except (docker.errors.APIError, docker.errors.NotFound):
-        return None
-    total = ((stats.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
-    return None if total is None else float(total) / 1e9
-
-
-def import_image(client: docker.DockerClient, rootfs: Path, tag: str) -> str:
-    """``docker import`` of the directory ``rootfs`` as ``tag``, unless the engine has it."""
-    with contextlib.suppress(docker.errors.ImageNotFound):
-        client.images.get(tag)
-        return tag
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(str(rootfs), arcname=".")
-    repo, _, version = tag.partition(":")
-    client.api.import_image_from_data(buf.getvalue(), repository=repo, tag=version or "latest")
-    return tag
-
-
-def connect(url: str | None = None) -> docker.DockerClient:
-    """A client of the engine at ``url`` (default: ``$DOCKER_HOST``, then the local socket)."""
-    if url:
-        return docker.DockerClient(base_url=url, timeout=60)
-    return docker.from_env(timeout=60)
+            await asyncio.to_thread(run.kill, signal="SIGKILL")
+        if not await self._wait_ended(run, _KILL_WAIT_S):
+            raise RuntimeFailure(paths.job, f"container {run.short_id} survived SIGKILL")
+        log.warning("specon.docker.killed", worker=self._worker, container=paths.job)
 
 
 def _implements_runtime(rt: DockerRuntime) -> Runtime:

@@ -18,8 +18,9 @@ cannot move this way (GPUs, engine not experimental, ...); the job contract's ch
 then the way to move it. A failed checkpoint leaves the container running (CRIU thaws it).
 
 The calls take the docker SDK's low-level client (``DockerClient.api``) and use its own
-request helpers, as its methods do; this module does not import ``docker`` (only
-``specon.runtime.docker.backend`` does), so errors are recognised by their shape.
+request helpers, as its methods do; this module does not import ``docker`` (``backend``,
+``engine`` and ``criu_store`` do), so errors are recognised by their shape. Where a job's
+images are kept between a save and the next start is ``criu_store``'s.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ or devices are ever recorded; a bind must be read-only and under a prefix this h
 network is ``none`` unless this host allows ``host``; the only writable mount is the job's own
 directory on the volume, which the backend adds itself.
 
-Pure: no Docker import; ``specon.runtime.docker.backend`` turns a checked recipe into SDK arguments.
+Pure: no Docker import; ``specon.runtime.docker.engine.create_kwargs`` turns a checked recipe
+into SDK arguments.
 """
 
 from __future__ import annotations

@@ -63,6 +63,7 @@ from specon.runtime.kubernetes.nodes import (
     pod_tolerations,
     quantity,
 )
+from specon.wire.validate import DNS_LABEL
 
 # The pod rules, and the node and resource rules of k8s_nodes re-exported for the backend.
 __all__ = [
@@ -149,7 +150,7 @@ _VOLATILE_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configura
 _INJECTED_VOLUME = re.compile(r"^(kube-api-access-[a-z0-9]+|default-token-[a-z0-9]+)$")
 _GENERATION_SUFFIX = re.compile(r"-g\d+$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
-_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_NAMESPACE = DNS_LABEL
 _MAX_POD_NAME = 63  # a pod's hostname is its name: keep it within a DNS label
 _ALIVE_PHASES = frozenset({"Pending", "Running", "Unknown", ""})
 

@@ -21,8 +21,10 @@ for a job without any verified checkpoint:
 
 Starting refuses a job that runs anywhere (``AlreadyRunning``); a job that ended on another
 worker without being forgotten there simply moves here. Start, forget and clearing the
-owner after a save are serialised across agents by an ``flock`` on the job's lock file.
-Commands run with the job directory as working directory.
+owner after a save are serialised across agents by an ``flock`` on the job's lock file. The
+owner record's code (write-ahead, host checks, stop, forget) is ``specon.runtime.owners``,
+shared with the Docker backend; here are its hooks for process groups. Commands run with the
+job directory as working directory.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -46,17 +47,14 @@ from specon import checkpoint as ckpt  # the name `checkpoint` is start()'s para
 from specon.model import ContainerId, Resources, WorkerId
 from specon.runtime.base import (
     AlreadyFinished,
-    AlreadyRunning,
     ContainerInfo,
     ContainerState,
     JobSpec,
     NoSuchContainer,
     Runtime,
     RuntimeFailure,
-    SaveFailed,
     SaveResult,
     StartFailed,
-    StillRunning,
     WorkerUsage,
     valid_job_id,
 )
@@ -73,8 +71,9 @@ from specon.runtime.local.cgroups import (
 from specon.runtime.local.launcher import REASON_KILLED, REASON_LOST, ExitRecord, find_launcher, launcher_argv
 from specon.runtime.local.warm import WarmInterpreter, WarmLaunchError, WarmNoAnswerError, WarmSpec
 from specon.runtime.local.zygote import Request
-from specon.runtime.saving import run_save, unrecoverable
-from specon.runtime.volume import CorruptRecordError, JobPaths, Owner, iter_job_ids, job_lock
+from specon.runtime.owners import OwnerRecords
+from specon.runtime.saving import run_save
+from specon.runtime.volume import CorruptRecordError, JobPaths, Owner, iter_job_ids
 
 log = structlog.get_logger()
 
@@ -93,8 +92,15 @@ def _reap() -> None:
             del _children[pid]
 
 
-class LocalRuntime:
-    """One worker on this machine: a CPU budget and the jobs the volume says it owns."""
+class LocalRuntime(OwnerRecords[Owner]):
+    """One worker on this machine: a CPU budget and the jobs the volume says it owns.
+
+    A run is the process group of a job's launcher, recognised by pid *and* start time; its
+    owner record (``OwnerRecords``) is what the shared code acts on."""
+
+    _EVENTS = "specon.runtime"
+    _HOST_NOUN = "boot"
+    _STOP_ALL_SKIPS = (NoSuchContainer,)  # forgotten or moved since it was listed
 
     def __init__(
         self,
@@ -241,12 +247,7 @@ class LocalRuntime:
         except OSError as exc:  # e.g. a full volume
             raise StartFailed(spec.id, f"cannot create the job's directories: {exc}") from exc
         async with self._locked(paths):
-            try:
-                owner = self._read_owner(paths)
-            except CorruptRecordError as exc:
-                raise StartFailed(spec.id, f"cannot tell whether it runs elsewhere: {exc}") from exc
-            if owner is not None and self._alive(owner):
-                raise AlreadyRunning(spec.id, f"already running on worker {owner.worker} (pid {owner.pid})")
+            self._refuse_running(paths)
             if paths.finished():
                 raise AlreadyFinished(spec.id, "already finished (done marker or final progress record)")
             try:
@@ -269,21 +270,10 @@ class LocalRuntime:
         return info
 
     async def save(self, container_id: ContainerId, *, grace: float) -> SaveResult:
-        paths, owner = self._require(container_id)
+        paths, owner, _ = await self._require(container_id)
 
         async def halt(_t0: float) -> bool:
-            self._signal(owner, signal.SIGTERM)
-            if await self._wait_gone(owner, grace):
-                return False
-            if await unrecoverable(paths.checkpoints):
-                log.error("specon.runtime.save_failed", container=container_id, left_running=True)
-                raise SaveFailed(
-                    container_id,
-                    f"no checkpoint verified within {grace:g}s and every earlier one is corrupt;"
-                    " killing it would lose its progress, so it was left running",
-                )
-            await self._kill(paths, owner)
-            return True
+            return await self._terminate(paths, owner, grace, saving=True)
 
         async def release() -> None:
             async with self._locked(paths):
@@ -304,49 +294,7 @@ class LocalRuntime:
             " it stays listed (failed) for inspection",
         )
 
-    async def stop(self, container_id: ContainerId, *, grace: float) -> ContainerInfo:
-        paths, owner = self._require(container_id)
-        if container_id in self._busy:
-            raise RuntimeFailure(container_id, f"a {self._busy[container_id].value} is in progress")
-        if self._alive(owner):
-            self._busy[container_id] = ContainerState.STOPPING
-            try:
-                self._signal(owner, signal.SIGTERM)
-                if not await self._wait_gone(owner, grace):
-                    await self._kill(paths, owner)
-            finally:
-                self._busy.pop(container_id, None)
-            log.info("specon.runtime.stopped", worker=self._worker, container=container_id)
-        info = self._info(paths, owner)
-        if info is None:
-            raise NoSuchContainer(container_id, "its records vanished while stopping")
-        return info
-
-    async def forget(self, container_id: ContainerId) -> None:
-        paths, owner = self._require(container_id)
-        async with self._locked(paths):
-            if container_id in self._busy or self._alive(owner):
-                raise StillRunning(container_id, "cannot forget a running container; stop or save it first")
-            self._clear_owner(paths, owner)
-        log.info("specon.runtime.forgotten", worker=self._worker, container=container_id)
-
     # -- housekeeping ------------------------------------------------------------------------
-    async def stop_all(self, *, grace: float = 0.0) -> int:
-        """Terminate every live job of this worker (tests, demo teardown); returns how many."""
-        stopped = 0
-        for paths, owner in self._owned():
-            if paths.job in self._busy or owner.host != self._host or not self._alive(owner):
-                continue
-            self._busy[paths.job] = ContainerState.STOPPING
-            try:
-                self._signal(owner, signal.SIGTERM)
-                if not await self._wait_gone(owner, grace):
-                    await self._kill(paths, owner)
-            finally:
-                self._busy.pop(paths.job, None)
-            stopped += 1
-        return stopped
-
     def set_cpus(self, cpus: float) -> None:
         """Change the worker's CPU budget; with cgroups it applies to running jobs at once."""
         self._budget.set_cpus(cpus)
@@ -384,51 +332,11 @@ class LocalRuntime:
                 out.append((paths, owner))
         return out
 
-    def _require(self, container_id: ContainerId) -> tuple[JobPaths, Owner]:
-        try:
-            paths = JobPaths.of(self.root, container_id)
-        except ValueError as exc:
-            raise NoSuchContainer(container_id, str(exc)) from exc
-        try:
-            owner = self._read_owner(paths)
-        except CorruptRecordError as exc:
-            raise NoSuchContainer(container_id, str(exc)) from exc
-        if owner is None or owner.worker != self._worker:
-            where = "nowhere" if owner is None else f"on worker {owner.worker}"
-            raise NoSuchContainer(container_id, f"not on worker {self._worker} (it runs {where})")
-        if owner.host != self._host:
-            # Its pid means nothing here: signalling it could hit an unrelated process.
-            raise NoSuchContainer(container_id, f"recorded by another host (boot {owner.host})")
-        return paths, owner
-
-    def _read_owner(self, paths: JobPaths) -> Owner | None:
-        """``owner.json``, with a provisional record (written before the launch, no pid yet)
-        completed from ``/proc`` when its launcher runs: a runtime that died between the
-        launch and the full record leaves a job that a later start must see running."""
-        owner = paths.read_owner()
-        if owner is None or owner.pid is not None or owner.host != self._host:
-            return owner
-        pid = find_launcher(owner.run_id, self._proc)
-        stat = None if pid is None else read_stat(pid, proc=self._proc)
-        if pid is None or stat is None:
-            return owner  # never launched, or gone: ``_alive`` says no
-        full = replace(owner, pid=pid, start_ticks=stat.start_ticks)
-        with contextlib.suppress(OSError):  # a full volume: completed again at the next read
-            paths.write_owner(full)
-        log.warning("specon.runtime.owner_completed", worker=self._worker, container=paths.job, pid=pid)
-        return full
-
     def _skip(self, path: Path, exc: Exception) -> None:
         self.skipped_records += 1
         if path not in self._warned:
             self._warned.add(path)
             log.warning("specon.runtime.record_skipped", worker=self._worker, path=str(path), error=str(exc))
-
-    def _alive(self, owner: Owner) -> bool:
-        _reap()
-        if owner.host != self._host:
-            return True  # cannot be verified from this host: assume it runs (never run twice)
-        return process_alive(owner.pid, owner.start_ticks, proc=self._proc)
 
     @staticmethod
     def _groups(running: dict[ContainerId, Owner]) -> dict[ContainerId, int]:
@@ -480,18 +388,13 @@ class LocalRuntime:
 
     def _launch(self, spec: JobSpec, paths: JobPaths) -> Owner:
         """Start the job detached, in the worker's budget, and record it as the owner."""
-        run_id = uuid.uuid4().hex
-        argv = launcher_argv(sys.executable, paths.exits, run_id, self._worker)
         # Write-ahead: the run is on record before it exists, so a runtime killed between the
-        # launch and the full record below leaves a record that names it (``_read_owner``
+        # launch and the full record below leaves a record that names it (``_find_run``
         # finds its launcher by ``run_id``) instead of a running copy no record names.
-        provisional = Owner(worker=self._worker, run_id=run_id, started_at=self.now(), host=self._host)
-        try:
-            paths.write_owner(provisional)
-        except OSError as exc:
-            raise StartFailed(spec.id, f"cannot record the owner: {exc}") from exc
+        run_id = self._write_ahead(spec.id, paths).run_id
         pid = self._launch_warm(spec, paths, run_id)
         if pid is None:
+            argv = launcher_argv(sys.executable, paths.exits, run_id, self._worker)
             pid = self._launch_cold(spec, paths, argv)
         stat = read_stat(pid, proc=self._proc)  # an unreaped child is readable even if dead
         owner = Owner(
@@ -559,45 +462,63 @@ class LocalRuntime:
         _children[child.pid] = child
         return child.pid
 
-    def _signal(self, owner: Owner, sig: signal.Signals) -> None:
-        if owner.pid is None or not self._alive(owner):
+    # -- OwnerRecords hooks: a run is a process group on this host ------------------------------
+    # ``_offload`` stays inline: reading /proc is quick, and ``_reap`` must not run in two
+    # threads at once.
+    def _find_run(self, owner: Owner) -> Owner | None:
+        pid = find_launcher(owner.run_id, self._proc)
+        stat = None if pid is None else read_stat(pid, proc=self._proc)
+        if pid is None or stat is None:
+            return None
+        return replace(owner, pid=pid, start_ticks=stat.start_ticks)
+
+    def _alive_here(self, owner: Owner) -> bool:
+        _reap()  # an exited child stays a zombie (its /proc entry) until reaped
+        return process_alive(owner.pid, owner.start_ticks, proc=self._proc)
+
+    async def _run(self, paths: JobPaths, owner: Owner) -> Owner:
+        return owner
+
+    async def _stoppable(self, run: Owner) -> bool:
+        return self._alive(run)
+
+    async def _still_running(self, run: Owner) -> bool:
+        return self._alive(run)
+
+    async def _report(self, paths: JobPaths, run: Owner) -> ContainerInfo | None:
+        return self._info(paths, run)
+
+    async def _live_jobs(self) -> list[ContainerId]:
+        return [p.job for p, o in self._owned() if o.host == self._host and self._alive(o)]
+
+    async def _send_term(self, run: Owner) -> None:
+        if run.pid is None or not self._alive(run):
             return  # never signal a pid that is no longer the job's
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(owner.pid, sig)
+            os.killpg(run.pid, signal.SIGTERM)
 
     def _gone(self, owner: Owner) -> bool:
         return not self._alive(owner) and (owner.pid is None or not group_alive(owner.pid, proc=self._proc))
 
-    async def _wait_gone(self, owner: Owner, timeout: float) -> bool:
+    async def _wait_ended(self, run: Owner, timeout: float) -> bool:
         """Wait until the job's whole process group has exited; False on timeout."""
         deadline = time.monotonic() + max(0.0, timeout)
-        while not self._gone(owner):
+        while not self._gone(run):
             if time.monotonic() >= deadline:
                 return False
             await self.sleep(_POLL_S)
         return True
 
-    async def _kill(self, paths: JobPaths, owner: Owner) -> None:
-        if owner.pid is not None:
+    async def _kill(self, paths: JobPaths, run: Owner) -> None:
+        # The group, not only the launcher: a job's children may outlive it.
+        if run.pid is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(owner.pid, signal.SIGKILL)
-        if not await self._wait_gone(owner, _KILL_WAIT_S):
-            raise RuntimeFailure(paths.job, f"process group {owner.pid} survived SIGKILL")
-        if paths.exit_of(owner.run_id) is None:
-            paths.append_exit(self._exit_record(owner, REASON_KILLED, int(signal.SIGKILL)))
-        log.warning("specon.runtime.killed", worker=self._worker, container=paths.job, pid=owner.pid)
-
-    def _clear_owner(self, paths: JobPaths, owner: Owner) -> None:
-        """Remove owner.json if it still records *this* run (call with the lock held)."""
-        try:
-            current = self._read_owner(paths)
-        except CorruptRecordError:
-            current = None
-        if current is not None and current.run_id == owner.run_id:
-            paths.clear_owner()
-
-    def _locked(self, paths: JobPaths) -> contextlib.AbstractAsyncContextManager[None]:
-        return job_lock(paths, self.sleep)
+                os.killpg(run.pid, signal.SIGKILL)
+        if not await self._wait_ended(run, _KILL_WAIT_S):
+            raise RuntimeFailure(paths.job, f"process group {run.pid} survived SIGKILL")
+        if paths.exit_of(run.run_id) is None:
+            paths.append_exit(self._exit_record(run, REASON_KILLED, int(signal.SIGKILL)))
+        log.warning("specon.runtime.killed", worker=self._worker, container=paths.job, pid=run.pid)
 
 
 def _append(path: Path) -> BinaryIO:

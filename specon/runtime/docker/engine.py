@@ -1,0 +1,165 @@
+"""The Docker engine as ``DockerRuntime`` talks to it, one call at a time.
+
+Connecting (``connect``), images (``import_image``), what identifies an engine
+(``engine_id``, ``engine_labels``), what a container says about itself (``job_of``,
+``container_job``, ``started_at``, ``init_pid``, ``cpu_seconds``) and the SDK's create
+arguments of a checked recipe (``create_kwargs``). The SDK's calls block: callers on the event
+loop run them in a thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import tarfile
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import docker
+import docker.errors
+from docker.models.containers import Container
+
+from specon.model import ContainerId, WorkerId
+from specon.runtime.base import (
+    ENV_CHECKPOINT_DIR,
+    ENV_DONE_FILE,
+    ENV_JOB_ID,
+    ENV_PROGRESS_FILE,
+    ENV_WORKER,
+    JobSpec,
+    valid_job_id,
+)
+from specon.runtime.docker.recipe import LABEL_JOB, LABEL_MANAGED, LABEL_MIGRATION, LABEL_RUN, Recipe
+
+__all__ = [
+    "connect",
+    "container_job",
+    "cpu_seconds",
+    "create_kwargs",
+    "engine_id",
+    "engine_labels",
+    "import_image",
+    "init_pid",
+    "job_of",
+    "started_at",
+]
+
+
+def connect(url: str | None = None) -> docker.DockerClient:
+    """A client of the engine at ``url`` (default: ``$DOCKER_HOST``, then the local socket)."""
+    if url:
+        return docker.DockerClient(base_url=url, timeout=60)
+    return docker.from_env(timeout=60)
+
+
+def import_image(client: docker.DockerClient, rootfs: Path, tag: str) -> str:
+    """``docker import`` of the directory ``rootfs`` as ``tag``, unless the engine has it."""
+    with contextlib.suppress(docker.errors.ImageNotFound):
+        client.images.get(tag)
+        return tag
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(str(rootfs), arcname=".")
+    repo, _, version = tag.partition(":")
+    client.api.import_image_from_data(buf.getvalue(), repository=repo, tag=version or "latest")
+    return tag
+
+
+def engine_id(info: Mapping[str, Any]) -> str:
+    """The engine's identity in owner records, from ``docker info``."""
+    # A container id means something only on the engine that issued it. Engines of one
+    # machine may share an ID (it comes from /etc/docker/key.json), never a data root.
+    return f"docker:{info.get('ID') or info.get('Name')}@{info.get('DockerRootDir')}"
+
+
+def engine_labels(labels: list[str]) -> dict[str, str]:
+    """The engine's ``key=value`` labels (``docker info``) as a mapping."""
+    out = {}
+    for item in labels:
+        key, _, value = str(item).partition("=")
+        if key:
+            out[key] = value
+    return out
+
+
+def job_of(labels: Mapping[str, str], name: str) -> ContainerId | None:
+    """The job id of a managed container (label, else name); None if it is not a valid id."""
+    with contextlib.suppress(ValueError):
+        return valid_job_id(labels.get(LABEL_JOB) or name)
+    return None
+
+
+def container_job(c: Container) -> ContainerId | None:
+    return job_of(c.labels or {}, c.name or "")
+
+
+def started_at(attrs: Mapping[str, Any]) -> float:
+    """When the container started (``docker inspect``), in seconds since the epoch; 0 if unknown."""
+    raw = str((attrs.get("State") or {}).get("StartedAt") or "")
+    with contextlib.suppress(ValueError):
+        # Docker writes nanoseconds; fromisoformat takes at most microseconds.
+        head, _, frac = raw.rstrip("Z").partition(".")
+        return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00").timestamp()
+    return 0.0
+
+
+def init_pid(client: docker.DockerClient, c: Container) -> int | None:
+    with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
+        return int((client.api.inspect_container(c.id).get("State") or {}).get("Pid") or 0) or None
+    return None
+
+
+def cpu_seconds(c: Container) -> float | None:
+    """Cumulative CPU seconds of a running container, from one stats sample."""
+    try:
+        stats = c.stats(stream=False, one_shot=True)
+    except (docker.errors.APIError, docker.errors.NotFound):
+        return None
+    total = ((stats.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
+    return None if total is None else float(total) / 1e9
+
+
+def create_kwargs(
+    spec: JobSpec, recipe: Recipe, *, run_id: str, worker: WorkerId, job_dir: Path
+) -> dict[str, Any]:
+    """``containers.create`` arguments for a run of ``spec``: the recipe, the job's directory
+    (``job_dir`` on the volume) as its only writable mount, the job contract's environment,
+    and the labels that name the job and the run."""
+    inside = PurePosixPath(recipe.volume_target) / "jobs" / spec.id
+    env = dict(recipe.env)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(
+        {
+            ENV_JOB_ID: spec.id,
+            ENV_WORKER: worker,
+            ENV_PROGRESS_FILE: str(inside / "progress.jsonl"),
+            ENV_CHECKPOINT_DIR: str(inside / "checkpoints"),
+            ENV_DONE_FILE: str(inside / "done"),
+        }
+    )
+    volumes = {b.source: {"bind": b.target, "mode": "ro"} for b in recipe.binds}
+    volumes[str(job_dir)] = {"bind": str(inside), "mode": "rw"}
+    labels = {k: v for k, v in recipe.labels if not k.startswith("specon.io/")}
+    labels.update({LABEL_MANAGED: "true", LABEL_JOB: spec.id, LABEL_RUN: run_id})
+    migration = dict(recipe.labels).get(LABEL_MIGRATION)
+    if migration:
+        labels[LABEL_MIGRATION] = migration
+    kwargs: dict[str, Any] = {
+        "image": recipe.image,
+        "command": list(recipe.command),
+        "name": f"specon-{spec.id}-{run_id[:8]}",
+        "environment": env,
+        "volumes": volumes,
+        "labels": labels,
+        "network_mode": recipe.network_mode,
+        "working_dir": recipe.working_dir or str(inside),
+        "init": recipe.init or None,
+        "detach": True,
+    }
+    for key in ("nano_cpus", "cpu_shares", "mem_limit", "user"):
+        value = getattr(recipe, key)
+        if value is not None:
+            kwargs[key] = value
+    return kwargs
