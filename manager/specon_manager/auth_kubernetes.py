@@ -41,7 +41,7 @@ from kubernetes import client as k8s_client
 
 from specon.model import WorkerId
 from specon.runtime.kubernetes.api import KubeApi, KubeError
-from specon.wire.validate import is_valid_id
+from specon.wire.validate import DNS_LABEL, is_valid_id
 from specon_manager.auth import Identity
 
 log = structlog.get_logger()
@@ -52,8 +52,6 @@ TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 # A JWT (header.payload.signature, base64url): anything else is refused without a review.
 _JWT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 _MAX_TOKEN_BYTES = 16 * 1024
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 
 def parse_service_account(text: str) -> tuple[str, str]:
@@ -61,7 +59,7 @@ def parse_service_account(text: str) -> tuple[str, str]:
     namespace, slash, name = text.partition("/")
     if (
         not slash
-        or not _DNS_LABEL.fullmatch(namespace)
+        or not DNS_LABEL.fullmatch(namespace)
         or not re.fullmatch(r"[a-z0-9][-a-z0-9.]{0,252}", name)
     ):
         raise ValueError(f"expected NAMESPACE/NAME of a ServiceAccount, got {text!r}")

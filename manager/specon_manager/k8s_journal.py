@@ -5,12 +5,14 @@ Same methods as ``specon_manager.journal.Journal`` (``put``, ``get``, ``in_fligh
 ``put_mark``, ``marks``, ``get_meta``, ``set_meta``, ``close``). Where the records live, in the
 manager's namespace:
 
-* one ConfigMap per migration, ``<prefix>-migration-<id>``, data ``migration.json``; labels
+* one ConfigMap per migration, ``<prefix>-migration-<id>``, data ``migration.json`` (the
+  ``Migration`` through ``specon.wire.codec``, keys sorted); labels
   ``specon.io/record=migration`` and ``specon.io/in-flight=true|false`` let ``in_flight`` list
   only the open ones. Not the job's pod: a migration outlives the pod it saves (the pod is
   deleted by the save, and its successor is created later).
-* ``<prefix>-marks``: one data key per container (``{"migrated_at", "migrations",
-  "rebalances"}``); ``<prefix>-meta``: one data key per meta key.
+* ``<prefix>-marks``: one data key per container, its ``Mark`` through the codec less the
+  container (``{"migrated_at", "migrations", "rebalances"}``); ``<prefix>-meta``: one data key
+  per meta key.
 
 Writes are durable when the API server answers (etcd has committed them). Every update is a
 PUT carrying the ``resourceVersion`` last read: a concurrent writer makes it fail with 409,
@@ -28,16 +30,17 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
-from dataclasses import asdict, fields
 from typing import Any
 
 import structlog
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from specon.coordinator.migration import Mark, Migration, State
-from specon.model import ContainerId, WorkerId
+from specon.coordinator.migration import Mark, Migration
+from specon.model import ContainerId
 from specon.runtime.kubernetes.api import KubeApi, KubeError, pods_path
 from specon.runtime.kubernetes.pods import LABEL_JOB, meta
+from specon.wire import codec
+from specon.wire.validate import LABEL_VALUE
 
 log = structlog.get_logger()
 
@@ -49,7 +52,7 @@ ANN_MIGRATED_AT = "specon.io/migrated-at"
 _DATA_KEY = "migration.json"
 _ATTEMPTS = 8
 _KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
-_COLUMNS = tuple(f.name for f in fields(Migration))
+_MARK_KEY = "container"  # the Mark's field that names its data key, so not in its value
 
 
 class JournalError(RuntimeError):
@@ -65,19 +68,33 @@ def _name_part(text: str) -> str:
 
 
 def _encode(m: Migration) -> str:
-    raw = asdict(m)
-    raw["state"] = m.state.value
-    return json.dumps(raw, sort_keys=True)
+    return json.dumps(codec.to_data(m, Migration), sort_keys=True)
 
 
 def _decode(text: str) -> Migration:
-    raw = json.loads(text)
-    rec = {k: raw.get(k) for k in _COLUMNS}
-    rec["state"] = State(rec["state"])
-    rec["container"] = ContainerId(str(rec["container"]))
-    rec["source"] = WorkerId(str(rec["source"]))
-    rec["target"] = WorkerId(str(rec["target"]))
-    return Migration(**rec)
+    """``SchemaError`` (a ``ValueError``) naming every bad field; keys it does not know (a
+    newer manager's) are ignored."""
+    return codec.from_data(Migration, json.loads(text), strict=False)
+
+
+def _encode_mark(mark: Mark) -> str:
+    data = codec.to_data(mark, Mark)
+    del data[_MARK_KEY]
+    return json.dumps(data, sort_keys=True)
+
+
+def _decode_mark(key: str, text: str) -> Mark:
+    """The marks of container ``key``; a corrupt entry is logged and its bad fields (all of
+    them, if it is not a JSON object) take their defaults: marks only count, never block."""
+    try:
+        raw = json.loads(text)
+        return codec.from_data(Mark, {**raw, _MARK_KEY: key}, strict=False)
+    except codec.SchemaError as exc:
+        log.warning("specon.journal.mark_corrupt", container=key, error=str(exc))
+        return exc.partial if exc.has_partial else Mark(ContainerId(key))
+    except (ValueError, TypeError) as exc:  # not JSON, or not an object
+        log.warning("specon.journal.mark_corrupt", container=key, error=str(exc))
+        return Mark(ContainerId(key))
 
 
 class KubeJournal:
@@ -105,7 +122,7 @@ class KubeJournal:
     def put(self, m: Migration) -> None:
         """Insert or replace one migration record (committed when this returns)."""
         labels = {**self._labels, RECORD: "migration", IN_FLIGHT: str(m.in_flight).lower()}
-        if re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", m.container):
+        if m.container and LABEL_VALUE.fullmatch(m.container):
             labels[LABEL_JOB] = m.container
         data = {_DATA_KEY: _encode(m)}
         self._upsert(self.migration_name(m.id), lambda _old: data, labels)
@@ -142,15 +159,10 @@ class KubeJournal:
     def put_mark(self, mark: Mark) -> None:
         """Set one container's marks (a key of the marks ConfigMap; other keys are kept:
         read-modify-write on the resourceVersion)."""
-        values = {
-            "migrated_at": mark.migrated_at,
-            "migrations": mark.migrations,
-            "rebalances": mark.rebalances,
-        }
-        key = self._key(mark.container)
+        key, value = self._key(mark.container), _encode_mark(mark)
 
         def update(old: dict[str, str]) -> dict[str, str]:
-            return {**old, key: json.dumps(values, sort_keys=True)}
+            return {**old, key: value}
 
         self._upsert(f"{self.prefix}-marks", update, {**self._labels, RECORD: "marks"})
         if self.mirror_pods:
@@ -158,12 +170,8 @@ class KubeJournal:
 
     def marks(self) -> dict[ContainerId, Mark]:
         cm = self._read(f"{self.prefix}-marks")
-        out = {}
-        for key, value in ((cm or {}).get("data") or {}).items():
-            f = _mark_fields(value)
-            cid = ContainerId(key)
-            out[cid] = Mark(cid, f["migrated_at"], int(f["migrations"]), int(f["rebalances"]))
-        return out
+        found = ((cm or {}).get("data") or {}).items()
+        return {ContainerId(key): _decode_mark(key, str(value)) for key, value in found}
 
     def _mirror(self, mk: Mark) -> None:
         annotations = {ANN_MIGRATIONS: str(mk.migrations), ANN_REBALANCES: str(mk.rebalances)}
@@ -261,16 +269,3 @@ class KubeJournal:
         else:
             body["metadata"]["resourceVersion"] = meta(cur).get("resourceVersion")
             self.api.request("PUT", f"{self._base}/{name}", body=body)
-
-
-def _mark_fields(raw: str | None) -> dict[str, Any]:
-    try:
-        data = json.loads(raw) if raw else {}
-    except ValueError:
-        data = {}
-    at = data.get("migrated_at") if isinstance(data, dict) else None
-    return {
-        "migrated_at": float(at) if isinstance(at, int | float) else None,
-        "migrations": int(data.get("migrations", 0)) if isinstance(data, dict) else 0,
-        "rebalances": int(data.get("rebalances", 0)) if isinstance(data, dict) else 0,
-    }

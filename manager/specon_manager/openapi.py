@@ -1,11 +1,13 @@
 """The manager's HTTP API as an OpenAPI 3.1 document, generated from ``specon.wire.protocol``.
 
-Nothing here names a message field by hand: every schema is walked from the protocol
-dataclasses' type hints (the same hints ``specon.wire.codec`` decodes with), its description
-from the class docstring and the comments beside each field. What the types cannot say,
-the range rules of ``specon.wire.checks`` and the id rule of ``specon.wire.validate``, is
-attached from their own constants in ``_RULES`` (checked at build time: a rule for a field
-that no longer exists is an error).
+Nothing here names a message field or states a protocol limit: every schema is walked from
+the protocol dataclasses' type hints (the same hints ``specon.wire.codec`` decodes with), its
+description from the class docstring and the comments beside each field. What the types
+cannot say is the limit each field declares (``specon.wire.limits``, the same declarations
+``specon.wire.checks`` enforces), translated to schema keywords by ``_keywords``; the id rule
+is ``specon.wire.validate``'s own expression. Only what the manager adds beyond the protocol
+(its policy's bounds, its own behaviour) is attached by hand, in ``_RULES`` and ``_NOTES``
+(checked at build time: one for a field that no longer exists is an error).
 
 ``openapi_document()`` is the document (built once); ``python -m specon_manager.openapi`` prints
 it, which is how ``docs/openapi.json`` is regenerated::
@@ -31,13 +33,10 @@ import typing
 from typing import Any
 
 from specon.config import MessagingConfig
-from specon.model import WEIGHT_MAX, WEIGHT_MIN, Resources
-from specon.wire import checks as protocol_checks
 from specon.wire import codec, protocol
+from specon.wire.limits import Finite, Id, Items, Labels, Limit, Range, Taints, Text, limit_of
 from specon.wire.protocol import (
     CommandBatch,
-    CommandResult,
-    ContainerReport,
     ErrorReply,
     Goodbye,
     Heartbeat,
@@ -45,7 +44,7 @@ from specon.wire.protocol import (
     ReallocationRequest,
     Status,
 )
-from specon.wire.validate import MAX_ID_LENGTH, MAX_SECONDS
+from specon.wire.validate import ID_REGEX, ID_RULE, MAX_ID_LENGTH
 from specon_manager.status import DEFAULT_LIMIT, MAX_LIMIT
 
 OPENAPI_VERSION = "3.1.0"
@@ -54,13 +53,13 @@ SCHEMA_REF = "#/components/schemas/"
 
 # The one id rule (specon.wire.validate) as an ECMA-262 pattern: matched in full, so neither a
 # trailing newline nor a path separator passes; "." and ".." cannot start alphanumeric.
-ID_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_ID_LENGTH - 1}}}$"
+ID_PATTERN = f"^{ID_REGEX}$"
 ID_SCHEMA: dict[str, Any] = {
     "type": "string",
     "minLength": 1,
     "maxLength": MAX_ID_LENGTH,
     "pattern": ID_PATTERN,
-    "description": f"1-{MAX_ID_LENGTH} of [A-Za-z0-9._-], starting alphanumeric (specon.wire.validate).",
+    "description": f"{ID_RULE} (specon.wire.validate).",
 }
 # NewType ids that follow the id rule, by their name.
 ID_TYPES = ("WorkerId", "ContainerId")
@@ -76,67 +75,60 @@ ENVELOPED: tuple[type[Any], ...] = (
     Status,
 )
 
-# --- the range rules the types cannot state (specon.wire.checks) --------------------
+# --- what the manager adds beyond the protocol's own limits --------------------------------
 
-_TIME: dict[str, Any] = {"minimum": -MAX_SECONDS, "maximum": MAX_SECONDS}
-_COUNT: dict[str, Any] = {"minimum": 0, "maximum": protocol_checks.MAX_SEQ}
-_TEXT: dict[str, Any] = {"maxLength": protocol_checks.MAX_TEXT}
-_LABELS: dict[str, Any] = {
-    "maxProperties": protocol_checks.MAX_LABELS,
-    "propertyNames": {"minLength": 1, "maxLength": protocol_checks.MAX_LABEL_KEY},
-    "additionalProperties": {"type": "string", "maxLength": protocol_checks.MAX_LABEL_VALUE},
-}
-# Taints and tolerations, ``key[=value][:Effect]``.
-_TAINTS: dict[str, Any] = {
-    "maxItems": protocol_checks.MAX_TAINTS,
-    "items": {"type": "string", "minLength": 1, "maxLength": protocol_checks.MAX_TAINT},
-}
 _MAX_CONTAINERS = MessagingConfig().max_containers_per_heartbeat
 
+# Schema keywords for bounds the manager enforces from its policy (``specon_manager.app``).
 _RULES: dict[tuple[type[Any], str], dict[str, Any]] = {
-    (Resources, "cpu"): {"minimum": 0, "maximum": protocol_checks.MAX_CPU},
-    (Resources, "memory"): {"minimum": 0, "maximum": protocol_checks.MAX_BYTES},
-    (Resources, "gpu"): {"minimum": 0, "maximum": protocol_checks.MAX_GPU},
-    (Heartbeat, "address"): {"maxLength": 512},
-    (Heartbeat, "seq"): _COUNT,
-    (Heartbeat, "sent_at"): _TIME,
-    (Heartbeat, "usage"): {"minimum": 0, "maximum": 1},
-    (Heartbeat, "labels"): _LABELS,
-    (Heartbeat, "taints"): _TAINTS,
-    (Heartbeat, "results"): {"maxItems": protocol_checks.MAX_RESULTS},
     (Heartbeat, "containers"): {"maxItems": _MAX_CONTAINERS},
-    (ContainerReport, "t_cc"): _TIME,
-    (ContainerReport, "step"): _COUNT,
-    (ContainerReport, "cpu_weight"): {"minimum": WEIGHT_MIN, "maximum": WEIGHT_MAX},
-    (ContainerReport, "job"): _LABELS,
-    (ContainerReport, "selector"): _LABELS,
-    (ContainerReport, "tolerations"): _TAINTS,
-    (CommandResult, "command"): {"maxLength": 512},
-    (CommandResult, "error"): _TEXT,
-    (CommandResult, "checkpoint"): _TEXT,
-    (CommandResult, "checkpoint_step"): _COUNT,
-    (CommandResult, "finished_at"): _TIME,
-    (ReallocationRequest, "t_cc"): _TIME,
-    (ReallocationRequest, "sent_at"): _TIME,
-    (Goodbye, "sent_at"): _TIME,
-    (Poll, "sent_at"): _TIME,
-    (Poll, "wait"): {"minimum": 0, "maximum": protocol_checks.MAX_POLL_WAIT},
-    (protocol.Command, "id"): {"maxLength": 512},
-    (protocol.Command, "checkpoint"): _TEXT,
-    (CommandBatch, "manager_time"): _TIME,
 }
-# What the schema keywords cannot say, added to the field's description.
+# What the schema keywords cannot say, added to the field's description (clauses, joined with
+# the limits' own by "; ").
 _NOTES: dict[tuple[type[Any], str], str] = {
-    (Heartbeat, "seq"): "The manager refuses a seq implausibly far ahead of its own clock in µs.",
-    (Heartbeat, "containers"): "Each id at most once; at most the policy's "
-    f"messaging.max_containers_per_heartbeat (default {_MAX_CONTAINERS}).",
-    (Poll, "wait"): "The manager waits at most 60 s, whatever is asked.",
-    (Heartbeat, "labels"): "Keys are printable text.",
-    (Heartbeat, "taints"): "Each printable text.",
-    (ContainerReport, "job"): "Keys are printable text.",
-    (ContainerReport, "selector"): "Keys are printable text.",
-    (ContainerReport, "tolerations"): "Each printable text.",
+    (Heartbeat, "seq"): "The manager refuses a seq implausibly far ahead of its own clock in µs",
+    (Heartbeat, "containers"): "at most the policy's "
+    f"messaging.max_containers_per_heartbeat (default {_MAX_CONTAINERS})",
+    (Poll, "wait"): "The manager waits at most 60 s, whatever is asked",
 }
+
+
+def _keywords(cls: type[Any], name: str, rule: Limit, tp: Any) -> tuple[dict[str, Any], list[str]]:
+    """The schema keywords of a field's declared limit, and the clauses no keyword can say."""
+    match rule:
+        case Id():
+            inner = _non_null(tp)
+            if getattr(inner, "__supertype__", None) is None or inner.__name__ not in ID_TYPES:
+                raise TypeError(f"openapi: {cls.__name__}.{name} has the id rule but not an id type")
+            return {}, []  # the id type's own schema states it
+        case Range(lo, hi):
+            return {"minimum": lo, "maximum": hi}, []
+        case Finite():
+            return {}, []  # every JSON number is finite
+        case Text(n):
+            return {"maxLength": n}, []
+        case Labels(count, key, value):
+            return {
+                "maxProperties": count,
+                "propertyNames": {"minLength": 1, "maxLength": key},
+                "additionalProperties": {"type": "string", "maxLength": value},
+            }, ["Keys are printable text"]
+        case Taints(count, length):
+            return {
+                "maxItems": count,
+                "items": {"type": "string", "minLength": 1, "maxLength": length},
+            }, ["Each printable text"]
+        case Items(max_items, unique):
+            keywords = {} if max_items is None else {"maxItems": max_items}
+            return keywords, [] if unique is None else [f"Each {unique} at most once"]
+    typing.assert_never(rule)
+
+
+def _non_null(tp: Any) -> Any:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return inner
+    return tp
 
 
 # --- walking the type hints -------------------------------------------------------------
@@ -280,14 +272,20 @@ class _Builder:
                 continue
             key = codec.wire_key(f)
             schema = self.of(hints[f.name])
-            rule = _RULES.get((cls, f.name))
             description = comments.get(f.name)
-            if rule is not None:
+            rule = limit_of(cls, f)
+            keywords, notes = ({}, []) if rule is None else _keywords(cls, f.name, rule, hints[f.name])
+            if (extra := _RULES.get((cls, f.name))) is not None:
                 self.used_rules.add((cls, f.name))
-                schema = _constrain(schema, rule)
+                keywords = {**keywords, **extra}
             if (note := _NOTES.get((cls, f.name))) is not None:
                 self.used_rules.add((cls, f.name))
-                description = f"{description} {note}" if description else note
+                notes = [*notes, note]
+            if keywords:
+                schema = _constrain(schema, keywords)
+            if notes:
+                text = "; ".join(notes) + "."
+                description = f"{description} {text}" if description else text
             value = _default(f)
             if value is dataclasses.MISSING:
                 required.append(key)

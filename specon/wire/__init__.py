@@ -1,9 +1,12 @@
 """The agent <-> manager wire protocol (SPEC §7), defined once.
 
 - ``protocol``: every message as a frozen dataclass, with its limits declared on its fields;
+- ``limits``: what a field may declare beyond its type (a length, a range, the id rule), and
+  the named bounds;
 - ``codec``: plain data (JSON, YAML) <-> frozen dataclasses, driven by the type hints;
-- ``checks``: the range and identity rules no type can express;
-- ``validate``: the one rule for ids that cross a boundary, and number ranges.
+- ``checks``: the declared limits enforced on every decoded message, compiled per class;
+- ``validate``: the one rule for ids that cross a boundary, Kubernetes name rules, and number
+  ranges.
 
 The manager's OpenAPI document (``specon_manager.openapi``) is derived from these.
 """

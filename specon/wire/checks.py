@@ -1,217 +1,278 @@
 """Range and identity checks at the protocol boundary, beyond what the types say.
 
-The codec checks shapes (a float is a finite number, an id is a string); these rules
-check meaning, once, for every message decoded: ids follow the one id rule
-(``specon.wire.validate``), times are finite and bounded, usage and capacity are not
-negative, counts and strings are bounded. ``check`` returns every problem as
-``(path, why)``; an empty list means the message is fit to act on.
+The codec checks shapes (a float is a finite number, an id is a string); these rules check
+meaning, once, for every message decoded. None is written here: each is the limit a field
+declares (``specon.wire.limits``), applied to that field wherever the message or a record it
+carries holds it. ``check`` returns every problem as ``(path, why)``; an empty list means the
+message is fit to act on.
+
+Every heartbeat passes here, so each record class is compiled twice from its declarations:
+``ok``, one generated boolean expression that builds no string (the hot path, as fast as
+one written by hand), and ``walk``, which names every problem with its path and runs only
+when ``ok`` is false. ``tests/unit/wire/test_checks.py`` holds the two to agree.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+import re
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from specon.model import WEIGHT_MAX, WEIGHT_MIN
-from specon.wire.validate import MAX_SECONDS, is_valid_id, valid_id
-
-if TYPE_CHECKING:
-    from specon.model import Resources
+from specon.wire.limits import Finite, Id, Items, Labels, Limit, Range, Taints, Text, limit_of
+from specon.wire.validate import is_valid_id, valid_id
 
 Problems = list[tuple[str, str]]
-
-# Bounds that no honest agent reaches; each keeps one message from costing the manager
-# unbounded memory or time.
-MAX_SEQ = 2**63 - 1
-MAX_CPU = 1e6  # cores
-MAX_BYTES = 2**60
-MAX_GPU = 1_000_000
-MAX_TEXT = 4096  # address, error messages, paths
-MAX_LABELS = 128
-MAX_LABEL_KEY = 317  # a Kubernetes label key: 253 prefix + "/" + 63 name
-MAX_LABEL_VALUE = 1024
-MAX_RESULTS = 1000
-# A taint or toleration, ``key[=value][:Effect]``: a label key, a 63-character value, an effect.
-MAX_TAINT = MAX_LABEL_KEY + 1 + 63 + 1 + 16
-MAX_TAINTS = MAX_LABELS
-MAX_POLL_WAIT = 3600.0
+# Problems after which the rest of a list of records is not walked.
+_ENOUGH = 50
 
 
 def check(msg: object) -> Problems:
     """Every meaning problem in ``msg`` (a decoded protocol message)."""
-    rule = _RULES.get(type(msg).__name__)
-    return [] if rule is None else rule(msg)
+    cls: Any = type(msg)
+    compiled = _compiled(cls)
+    if compiled is None or compiled.ok(msg):
+        return []
+    out: Problems = []
+    compiled.walk(out, "", msg)
+    return out
 
 
-def _id(out: Problems, path: str, value: object, what: str) -> None:
-    if not is_valid_id(value):
-        try:
-            valid_id(value, what=what)
-        except ValueError as exc:
-            out.append((path, str(exc)))
+def fit(msg: object) -> bool:
+    """The fast predicate alone: True when ``msg`` has no problem."""
+    cls: Any = type(msg)
+    compiled = _compiled(cls)
+    return compiled is None or compiled.ok(msg)
 
 
-def _time(out: Problems, path: str, value: float | None) -> None:
-    if value is not None and not (math.isfinite(value) and -MAX_SECONDS <= value <= MAX_SECONDS):
-        out.append((path, f"must be a time within ±{MAX_SECONDS:g} s, got {value!r}"))
+def problems(msg: object) -> Problems:
+    """The walk alone, whatever the predicate says (``check`` runs it only on a misfit)."""
+    cls: Any = type(msg)
+    compiled = _compiled(cls)
+    out: Problems = []
+    if compiled is not None:
+        compiled.walk(out, "", msg)
+    return out
 
 
-def _range(out: Problems, path: str, value: float | None, lo: float, hi: float) -> None:
-    if value is not None and not lo <= value <= hi:
-        out.append((path, f"must be within [{lo:g}, {hi:g}], got {value!r}"))
+@dataclass(frozen=True, slots=True)
+class _Field:
+    """A field that has a limit, holds records that have some, or both."""
+
+    name: str
+    rule: Limit | None
+    optional: bool  # ``X | None``: None passes
+    record: Any  # the dataclass it holds (a list of, if ``many``) when that has checks, or None
+    checks: _Compiled | None  # the record's
+    many: bool
+    what: str  # what the field's id, or its items' ``unique`` one, is called ("worker id")
 
 
-def _text(out: Problems, path: str, value: str | None, limit: int = MAX_TEXT) -> None:
-    if value is not None and len(value) > limit:
-        out.append((path, f"longer than {limit} characters ({len(value)})"))
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    ok: Callable[[Any], bool]
+    walk: Callable[[Problems, str, Any], None]
 
 
-def _resources(out: Problems, path: str, r: Resources) -> None:
-    _range(out, f"{path}.cpu", r.cpu, 0.0, MAX_CPU)
-    _range(out, f"{path}.memory", r.memory, 0, MAX_BYTES)
-    _range(out, f"{path}.gpu", r.gpu, 0, MAX_GPU)
+@functools.cache
+def _compiled(cls: Any) -> _Compiled | None:
+    """The checks of ``cls``; None when neither it nor a record it holds declares a limit."""
+    fields = _fields(cls)
+    if not fields:
+        return None
+    names: dict[str, Any] = {"is_valid_id": is_valid_id, "isfinite": math.isfinite}
+    body = "\n        and ".join(_conditions(fields, "v", names))
+    source = f"def ok(v):\n    return (\n        {body}\n    )\n"
+    # Text built above from the declarations, never from input (as dataclasses builds __init__).
+    exec(compile(source, f"<checks of {cls.__qualname__}>", "exec"), names)
+    return _Compiled(ok=names["ok"], walk=functools.partial(_walk, fields))
 
 
-def _labels(out: Problems, path: str, labels: Mapping[str, str]) -> None:
-    if len(labels) > MAX_LABELS:
-        out.append((path, f"more than {MAX_LABELS} labels ({len(labels)})"))
+@functools.cache
+def _fields(cls: Any) -> tuple[_Field, ...]:
+    if not (dataclasses.is_dataclass(cls) and isinstance(cls, type)):
+        return ()
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        tp, optional = _without_none(hints[f.name])
+        many = typing.get_origin(tp) in (tuple, list)
+        item: Any = typing.get_args(tp)[0] if many else tp
+        checks = _compiled(item)
+        record = item if checks is not None else None
+        rule = limit_of(cls, f)
+        if rule is None and record is None:
+            continue
+        what = _what(tp)
+        if isinstance(rule, Items) and rule.unique is not None:
+            if not (many and dataclasses.is_dataclass(item)):
+                raise TypeError(f"checks: {cls.__name__}.{f.name}: unique items must be records")
+            what = _what(typing.get_type_hints(item)[rule.unique])
+        out.append(_Field(f.name, rule, optional, record, checks, many, what))
+    return tuple(out)
+
+
+def _without_none(tp: Any) -> tuple[Any, bool]:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        rest = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0], True
+    return tp, False
+
+
+def _what(tp: Any) -> str:
+    """``WorkerId`` -> "worker id"; anything else -> "id"."""
+    name = getattr(tp, "__name__", "") if getattr(tp, "__supertype__", None) is not None else "Id"
+    return re.sub(r"(?<!^)(?=[A-Z])", " ", name).lower()
+
+
+# --- ok: one expression per class, built from the declarations --------------------------------
+
+
+def _conditions(fields: tuple[_Field, ...], at: str, names: dict[str, Any]) -> list[str]:
+    """What must hold of each field of the record ``at`` (Python source); constants are bound
+    in ``names``. A record held once is inlined; a list of records calls its own ``ok``."""
+    out = []
+    for f in fields:
+        a = f"{at}.{f.name}"
+        parts = [] if f.rule is None else [_condition(f.rule, a, names)]
+        if f.checks is not None:
+            if f.many:
+                parts.append(f"all(map({_bind(names, f.checks.ok)}, {a}))")
+            else:
+                parts += _conditions(_fields(f.record), a, names)
+        cond = " and ".join(f"({p})" for p in parts)
+        out.append(f"({a} is None or {cond})" if f.optional else cond)
+    return out
+
+
+def _condition(rule: Limit, a: str, names: dict[str, Any]) -> str:
+    def c(value: object) -> str:
+        return _bind(names, value)
+
+    match rule:
+        case Id():
+            return f"is_valid_id({a})"
+        case Range(lo, hi):  # NaN and infinities fail one comparison
+            return f"{c(lo)} <= {a} <= {c(hi)}"
+        case Finite():
+            return f"isfinite({a})"
+        case Text(n):
+            return f"len({a}) <= {c(n)}"
+        case Labels(count, key, value):
+            return (
+                f"not {a} or len({a}) <= {c(count)} and all(k and len(k) <= {c(key)} and k.isprintable()"
+                f" and len(x) <= {c(value)} for k, x in {a}.items())"
+            )
+        case Taints(count, length):
+            return (
+                f"not {a} or len({a}) <= {c(count)}"
+                f" and all(t and len(t) <= {c(length)} and t.isprintable() for t in {a})"
+            )
+        case Items(max_items, unique):
+            parts = [] if max_items is None else [f"len({a}) <= {c(max_items)}"]
+            if unique is not None:
+                parts.append(f"len({{x.{unique} for x in {a}}}) == len({a})")
+            return " and ".join(parts) or "True"
+    typing.assert_never(rule)
+
+
+def _bind(names: dict[str, Any], value: object) -> str:
+    name = f"_{len(names)}"
+    names[name] = value
+    return name
+
+
+# --- walk: every problem, with its path -------------------------------------------------------
+
+
+def _walk(fields: tuple[_Field, ...], out: Problems, at: str, v: Any) -> None:
+    for f in fields:
+        x = getattr(v, f.name)
+        if x is None and f.optional:
+            continue
+        path = f"{at}.{f.name}" if at else f.name
+        if f.rule is not None:
+            _problems(f, f.rule, out, path, x)
+        if f.many:
+            _items(f, out, path, x)
+        elif f.checks is not None:
+            f.checks.walk(out, path, x)
+
+
+def _items(f: _Field, out: Problems, path: str, x: Any) -> None:
+    rule = f.rule if isinstance(f.rule, Items) else Items()
+    if rule.max_items is not None and len(x) > rule.max_items:
+        out.append((path, f"more than {rule.max_items} {f.name} ({len(x)})"))
+    record = f.checks
+    if rule.unique is None and record is None:
+        return
+    seen: set[object] = set()
+    for i, item in enumerate(x if rule.max_items is None else x[: rule.max_items]):
+        if rule.unique is not None:
+            key = getattr(item, rule.unique)
+            if key in seen:
+                noun = f.what.removesuffix(" id")
+                out.append((f"{path}[{i}].{rule.unique}", f"{noun} {key} reported twice"))
+            seen.add(key)
+        if record is not None and not record.ok(item):
+            record.walk(out, f"{path}[{i}]", item)
+        if len(out) > _ENOUGH:
+            break
+
+
+def _problems(f: _Field, rule: Limit, out: Problems, path: str, x: Any) -> None:
+    match rule:
+        case Id():
+            if not is_valid_id(x):
+                try:
+                    valid_id(x, what=f.what)
+                except ValueError as exc:
+                    out.append((path, str(exc)))
+        case Range(lo, hi, time):
+            if not lo <= x <= hi:
+                within = f"a time within ±{hi:g} s" if time else f"within [{lo:g}, {hi:g}]"
+                out.append((path, f"must be {within}, got {x!r}"))
+        case Finite():
+            if not math.isfinite(x):
+                out.append((path, "must be finite"))
+        case Text(n):
+            if len(x) > n:
+                out.append((path, f"longer than {n} characters ({len(x)})"))
+        case Labels():
+            _labels(rule, out, path, x)
+        case Taints():
+            _taints(rule, out, path, x, f.name)
+        case Items():
+            pass  # walked with the items (``_items``)
+        case _:
+            typing.assert_never(rule)
+
+
+def _labels(rule: Labels, out: Problems, path: str, labels: dict[str, str]) -> None:
+    if len(labels) > rule.max_count:
+        out.append((path, f"more than {rule.max_count} labels ({len(labels)})"))
         return
     for k, v in labels.items():
-        if not k or len(k) > MAX_LABEL_KEY or not k.isprintable():
+        if not k or len(k) > rule.max_key or not k.isprintable():
             out.append(
-                (f"{path}.{ascii(k)[:40]}", f"a label key must be 1-{MAX_LABEL_KEY} printable characters")
+                (f"{path}.{ascii(k)[:40]}", f"a label key must be 1-{rule.max_key} printable characters")
             )
-        elif len(v) > MAX_LABEL_VALUE:
-            out.append((f"{path}.{k}", f"a label value must be at most {MAX_LABEL_VALUE} characters"))
+        elif len(v) > rule.max_value:
+            out.append((f"{path}.{k}", f"a label value must be at most {rule.max_value} characters"))
 
 
-def _taints(out: Problems, path: str, values: tuple[str, ...], what: str) -> None:
-    """Taints or tolerations (``specon.policy.placement.tolerates``): bounded in number and
-    length, each non-empty and printable."""
-    if len(values) > MAX_TAINTS:
-        out.append((path, f"more than {MAX_TAINTS} {what} ({len(values)})"))
+def _taints(rule: Taints, out: Problems, path: str, values: tuple[str, ...], what: str) -> None:
+    if len(values) > rule.max_count:
+        out.append((path, f"more than {rule.max_count} {what} ({len(values)})"))
         return
     for i, t in enumerate(values):
         if not t or not t.isprintable():
             out.append((f"{path}[{i}]", "must be non-empty printable text"))
-        else:
-            _text(out, f"{path}[{i}]", t, MAX_TAINT)
-
-
-def _heartbeat(hb: Any) -> Problems:
-    out: Problems = []
-    _id(out, "worker", hb.worker, "worker id")
-    _text(out, "address", hb.address, 512)
-    _range(out, "seq", hb.seq, 0, MAX_SEQ)
-    _time(out, "sent_at", hb.sent_at)
-    _resources(out, "capacity", hb.capacity)
-    _range(out, "usage", hb.usage, 0.0, 1.0)
-    _labels(out, "labels", hb.labels)
-    _taints(out, "taints", hb.taints, "taints")
-    if len(hb.results) > MAX_RESULTS:
-        out.append(("results", f"more than {MAX_RESULTS} results ({len(hb.results)})"))
-    ids: set[str] = set()
-    for i, c in enumerate(hb.containers):
-        if c.id in ids:
-            out.append((f"containers[{i}].id", f"container {c.id} reported twice"))
-        ids.add(c.id)
-        if _plain(c):
-            continue  # the common case, checked without building a path
-        p = f"containers[{i}]"
-        _id(out, f"{p}.id", c.id, "container id")
-        if c.last_g is not None and not math.isfinite(c.last_g):
-            out.append((f"{p}.last_g", "must be finite"))
-        _time(out, f"{p}.t_cc", c.t_cc)
-        _range(out, f"{p}.step", c.step, 0, MAX_SEQ)
-        _range(out, f"{p}.cpu_weight", c.cpu_weight, WEIGHT_MIN, WEIGHT_MAX)
-        _resources(out, f"{p}.requests", c.requests)
-        _labels(out, f"{p}.job", c.job)
-        if c.selector:
-            _labels(out, f"{p}.selector", c.selector)
-        if c.tolerations:
-            _taints(out, f"{p}.tolerations", c.tolerations, "tolerations")
-        if len(out) > 50:
-            break
-    for i, r in enumerate(hb.results[:MAX_RESULTS]):
-        p = f"results[{i}]"
-        _text(out, f"{p}.command", r.command, 512)
-        _text(out, f"{p}.error", r.error)
-        _text(out, f"{p}.checkpoint", r.checkpoint)
-        _range(out, f"{p}.checkpoint_step", r.checkpoint_step, 0, MAX_SEQ)
-        _time(out, f"{p}.finished_at", r.finished_at)
-        if len(out) > 50:
-            break
-    return out
-
-
-def _plain(c: Any) -> bool:
-    """True if report ``c`` passes every rule below (a fast path: no strings built)."""
-    r, t, s, g = c.requests, c.t_cc, c.step, c.last_g
-    return (
-        is_valid_id(c.id)
-        and (t is None or -MAX_SECONDS <= t <= MAX_SECONDS)  # NaN and infinities fail these
-        and (s is None or 0 <= s <= MAX_SEQ)
-        and (c.cpu_weight is None or WEIGHT_MIN <= c.cpu_weight <= WEIGHT_MAX)
-        and (g is None or math.isfinite(g))
-        and 0.0 <= r.cpu <= MAX_CPU
-        and 0 <= r.memory <= MAX_BYTES
-        and 0 <= r.gpu <= MAX_GPU
-        and not c.selector
-        and not c.tolerations
-        and len(c.job) <= MAX_LABELS
-        and all(
-            k and len(k) <= MAX_LABEL_KEY and k.isprintable() and len(v) <= MAX_LABEL_VALUE
-            for k, v in c.job.items()
-        )
-    )
-
-
-def _request(req: Any) -> Problems:
-    out: Problems = []
-    _id(out, "worker", req.worker, "worker id")
-    _id(out, "container", req.container, "container id")
-    _time(out, "t_cc", req.t_cc)
-    _time(out, "sent_at", req.sent_at)
-    return out
-
-
-def _goodbye(msg: Any) -> Problems:
-    out: Problems = []
-    _id(out, "worker", msg.worker, "worker id")
-    _time(out, "sent_at", msg.sent_at)
-    return out
-
-
-def _poll(msg: Any) -> Problems:
-    out = _goodbye(msg)
-    _range(out, "wait", msg.wait, 0.0, MAX_POLL_WAIT)
-    return out
-
-
-def _command(cmd: Any) -> Problems:
-    out: Problems = []
-    _id(out, "container", cmd.container, "container id")
-    _text(out, "id", cmd.id, 512)
-    if cmd.target is not None:
-        _id(out, "target", cmd.target, "worker id")
-    _text(out, "checkpoint", cmd.checkpoint)
-    return out
-
-
-def _batch(batch: Any) -> Problems:
-    out: Problems = []
-    _time(out, "manager_time", batch.manager_time)
-    for i, cmd in enumerate(batch.commands):
-        out += [(f"commands[{i}].{p}", w) for p, w in _command(cmd)]
-    return out
-
-
-_RULES: dict[str, Any] = {
-    "Heartbeat": _heartbeat,
-    "ReallocationRequest": _request,
-    "Goodbye": _goodbye,
-    "Poll": _poll,
-    "Command": _command,
-    "CommandBatch": _batch,
-}
+        elif len(t) > rule.max_length:
+            out.append((f"{path}[{i}]", f"longer than {rule.max_length} characters ({len(t)})"))

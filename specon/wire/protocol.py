@@ -43,9 +43,24 @@ from typing import Any, Literal, TypeVar, overload
 
 from specon.config import Mode
 from specon.coordinator.migration import Migration, Reason, State
-from specon.model import Category, ContainerId, Resources, WorkerId
+from specon.model import WEIGHT_MAX, WEIGHT_MIN, Category, ContainerId, Resources, WorkerId
 from specon.wire import codec
 from specon.wire.checks import check
+from specon.wire.limits import (
+    COUNT,
+    FINITE,
+    ID,
+    LABELS,
+    MAX_POLL_WAIT,
+    MAX_RESULTS,
+    SHORT_TEXT,
+    TAINTS,
+    TEXT,
+    TIME,
+    Items,
+    Range,
+    limit,
+)
 
 VERSION = "1.2"
 MAJOR, MINOR = (int(part) for part in VERSION.split("."))
@@ -68,6 +83,9 @@ class ProtocolError(ValueError):
 
 
 # --- messages ---------------------------------------------------------------------------
+# A field's limits beyond its type are declared on it, ``field(metadata=limit(...))``
+# (``specon.wire.limits``): the checks (``specon.wire.checks``) and the manager's OpenAPI
+# document are derived from these and state no bound of their own.
 
 
 class Action(enum.StrEnum):
@@ -93,47 +111,48 @@ Phase = Literal["running", "stopped", "finished", "failed"]
 class ContainerReport:
     """One container in a heartbeat: the agent's view of its job (SPEC §3, §7)."""
 
-    id: ContainerId
+    id: ContainerId = field(metadata=limit(ID))
     category: Category
     phase: Phase = "running"
-    last_g: float | None = None
+    last_g: float | None = field(default=None, metadata=limit(FINITE))
     # When it last stepped WC -> CC, on the agent's clock (None: never converged).
-    t_cc: float | None = None
+    t_cc: float | None = field(default=None, metadata=limit(TIME))
     migrated: bool = False
     stalled: bool = False
     # A reallocation request is waiting for the manager's answer (repeated until answered).
     pending_request: bool = False
-    step: int | None = None  # training steps done, if the job logs them
+    # training steps done, if the job logs them
+    step: int | None = field(default=None, metadata=limit(COUNT))
     # CPU-seconds (one core) the job still needs, the agent's estimate from its declared or
     # predicted steps left and its measured CPU per step (protocol 1.2; None: unknown).
     remaining_work: float | None = None
     requests: Resources = field(default_factory=Resources)
     # Labels / metadata of the job (model, submit time, ...), free-form.
-    job: dict[str, str] = field(default_factory=dict, hash=False)
+    job: dict[str, str] = field(default_factory=dict, hash=False, metadata=limit(LABELS))
     # Placement constraints (protocol 1.1), honoured by ``specon.policy.placement.fits``:
     # node labels a target must carry (a Kubernetes pod's nodeSelector), and the taints
     # the job tolerates, each ``key``, ``key=value``, ``key=`` (empty value), ``*`` (any
     # key), optionally ``:Effect`` (see ``placement.tolerates``). Heartbeat ``taints``
     # are ``key[=value][:Effect]``.
-    selector: dict[str, str] = field(default_factory=dict, hash=False)
-    tolerations: tuple[str, ...] = ()
+    selector: dict[str, str] = field(default_factory=dict, hash=False, metadata=limit(LABELS))
+    tolerations: tuple[str, ...] = field(default=(), metadata=limit(TAINTS))
     # The CPU weight in effect among the worker's containers, cgroup-v2 units 1..10000
     # (protocol 1.2; None: the agent set none, or the runtime could not apply it).
-    cpu_weight: int | None = None
+    cpu_weight: int | None = field(default=None, metadata=limit(Range(WEIGHT_MIN, WEIGHT_MAX)))
 
 
 @dataclass(frozen=True, slots=True)
 class CommandResult:
     """The outcome of one ``Command``, carried by the next heartbeats until acknowledged."""
 
-    command: str  # Command.id
+    command: str = field(metadata=limit(SHORT_TEXT))  # Command.id
     ok: bool
-    error: str | None = None
+    error: str | None = field(default=None, metadata=limit(TEXT))
     # After a save: the complete checkpoint written (path and step).
-    checkpoint: str | None = None
-    checkpoint_step: int | None = None
+    checkpoint: str | None = field(default=None, metadata=limit(TEXT))
+    checkpoint_step: int | None = field(default=None, metadata=limit(COUNT))
     # When the action completed (container stopped / started), on the agent's clock.
-    finished_at: float | None = None
+    finished_at: float | None = field(default=None, metadata=limit(TIME))
     # After a save: what the runtime needs to start the container elsewhere (image,
     # command, env, ...); the manager copies it into the ``start`` command.
     spec: dict[str, object] = field(default_factory=dict, hash=False)
@@ -144,37 +163,38 @@ class CommandResult:
 class Heartbeat:
     """Agent -> manager, every ``heartbeat_interval`` seconds."""
 
-    worker: WorkerId
-    address: str  # host:port where the agent serves /healthz and /metrics
+    worker: WorkerId = field(metadata=limit(ID))
+    # host:port where the agent serves /healthz and /metrics
+    address: str = field(metadata=limit(SHORT_TEXT))
     # Strictly increasing per worker, also across agent restarts (agents send their
     # wall clock in microseconds); lets the manager drop reordered heartbeats.
-    seq: int
-    sent_at: float  # agent clock
+    seq: int = field(metadata=limit(COUNT))
+    sent_at: float = field(metadata=limit(TIME))  # agent clock
     capacity: Resources
-    usage: float  # R(w, t): CPU utilisation of the worker, 0..1
-    containers: tuple[ContainerReport, ...] = ()
-    results: tuple[CommandResult, ...] = ()
-    labels: dict[str, str] = field(default_factory=dict, hash=False)
-    taints: tuple[str, ...] = ()
+    usage: float = field(metadata=limit(Range(0, 1)))  # R(w, t): CPU utilisation of the worker, 0..1
+    containers: tuple[ContainerReport, ...] = field(default=(), metadata=limit(Items(unique="id")))
+    results: tuple[CommandResult, ...] = field(default=(), metadata=limit(Items(MAX_RESULTS)))
+    labels: dict[str, str] = field(default_factory=dict, hash=False, metadata=limit(LABELS))
+    taints: tuple[str, ...] = field(default=(), metadata=limit(TAINTS))
 
 
 @dataclass(frozen=True, slots=True)
 class ReallocationRequest:
     """Agent -> manager at once when a CC container slows further (SPEC §3.2, §7)."""
 
-    worker: WorkerId
-    container: ContainerId
-    t_cc: float  # agent clock
+    worker: WorkerId = field(metadata=limit(ID))
+    container: ContainerId = field(metadata=limit(ID))
+    t_cc: float = field(metadata=limit(TIME))  # agent clock
     g: float
-    sent_at: float  # agent clock
+    sent_at: float = field(metadata=limit(TIME))  # agent clock
 
 
 @dataclass(frozen=True, slots=True)
 class Goodbye:
     """Agent -> manager on a clean exit: stop waiting for this worker's heartbeats."""
 
-    worker: WorkerId
-    sent_at: float
+    worker: WorkerId = field(metadata=limit(ID))
+    sent_at: float = field(metadata=limit(TIME))
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,25 +205,25 @@ class Poll:
     which is what keeps a migration's downtime to the save and the restore themselves.
     """
 
-    worker: WorkerId
-    sent_at: float  # agent clock
-    wait: float = 20.0
+    worker: WorkerId = field(metadata=limit(ID))
+    sent_at: float = field(metadata=limit(TIME))  # agent clock
+    wait: float = field(default=20.0, metadata=limit(Range(0, MAX_POLL_WAIT)))
 
 
 @dataclass(frozen=True, slots=True)
 class Command:
     """Manager -> agent: one step of a migration (or a stop). Idempotent per ``id``."""
 
-    id: str
+    id: str = field(metadata=limit(SHORT_TEXT))
     action: Action
-    container: ContainerId
+    container: ContainerId = field(metadata=limit(ID))
     deadline: float  # manager clock; see CommandBatch.remaining
     migration: str | None = None
     # start: the checkpoint to restore from (None: from scratch); save: unused.
-    checkpoint: str | None = None
+    checkpoint: str | None = field(default=None, metadata=limit(TEXT))
     checkpoint_step: int | None = None
     # mark_migrated: the worker it is moving to (None: it stays where it is).
-    target: WorkerId | None = None
+    target: WorkerId | None = field(default=None, metadata=limit(ID))
     # start: the container arrives already marked migrated (frozen in CC).
     migrated: bool = False
     # start: the runtime spec from the source's save result.
@@ -217,7 +237,7 @@ class Command:
 class CommandBatch:
     """Manager -> agent: the answer to every heartbeat and request."""
 
-    manager_time: float
+    manager_time: float = field(metadata=limit(TIME))
     policy_generation: int
     commands: tuple[Command, ...] = ()
     # The heartbeat ``seq`` this answers (None for a request): results sent in it or

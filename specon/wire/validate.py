@@ -1,9 +1,15 @@
-"""One rule for every id that crosses a boundary, and range checks for numbers on the wire.
+"""One rule for every id that crosses a boundary, the Kubernetes name rules, and range checks
+for numbers on the wire.
 
 Worker and container ids name directories on the shared volume, cgroups, Kubernetes
 objects, log fields and metric labels. One alphabet serves all of them: 1-253 characters
 of ``[A-Za-z0-9._-]``, starting alphanumeric (253: a Kubernetes node name), matched in
-full, so a trailing newline, a lone surrogate or a path separator never passes.
+full, so a trailing newline, a lone surrogate or a path separator never passes. The
+expression (``ID_REGEX``) and its wording (``ID_RULE``) are written here only: the manager's
+OpenAPI document quotes both.
+
+Kubernetes names, used with ``fullmatch``: ``DNS_LABEL`` (RFC 1123; a namespace) and
+``LABEL_VALUE`` (a label's value, possibly empty).
 """
 
 from __future__ import annotations
@@ -14,10 +20,18 @@ import re
 from specon.model import ContainerId
 
 MAX_ID_LENGTH = 253
-_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_ID_LENGTH - 1}}}")
+_ID_FIRST, _ID_REST = "A-Za-z0-9", "A-Za-z0-9._-"
+# Valid as a Python and an ECMA-262 expression alike (the OpenAPI document anchors it).
+ID_REGEX = rf"[{_ID_FIRST}][{_ID_REST}]{{0,{MAX_ID_LENGTH - 1}}}"
+ID_RULE = f"1-{MAX_ID_LENGTH} of [{_ID_REST}], starting alphanumeric"
+_ID = re.compile(ID_REGEX)
 # Largest time or duration a message may carry: year ~2255 in Unix seconds. Keeps
 # arithmetic on times finite (1.7e308 - now overflows nothing, but renders as nonsense).
 MAX_SECONDS = 9e9
+# At most 63 of [a-z0-9-], alphanumeric at both ends.
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+# At most 63 of [A-Za-z0-9._-], alphanumeric at both ends, or empty.
+LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 
 
 class InvalidIdError(ValueError):
@@ -29,9 +43,7 @@ def valid_id(value: object, *, what: str = "id") -> ContainerId:
     same str), else ``InvalidIdError``."""
     if not isinstance(value, str) or _ID.fullmatch(value) is None or value in {".", ".."}:
         shown = ascii(value)[:80]
-        raise InvalidIdError(
-            f"invalid {what} {shown}: use 1-{MAX_ID_LENGTH} of [A-Za-z0-9._-], starting alphanumeric"
-        )
+        raise InvalidIdError(f"invalid {what} {shown}: use {ID_RULE}")
     return ContainerId(value)
 
 

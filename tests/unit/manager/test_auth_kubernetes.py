@@ -12,7 +12,12 @@ from typing import Any
 
 import pytest
 from specon_manager.auth import Identity
-from specon_manager.auth_kubernetes import EXTRA_POD_NAME, EXTRA_POD_UID, TokenReviewAuthenticator
+from specon_manager.auth_kubernetes import (
+    EXTRA_POD_NAME,
+    EXTRA_POD_UID,
+    TokenReviewAuthenticator,
+    parse_service_account,
+)
 
 from specon.runtime.kubernetes.api import KubeApi, KubeError
 
@@ -184,6 +189,26 @@ async def test_concurrent_checks_of_one_token_share_one_review_off_the_event_loo
 def test_the_service_account_is_namespace_slash_name(bad: str) -> None:
     with pytest.raises(ValueError, match="NAMESPACE/NAME"):
         TokenReviewAuthenticator(FakeApi(), audience=AUD, service_account=bad)
+
+
+@pytest.mark.parametrize(
+    ("namespace", "ok"),
+    [
+        ("a" * 63, True),
+        ("a-1", True),
+        ("0", True),
+        ("a" * 64, False),
+        ("-a", False),
+        ("a-", False),
+        ("A", False),
+    ],
+)
+def test_the_namespace_is_a_dns_label(namespace: str, ok: bool) -> None:
+    if ok:
+        assert parse_service_account(f"{namespace}/specon-agent") == (namespace, "specon-agent")
+    else:
+        with pytest.raises(ValueError, match="NAMESPACE/NAME"):
+            parse_service_account(f"{namespace}/specon-agent")
 
 
 def test_an_audience_is_required() -> None:

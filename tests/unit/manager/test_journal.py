@@ -1,15 +1,21 @@
-"""The manager journal: durable across reopen, in-flight query, marks."""
+"""The manager journals (SQLite and Kubernetes ConfigMaps): durable records, in-flight query,
+marks, and records in the formats written before they went through the codec."""
 
 from __future__ import annotations
 
+import copy
+import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from specon_manager.journal import Journal, mark_from_row, migration_from_row, migration_to_row
+from specon_manager.k8s_journal import KubeJournal
 
 from specon.coordinator.migration import Mark, Migration, State
 from specon.model import ContainerId, WorkerId
+from specon.runtime.kubernetes.api import KubeApi, KubeError
 
 
 def _m(mid: str, state: State) -> Migration:
@@ -111,3 +117,116 @@ def test_rows_round_trip_through_the_codec_and_a_bad_row_names_its_columns() -> 
     with pytest.raises(ValueError, match=r"corrupt journal row 'm2': reason: .*; state: must be one of"):
         migration_from_row(bad)
     assert mark_from_row(("j1", None, 0, 3)) == Mark(ContainerId("j1"), None, 0, 3)
+
+
+# --- the Kubernetes journal's records (ConfigMaps), against an in-memory API -------------------
+
+
+class ConfigMapApi(KubeApi):
+    """ConfigMaps in memory: create, read, replace and list by label, as the journal calls them."""
+
+    def __init__(self) -> None:
+        self.maps: dict[str, dict[str, Any]] = {}
+
+    def request(self, method: str, path: str, *, query: Any = None, body: Any = None, **_: Any) -> Any:
+        name = path.rsplit("/", 1)[1]
+        if method == "GET" and name == "configmaps":
+            wanted = dict(term.split("=") for term in query["labelSelector"].split(","))
+            items = [cm for cm in self.maps.values() if wanted.items() <= cm["metadata"]["labels"].items()]
+            return {"items": copy.deepcopy(items)}
+        if method == "GET":
+            if name not in self.maps:
+                raise KubeError(404, "NotFound", name)
+            return copy.deepcopy(self.maps[name])
+        assert method in ("POST", "PUT"), method
+        self.maps[body["metadata"]["name"]] = copy.deepcopy(body)
+        return body
+
+
+def kube_journal() -> tuple[KubeJournal, ConfigMapApi]:
+    api = ConfigMapApi()
+    return KubeJournal(api, "specon", mirror_pods=False), api
+
+
+# What the hand-written converter stored before the records went through the codec (keys sorted,
+# state as its value, a float field as the int it was given).
+OLD_MIGRATION = (
+    '{"attempts": 1, "checkpoint": "/data/ckpt-5.json", "checkpoint_step": 5, "container": "ml.job-1", '
+    '"decided_at": 10, "error": null, "id": "m1", "reason": "converged", "source": "node-1", '
+    '"spec": "{\\"id\\": \\"x\\"}", "started_at": null, "state": "saved", "stopped_at": 11.0, '
+    '"target": "node-2", "updated_at": 12.5}'
+)
+OLD_MARK = '{"migrated_at": 5.0, "migrations": 2, "rebalances": 1}'
+SAVED = Migration(
+    "m1",
+    ContainerId("ml.job-1"),
+    WorkerId("node-1"),
+    WorkerId("node-2"),
+    "converged",
+    State.SAVED,
+    decided_at=10.0,
+    updated_at=12.5,
+    checkpoint="/data/ckpt-5.json",
+    checkpoint_step=5,
+    stopped_at=11.0,
+    attempts=1,
+    spec='{"id": "x"}',
+)
+
+
+def test_configmaps_written_before_the_codec_still_read_and_are_written_the_same() -> None:
+    j, api = kube_journal()
+    labels = {"specon.io/record": "migration", "specon.io/in-flight": "true"}
+    api.maps[j.migration_name("m1")] = {
+        "metadata": {"labels": labels},
+        "data": {"migration.json": OLD_MIGRATION},
+    }
+    api.maps["specon-marks"] = {"metadata": {"labels": {}}, "data": {"ml.job-1": OLD_MARK}}
+    assert j.get("m1") == SAVED and j.in_flight() == [SAVED] and j.all() == [SAVED]
+    assert j.marks() == {ContainerId("ml.job-1"): Mark(ContainerId("ml.job-1"), 5.0, 2, 1)}
+    j.put(SAVED)
+    j.put_mark(Mark(ContainerId("ml.job-1"), 5.0, 2, 1))
+    stored = json.loads(api.maps[j.migration_name("m1")]["data"]["migration.json"])
+    assert stored == json.loads(OLD_MIGRATION) and list(stored) == sorted(stored)
+    assert api.maps["specon-marks"]["data"] == {"ml.job-1": OLD_MARK}
+
+
+def test_kube_journal_round_trips_through_the_codec() -> None:
+    j, _ = kube_journal()
+    m = Migration("m2", ContainerId("b"), WorkerId("n1"), WorkerId("n3"), "rebalance", decided_at=9.0)
+    j.put(m)
+    j.put(SAVED.to(State.FAILED, at=13.0, error="lost").to(State.ROLLED_BACK, at=14.0))
+    assert j.get("m2") == m and [x.id for x in j.in_flight()] == ["m2"]
+    assert [x.id for x in j.all()] == ["m2", "m1"]  # by decided_at
+    marks = [Mark(ContainerId("a"), None, 0, 3), Mark(ContainerId("b"), 1.5, 1, 0)]
+    for mk in marks:
+        j.put_mark(mk)
+    assert j.marks() == {mk.container: mk for mk in marks}
+
+
+def test_kube_journal_skips_a_corrupt_record_and_ignores_a_newer_managers_keys() -> None:
+    j, api = kube_journal()
+    labels = {"specon.io/record": "migration", "specon.io/in-flight": "true"}
+    newer = json.loads(OLD_MIGRATION) | {"priority": 3}
+    api.maps["a"] = {"metadata": {"labels": labels}, "data": {"migration.json": json.dumps(newer)}}
+    broken = json.loads(OLD_MIGRATION) | {"id": "m9", "state": "lost"}
+    api.maps["b"] = {"metadata": {"labels": labels}, "data": {"migration.json": json.dumps(broken)}}
+    api.maps["c"] = {"metadata": {"labels": labels}, "data": {"migration.json": "{not json"}}
+    assert j.in_flight() == [SAVED]
+
+
+def test_a_corrupt_mark_keeps_what_it_can_and_defaults_the_rest() -> None:
+    j, api = kube_journal()
+    data = {
+        "a": '{"migrated_at": "soon", "migrations": 2, "rebalances": 1}',
+        "b": "{not json",
+        "c": "[1, 2]",
+        "d": '{"migrations": 4}',  # fields left out take their defaults
+    }
+    api.maps["specon-marks"] = {"metadata": {"labels": {}}, "data": data}
+    assert j.marks() == {
+        ContainerId("a"): Mark(ContainerId("a"), None, 2, 1),
+        ContainerId("b"): Mark(ContainerId("b")),
+        ContainerId("c"): Mark(ContainerId("c")),
+        ContainerId("d"): Mark(ContainerId("d"), None, 4, 0),
+    }

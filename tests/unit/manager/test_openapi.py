@@ -23,7 +23,8 @@ from specon_manager.openapi import ENVELOPED, ID_PATTERN, ID_TYPES, main, openap
 from specon_manager.shell import ManagerShell
 
 from specon.config import default_policy
-from specon.wire import protocol
+from specon.wire import codec, protocol
+from specon.wire.limits import Finite, Id, Items, Labels, Range, Taints, Text, limit_of
 from specon.wire.validate import is_valid_id
 
 DOCUMENT = Path(__file__).resolve().parents[3] / "docs" / "openapi.json"
@@ -169,6 +170,39 @@ def test_the_id_pattern_is_the_id_rule(value: str) -> None:
 def test_the_id_pattern_is_the_id_rule_for_any_text(value: str) -> None:
     pattern = ID_PATTERN.removesuffix("$") + r"\Z"
     assert (re.match(pattern, value) is not None) == is_valid_id(value)
+
+
+def test_every_declared_limit_is_stated_by_the_document() -> None:
+    """The limits are declared once, on the protocol's fields; the document carries each one."""
+    schemas = openapi_document()["components"]["schemas"]
+    stated = 0
+    for name, schema in schemas.items():
+        cls = getattr(protocol, name, None)  # Resources too: the protocol imports it
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+            continue
+        for f in dataclasses.fields(cls):
+            rule = limit_of(cls, f)
+            prop = schema["properties"][codec.wire_key(f)]
+            prop = prop["anyOf"][0] if "anyOf" in prop else prop  # the non-null branch
+            match rule:
+                case None | Finite():
+                    continue
+                case Id():
+                    assert prop["$ref"].rsplit("/", 1)[1] in ID_TYPES, (name, f.name)
+                case Range(lo, hi):
+                    assert (prop["minimum"], prop["maximum"]) == (lo, hi), (name, f.name)
+                case Text(n):
+                    assert prop["maxLength"] == n, (name, f.name)
+                case Labels(count, key, value):
+                    assert prop["maxProperties"] == count and prop["propertyNames"]["maxLength"] == key
+                    assert prop["additionalProperties"]["maxLength"] == value
+                case Taints(count, length):
+                    assert prop["maxItems"] == count and prop["items"]["maxLength"] == length
+                case Items(max_items, unique):
+                    assert max_items is None or prop["maxItems"] == max_items
+                    assert unique is None or f"Each {unique} at most once" in prop["description"]
+            stated += 1
+    assert stated >= 30
 
 
 # --- the schema and the decoder agree ------------------------------------------------------
