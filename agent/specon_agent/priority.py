@@ -23,7 +23,7 @@ from specon.config import PriorityConfig
 from specon.model import ContainerId
 from specon.policy.monitor import MonitorState
 from specon.policy.priority.base import JobProgress
-from specon.policy.priority.rules import weights
+from specon.policy.priority.rules import weighs, weights
 from specon.runtime.base import ContainerInfo
 
 
@@ -138,9 +138,9 @@ def progress(running: Sequence[Running], fair: Mapping[ContainerId, float]) -> l
 def decide(
     running: Sequence[Running], fair: Mapping[ContainerId, float], cfg: PriorityConfig
 ) -> dict[ContainerId, int]:
-    """The weight of every running container under ``cfg.rule``; none under rule ``none``
-    (the runtime's defaults stay untouched)."""
-    if cfg.rule == "none" or not running:
+    """The weight of every running container under ``cfg.rule``; none under a rule that sets
+    no weights (``none``: the runtime's defaults stay untouched)."""
+    if not weighs(cfg) or not running:
         return {}
     return weights(progress(running, fair), cfg)
 

@@ -1,6 +1,8 @@
 """The policy file: what specon decides and when (``apiVersion: specon/v1alpha1``).
 
-- ``sections``: the schema, one frozen dataclass per section, with the defaults and paper mode;
+- ``sections``: the schema, one frozen dataclass per section, with the defaults and paper mode
+  (the choices of ``monitor.classifier`` and ``priority.rule``, and their sub-sections, are
+  built from the registries of ``specon.policy.classifier`` and ``specon.policy.priority.rules``);
 - ``policy_file``: loading, validation (every problem at once) and writing YAML;
 - ``yaml12``: the one YAML loader and dumper (YAML 1.2 scalars).
 
@@ -24,6 +26,7 @@ from specon.config.sections import (
     DOCS,
     KIND,
     PAPER_OVERRIDES,
+    PLUGGABLE,
     Aggregate,
     ClassifierName,
     DurationFrom,
@@ -54,6 +57,7 @@ __all__ = [
     "KIND",
     "MODES",
     "PAPER_OVERRIDES",
+    "PLUGGABLE",
     "Aggregate",
     "ClassifierName",
     "DurationFrom",

@@ -23,17 +23,11 @@ from specon.config.sections import (
     DOCS,
     KIND,
     PAPER_OVERRIDES,
+    PLUGGABLE,
     Mode,
     Policy,
 )
 from specon.config.yaml12 import YamlError, load_yaml, scalar_yaml
-from specon.policy.priority import fsp as fsp_rule
-from specon.policy.priority import hermes as hermes_rule
-from specon.policy.priority import optimus as optimus_rule
-from specon.policy.priority import slaq as slaq_rule
-from specon.policy.priority import srpt as srpt_rule
-from specon.policy.priority import tiresias as tiresias_rule
-from specon.policy.robust_config import problems as robust_problems
 from specon.wire import codec
 
 # --- loading and validation --------------------------------------------------------------
@@ -198,9 +192,6 @@ def _semantic_problems(p: Policy) -> list[codec.Problem]:
     positive("monitor.alpha", m.alpha)
     at_least("monitor.stale_ticks", m.stale_ticks, 0)
     at_least("monitor.request_min_active", m.request_min_active, 0)
-    for message in robust_problems(m.robust):  # "field: problem"
-        key, _, text = message.partition(": ")
-        need(False, f"monitor.robust.{key}", text)
 
     pl = p.placement
     w = pl.weights
@@ -232,18 +223,15 @@ def _semantic_problems(p: Policy) -> list[codec.Problem]:
         value = getattr(mi, name)
         need(math.isfinite(value) and value >= 0, f"migration.{name}", f"must be >= 0, got {value}")
 
-    pri = p.priority
-    for name, found in (
-        ("fsp", fsp_rule.problems(pri.fsp)),
-        ("srpt", srpt_rule.problems(pri.srpt)),
-        ("optimus", optimus_rule.problems(pri.optimus)),
-        ("tiresias", tiresias_rule.problems(pri.tiresias)),
-        ("hermes", hermes_rule.problems(pri.hermes)),
-        ("slaq", slaq_rule.problems(pri.slaq)),
-    ):
-        for message in found:  # each rule's own checks, "field: problem"
-            key, _, text = message.partition(": ")
-            need(False, f"priority.{name}.{key}", text)
+    # Each classifier's and priority rule's own checks of its knobs, "field: problem".
+    for section, plugins in PLUGGABLE.items():
+        knobs = getattr(p, section)
+        for plugin in plugins.values():
+            if plugin.args is None:
+                continue
+            for message in plugin.problems(getattr(knobs, plugin.name)):
+                key, _, text = message.partition(": ")
+                need(False, f"{section}.{plugin.name}.{key}", text)
 
     ms = p.messaging
     positive("messaging.heartbeat_interval", ms.heartbeat_interval)

@@ -8,27 +8,47 @@ Loading is: parse YAML (1.2 scalars) -> lay the file over the mode's defaults ->
 every field against its type hint (``specon.wire.codec``) and the rules no type can express
 (``_semantic_problems``) -> a frozen ``Policy``, or one ``PolicyError`` that lists every
 problem as ``path: problem`` in file order.
+
+The classifiers and the priority rules are not listed here: ``monitor.classifier`` and
+``priority.rule`` take the names their registries hold (``specon.policy.classifier``,
+``specon.policy.priority.rules``), and ``MonitorConfig`` and ``PriorityConfig`` are built
+from them (``_with_sections``): the section's own knobs, then one sub-section per
+classifier or rule with knobs, under its name, with its defaults; their help (``DOCS``)
+and checks come from the same declarations.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from specon.model import Direction
-from specon.policy.priority import fsp as fsp_rule
-from specon.policy.priority import hermes as hermes_rule
-from specon.policy.priority import optimus as optimus_rule
-from specon.policy.priority import slaq as slaq_rule
-from specon.policy.priority import srpt as srpt_rule
-from specon.policy.priority import tiresias as tiresias_rule
+from specon.policy.classifier import CLASSIFIERS
+from specon.policy.plugin import Plugin, choices_doc, section_docs
+from specon.policy.priority.rules import RULES
 from specon.policy.robust_config import RobustConfig
 
 API_VERSION = "specon/v1alpha1"
 KIND = "Policy"
 
+# The pluggable things, by the section that chooses among them: each one's name is a choice
+# of the section's choosing key, and each one with knobs has its own sub-section, keyed by
+# its name (``monitor.robust``, ``priority.fsp``). Their registries are the only lists.
+PLUGGABLE: Mapping[str, Mapping[str, Plugin[Any]]] = {"monitor": CLASSIFIERS, "priority": RULES}
+
+if TYPE_CHECKING:
+    # Any registered name; the schema checks it against the registry (at run time these
+    # are the Literal of the registered names).
+    ClassifierName = str
+    PriorityRule = str
+else:
+    ClassifierName = Literal[tuple(CLASSIFIERS)]
+    PriorityRule = Literal[tuple(RULES)]
+
 Mode = Literal["default", "paper"]
-ClassifierName = Literal["specon", "robust"]
 Normalize = Literal["max", "previous", "none"]
 Aggregate = Literal["mean", "last"]
 StaleHandling = Literal["skip", "zero"]
@@ -38,7 +58,6 @@ RebalanceMode = Literal["balanced", "work", "paper", "off"]
 RebalanceWhen = Literal["all_migrated", "always"]
 DurationFrom = Literal["converged", "migrated", "placed"]
 MigrationMode = Literal["checkpoint", "criu"]
-PriorityRule = Literal["none", "fsp", "srpt", "optimus", "tiresias", "hermes", "slaq"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +80,7 @@ class ProgressConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class MonitorConfig:
+class _MonitorKnobs:
     """Algorithm 1, the agent's container monitor (SPEC §3)."""
 
     # robust (doubling test) won the convergence-detection benchmark (bench_detection).
@@ -74,7 +93,43 @@ class MonitorConfig:
     stale_ticks: int = 10
     # At least this many PC+WC containers must share the worker for a request (SPEC §3.3).
     request_min_active: int = 1
-    robust: RobustConfig = field(default_factory=RobustConfig)
+    # Then each classifier's knobs, under its name (``MonitorConfig``).
+
+
+def _with_sections(
+    knobs: type[Any], section: str, tuned: Mapping[str, Mapping[str, object]] | None = None
+) -> type[Any]:
+    """The dataclass of policy-file section ``section`` (``MonitorConfig``, ...): ``knobs``'
+    fields, then one field per pluggable thing of the section that has knobs, named after
+    it, of its knobs' class, defaulting to their ``args()`` (with ``tuned``'s values where
+    the shipped policy tunes them). Frozen, like every section."""
+    extra: list[tuple[str, type[Any], Any]] = []
+    for plugin in PLUGGABLE[section].values():
+        if plugin.args is None:
+            continue
+        changes = (tuned or {}).get(plugin.name)
+        factory = plugin.args if not changes else functools.partial(_tuned, plugin.args, changes)
+        extra.append((plugin.name, plugin.args, field(default_factory=factory)))
+    name = f"{section.capitalize()}Config"
+    cls = dataclasses.make_dataclass(name, extra, bases=(knobs,), frozen=True, slots=True)
+    cls.__module__, cls.__qualname__, cls.__doc__ = __name__, name, knobs.__doc__
+    return cls
+
+
+def _tuned(args: type[Any], changes: Mapping[str, object]) -> Any:
+    return dataclasses.replace(args(), **changes)
+
+
+if TYPE_CHECKING:
+
+    @dataclass(frozen=True, slots=True)
+    class MonitorConfig(_MonitorKnobs):
+        # The robust classifier's knobs, typed for the code that reads them by name. At run
+        # time every classifier's knobs are a field (``_with_sections``), these included.
+        robust: RobustConfig = field(default_factory=RobustConfig)
+
+else:
+    MonitorConfig = _with_sections(_MonitorKnobs, "monitor")
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,37 +207,35 @@ class MigrationConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class PriorityConfig:
+class _PriorityKnobs:
     """Priority on the node: the CPU weights a worker's agent gives its containers
     (``specon.policy.priority``; each rule's module documents its paper and its arguments)."""
 
-    # The Fair Sojourn Protocol with half its aging: shortest remaining work first, but a
-    # job's deficit against equal sharing counts half against its remaining work. The default
-    # because it won the simulated benchmark on A1, A3-A5 with no job over x2 its DS time;
-    # plain srpt (aging 0) let one A5 job take x2.3-2.5, full FSP lost A3/A4 to srpt
-    # (`python -m bench bench_sim`; README "Choosing the default"). Each rule's own ``Args()``
-    # are its paper's (``peer_priority``).
+    # The Fair Sojourn Protocol with half its aging (``_TUNED``): shortest remaining work
+    # first, but a job's deficit against equal sharing counts half against its remaining
+    # work. The default because it won the simulated benchmark on A1, A3-A5 with no job over
+    # x2 its DS time; plain srpt (aging 0) let one A5 job take x2.3-2.5, full FSP lost A3/A4
+    # to srpt (`python -m bench bench_sim`; README "Choosing the default"). Each rule's own
+    # ``Args()`` are its paper's (``peer_priority``).
     rule: PriorityRule = "fsp"
-    fsp: fsp_rule.Args = field(default_factory=lambda: fsp_rule.Args(aging=0.5))
-    srpt: srpt_rule.Args = field(default_factory=srpt_rule.Args)
-    optimus: optimus_rule.Args = field(default_factory=optimus_rule.Args)
-    tiresias: tiresias_rule.Args = field(default_factory=tiresias_rule.Args)
-    hermes: hermes_rule.Args = field(default_factory=hermes_rule.Args)
-    slaq: slaq_rule.Args = field(default_factory=slaq_rule.Args)
+    # Then each rule's knobs, under its name (``PriorityConfig``; read them with
+    # ``specon.policy.priority.rules.args_of``).
+
+
+# Where the shipped policy's knobs of a rule differ from the rule's own (its paper's).
+_TUNED: dict[str, dict[str, object]] = {"fsp": {"aging": 0.5}}
+
+if TYPE_CHECKING:
+    PriorityConfig = _PriorityKnobs
+else:
+    PriorityConfig = _with_sections(_PriorityKnobs, "priority", _TUNED)
 
 
 def peer_priority(rule: PriorityRule) -> PriorityConfig:
     """``rule`` with every rule's arguments at its module's ``Args()`` (its paper's), as the
     peer policies run it (the default policy tunes some: ``PriorityConfig``)."""
-    return PriorityConfig(
-        rule=rule,
-        fsp=fsp_rule.Args(),
-        srpt=srpt_rule.Args(),
-        optimus=optimus_rule.Args(),
-        tiresias=tiresias_rule.Args(),
-        hermes=hermes_rule.Args(),
-        slaq=slaq_rule.Args(),
-    )
+    papers = {name: r.args() for name, r in RULES.items() if r.args is not None}
+    return PriorityConfig(rule=rule, **papers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,8 +305,7 @@ DOCS: dict[str, str] = {
     "progress.max_poll_bytes": "bytes of one log read per tick at most; the rest is read at the next "
     "ticks; a log already longer than this when first seen is read from its end",
     "monitor": "Algorithm 1, the agent's container monitor (SPEC §3)",
-    "monitor.classifier": "specon = Algorithm 1 as printed (repaired); robust = smoothed, with the "
-    "doubling or the change test and a diverging state",
+    "monitor.classifier": choices_doc(CLASSIFIERS.values(), " = "),
     "monitor.interval": "tick Δ in seconds",
     "monitor.alpha": "threshold alpha on the normalised change G (specon, and robust's change test)",
     "monitor.normalize": "max: divide by the largest |E| so far; previous: by |E(t-1)|; none: absolute",
@@ -261,19 +313,7 @@ DOCS: dict[str, str] = {
     "monitor.stale": "a tick without samples: skip it, or treat it as G = 0 (paper)",
     "monitor.stale_ticks": "stale ticks in a row before a container is reported stalled (0 = never)",
     "monitor.request_min_active": "PC+WC containers needed on the worker before a CC container may request",
-    "monitor.robust": "Knobs of the robust classifier (used only with classifier: robust)",
-    "monitor.robust.smoothing": "exponential smoothing factor for E, in (0, 1]; 1 = none",
-    "monitor.robust.k": "change test: a category step needs k of the last n ticks to agree",
-    "monitor.robust.n": "change test: window of the k-of-n vote",
-    "monitor.robust.trend_window": "ticks in the least-squares trend and divergence tests (>= 2)",
-    "monitor.robust.diverge_threshold": "relative rise of smoothed E over the window that means diverging",
-    "monitor.robust.test": "doubling: converged when twice the training is predicted to improve E by "
-    "less than gain of its improvement so far; change: k of n ticks with G below alpha, flat trend",
-    "monitor.robust.gain": "doubling test: share of the improvement so far, in (0, 1)",
-    "monitor.robust.horizon_gain": "doubling test, for a job that declared its steps: share of the "
-    "improvement so far the rest of the job may still bring, in (0, 1)",
-    "monitor.robust.memory": "doubling test: a tick from time t_i weighs (t_i/t)**memory in the log-time fit",
-    "monitor.robust.confirm": "doubling test: share of the ticks so far it must hold for (at least one)",
+    **section_docs("monitor", CLASSIFIERS.values()),
     "placement": "Algorithm 2, target selection on each request (SPEC §4)",
     "placement.weights": "S_w = progressing*|PC| + watching*|WC| + converged*|CC|; strictly decreasing",
     "placement.weights.progressing": "weight of a progressing container",
@@ -310,27 +350,8 @@ DOCS: dict[str, str] = {
     "checkpoint/restore of the whole process (Docker backend; falls back to checkpoint where CRIU "
     "cannot work); the job label specon.io/migration-mode overrides it",
     "priority": "Priority on the node: CPU weights among a worker's containers (specon.policy.priority)",
-    "priority.rule": "none: equal weights; fsp: first to finish under equal sharing first; "
-    "srpt: least remaining work first; optimus: shares by "
-    "remaining work; tiresias: least attained CPU first; hermes: fastest-converging first; "
-    "slaq: weights by recent loss improvement",
-    "priority.fsp": "fsp: the job that would finish first under equal sharing first "
-    "(Fair Sojourn Protocol: SRPT's mean, no job far behind its fair-shared time)",
-    "priority.fsp.ratio": "weight of one rank over the next (100: near-strict; 1: fair sharing)",
-    "priority.fsp.aging": "share of a job's deficit against equal sharing taken off its remaining "
-    "work (1: FSP, no job far behind fair sharing; 0: plain shortest remaining first)",
-    "priority.srpt": "srpt: shortest remaining work (declared or predicted steps x CPU per step) first",
-    "priority.srpt.ratio": "weight of one rank over the next (100: near-strict; 1: fair sharing)",
-    "priority.optimus": "optimus: shares by marginal gain in remaining time (Optimus, EuroSys '18)",
-    "priority.optimus.exponent": "shares proportional to remaining work ** exponent "
-    "(0.5: the paper's greedy)",
-    "priority.tiresias": "tiresias: discretized least attained service (Tiresias, NSDI '19)",
-    "priority.tiresias.thresholds": "queue thresholds in attained CPU-seconds, ascending",
-    "priority.tiresias.ratio": "weight of one queue rank over the next",
-    "priority.hermes": "hermes: the fastest-converging job first (Hermes, Electronics 2021)",
-    "priority.hermes.ratio": "weight of one rank over the next",
-    "priority.slaq": "slaq: weights proportional to the recent loss improvement (SLAQ, SoCC '17)",
-    "priority.slaq.floor": "share of the top weight every job keeps, in (0, 1]",
+    "priority.rule": choices_doc(RULES.values()),
+    **section_docs("priority", RULES.values()),
     "messaging": "Agent <-> manager messaging (SPEC §7)",
     "messaging.heartbeat_interval": "seconds between an agent's heartbeats",
     "messaging.worker_timeout": "a worker without a heartbeat this long is unreachable",

@@ -1,10 +1,15 @@
-"""The classifier interface the agent and the simulator use, whichever ``cfg.classifier``.
+"""The classifiers: their registry, and the interface the agent and the simulator use,
+whichever ``cfg.classifier``.
 
-``classifier_for(cfg)`` returns a ``Classifier`` bound to the monitor config; both
-classifiers share ``MonitorState`` (so ``mark_migrated``, ``answer_request`` and the
-serialised form are the same) and differ only in their per-container ``tick``.
-``tick_worker`` runs one tick for all containers of a worker and then the worker-level
-request rule (SPEC §3.3).
+``CLASSIFIERS`` lists every classifier a policy may name (``monitor.classifier``), each
+declared by its own module (``CLASSIFIER``: name, knobs, checks, tick;
+``specon.policy.plugin.ClassifierKind``); the policy file's ``monitor`` section is built
+from it (the choices, one sub-section per classifier with knobs, their help and checks),
+and so is the command line's ``--classifier``. ``classifier_for(cfg)`` returns a
+``Classifier`` bound to the monitor config; every classifier shares ``MonitorState`` (so
+``mark_migrated``, ``answer_request`` and the serialised form are the same) and differs
+only in its per-container ``tick``. ``tick_worker`` runs one tick for all containers of a
+worker and then the worker-level request rule (SPEC §3.3).
 """
 
 from __future__ import annotations
@@ -12,28 +17,26 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from specon.config import MonitorConfig
 from specon.model import ContainerId, Direction
 from specon.policy import monitor, robust
 from specon.policy.monitor import MonitorState
+from specon.policy.plugin import ClassifierKind, TickFn, registry
+
+if TYPE_CHECKING:  # the policy file's schema is built from this registry
+    from specon.config import MonitorConfig
+
+A = TypeVar("A")
+
+# Every classifier, each declared in its own module (a new one is added here).
+CLASSIFIERS: Mapping[str, ClassifierKind[Any]] = registry((monitor.CLASSIFIER, robust.CLASSIFIER))
+NAMES: tuple[str, ...] = tuple(CLASSIFIERS)
 
 
-class TickFn(Protocol):
-    def __call__(
-        self,
-        state: MonitorState,
-        samples: Sequence[float],
-        now: float,
-        cfg: MonitorConfig,
-        *,
-        nonfinite: int = 0,
-        horizon: float | None = None,
-    ) -> MonitorState: ...
-
-
-CLASSIFIERS: Mapping[str, TickFn] = {"specon": monitor.tick, "robust": robust.tick}
+def args_of(cfg: MonitorConfig, kind: ClassifierKind[A]) -> A:
+    """``kind``'s knobs in ``cfg`` (its sub-section of ``monitor``)."""
+    return cast(A, getattr(cfg, kind.name))
 
 
 def horizon(total: float | None, done: float | None) -> float | None:
@@ -88,7 +91,7 @@ def tick_worker(
 
 def _tick_fn(cfg: MonitorConfig) -> TickFn:
     try:
-        return CLASSIFIERS[cfg.classifier]
+        return CLASSIFIERS[cfg.classifier].tick
     except KeyError:
         known = ", ".join(sorted(CLASSIFIERS))
         raise ValueError(f"unknown classifier {cfg.classifier!r} (known: {known})") from None

@@ -28,11 +28,14 @@ import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from specon.config import Aggregate, MonitorConfig, Normalize
 from specon.model import ACTIVE_CATEGORIES, Category, ContainerId, Direction
+from specon.policy.plugin import ClassifierKind
 from specon.wire import codec
+
+if TYPE_CHECKING:  # the policy file's schema is built from the classifiers declared here
+    from specon.config import Aggregate, MonitorConfig, Normalize
 
 _PC, _WC, _CC, _DV = Category.PROGRESSING, Category.WATCHING, Category.CONVERGED, Category.DIVERGING
 
@@ -214,6 +217,12 @@ def tick(
         state.votes,
         state.fit,
     )
+
+
+# ``classifier: specon`` (``specon.policy.classifier``); no knobs of its own.
+CLASSIFIER: ClassifierKind[None] = ClassifierKind(
+    name="specon", summary="Algorithm 1 as printed (repaired)", tick=tick, rank=10
+)
 
 
 def raise_request(state: MonitorState) -> MonitorState:

@@ -45,15 +45,19 @@ import math
 from collections.abc import Sequence
 from functools import lru_cache
 from operator import mul
+from typing import TYPE_CHECKING
 
-from specon.config import MonitorConfig
 from specon.model import Category, Direction
 from specon.policy.monitor import (
     MonitorState,
     aggregate_samples,
     normalised_change,
 )
-from specon.policy.robust_config import RobustConfig
+from specon.policy.plugin import ClassifierKind
+from specon.policy.robust_config import RobustConfig, problems
+
+if TYPE_CHECKING:  # the policy file's schema is built from the classifiers declared here
+    from specon.config import MonitorConfig
 
 # A declared job's loss is taken to end in the tail l = c + A·t**-TAIL_EXPONENT (SGD whose
 # gradient noise dominates falls as t**-1/2): its log-time slope b then leaves
@@ -216,6 +220,18 @@ def tick(
         votes,
         fit,
     )
+
+
+# ``classifier: robust`` (``specon.policy.classifier``), its knobs ``monitor.robust``.
+CLASSIFIER = ClassifierKind(
+    name="robust",
+    summary="smoothed, with the doubling or the change test and a diverging state",
+    doc="Knobs of the robust classifier (used only with classifier: robust)",
+    args=RobustConfig,
+    problems=problems,
+    tick=tick,
+    rank=20,
+)
 
 
 def fit_tick(

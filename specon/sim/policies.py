@@ -1,29 +1,16 @@
 """The policies compared on identical workloads, and the lower bound none can beat.
 
-* ``ds`` — the default scheduler: round-robin initial placement, never migrates.
-* ``specon-paper`` — Algorithms 1-3 in paper mode (``default_policy("paper")``).
-* ``specon`` — Algorithms 1-3 with the shipped defaults (``default_policy()``).
-* ``specon-predicted`` — the same, with jobs that declare no total: their remaining work is
-  predicted from the loss curve alone (``specon.policy.remaining``, Optimus's fit).
-* ``balancer`` — convergence-blind, descheduler-style: every manager pass, while the most
-  and least loaded workers differ by 2 or more running jobs, move the most recently
-  started job from a most-loaded to a least-loaded worker, paying the same migration
-  cost and bound by the same budget. It is the manager's own decision pass
-  (``decide_pass``) with no requests and ``rebalance: balanced, when: always``, on a
-  view in which every job's "converged since" time is its first start, so Algorithm 3's
-  "smallest d first" picks the most recently started job. No per-job move limit (the
-  descheduler has none); a move only happens when it narrows the spread.
-* ``optimus``, ``tiresias``, ``hermes``, ``slaq`` — the peers: DS's placement, no
-  migration, and the paper's rule for sharing a worker among its jobs as CPU weights
-  (``specon.policy.priority``: each module states the paper's rule and where ours
-  differs). Their agents classify (Algorithm 1) where the rule reads the loss.
-* ``srpt`` — DS's placement, no migration, shortest remaining work first on each worker.
-* ``bound`` — not a policy but a lower bound on average JCT and makespan over *every*
-  placement-and-migration policy on that workload (see ``lower_bound``).
+The named policies are the catalogue's (``specon.policy.experiments``: ``ds``,
+``specon-paper``, ``specon``, ``specon-predicted``, ``balancer`` and one peer per priority
+rule), the very policies ``specon demo`` runs live, here laid over the shipped defaults (or,
+for ``specon``, a user's policy file). ``bound`` is not a policy but a lower bound on
+average JCT and makespan over *every* placement-and-migration policy on that workload (see
+``lower_bound``).
 
 The simulator (``specon.sim.runner``) runs all but the bound; none of them has code of its
 own for Algorithms 1-3: ``SimPolicy`` only says which ``Policy`` the shared decision code
-gets and how the manager sees the jobs.
+gets, and what of it can be skipped because it cannot change a thing (no manager where
+nothing can move, no classifier where nothing reads it).
 """
 
 from __future__ import annotations
@@ -31,52 +18,52 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 from specon.config import (
     Policy,
     PriorityConfig,
-    PriorityRule,
     default_policy,
     peer_priority,
     policy_from_dict,
     policy_to_dict,
 )
+from specon.policy.experiments import NAMES, Experiment, experiment, moves
 from specon.policy.priority.rules import NEEDS_GAIN
 from specon.sim.cluster import DEFAULT_PARAMS, SimParams, Workload
 
-PEERS: dict[str, PriorityRule] = {
-    "fsp": "fsp",
-    "optimus": "optimus",
-    "tiresias": "tiresias",
-    "hermes": "hermes",
-    "slaq": "slaq",
-    "srpt": "srpt",
-}
-SIMULATED = ("ds", "specon-paper", "specon", "specon-predicted", "balancer", *PEERS)
+SIMULATED = NAMES
 POLICIES = (*SIMULATED, "bound")
 
-# Every job the same CPU weight (DS and the balancer know no priority).
+# Every job the same CPU weight (where no daemon sets any).
 EQUAL_SHARES = peer_priority("none")
-
-# "No limit" for the balancer's moves per job (the field is an int).
-_UNLIMITED = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
 class SimPolicy:
     name: str
-    # The policy handed to the shared decision code; None = no manager at all (ds).
+    # The catalogue's policy, what the agents run; None = no specon daemons at all (ds).
+    daemons: Policy | None
+    # The policy handed to the manager's decision code; None = no manager: the policy can
+    # move nothing (``moves``), so a manager would decide nothing.
     manager: Policy | None
-    # Agents run Algorithm 1 (``classifier_for(manager.monitor)``) and send requests.
+    # Agents run Algorithm 1 (``classifier_for(daemons.monitor)``) and send its requests:
+    # wherever a manager reads them or the priority rule reads the gain.
     classify: bool
-    # The manager sees no convergence: every job progressing, "converged" since it started.
-    blind: bool = False
-    # How each worker's agent weights its jobs' CPU (the manager's policy's, if any).
-    priority: PriorityConfig = field(default_factory=lambda: EQUAL_SHARES)
+    # How each worker's agent weights its jobs' CPU.
+    priority: PriorityConfig
     # Jobs declare their total steps (else remaining work is predicted from the loss).
     declared: bool = True
+
+
+def sim_policy(exp: Experiment, daemons: Policy | None) -> SimPolicy:
+    """``exp`` run with ``daemons`` (its ``policy`` over some base) in the simulator."""
+    if daemons is None:
+        return SimPolicy(exp.name, None, None, False, EQUAL_SHARES, exp.declared)
+    manager = daemons if moves(daemons) else None
+    classify = manager is not None or daemons.priority.rule in NEEDS_GAIN
+    return SimPolicy(exp.name, daemons, manager, classify, daemons.priority, exp.declared)
 
 
 def with_overrides(
@@ -113,40 +100,20 @@ def make_policy(
     weights: Sequence[float] | None = None,
     base: Policy | None = None,
 ) -> SimPolicy:
-    """The simulated policy ``name`` (one of ``SIMULATED``); alpha, interval and weights apply to
-    the two specon policies. ``base`` (e.g. a user's policy file) replaces the shipped defaults
-    under ``specon``; the overrides still apply on top of it."""
-    if name == "ds":
-        return SimPolicy(name, None, classify=False)
-    if name in PEERS:
-        priority = peer_priority(PEERS[name])
-        return SimPolicy(name, None, classify=PEERS[name] in NEEDS_GAIN, priority=priority)
-    if name in ("specon", "specon-paper", "specon-predicted"):
-        if base is None or name == "specon-paper":
-            base = default_policy("paper" if name == "specon-paper" else "default")
-        policy = with_overrides(base, alpha=alpha, interval=interval, weights=weights)
-        declared = name != "specon-predicted"
-        return SimPolicy(name, policy, True, priority=policy.priority, declared=declared)
-    if name == "balancer":
-        base = default_policy()
-        rebalance = replace(
-            base.rebalance,
-            mode="balanced",
-            when="always",
-            duration_from="converged",
-            max_rebalances_per_container=_UNLIMITED,
-        )
-        balancer = replace(
-            base,
-            rebalance=rebalance,
-            priority=EQUAL_SHARES,
-            placement=replace(base.placement, require_gain=False),
-            migration=replace(base.migration, min_residence=0.0),
-        )
-        return SimPolicy(name, balancer, classify=False, blind=True)
+    """The simulated policy ``name`` (one of ``SIMULATED``) over the shipped defaults; alpha,
+    interval and weights apply to the specon policies (``Experiment.tuned``). ``base`` (e.g. a
+    user's policy file) replaces the shipped defaults under ``specon`` and ``specon-predicted``
+    (``Experiment.replaceable``); the overrides still apply on top of it."""
     if name == "bound":
         raise ValueError("bound is computed, not simulated: use lower_bound()")
-    raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
+    try:
+        exp = experiment(name)
+    except ValueError:
+        raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})") from None
+    daemons = exp.policy(base if base is not None and exp.replaceable else default_policy())
+    if daemons is not None and exp.tuned:
+        daemons = with_overrides(daemons, alpha=alpha, interval=interval, weights=weights)
+    return sim_policy(exp, daemons)
 
 
 @dataclass(frozen=True, slots=True)

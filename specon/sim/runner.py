@@ -20,8 +20,8 @@ does, and plays the agents around it:
   So every simulated migration passes through ``specon.coordinator.migration.next_step`` and the
   journal, as a real one does.
 
-The convergence-blind ``balancer`` sees every job as progressing since its start: its
-agents report that, and nothing else differs.
+Agents that do not classify (where nothing reads it: ``SimPolicy.classify``) report every
+job as progressing since its start.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.policy.classifier import Classifier, classifier_for, horizon
 from specon.policy.monitor import MonitorState
 from specon.policy.priority.base import JobProgress
+from specon.policy.priority.rules import weighs
 from specon.policy.priority.rules import weights as priority_weights
 from specon.policy.remaining import Fit, refit
 from specon.sim.cluster import DEFAULT_PARAMS, Cluster, Phase, SimJob, SimParams, Workload
@@ -140,7 +141,7 @@ class _Run:
         self.policy = policy
         self.params = params
         self.engine = Engine()
-        self.prioritised = policy.priority.rule != "none"
+        self.prioritised = weighs(policy.priority)
         self._fits: dict[str, Fit] = {}  # job -> its last loss-curve fit
         # Agents report remaining work where the manager's policy uses it.
         m = policy.manager
@@ -154,7 +155,7 @@ class _Run:
             weigh=self._weigh if self.prioritised else None,
         )
         self.placement = workload.placement()
-        monitor = (policy.manager or default_policy()).monitor
+        monitor = (policy.daemons or default_policy()).monitor
         self.classifier: Classifier | None = classifier_for(monitor) if policy.classify else None
         self.stats = RunStats()
         self.journal = MemoryJournal()
@@ -216,10 +217,10 @@ class _Run:
 
     # -- agents: what they report ----------------------------------------------------------
     def _seen_of(self, job: SimJob) -> _Seen:
-        """What the job's agent reports of it (a blind policy's agents see no convergence)."""
+        """What the job's agent reports of it (one that does not classify: no convergence)."""
         st = job.state
         remaining = self._remaining(job) if self.reports_work else None
-        if self.policy.blind or st is None:
+        if st is None:
             return (_REPORTED[job.phase], Category.PROGRESSING, job.started, False, False, remaining)
         return (_REPORTED[job.phase], st.display, st.t_cc, st.migrated, st.pending_request, remaining)
 

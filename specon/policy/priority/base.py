@@ -70,6 +70,10 @@ def fifo_key(job: JobProgress) -> tuple[float, str]:
     return job.started, str(job.id)
 
 
+# The help of a ``ratio`` knob (the rules that rank their jobs).
+RATIO_DOC = "weight of one rank over the next (100: near-strict; 1: fair sharing)"
+
+
 def ratio_problems(ratio: float) -> list[str]:
     """The check of a rank-to-rank weight ratio (1: fair sharing; larger: stricter)."""
     return [] if math.isfinite(ratio) and ratio >= 1 else [f"ratio: must be >= 1, got {ratio}"]

@@ -25,19 +25,24 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specon.model import ContainerId
-from specon.policy.priority.base import JobProgress, least_first, ranked_weights, ratio_problems
+from specon.policy.plugin import Rule
+from specon.policy.priority.base import RATIO_DOC, JobProgress, least_first, ranked_weights, ratio_problems
 
 
 @dataclass(frozen=True, slots=True)
 class Args:
-    # Weight of one rank over the next: 100 is near-strict priority, 1 fair sharing.
-    ratio: float = 100.0
-    # How much of a job's deficit against equal sharing (the CPU it would have had minus the
-    # CPU it got) comes off its remaining work: 1 is FSP, 0 plain shortest-remaining-first.
-    aging: float = 1.0
+    ratio: float = field(default=100.0, metadata={"doc": RATIO_DOC})
+    # The deficit against equal sharing is the CPU a job would have had minus the CPU it got.
+    aging: float = field(
+        default=1.0,
+        metadata={
+            "doc": "share of a job's deficit against equal sharing taken off its remaining "
+            "work (1: FSP, no job far behind fair sharing; 0: plain shortest remaining first)"
+        },
+    )
 
 
 def problems(args: Args) -> list[str]:
@@ -67,3 +72,15 @@ def order(jobs: Sequence[JobProgress], aging: float = 1.0) -> list[ContainerId]:
 
 def weights(jobs: Sequence[JobProgress], args: Args) -> dict[ContainerId, int]:
     return ranked_weights(order(jobs, args.aging), args.ratio)
+
+
+RULE = Rule(
+    name="fsp",
+    summary="first to finish under equal sharing first",
+    doc="fsp: the job that would finish first under equal sharing first "
+    "(Fair Sojourn Protocol: SRPT's mean, no job far behind its fair-shared time)",
+    args=Args,
+    problems=problems,
+    weights=weights,
+    rank=10,
+)

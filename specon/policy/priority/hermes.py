@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specon.model import ContainerId
+from specon.policy.plugin import Rule
 from specon.policy.priority.base import JobProgress, fifo_key, ranked_weights, ratio_problems
 
 
 @dataclass(frozen=True, slots=True)
 class Args:
-    ratio: float = 100.0
+    ratio: float = field(default=100.0, metadata={"doc": "weight of one rank over the next"})
 
 
 def problems(args: Args) -> list[str]:
@@ -41,3 +42,15 @@ def order(jobs: Sequence[JobProgress]) -> list[ContainerId]:
 
 def weights(jobs: Sequence[JobProgress], args: Args) -> dict[ContainerId, int]:
     return ranked_weights(order(jobs), args.ratio)
+
+
+RULE = Rule(
+    name="hermes",
+    summary="fastest-converging first",
+    doc="hermes: the fastest-converging job first (Hermes, Electronics 2021)",
+    args=Args,
+    problems=problems,
+    weights=weights,
+    needs_gain=True,
+    rank=50,
+)

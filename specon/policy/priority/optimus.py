@@ -19,18 +19,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specon.model import ContainerId
+from specon.policy.plugin import Rule
 from specon.policy.priority.base import JobProgress, proportional_weights
 from specon.policy.priority.srpt import remaining_work
 
 
 @dataclass(frozen=True, slots=True)
 class Args:
-    # Shares proportional to W ** exponent: 0.5 is the greedy marginal-gain hand-out when a
-    # job's speed is linear in its share (see above).
-    exponent: float = 0.5
+    # 0.5 is the greedy marginal-gain hand-out when a job's speed is linear in its share
+    # (see above).
+    exponent: float = field(
+        default=0.5,
+        metadata={"doc": "shares proportional to remaining work ** exponent (0.5: the paper's greedy)"},
+    )
 
 
 def problems(args: Args) -> list[str]:
@@ -42,3 +46,14 @@ def weights(jobs: Sequence[JobProgress], args: Args) -> dict[ContainerId, int]:
     roots = {cid: w**args.exponent for cid, w in remaining_work(jobs).items() if w is not None}
     mean = sum(roots.values()) / len(roots) if roots else 1.0
     return proportional_weights({j.id: roots.get(j.id, mean) for j in jobs})
+
+
+RULE = Rule(
+    name="optimus",
+    summary="shares by remaining work",
+    doc="optimus: shares by marginal gain in remaining time (Optimus, EuroSys '18)",
+    args=Args,
+    problems=problems,
+    weights=weights,
+    rank=30,
+)

@@ -15,16 +15,17 @@ classified gets the full weight, a job with no improvement ``floor`` of it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specon.model import ContainerId
+from specon.policy.plugin import Rule
 from specon.policy.priority.base import JobProgress, proportional_weights
 
 
 @dataclass(frozen=True, slots=True)
 class Args:
     # A job improving nothing still keeps this share of the top weight (never starved).
-    floor: float = 0.01
+    floor: float = field(default=0.01, metadata={"doc": "share of the top weight every job keeps, in (0, 1]"})
 
 
 def problems(args: Args) -> list[str]:
@@ -38,3 +39,15 @@ def weights(jobs: Sequence[JobProgress], args: Args) -> dict[ContainerId, int]:
         return proportional_weights(dict.fromkeys((j.id for j in jobs), 1.0))
     least = args.floor * top
     return proportional_weights({j.id: max(least, j.gain if j.gain is not None else top) for j in jobs})
+
+
+RULE = Rule(
+    name="slaq",
+    summary="weights by recent loss improvement",
+    doc="slaq: weights proportional to the recent loss improvement (SLAQ, SoCC '17)",
+    args=Args,
+    problems=problems,
+    weights=weights,
+    needs_gain=True,
+    rank=60,
+)

@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specon.model import ContainerId
-from specon.policy.priority.base import JobProgress, least_first, ranked_weights, ratio_problems
+from specon.policy.plugin import Rule
+from specon.policy.priority.base import RATIO_DOC, JobProgress, least_first, ranked_weights, ratio_problems
 
 
 @dataclass(frozen=True, slots=True)
 class Args:
-    # Weight of one rank over the next: 100 is near-strict priority, 1 fair sharing.
-    ratio: float = 100.0
+    ratio: float = field(default=100.0, metadata={"doc": RATIO_DOC})
 
 
 def problems(args: Args) -> list[str]:
@@ -49,3 +49,14 @@ def order(jobs: Sequence[JobProgress]) -> list[ContainerId]:
 
 def weights(jobs: Sequence[JobProgress], args: Args) -> dict[ContainerId, int]:
     return ranked_weights(order(jobs), args.ratio)
+
+
+RULE = Rule(
+    name="srpt",
+    summary="least remaining work first",
+    doc="srpt: shortest remaining work (declared or predicted steps x CPU per step) first",
+    args=Args,
+    problems=problems,
+    weights=weights,
+    rank=20,
+)

@@ -18,18 +18,21 @@ import bisect
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specon.model import ContainerId
+from specon.policy.plugin import Rule
 from specon.policy.priority.base import JobProgress, fifo_key, ranked_weights, ratio_problems
 
 
 @dataclass(frozen=True, slots=True)
 class Args:
-    # Queue thresholds in attained CPU-seconds, ascending: K thresholds make K + 1 queues.
-    # 100 CPU-s: about half the mean job of the paper scenarios (A1-A5, 190-250 CPU-s).
-    thresholds: tuple[float, ...] = (100.0,)
-    ratio: float = 100.0
+    # K thresholds make K + 1 queues. 100 CPU-s: about half the mean job of the paper
+    # scenarios (A1-A5, 190-250 CPU-s).
+    thresholds: tuple[float, ...] = field(
+        default=(100.0,), metadata={"doc": "queue thresholds in attained CPU-seconds, ascending"}
+    )
+    ratio: float = field(default=100.0, metadata={"doc": "weight of one queue rank over the next"})
 
 
 def problems(args: Args) -> list[str]:
@@ -54,3 +57,14 @@ def order(jobs: Sequence[JobProgress], args: Args) -> list[ContainerId]:
 
 def weights(jobs: Sequence[JobProgress], args: Args) -> dict[ContainerId, int]:
     return ranked_weights(order(jobs, args), args.ratio)
+
+
+RULE = Rule(
+    name="tiresias",
+    summary="least attained CPU first",
+    doc="tiresias: discretized least attained service (Tiresias, NSDI '19)",
+    args=Args,
+    problems=problems,
+    weights=weights,
+    rank=40,
+)

@@ -10,12 +10,14 @@ import pytest
 from specon.cli.main import main
 from specon.config import default_policy
 from specon.embedded.demo import quality_time
-from specon.embedded.live_policies import CHANGES, NAMES, live_policy
-from specon.sim.policies import PEERS
+from specon.embedded.live_policies import NAMES, WITHOUT_DAEMONS, live_policy
+from specon.policy.experiments import CATALOGUE
+from specon.policy.priority.rules import RULES
 
 
 def test_every_live_policy_keeps_the_demo_clock_and_is_what_its_name_says() -> None:
-    for name in CHANGES:
+    with_daemons = [name for name in NAMES if name not in WITHOUT_DAEMONS]
+    for name in with_daemons:
         p = live_policy(name)
         assert (p.monitor.interval, p.messaging.heartbeat_interval) == (4.0, 1.0), name
     assert live_policy("specon").priority == default_policy().priority
@@ -24,17 +26,22 @@ def test_every_live_policy_keeps_the_demo_clock_and_is_what_its_name_says() -> N
     assert (paper.mode, paper.rebalance.mode, paper.priority.rule) == ("paper", "paper", "none")
     balancer = live_policy("balancer")
     assert (balancer.priority.rule, balancer.rebalance.duration_from) == ("none", "placed")
-    for rule in PEERS:  # the simulator's peers all run live too
+    peers = [name for name, rule in RULES.items() if rule.weights is not None]
+    for rule in peers:  # every rule's peer runs live
         peer = live_policy(rule)
         assert (peer.priority.rule, peer.rebalance.mode) == (rule, "off")
-    assert set(PEERS) | {"ds", "specon", "specon-paper", "balancer"} == set(NAMES)
+    # Every policy of the catalogue runs live but the one whose jobs declare no steps.
+    assert set(NAMES) == set(CATALOGUE) - {"specon-predicted"}
+    assert {*peers, "ds", "specon", "specon-paper", "balancer"} == set(NAMES)
 
 
 def test_an_unknown_policy_name_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--policy", "nope", "--out", str(tmp_path)]) == 2
     assert "neither a live policy" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="unknown live policy"):
+    with pytest.raises(ValueError, match="runs no daemons"):
         live_policy("ds")  # ds runs no daemons: it has no policy file
+    with pytest.raises(ValueError, match="unknown live policy"):
+        live_policy("specon-predicted")  # the demo's jobs always declare their steps
 
 
 def test_time_to_quality_is_read_from_the_jobs_own_records(tmp_path: Path) -> None:

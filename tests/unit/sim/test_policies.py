@@ -78,9 +78,9 @@ def test_paper_mode_and_defaults_differ_on_a_crowded_worker() -> None:
     assert _moved("specon-paper", wl) == [("a", "w1", "converged")]
 
 
-def test_the_balancer_moves_the_most_recently_started_job_to_the_least_loaded_worker() -> None:
+def test_the_balancer_moves_the_most_recently_placed_job_to_the_least_loaded_worker() -> None:
     # All on w1: at 10 s loads are [2, 0, 0] -> b moves; at 20 s c arrives: [2, 1, 0] -> c
-    # (started last) moves; then [1, 1, 1].
+    # (placed last) moves; then [1, 1, 1].
     jobs = (
         job_plan("a", _linear()),
         job_plan("b", _linear(), submit=10.0),
@@ -88,6 +88,22 @@ def test_the_balancer_moves_the_most_recently_started_job_to_the_least_loaded_wo
     )
     wl = workload(3, jobs)
     assert _moves("balancer", wl) == [("b", "w1", "w2", "rebalance"), ("c", "w1", "w3", "rebalance")]
+
+
+def test_the_balancer_counts_a_moved_job_from_its_arrival_on_its_new_worker() -> None:
+    # a and b start on w2 at 30 s: loads [0, 2] -> a moves to w1, running there from 43.4 s
+    # (the migration downtime), where c started at 40 s. When b finishes, loads are [2, 0]:
+    # the most recently placed job moves back, a (as a descheduler sees a moved job: a new
+    # pod), not c, the most recently started one (``rebalance.duration_from: placed``).
+    jobs = (
+        job_plan("a", _linear(), submit=30.0, worker="w2"),
+        job_plan("b", _linear(), submit=30.0, worker="w2"),
+        job_plan("c", _linear(), submit=40.0, worker="w1"),
+    )
+    assert _moves("balancer", workload(2, jobs)) == [
+        ("a", "w2", "w1", "rebalance"),
+        ("a", "w1", "w2", "rebalance"),
+    ]
 
 
 def test_same_workload_same_result() -> None:
