@@ -29,6 +29,7 @@ def _loaded(code: str) -> set[str]:
     return set(out.stdout.split())
 
 
+@pytest.mark.slow
 def test_the_cli_the_simulator_and_the_daemons_on_the_local_runtime_load_no_extra() -> None:
     loaded = _loaded(
         "import specon.cli.main, specon.sim.runner, specon.embedded.demo, specon.runtime.local.backend\n"

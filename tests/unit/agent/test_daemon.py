@@ -211,6 +211,7 @@ def attempts(d: AgentDaemon) -> list[int]:
     return [r.statistics.get("attempt_number", 1) for r in d.retrying.values()]
 
 
+@pytest.mark.slow
 async def test_the_daemon_backs_off_while_the_manager_is_away_and_reconnects(rig: Rig) -> None:
     await rig.runtime.start(spec("a"))
     server = await rig.serve(rig.coordinator())
@@ -318,6 +319,7 @@ async def test_stop_says_goodbye_and_the_manager_marks_the_worker_not_ready(rig:
     assert [c.alive for c in await rig.runtime.list_containers()] == [True]
 
 
+@pytest.mark.slow
 async def test_stop_reports_the_results_of_the_commands_it_waited_for(rig: Rig) -> None:
     rig.runtime.save_seconds = 0.6  # the job takes a while to checkpoint
     await rig.runtime.start(spec("a"))

@@ -30,6 +30,7 @@ def traces(tmp_path: Path) -> Path:
     return d
 
 
+@pytest.mark.slow
 def test_json_has_the_contracted_shape(
     traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -90,6 +91,7 @@ def test_no_traces_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "no traces" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_plots_are_written(traces: Path, tmp_path: Path) -> None:
     plots = tmp_path / "plots"
     args = ["sim", "--scenario", "A1", "--seeds", "1", "--policy", "specon", "--traces", str(traces),
@@ -99,6 +101,7 @@ def test_plots_are_written(traces: Path, tmp_path: Path) -> None:
         assert (plots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_results_do_not_depend_on_the_process_hash_seed(traces: Path, tmp_path: Path) -> None:
     outputs = []
     for hash_seed in ("1", "2"):
@@ -166,6 +169,7 @@ def test_bad_policy_files_exit_2_with_a_reason(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_params_file_then_options(traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     params = tmp_path / "params.json"
     params.write_text(json.dumps({"interference": 1.2, "migration_downtime": 9}))

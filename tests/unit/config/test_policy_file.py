@@ -497,6 +497,7 @@ _values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(_keys, _values, max_size=6) | _values)
 def test_from_dict_raises_only_policy_error(data: object) -> None:
@@ -518,6 +519,7 @@ def test_parse_raises_only_policy_error(text: str) -> None:
         assert e.errors
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)
 @given(
     st.fixed_dictionaries(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -183,6 +184,7 @@ def test_reachability_follows_heartbeat_age_and_goodbye() -> None:
     assert s.alive(clock(), TIMEOUT) == {B}
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(

@@ -35,6 +35,7 @@ def test_every_live_policy_keeps_the_demo_clock_and_is_what_its_name_says() -> N
     assert {*peers, "ds", "specon", "specon-paper", "balancer"} == set(NAMES)
 
 
+@pytest.mark.slow
 def test_an_unknown_policy_name_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--policy", "nope", "--out", str(tmp_path)]) == 2
     assert "neither a live policy" in capsys.readouterr().err

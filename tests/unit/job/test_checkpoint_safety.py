@@ -16,6 +16,7 @@ import pytest
 from specon import checkpoint
 
 
+@pytest.mark.slow
 def test_verification_memory_stays_at_a_chunk_for_a_large_payload(tmp_path: Path) -> None:
     payload = bytes(range(256)) * (64 << 12)  # 64 MiB
     info = checkpoint.write(tmp_path, 1, payload)

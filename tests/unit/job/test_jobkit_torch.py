@@ -52,6 +52,7 @@ def test_resumed_training_continues_exactly_as_uninterrupted() -> None:
     assert _train(fresh, fresh_opt, 5) == expected
 
 
+@pytest.mark.slow
 def test_payload_without_optimizer() -> None:
     model, _ = _model_and_optimizer(0)
     fresh, _ = _model_and_optimizer(1)

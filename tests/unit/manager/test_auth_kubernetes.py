@@ -164,6 +164,7 @@ async def test_refusals_are_cached_briefly_and_api_failures_not_at_all() -> None
     assert await auth.authenticate(jwt()) is None and auth.reviews == 2  # retried, not cached
 
 
+@pytest.mark.slow
 async def test_concurrent_checks_of_one_token_share_one_review_off_the_event_loop() -> None:
     api = FakeApi(delay=0.3)
     auth = make(api)

@@ -270,6 +270,7 @@ DOC = openapi_document()
 VALIDATORS = {cls: validator(DOC, cls.__name__) for cls in CHECKED}
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(CHECKED).flatmap(values))
 def test_the_schema_refuses_exactly_what_the_decoder_refuses(msg: Any) -> None:

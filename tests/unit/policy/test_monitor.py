@@ -323,6 +323,7 @@ def test_classifier_for_dispatches_and_rejects_unknown_names() -> None:
 _STEP = {(PC, WC), (WC, CC)}
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     ticks=st.lists(

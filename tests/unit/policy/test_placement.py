@@ -350,6 +350,7 @@ def _cluster(draw: st.DrawFn) -> ClusterSnapshot:
     return snapshot(workers, containers)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(s=_cluster(), score=st.sampled_from(["count", "per_capacity"]))
 def test_select_target_never_returns_an_infeasible_or_unready_target(s: ClusterSnapshot, score: str) -> None:

@@ -111,6 +111,7 @@ def test_each_rule_validates_its_own_arguments_in_the_policy_file() -> None:
 _weights = st.lists(st.floats(1.0, 10_000.0), min_size=1, max_size=8)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(_weights, st.floats(0.25, 8.0), st.floats(0.25, 2.0))
 def test_water_filling_uses_the_capacity_caps_each_job_and_keeps_the_weights_order(

@@ -268,6 +268,7 @@ def _eligible_spread(s: ClusterSnapshot, where: dict[ContainerId, WorkerId]) -> 
     return max(loads) - min(loads) if loads else 0
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(s=_cluster(), mode=st.sampled_from(["balanced", "paper"]))
 def test_plans_are_feasible_deterministic_and_move_each_container_once(s: ClusterSnapshot, mode: str) -> None:
@@ -292,6 +293,7 @@ def test_plans_are_feasible_deterministic_and_move_each_container_once(s: Cluste
             spread = new_spread
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(loads=st.lists(st.integers(0, 12), min_size=1, max_size=8))
 def test_balanced_reaches_spread_one_when_everything_can_move(loads: list[int]) -> None:

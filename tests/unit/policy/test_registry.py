@@ -131,6 +131,7 @@ def with_a_new_rule(tmp_path_factory: pytest.TempPathFactory) -> dict[str, typin
     return found
 
 
+@pytest.mark.slow
 def test_a_new_rule_is_a_choice_with_its_own_section_defaults_and_help(
     with_a_new_rule: dict[str, typing.Any],
 ) -> None:

@@ -190,6 +190,7 @@ def test_slope_is_the_least_squares_slope() -> None:
 _STEP = {(PC, WC), (WC, CC)}
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(
     ticks=st.lists(

@@ -33,6 +33,7 @@ def test_curve_is_optimus_formula() -> None:
     assert VAE_LIKE.losses([0, 40]).tolist() == pytest.approx([490.0, 365.0])
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(
     amplitude=st.floats(1.0, 1000.0),  # 1/β1: the initial distance to the floor

@@ -158,6 +158,7 @@ def test_candidates_include_the_shipped_default_and_rank_by_failures() -> None:
 # --- the shipped default on the committed recordings (real PyTorch training) ----------------
 
 
+@pytest.mark.slow
 def test_the_shipped_default_never_asks_to_move_a_diverging_job() -> None:
     # The benchmark's seeds and seeds it never saw.
     for seed in (7, 8, 9, 1, 1234):

@@ -106,6 +106,7 @@ def test_the_balancer_counts_a_moved_job_from_its_arrival_on_its_new_worker() ->
     ]
 
 
+@pytest.mark.slow
 def test_same_workload_same_result() -> None:
     jobs = tuple(job_plan(f"j{i}", _falling(0.05 + 0.05 * i), submit=15.0 * i, worker=None) for i in range(8))
     wl = workload(3, jobs)
@@ -130,6 +131,7 @@ def _workloads(draw: st.DrawFn) -> Workload:
     return workload(workers, jobs)
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)
 @given(_workloads())
 def test_no_policy_beats_the_lower_bound(wl: Workload) -> None:
@@ -161,6 +163,7 @@ def test_the_bound_pools_the_cluster_when_it_is_full() -> None:
     assert simulate(wl, make_policy("ds"), params=SimParams()).avg_jct == 400.0  # ideal sharing
 
 
+@pytest.mark.slow
 def test_the_simulator_drives_the_managers_coordinator_and_copies_none_of_it() -> None:
     assert vars(runner)["InlineCoordinator"] is coordinator_inline.InlineCoordinator
     assert vars(runner)["classifier_for"] is classifier.classifier_for

@@ -123,6 +123,7 @@ def test_t_quantiles_and_confidence_intervals() -> None:
         t95(0)
 
 
+@pytest.mark.slow
 def test_run_scenario_compares_every_policy_with_ds_on_the_same_seeds() -> None:
     result = run_scenario(SCENARIOS["A1"], _traces(), seeds=2)
     s = result.main.summaries
@@ -133,6 +134,7 @@ def test_run_scenario_compares_every_policy_with_ds_on_the_same_seeds() -> None:
     assert result.sweep == ()
 
 
+@pytest.mark.slow
 def test_a2_sweeps_table_iii_unless_alpha_or_interval_is_given() -> None:
     traces = _traces()
     swept = run_scenario(SCENARIOS["A2"], traces, seeds=1, policies=("specon",))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 from specon.sim.experiment import run_scenario
 from specon.sim.scenarios import scenario
 from specon.sim.summary import table, target_misses
 from specon.sim.trace import load_traces
 
 
+@pytest.mark.slow
 def test_the_summary_has_a_row_per_policy_a_column_per_scenario_and_the_paper_and_targets() -> None:
     traces = load_traces()
     results = [

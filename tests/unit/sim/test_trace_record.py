@@ -21,6 +21,7 @@ def gru_trace() -> Trace:
     return record.record_trace("gru", seed=3, steps=STEPS, stride=STRIDE, machine="test machine")
 
 
+@pytest.mark.slow
 def test_records_every_stride_steps(gru_trace: Trace) -> None:
     assert (gru_trace.model, gru_trace.steps, gru_trace.stride) == ("gru", STEPS, STRIDE)
     assert len(gru_trace.losses) == STEPS // STRIDE
@@ -29,6 +30,7 @@ def test_records_every_stride_steps(gru_trace: Trace) -> None:
     assert "test machine" in gru_trace.source
 
 
+@pytest.mark.slow
 def test_file_round_trips_and_is_small(gru_trace: Trace, tmp_path: Path) -> None:
     path = record.record_to(tmp_path / "traces", gru_trace, seed=3)
     assert path.name == "gru-seed3.json"
@@ -37,6 +39,7 @@ def test_file_round_trips_and_is_small(gru_trace: Trace, tmp_path: Path) -> None
     assert path.stat().st_size < 1000
 
 
+@pytest.mark.slow
 def test_same_seed_same_losses(gru_trace: Trace) -> None:
     again = record.record_trace("gru", seed=3, steps=STEPS, stride=STRIDE)
     other = record.record_trace("gru", seed=4, steps=STEPS, stride=STRIDE)
@@ -44,6 +47,7 @@ def test_same_seed_same_losses(gru_trace: Trace) -> None:
     assert other.losses != gru_trace.losses
 
 
+@pytest.mark.slow
 def test_raw_losses_not_averages() -> None:
     every = record.record_trace("gru", seed=3, steps=10, stride=1)
     strided = record.record_trace("gru", seed=3, steps=10, stride=5)
@@ -59,6 +63,7 @@ def test_bad_arguments(model: str, steps: int, stride: int, message: str) -> Non
         record.record_trace(model, seed=0, steps=steps, stride=stride)
 
 
+@pytest.mark.slow
 def test_cli_writes_one_file_per_model_and_seed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--models", "gru", "--seeds", "0,1", "--steps", "10", "--stride", "5", "--out", str(tmp_path)]
     code = main(["trace", "record", *args])

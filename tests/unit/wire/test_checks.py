@@ -111,6 +111,7 @@ def values(tp: Any) -> st.SearchStrategy[Any]:
     raise TypeError(tp)
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(protocol.MESSAGE_TYPES).flatmap(values))
 def test_the_fast_predicate_and_the_walk_agree(msg: Any) -> None:

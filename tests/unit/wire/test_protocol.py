@@ -120,6 +120,7 @@ def error_of(data: bytes | str | dict[str, Any], expected: type[Any] | None = No
 # --- round trips --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(any_message)
 def test_every_message_round_trips(msg: protocol.Message) -> None:
@@ -130,6 +131,7 @@ def test_every_message_round_trips(msg: protocol.Message) -> None:
     assert decode(data.decode(), type(msg)) == msg
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(any_message)
 def test_fields_left_out_take_their_defaults(msg: protocol.Message) -> None:
@@ -375,6 +377,7 @@ def test_random_bytes_raise_only_protocol_error(data: bytes) -> None:
         decode(data)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(any_message, st.data())
 def test_corrupted_messages_raise_only_protocol_error(msg: protocol.Message, data: st.DataObject) -> None:
@@ -388,6 +391,7 @@ def test_corrupted_messages_raise_only_protocol_error(msg: protocol.Message, dat
         assert str(e)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(any_message, st.data())
 def test_values_swapped_for_any_json_raise_only_protocol_error(

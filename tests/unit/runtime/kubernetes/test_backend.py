@@ -367,6 +367,7 @@ class FlakyList:
         yield {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
 
 
+@pytest.mark.slow
 def test_watch_thread_backs_off_while_the_list_fails_and_stops_at_once() -> None:
     api = FlakyList(failures=2)
     inf = Informer(api, "/api/v1/pods", name="t")  # type: ignore[arg-type]

@@ -183,6 +183,7 @@ def test_annotation_paths_may_not_escape_the_volume() -> None:
         job_files(pod(annotations={"specon.io/checkpoint-dir": "/abs"}), SharedVolume())
 
 
+@pytest.mark.slow
 @given(st.lists(st.text(alphabet="abcxyz019_-", min_size=1, max_size=8), min_size=1, max_size=4))
 def test_to_pod_inverts_to_volume(parts: list[str]) -> None:
     p = pod(mount="/mnt/v", sub_path="base")
