@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import re
-import types
-import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +23,7 @@ from specon.config import default_policy
 from specon.wire import codec, protocol
 from specon.wire.limits import Finite, Id, Items, Labels, Range, Taints, Text, limit_of
 from specon.wire.validate import is_valid_id
+from tests.strategies import Leaves, from_type
 
 DOCUMENT = Path(__file__).resolve().parents[3] / "docs" / "openapi.json"
 REGENERATE = "python -m specon_manager.openapi > docs/openapi.json"
@@ -224,39 +222,22 @@ JSON = st.recursive(
 UNSAYABLE = ("reported twice", "printable")
 
 
+# Values near and past the range rules' edges.
+LEAVES = Leaves(
+    ids=lambda tp: IDS if tp.__name__ in ID_TYPES else from_type(tp.__supertype__, LEAVES),
+    ints=st.sampled_from(EDGE_INTS) | st.integers(-5, 10**7),
+    floats=st.sampled_from([-x for x in EDGE_FLOATS] + EDGE_FLOATS)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.integers(-5, 5),
+    texts=TEXTS,
+    anything=JSON,
+    tuples=lambda inner, _tp: st.lists(inner, max_size=2).map(tuple),
+    mappings=lambda inner: st.dictionaries(TEXTS, inner, max_size=2),
+)
+
+
 def values(tp: Any) -> st.SearchStrategy[Any]:
-    """Values of type hint ``tp``, near and past the range rules' edges."""
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        hints = typing.get_type_hints(tp)
-        return st.builds(tp, **{f.name: values(hints[f.name]) for f in dataclasses.fields(tp) if f.init})
-    if getattr(tp, "__supertype__", None) is not None:
-        return IDS if tp.__name__ in ID_TYPES else values(tp.__supertype__)
-    if tp is bool:
-        return st.booleans()
-    if tp is int:
-        return st.sampled_from(EDGE_INTS) | st.integers(-5, 10**7)
-    if tp is float:
-        bounds = [-x for x in EDGE_FLOATS] + EDGE_FLOATS
-        return st.sampled_from(bounds) | st.floats(allow_nan=False, allow_infinity=False) | st.integers(-5, 5)
-    if tp is str:
-        return TEXTS
-    if tp is object:
-        return JSON
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return st.sampled_from(list(tp))
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Literal:
-        return st.sampled_from(args)
-    if origin in (typing.Union, types.UnionType):
-        (inner,) = [a for a in args if a is not type(None)]
-        return st.none() | values(inner)
-    if origin is tuple and args[-1] is Ellipsis:
-        return st.lists(values(args[0]), max_size=2).map(tuple)
-    if origin is tuple:
-        return st.tuples(*(values(a) for a in args))
-    if origin is dict:
-        return st.dictionaries(TEXTS, values(args[1]), max_size=2)
-    raise TypeError(tp)
+    return from_type(tp, LEAVES)
 
 
 CHECKED = (

@@ -4,9 +4,7 @@ the problem walk agree, and each rule says what it always said."""
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
-import types
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +29,7 @@ from specon.wire.protocol import (
     Status,
     WorkerStatus,
 )
+from tests.strategies import Leaves, from_type
 
 # --- values at and just past every declared bound ------------------------------------------------
 
@@ -74,41 +73,29 @@ VALUES = st.sampled_from(["", "v"]) | st.sampled_from([r.max_value + d for r in 
 )
 
 
+def _many_texts(inner: st.SearchStrategy[Any], tp: Any) -> st.SearchStrategy[Any]:
+    many = st.sampled_from(COUNTS).map(lambda n: tuple(f"t{i}" for i in range(n)))
+    return st.lists(inner, max_size=3).map(tuple) | (many if tp is str else st.nothing())
+
+
+# Values near and past the declared bounds (NaN and infinities too: a message built in
+# Python may hold them).
+LEAVES = Leaves(
+    ids=lambda _tp: IDS,
+    ints=st.sampled_from(INTS) | st.integers(-3, 3),
+    floats=st.sampled_from([*FLOATS, math.nan, math.inf, -math.inf]) | st.floats(-2.0, 2.0),
+    texts=TEXTS,
+    anything=st.none(),
+    tuples=_many_texts,
+    mappings=lambda _inner: (
+        st.dictionaries(KEYS, VALUES, max_size=3)
+        | st.sampled_from(COUNTS).map(lambda n: {f"k{i}": "v" for i in range(n)})
+    ),
+)
+
+
 def values(tp: Any) -> st.SearchStrategy[Any]:
-    """Values of type hint ``tp``, near and past the declared bounds (NaN and infinities too:
-    a message built in Python may hold them)."""
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        hints = typing.get_type_hints(tp)
-        return st.builds(tp, **{f.name: values(hints[f.name]) for f in dataclasses.fields(tp) if f.init})
-    if getattr(tp, "__supertype__", None) is not None:
-        return IDS
-    if tp is bool:
-        return st.booleans()
-    if tp is int:
-        return st.sampled_from(INTS) | st.integers(-3, 3)
-    if tp is float:
-        return st.sampled_from([*FLOATS, math.nan, math.inf, -math.inf]) | st.floats(-2.0, 2.0)
-    if tp is str:
-        return TEXTS
-    if tp is object:
-        return st.none()
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return st.sampled_from(list(tp))
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Literal:
-        return st.sampled_from(args)
-    if origin in (typing.Union, types.UnionType):
-        (inner,) = [a for a in args if a is not type(None)]
-        return st.none() | values(inner)
-    if origin is tuple and args[-1] is Ellipsis:
-        many = st.sampled_from(COUNTS).map(lambda n: tuple(f"t{i}" for i in range(n)))
-        return st.lists(values(args[0]), max_size=3).map(tuple) | (many if args[0] is str else st.nothing())
-    if origin is tuple:
-        return st.tuples(*(values(a) for a in args))
-    if origin is dict:
-        many = st.sampled_from(COUNTS).map(lambda n: {f"k{i}": "v" for i in range(n)})
-        return st.dictionaries(KEYS, VALUES, max_size=3) | many
-    raise TypeError(tp)
+    return from_type(tp, LEAVES)
 
 
 @pytest.mark.slow

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import json
-import types
-import typing
 from typing import Any
 
 import pytest
@@ -35,6 +32,7 @@ from specon.wire.protocol import (
     decode,
     encode,
 )
+from tests.strategies import Leaves, from_type
 
 # --- strategies, derived from the type hints like the codec itself -----------------------
 
@@ -49,39 +47,22 @@ _json = st.recursive(
 )
 
 
+# Within the protocol's ranges (specon.wire.limits): usage is a share, counts are >= 0; ids
+# follow the one id rule.
+LEAVES = Leaves(
+    ids=lambda _tp: st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,20}", fullmatch=True),
+    ints=st.integers(0, 10**6),
+    floats=st.floats(0.0, 1.0),
+    texts=st.text(max_size=12),
+    anything=_json,
+    mappings=lambda inner: st.dictionaries(
+        st.text(st.characters(categories=["L", "N"]), min_size=1, max_size=6), inner, max_size=3
+    ),
+)
+
+
 def strategy(tp: Any) -> st.SearchStrategy[Any]:
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        return st.builds(tp, **{f.name: strategy(hints[f.name]) for f in dataclasses.fields(tp)})
-    if hasattr(tp, "__supertype__"):  # worker and container ids: the one id rule
-        return st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,20}", fullmatch=True)
-    if tp is bool:
-        return st.booleans()
-    # Within the protocol's ranges (protocol_checks): usage is a share, counts are >= 0.
-    if tp is int:
-        return st.integers(0, 10**6)
-    if tp is float:
-        return st.floats(0.0, 1.0)
-    if tp is str:
-        return st.text(max_size=12)
-    if tp is object:
-        return _json
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return st.sampled_from(list(tp))
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Literal:
-        return st.sampled_from(args)
-    if origin in (typing.Union, types.UnionType):
-        (inner,) = [a for a in args if a is not type(None)]
-        return st.none() | strategy(inner)
-    if origin is tuple and args[1:] == (Ellipsis,):
-        return st.lists(strategy(args[0]), max_size=3).map(tuple)
-    if origin is tuple:
-        return st.tuples(*(strategy(a) for a in args))
-    if origin is dict:
-        key = st.text(st.characters(categories=["L", "N"]), min_size=1, max_size=6)
-        return st.dictionaries(key, strategy(args[1]), max_size=3)
-    raise TypeError(f"no strategy for {tp!r}")
+    return from_type(tp, LEAVES)
 
 
 any_message = st.one_of(*(strategy(cls) for cls in MESSAGE_TYPES))
