@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -46,6 +47,27 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+#: Starts of a daemon whose port was taken between its pick and its bind, before giving up.
+PORT_ATTEMPTS = 5
+
+
+async def _on_a_free_port(host: str, start: Callable[[int], Awaitable[Daemon]]) -> Daemon:
+    """``start(port)`` on a port free a moment ago; on another one when the daemon exited
+    because that one was taken meanwhile (any process may bind a free port: other runs'
+    picks, agents' outgoing connections bound to their loopback address)."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            return await start(free_port(host))
+        except DaemonExitedError as exc:
+            if "address already in use" not in str(exc).lower() or attempt == PORT_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
+class DaemonExitedError(RuntimeError):
+    """A daemon exited before it was healthy; the message carries its log's tail."""
 
 
 @dataclass(slots=True)
@@ -163,7 +185,14 @@ class EmbeddedCluster:
             secret(f"agent-{w}", token)
 
     async def start_manager(self, port: int | None = None) -> Daemon:
-        port = port or (int(self.manager.url.rsplit(":", 1)[1]) if self.manager else free_port())
+        """Start the manager: on ``port``, or on its old one (a restart: the agents know that
+        URL), or on a port picked now, picked again if taken before the manager bound it."""
+        port = port or (int(self.manager.url.rsplit(":", 1)[1]) if self.manager else None)
+        if port is None:
+            return await _on_a_free_port("127.0.0.1", self._start_manager)
+        return await self._start_manager(port)
+
+    async def _start_manager(self, port: int) -> Daemon:
         argv = [
             self.python, "-m", "specon_manager",
             "--listen", f"127.0.0.1:{port}",
@@ -177,8 +206,12 @@ class EmbeddedCluster:
         return self.manager
 
     async def start_agent(self, worker: WorkerId, host: str, port: int | None = None) -> Daemon:
+        if port is None:
+            return await _on_a_free_port(host, lambda p: self._start_agent(worker, host, p))
+        return await self._start_agent(worker, host, port)
+
+    async def _start_agent(self, worker: WorkerId, host: str, port: int) -> Daemon:
         assert self.manager is not None
-        port = port or free_port(host)
         argv = [
             self.python, "-m", "specon_agent",
             "--worker", worker,
@@ -216,7 +249,7 @@ class EmbeddedCluster:
             while time.monotonic() < deadline:
                 if d.proc.poll() is not None:
                     tail = d.log_path.read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"{d.name} exited with {d.proc.returncode}:\n{tail}")
+                    raise DaemonExitedError(f"{d.name} exited with {d.proc.returncode}:\n{tail}")
                 with contextlib.suppress(aiohttp.ClientError, OSError):
                     async with s.get(d.url + "/healthz", timeout=aiohttp.ClientTimeout(total=2)) as r:
                         if r.status == 200:

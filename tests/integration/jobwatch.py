@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
+from listening import IN_USE, listens
 
 from specon.embedded.cluster import Daemon, EmbeddedCluster
 from specon.model import ContainerId, WorkerId
@@ -333,9 +334,21 @@ def manager_port(c: EmbeddedCluster) -> int:
 
 
 async def restart_agent(c: EmbeddedCluster, worker: WorkerId) -> Daemon:
-    """Start ``worker``'s agent again on the address it had (after a kill)."""
+    """Start ``worker``'s agent again on the address it had (after a kill), or on another
+    port of its host when that one was taken while the agent was down (any process may
+    take it meanwhile: other runs' agents on this loopback address bind their outgoing
+    connections there). The manager only displays an agent's address."""
     host, port = address(c.agents[worker])
-    return await c.start_agent(worker, host, port)
+    try:
+        d = await c.start_agent(worker, host, port)
+    except RuntimeError as err:  # it exited: see why
+        if IN_USE not in str(err).lower():
+            raise
+    else:
+        if listens(d.proc.pid, port):
+            return d
+        c.kill(d)  # a stranger answered on the port: ours could not bind it
+    return await c.start_agent(worker, host)
 
 
 def pending_request(c: EmbeddedCluster, worker: WorkerId, jid: str) -> bool:

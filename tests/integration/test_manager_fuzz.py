@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import gzip
+import itertools
 import json
 import math
 import os
@@ -44,9 +45,9 @@ import pytest
 import yarl
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from listening import serve_on_free_port
 from specon_manager.openapi import openapi_document
 
-from specon.embedded.cluster import free_port
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.wire import protocol
 from specon.wire.protocol import (
@@ -68,7 +69,8 @@ N_BAD = 10_000  # generated bad requests (the issue asks for at least 10,000), p
 CONCURRENCY = 8  # connections to the manager (keep-alive)
 NESTED_WEIGHT = 4  # how much likelier a rule is broken inside a nested message than beside it
 HEALTH_EVERY = 0.2  # seconds between /healthz probes while the fuzz runs
-HEALTH_BOUND = 2.0  # seconds: a generous bound; the latencies are printed
+HEALTH_BOUND = 2.0  # seconds: a generous bound, not to be passed twice in a row; latencies printed
+HEALTH_MAX = 5.0  # seconds: no single probe may take longer (a stalled machine rarely stalls so long)
 REQUEST_TIMEOUT = 30.0
 RAW_TIMEOUT = 2.0  # a raw request the server still waits on (half a request) gets no answer
 
@@ -1340,27 +1342,31 @@ def manager(tmp_path: Path) -> Iterator[Running]:
     (tmp_path / "read").write_text(READ_TOKEN + "\n")
     (tmp_path / "agents.yaml").write_text("".join(f"{w}: {t}\n" for w, t in AGENTS.items()))
     log = tmp_path / "manager.log"
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "SPECON_TOKEN"}
-    with log.open("wb") as err:
-        proc = subprocess.Popen(
-            [
-                str(MANAGER),
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--agent-tokens",
-                str(tmp_path / "agents.yaml"),
-                "--token-file",
-                str(tmp_path / "shared"),
-                "--read-token-file",
-                str(tmp_path / "read"),
-                "--state-dir",
-                str(tmp_path / "state"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            env=env,
-        )
+
+    def start(port: int) -> subprocess.Popen[bytes]:
+        with log.open("ab") as err:
+            return subprocess.Popen(
+                [
+                    str(MANAGER),
+                    "--listen",
+                    f"127.0.0.1:{port}",
+                    "--agent-tokens",
+                    str(tmp_path / "agents.yaml"),
+                    "--token-file",
+                    str(tmp_path / "shared"),
+                    "--read-token-file",
+                    str(tmp_path / "read"),
+                    "--state-dir",
+                    str(tmp_path / "state"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=env,
+            )
+
+    # Started again on another port if the one picked is taken before the manager binds it.
+    proc, port = serve_on_free_port(start, log)
     try:
         yield Running(proc, f"http://127.0.0.1:{port}", log)
     finally:
@@ -1500,7 +1506,11 @@ def test_fuzz_the_manager_from_its_openapi_document(manager: Running) -> None:
     assert alive, f"the manager died during the fuzz:\n{log[-3000:]}"
     assert not failures, f"{sum(failures.values())} bad answers:\n{listed}\nmanager tracebacks:\n{tb_listed}"
     assert not report.health.failures, report.health.failures[:20]
-    assert max(report.health.latencies) < HEALTH_BOUND, report.summary()
+    # Over HEALTH_BOUND twice in a row: the manager's loop is held up. Once, among hundreds of
+    # probes: as likely the machine (2 shared cores, this process's own loop probing too).
+    lat = report.health.latencies
+    assert max(lat) < HEALTH_MAX, report.summary()
+    assert not any(min(pair) >= HEALTH_BOUND for pair in itertools.pairwise(lat)), report.summary()
     assert len(report.health.latencies) >= 5
     assert not after, after
     assert not tracebacks, f"the manager logged tracebacks:\n{tb_listed}"

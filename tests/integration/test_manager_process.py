@@ -13,8 +13,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from listening import serve_on_free_port
 
-from specon.embedded.cluster import free_port
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.wire import protocol
 from specon.wire.protocol import CommandBatch, ContainerReport, ErrorReply, Heartbeat, Status
@@ -42,22 +42,26 @@ def manager(tmp_path: Path) -> Iterator[Running]:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     log = tmp_path / "manager.log"
-    port = free_port()
-    with log.open("wb") as err:
-        proc = subprocess.Popen(
-            [
-                str(MANAGER),
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--token-file",
-                str(token_file),
-                "--state-dir",
-                str(tmp_path / "state"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            env=_env(),
-        )
+
+    def start(port: int) -> subprocess.Popen[bytes]:
+        with log.open("ab") as err:
+            return subprocess.Popen(
+                [
+                    str(MANAGER),
+                    "--listen",
+                    f"127.0.0.1:{port}",
+                    "--token-file",
+                    str(token_file),
+                    "--state-dir",
+                    str(tmp_path / "state"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=_env(),
+            )
+
+    # Started again on another port if the one picked is taken before the manager binds it.
+    proc, port = serve_on_free_port(start, log)
     try:
         yield Running(proc, f"http://127.0.0.1:{port}", log, tmp_path / "state")
     finally:
@@ -168,7 +172,7 @@ def test_without_a_usable_token_it_exits_2_with_a_message(
         (tmp_path / name).write_text(text)
     extra = [a.format(**{n: tmp_path / n for n in files}) for a in extra]
     out = subprocess.run(
-        [str(MANAGER), "--listen", f"127.0.0.1:{free_port()}", "--state-dir", str(tmp_path), *extra],
+        [str(MANAGER), "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path), *extra],
         capture_output=True,
         text=True,
         timeout=30,

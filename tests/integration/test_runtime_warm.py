@@ -309,9 +309,11 @@ async def test_the_server_exits_with_the_process_that_started_it(tmp_path: Path,
         line = parent.stdout.readline()
         assert line, "the parent exited early"
     server = int(line.split()[1])
+    # Read while it surely runs: once its parent is gone it may exit any moment, and the
+    # link of a process that has exited resolves to nothing.
+    home = Path(f"/proc/{server}/cwd").resolve()  # the private directory it serves in
     parent.send_signal(signal.SIGKILL)
     parent.wait()
-    home = Path(f"/proc/{server}/cwd").resolve()  # the private directory it serves in
     assert home.name.startswith("specon-warm-w9-")
     deadline = time.monotonic() + 10
     while (st := read_stat(server)) is not None and not st.zombie:

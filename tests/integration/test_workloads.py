@@ -29,6 +29,8 @@ class Run:
     proc: subprocess.Popen[str]
     progress: Path
     checkpoints: Path
+    #: Records the progress file held when this run started (an earlier run's).
+    earlier: int = 0
 
     def records(self) -> list[dict[str, Any]]:
         if not self.progress.exists():
@@ -37,6 +39,10 @@ class Run:
 
     def samples(self) -> list[dict[str, Any]]:
         return [r for r in self.records() if "loss" in r]
+
+    def own_samples(self) -> list[dict[str, Any]]:
+        """This run's samples only."""
+        return [r for r in self.records()[self.earlier :] if "loss" in r]
 
 
 def _start(tmp: Path, model: str, steps: int, *extra: str) -> Run:
@@ -58,10 +64,12 @@ def _start(tmp: Path, model: str, steps: int, *extra: str) -> Run:
         "--log-every",
         "1",
     ]
+    progress = tmp / "progress.jsonl"
+    earlier = len(progress.read_text().splitlines()) if progress.exists() else 0
     proc = subprocess.Popen(
         [*cmd, *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    return Run(proc, tmp / "progress.jsonl", tmp / "ckpt")
+    return Run(proc, progress, tmp / "ckpt", earlier)
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +96,9 @@ def test_short_job_trains_and_finishes(short_runs: dict[str, Run], model: str) -
 
 def _wait_for_step(run: Run, step: int, *, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
-    while not any(s["step"] >= step for s in run.samples()):
+    # Its own samples: an earlier run (stopped late) may have passed ``step`` already, and a
+    # SIGTERM sent before this run installed its handler would kill it.
+    while not any(s["step"] >= step for s in run.own_samples()):
         assert run.proc.poll() is None, f"job exited early with {run.proc.returncode}"
         assert time.monotonic() < deadline, f"job did not reach step {step} in time"
         time.sleep(0.05)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
+import itertools
 import os
 import shutil
 import signal
@@ -33,6 +34,8 @@ from typing import Literal, TypeVar
 import yaml
 from kubernetes import client
 
+from tests.integration.listening import PortTakenError, wait_listening
+
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build-apiserver.sh"
 LOOPBACK = "127.0.0.1"
@@ -40,6 +43,8 @@ ADMIN_USER = "specon-test-admin"
 SA_ISSUER = "https://kubernetes.default.svc"
 #: build-apiserver.sh exits with this when building is impossible here (not root, no apt).
 EXIT_IMPOSSIBLE = 3
+#: Starts of a server whose ports were taken between their pick and its bind, before giving up.
+PORT_ATTEMPTS = 5
 
 T = TypeVar("T")
 AuthorizationMode = Literal["AlwaysAllow", "RBAC"]
@@ -172,6 +177,7 @@ class KubeCluster:
 
     def __post_init__(self) -> None:
         self._procs: list[_Proc] = []
+        self._namespaces = itertools.count(1)
         self._clients: list[client.ApiClient] = []
         self._admin: client.CoreV1Api | None = None
         self._tmp: Path | None = None
@@ -320,7 +326,11 @@ class KubeCluster:
         """A fresh namespace; afterwards its pods are force-deleted (so no kubelet stand-in ever
         sees them again) and the namespace is deleted."""
         core = self._admin_core()
-        name = f"{prefix}-{os.urandom(3).hex()}"
+        # Numbered, not random: a name drawn twice would be refused while the first namespace
+        # is still being deleted, or would find its leftovers (its objects stay in etcd, see
+        # delete_namespace). The pid keeps concurrent sessions' names apart where they meet
+        # (pod_log_files looks through every session's node directories).
+        name = f"{prefix}-{os.getpid()}-{next(self._namespaces)}"
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
         try:
             yield name
@@ -362,30 +372,33 @@ class KubeCluster:
 
     def _start_etcd(self) -> None:
         assert self._tmp is not None
-        client_port, peer_port, metrics_port = free_ports(3)
-        self.etcd_url = f"http://{LOOPBACK}:{client_port}"
-        peer = f"http://{LOOPBACK}:{peer_port}"
-        proc = self._spawn(
-            "etcd",
-            [
-                str(self.binaries.etcd),
-                "--name=test",
-                f"--data-dir={self._tmp / 'etcd'}",
-                f"--listen-client-urls={self.etcd_url}",
-                f"--advertise-client-urls={self.etcd_url}",
-                f"--listen-peer-urls={peer}",
-                f"--initial-advertise-peer-urls={peer}",
-                f"--initial-cluster=test={peer}",
-                f"--listen-metrics-urls=http://{LOOPBACK}:{metrics_port}",
-                "--unsafe-no-fsync",  # throwaway data: durability only costs time
-                "--log-level=warn",
-            ],
-        )
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            ports = free_ports(3)
+            client_port, peer_port, metrics_port = ports
+            self.etcd_url = f"http://{LOOPBACK}:{client_port}"
+            peer = f"http://{LOOPBACK}:{peer_port}"
+            proc = self._spawn(
+                "etcd",
+                [
+                    str(self.binaries.etcd),
+                    "--name=test",
+                    f"--data-dir={self._tmp / f'etcd-{attempt}'}",  # fresh: the peer URL is recorded
+                    f"--listen-client-urls={self.etcd_url}",
+                    f"--advertise-client-urls={self.etcd_url}",
+                    f"--listen-peer-urls={peer}",
+                    f"--initial-advertise-peer-urls={peer}",
+                    f"--initial-cluster=test={peer}",
+                    f"--listen-metrics-urls=http://{LOOPBACK}:{metrics_port}",
+                    "--unsafe-no-fsync",  # throwaway data: durability only costs time
+                    "--log-level=warn",
+                ],
+            )
+            if self._listening(proc, ports, last=attempt == PORT_ATTEMPTS):
+                break
         self._wait(proc, f"{self.etcd_url}/health", lambda status, body: status == 200 and b'"true"' in body)
 
     def _start_apiserver(self) -> None:
         assert self._tmp is not None
-        (self.port,) = free_ports(1)
         key = self._tmp / "sa.key"
         subprocess.run(
             ["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True, timeout=60
@@ -393,34 +406,55 @@ class KubeCluster:
         tokens = self._tmp / "tokens.csv"
         rows = [StaticUser(self.admin_token, ADMIN_USER, ("system:masters",)), *self.users]
         tokens.write_text("".join(f'{u.token},{u.name},{u.name},"{",".join(u.groups)}"\n' for u in rows))
-        proc = self._spawn(
-            "kube-apiserver",
-            [
-                str(self.binaries.apiserver),
-                f"--etcd-servers={self.etcd_url}",
-                f"--secure-port={self.port}",
-                f"--bind-address={LOOPBACK}",
-                f"--advertise-address={LOOPBACK}",
-                f"--cert-dir={self._tmp / 'certs'}",
-                f"--service-account-issuer={SA_ISSUER}",
-                f"--service-account-key-file={key}",
-                f"--service-account-signing-key-file={key}",
-                f"--authorization-mode={self.authorization_mode}",
-                "--anonymous-auth=false",
-                f"--token-auth-file={tokens}",
-                # No token controller to create the Secrets that admission plugin would mount.
-                "--disable-admission-plugins=ServiceAccount",
-                # The kubernetes Service's endpoints would point at 127.0.0.1: keep them out.
-                "--endpoint-reconciler-type=none",
-                "--service-cluster-ip-range=10.96.0.0/16",
-            ],
-        )
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            (self.port,) = free_ports(1)  # picked last, just before the start: a short window
+            proc = self._spawn(
+                "kube-apiserver",
+                [
+                    str(self.binaries.apiserver),
+                    f"--etcd-servers={self.etcd_url}",
+                    f"--secure-port={self.port}",
+                    f"--bind-address={LOOPBACK}",
+                    f"--advertise-address={LOOPBACK}",
+                    f"--cert-dir={self._tmp / 'certs'}",
+                    f"--service-account-issuer={SA_ISSUER}",
+                    f"--service-account-key-file={key}",
+                    f"--service-account-signing-key-file={key}",
+                    f"--authorization-mode={self.authorization_mode}",
+                    "--anonymous-auth=false",
+                    f"--token-auth-file={tokens}",
+                    # No token controller to create the Secrets that admission plugin would mount.
+                    "--disable-admission-plugins=ServiceAccount",
+                    # The kubernetes Service's endpoints would point at 127.0.0.1: keep them out.
+                    "--endpoint-reconciler-type=none",
+                    "--service-cluster-ip-range=10.96.0.0/16",
+                ],
+            )
+            if self._listening(proc, [self.port], last=attempt == PORT_ATTEMPTS):
+                break
         self._wait(
             proc,
             f"{self.server}/readyz",
             lambda status, body: status == 200 and body.strip() == b"ok",
             token=self.admin_token,
         )
+
+    def _listening(self, proc: _Proc, ports: Sequence[int], *, last: bool) -> bool:
+        """Wait until ``proc`` itself listens on ``ports`` (so no other process answers the
+        readiness probes). False when it exited because one was taken between the pick and
+        its bind (any process may take a free port meanwhile): start it again on others."""
+        try:
+            for port in ports:
+                wait_listening(proc.popen, port, proc.log, timeout=self.startup_timeout)
+        except PortTakenError:
+            proc.stop()
+            self._procs.remove(proc)
+            if last:
+                raise ClusterStartError(f"{proc.name}: its ports were taken {PORT_ATTEMPTS} times") from None
+            return False
+        except (RuntimeError, TimeoutError) as err:
+            raise ClusterStartError(f"{proc.name}: {err}\n{proc.tail()}") from None
+        return True
 
     def _wait(
         self,

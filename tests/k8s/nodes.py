@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -39,9 +40,11 @@ from typing import Any
 import yaml
 from kubernetes import client
 
+from tests.integration.listening import IN_USE
 from tests.k8s.cluster import (
     BUILD_SCRIPT,
     EXIT_IMPOSSIBLE,
+    PORT_ATTEMPTS,
     BuildImpossibleError,
     KubeCluster,
     _Proc,
@@ -70,6 +73,10 @@ OWNER_FILE = "owner.pid"
 
 class NodeStartError(RuntimeError):
     """A containerd or kubelet did not come up; the message carries the tail of its log."""
+
+
+class KubeletPortTakenError(NodeStartError):
+    """The kubelet exited: its port was taken between the pick and its bind."""
 
 
 @dataclass(frozen=True)
@@ -250,7 +257,14 @@ class RealNodes:
                 self.import_images(node, self.images)
                 self._start_kubelet(node)
             for node in self.nodes.values():
-                self._wait_ready(node)
+                for attempt in range(1, PORT_ATTEMPTS + 1):
+                    try:
+                        self._wait_ready(node)
+                        break
+                    except KubeletPortTakenError:
+                        if attempt == PORT_ATTEMPTS:
+                            raise
+                        self._start_kubelet(node)  # on ports picked anew
         except BaseException:
             self.stop()
             raise
@@ -429,7 +443,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         assert node.kubelet is not None
         while time.monotonic() < deadline:
             if node.kubelet.popen.poll() is not None:
-                raise NodeStartError(f"kubelet of {node.name} exited:\n{_fatal(node.kubelet)}")
+                why = _fatal(node.kubelet)
+                if IN_USE in why.lower():  # any process may take a port between pick and bind
+                    raise KubeletPortTakenError(f"kubelet of {node.name}: its port was taken:\n{why}")
+                raise NodeStartError(f"kubelet of {node.name} exited:\n{why}")
             with contextlib.suppress(client.ApiException):
                 status = present(self._core.read_node(node.name).status, "node status")
                 if any(c.type == "Ready" and c.status == "True" for c in status.conditions or []):
@@ -506,7 +523,8 @@ def _fatal(proc: _Proc) -> str:
     except OSError:
         return "(no log)"
     for i, line in enumerate(lines):
-        if line.startswith(("F", "panic:", "fatal error:")):
+        # klog's F lines: "F1127 05:24:54.218898 ..." (not "Flag --x has been deprecated").
+        if re.match(r"F\d{4} ", line) or line.startswith(("panic:", "fatal error:")):
             return "\n".join(lines[max(0, i - 5) : i + 5])
     return proc.tail()
 

@@ -28,7 +28,8 @@ from specon.model import Resources, WorkerId
 from specon.runtime.kubernetes.backend import KubeApi, KubeError
 from specon.wire import protocol
 from specon.wire.protocol import Status
-from tests.k8s.cluster import KubeCluster, free_ports
+from tests.integration.listening import PortTakenError, wait_listening
+from tests.k8s.cluster import PORT_ATTEMPTS, KubeCluster, free_ports
 from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet
 from tests.k8s.nodes import pod_log_files
@@ -42,7 +43,7 @@ apiVersion: specon/v1alpha1
 kind: Policy
 monitor: {interval: 1, alpha: 0.02}
 messaging: {heartbeat_interval: 0.5, worker_timeout: 4}
-migration: {grace_period: 10, min_residence: 0}
+migration: {grace_period: 30, min_residence: 0}  # 30: room for manager_restart_recovers' held save
 placement: {require_gain: false}  # the mechanics are tested: Algorithm 2's move is made
 rebalance: {mode: "off"}
 """
@@ -59,7 +60,7 @@ from specon_manager.app import create_app
 from specon_manager.auth_kubernetes import TokenReviewAuthenticator
 from specon_manager.k8s_journal import KubeJournal
 from specon_manager.shell import ManagerShell
-from specon import logs
+from specon.daemon import logs
 from specon.config import load_policy
 from specon.runtime.kubernetes.backend import load_api_client
 
@@ -84,7 +85,7 @@ class Deployment:
     work: Path
     policy_file: Path
     kubeconfig: Path
-    port: int
+    port: int = 0  # the manager's: picked by its first start
     manager: subprocess.Popen[bytes] | None = None
     agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     #: What a pod written for the stand-in needs to run on these nodes (nodes.on_real_node).
@@ -107,8 +108,24 @@ class Deployment:
             log.close()
 
     async def start_manager(self) -> None:
+        """Start the manager: on a port picked now for the first start (picked again when it
+        was taken before the manager bound it), on the same one for a restart (the agents
+        know its URL)."""
         argv = [sys.executable, "-c", MANAGER, str(self.kubeconfig), self.namespace, str(self.policy_file)]
-        self.manager = self._spawn("manager", [*argv, str(self.port), AUDIENCE])
+        log = self.work / "manager.log"
+        pick = not self.port
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            if pick:
+                (self.port,) = free_ports(1)
+            offset = log.stat().st_size if log.exists() else 0
+            self.manager = self._spawn("manager", [*argv, str(self.port), AUDIENCE])
+            try:
+                await asyncio.to_thread(wait_listening, self.manager, self.port, log, offset=offset)
+                break
+            except PortTakenError:
+                self.manager.wait()
+                if not pick or attempt == PORT_ATTEMPTS:
+                    raise
 
         async def healthy() -> bool:
             with contextlib.suppress(aiohttp.ClientError, OSError):
@@ -134,7 +151,6 @@ class Deployment:
         return self.cluster.pod_token(self.namespace, name, audience=AUDIENCE)
 
     def start_agent(self, node: str, host: str) -> None:
-        (port,) = free_ports(1, host)
         token_file = self.work / f"token-{node}"
         token_file.write_text(self.agent_token(node))
         argv = [
@@ -145,7 +161,7 @@ class Deployment:
             "--kubeconfig", str(self.kubeconfig),
             "--volume", str(self.volume),
             "--manager", self.url,
-            "--listen", f"{host}:{port}",
+            "--listen", f"{host}:0",  # nothing calls an agent: the kernel's pick, never taken
             "--policy", str(self.policy_file),
             "--token-file", str(token_file),
             "--log-format", "console",
@@ -224,7 +240,6 @@ async def deployed(
     admin.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", body=sa)
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
-    (port,) = free_ports(1)
     d = Deployment(
         cluster,
         namespace,
@@ -232,7 +247,6 @@ async def deployed(
         tmp_path,
         policy,
         cluster.kubeconfig(tmp_path / "kubeconfig", namespace=namespace),
-        port,
     )
     if adapt is not None:
         d.adapt = adapt
@@ -352,8 +366,12 @@ async def converged_pod_moves(d: Deployment, steps: int = 400) -> Downtime:
 
 async def manager_restart_recovers(d: Deployment) -> None:
     """A manager SIGKILLed while a save is in flight recovers it from the API."""
-    # A slow checkpoint on SIGTERM keeps the migration in `saving` long enough to crash.
-    await submit(d, converging("slow", 500, extra=("--save-seconds", "4")))
+    # The checkpoint on SIGTERM is held until the test opens the gate (25 s at most, within
+    # the grace period): the migration is still `saving` when the new manager is asked,
+    # however long its restart takes (a fixed 4 s save raced the restart on a busy machine).
+    gate = d.volume / "jobs" / "slow" / "save-gate"
+    hold = ("--save-seconds", "25", "--save-gate", "/data/jobs/slow/save-gate")
+    await submit(d, converging("slow", 500, extra=hold))
     await submit(d, steady("steady", 800))
     await until(
         lambda: any(m.state is State.SAVING for m in d.journal().in_flight()),
@@ -366,6 +384,7 @@ async def manager_restart_recovers(d: Deployment) -> None:
     assert [(m.container, m.state.value) for m in st.migrations if m.state.value != "done"] == [
         (f"{d.namespace}.slow", "saving")
     ]
+    gate.touch()  # the save may end now
     probe = migration_of(d, f"{d.namespace}.slow", lambda m: m.state.value in ("done", "rolled_back"))
     m = await until(probe, "the recovered migration to end", timeout=120)
     assert (m.state.value, m.target) == ("done", "node-2")

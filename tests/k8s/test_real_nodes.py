@@ -19,7 +19,7 @@ import yaml
 
 from specon.runtime.base import cpu_shares
 from specon.runtime.kubernetes.backend import KubeApi, KubeError, KubernetesRuntime
-from tests.k8s.cluster import KubeCluster, free_ports
+from tests.k8s.cluster import KubeCluster
 from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.nodes import RealNodes, on_real_node
 from tests.k8s.test_e2e_kubernetes import (
@@ -64,8 +64,8 @@ def daemonset_agent_pod(d: Deployment, node: str, host: str) -> dict[str, Any]:
     spec = template["spec"]
     spec["nodeName"] = node  # the DaemonSet controller's one decision
     c = spec["containers"][0]
-    (port,) = free_ports(1, host)
-    replace = {"--manager": d.url, "--listen": f"{host}:{port}"}
+    # Port 0: nothing calls an agent, and a port picked here could be taken before it binds.
+    replace = {"--manager": d.url, "--listen": f"{host}:0"}
     c["args"] = [
         f"{a.partition('=')[0]}={replace[a.partition('=')[0]]}" if a.partition("=")[0] in replace else a
         for a in c["args"]

@@ -9,7 +9,9 @@ has counted: equal to ``step`` unless the job was restored from the wrong state.
 Fault knobs for the fault-injection tests (all off by default):
 ``--save-seconds S`` makes the checkpoint written on SIGTERM take S seconds (a slow save,
 announced by a ``{"event": "saving"}`` record when it begins); ``--ignore-sigterm`` makes
-the job deaf to SIGTERM, so a save can only end by the grace period's SIGKILL.
+the job deaf to SIGTERM, so a save can only end by the grace period's SIGKILL;
+``--save-gate FILE`` (with ``--save-seconds``) ends that slow save as soon as FILE exists, so a
+test holds a save in flight for exactly as long as it needs, ``--save-seconds`` at most.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import json
 import signal
 import time
+from pathlib import Path
 
 from specon import jobkit
 
@@ -35,6 +38,7 @@ def main() -> None:
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--save-seconds", type=float, default=0.0)
     p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument("--save-gate", type=Path, default=None)
     args = p.parse_args()
     curve = CURVES[args.curve]
     state = {"trained": 0}
@@ -43,7 +47,9 @@ def main() -> None:
         payload = json.dumps(state).encode()
         if job.should_stop and args.save_seconds > 0:
             job.progress.event("saving", step=job.completed)
-            time.sleep(args.save_seconds)
+            until = time.monotonic() + args.save_seconds
+            while time.monotonic() < until and not (args.save_gate and args.save_gate.exists()):
+                time.sleep(min(0.05, max(0.0, until - time.monotonic())))
         return payload
 
     with jobkit.Job(

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -143,11 +143,14 @@ def alive(d: AgentDaemon) -> bool:
     return len(d._tasks) == 3 and not any(t.done() for t in d._tasks)
 
 
-def free_port() -> int:
+@pytest.fixture
+def nobody() -> Iterator[str]:
+    """The URL of a manager that is not there: its port stays bound (not listening) by this
+    test, so a connection is refused and no other process can take the port meanwhile (a
+    port found free and closed again may be bound by anyone the next moment)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 # --- heartbeats ----------------------------------------------------------------------------
@@ -247,9 +250,9 @@ async def test_the_daemon_backs_off_while_the_manager_is_away_and_reconnects(rig
     assert [w.id for w in (await status(url)).workers] == [W0] and alive(d)
 
 
-async def test_a_manager_that_never_answers_does_not_stop_the_agent(rig: Rig) -> None:
+async def test_a_manager_that_never_answers_does_not_stop_the_agent(rig: Rig, nobody: str) -> None:
     await rig.runtime.start(spec("a"))
-    d = rig.daemon(f"http://127.0.0.1:{free_port()}")
+    d = rig.daemon(nobody)
 
     d.start()
     await eventually(lambda: d.link.failures >= 3, "failed exchanges")
@@ -290,9 +293,9 @@ class FlakyRuntime(FakeRuntime):
 
 
 @pytest.mark.slow
-async def test_a_crashing_loop_is_logged_and_restarted(rig: Rig) -> None:
+async def test_a_crashing_loop_is_logged_and_restarted(rig: Rig, nobody: str) -> None:
     rig.runtime = FlakyRuntime("w0", rig.volume)
-    d = rig.daemon(f"http://127.0.0.1:{free_port()}")
+    d = rig.daemon(nobody)
 
     with structlog.testing.capture_logs() as logs:
         d.start()
@@ -337,8 +340,8 @@ async def test_stop_reports_the_results_of_the_commands_it_waited_for(rig: Rig) 
     assert "save-a" not in coord.core.outbox.get(W0, {})  # the manager has its result
 
 
-async def test_stop_without_a_manager_returns(rig: Rig) -> None:
-    d = rig.daemon(f"http://127.0.0.1:{free_port()}")
+async def test_stop_without_a_manager_returns(rig: Rig, nobody: str) -> None:
+    d = rig.daemon(nobody)
     d.start()
     await eventually(lambda: d.link.failures >= 1, "a failed exchange")
 
@@ -347,12 +350,12 @@ async def test_stop_without_a_manager_returns(rig: Rig) -> None:
     assert all(t.done() for t in d._tasks)
 
 
-async def test_the_monitor_ticks_once_per_interval_of_the_runtime_clock(tmp_path: Path) -> None:
+async def test_the_monitor_ticks_once_per_interval_of_the_runtime_clock(tmp_path: Path, nobody: str) -> None:
     clock = FakeClock(1000.0)  # moved only by this test
     volume = FakeVolume(clock, root=tmp_path / "volume")
     pol = make_policy(monitor={"interval": 30.0})
     agent = Agent(runtime=FakeRuntime("w0", volume), policy=pol, settings=FAST_SETTINGS)
-    d = AgentDaemon(agent, ManagerClient(f"http://127.0.0.1:{free_port()}", TOKEN))
+    d = AgentDaemon(agent, ManagerClient(nobody, TOKEN))
     d.start()
     try:
         await eventually(lambda: agent.counters.ticks == 1, "the first tick")
@@ -387,9 +390,9 @@ def test_a_heartbeats_backoff_is_capped_by_the_heartbeat_interval() -> None:
     assert all(0.75 <= wait(retry_state(n)) <= 1.5 for n in range(3, 12))
 
 
-async def test_a_loops_retrying_backs_off_until_a_success_then_starts_over(rig: Rig) -> None:
+async def test_a_loops_retrying_backs_off_until_a_success_then_starts_over(rig: Rig, nobody: str) -> None:
     settings = AgentSettings(backoff_initial=1.0, backoff_max=8.0)
-    d = rig.daemon(f"http://127.0.0.1:{free_port()}", settings=settings)
+    d = rig.daemon(nobody, settings=settings)
     slept: list[float] = []
 
     async def sleep(seconds: float) -> None:

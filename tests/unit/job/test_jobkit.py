@@ -355,9 +355,12 @@ def test_many_sigterms_end_with_exactly_the_configured_steps(script: Path, tmp_p
     rng = random.Random(11)
     progress = tmp_path / "progress.jsonl"
     stops = 0
-    for attempt in range(1, 31):
+    for attempt in range(1, 32):
         proc = _start(script, tmp_path, steps=steps, delay=0.003, every=1000)
         _wait_until_started(progress, attempt, time.monotonic() + 20)
+        if attempt == 31:  # stopped 30 times and not done (a slow machine): let it finish
+            out, err = proc.communicate(timeout=60)
+            break
         time.sleep(rng.uniform(0.0, 0.15))
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=20)
