@@ -333,9 +333,17 @@ class Downtime:
     gap: float  # last training sample on the source -> first on the target
 
 
-async def converged_pod_moves(d: Deployment, steps: int = 400) -> Downtime:
+async def converged_pod_moves(d: Deployment, steps: int = 600) -> Downtime:
     """A converged pod is moved by eviction + restore and finishes with exactly its steps,
     while a steady one is never moved."""
+
+    async def both_agents() -> bool | None:
+        return len((await d.status()).workers) >= 2 or None
+
+    # Submit once both agents heartbeat, and give the job room to be called converged: in a
+    # full run on a loaded machine a 400-step job (20 s) ended while its agent still called
+    # it watching, and the migration the test waits for never began.
+    await until(both_agents, "both agents heartbeating", timeout=120)
     await submit(d, converging("fast", steps))
     await submit(d, steady("steady", 600))
     fast, steady_id = f"{d.namespace}.fast", f"{d.namespace}.steady"  # jobs are (namespace, job)
