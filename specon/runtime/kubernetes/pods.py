@@ -63,7 +63,7 @@ from specon.runtime.kubernetes.nodes import (
     pod_tolerations,
     quantity,
 )
-from specon.wire.validate import DNS_LABEL
+from specon.wire.validate import DNS_LABEL, LABEL_VALUE
 
 # The pod rules, and the node and resource rules of k8s_nodes re-exported for the backend.
 __all__ = [
@@ -149,7 +149,6 @@ _VOLATILE_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configura
 # Volumes the ServiceAccount admission plugin injects; a copy gets its own.
 _INJECTED_VOLUME = re.compile(r"^(kube-api-access-[a-z0-9]+|default-token-[a-z0-9]+)$")
 _GENERATION_SUFFIX = re.compile(r"-g\d+$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _NAMESPACE = DNS_LABEL
 _MAX_POD_NAME = 63  # a pod's hostname is its name: keep it within a DNS label
 _ALIVE_PHASES = frozenset({"Pending", "Running", "Unknown", ""})
@@ -536,7 +535,7 @@ def restored_pod(
     kubelet still admits or rejects the pod against the node's resources.
     """
     namespace, name = split_job_id(job)
-    if not _LABEL_VALUE.match(name):
+    if not LABEL_VALUE.fullmatch(name):
         raise PodError(f"job {name!r} cannot be a label value (at most 63 characters)")
     if key_of(template)[0] != namespace:
         raise PodError(f"the template is of namespace {key_of(template)[0]}, the job of {namespace}")
