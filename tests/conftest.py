@@ -23,3 +23,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             continue
         for name in FOLDER_MARKERS.get(folder, ()):
             item.add_marker(name)
+
+
+# The network hosts fixture (tests/hosts.py), for every folder.
+from tests.hosts import net_hosts  # noqa: E402, F401

@@ -6,6 +6,11 @@ cgroups of the local runtime (or, with ``runtime="docker"``, one private Docker 
 its containers sharing the worker's CPU budget: ``specon.embedded.docker_hosts``); jobs are real
 training processes whose logs and checkpoints live in one directory standing for the
 persistent volume. Used by ``specon demo`` and by the end-to-end tests.
+
+Given ``hosts`` (network hosts of their own: ``specon.testing.net_hosts``), the manager runs
+on the first and agent *i* on host *i + 1*, each listening on its host's address; given
+``tls``, the manager serves HTTPS and the agents verify it against the CA. Across hosts
+without ``tls`` the agents are started with ``--insecure-http``, as an operator would have to.
 """
 
 from __future__ import annotations
@@ -16,14 +21,15 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import aiohttp
 import structlog
@@ -39,6 +45,28 @@ if TYPE_CHECKING:
     from specon.embedded.docker_workers import DockerWorkers
 
 RuntimeName = Literal["local", "docker"]
+
+MANAGER_PORT = 7700
+AGENT_PORT = 7701
+
+
+class Host(Protocol):
+    """A network host of its own (a namespace): its address, and how to run a command there."""
+
+    @property
+    def address(self) -> str: ...
+
+    def wrap(self, argv: Sequence[str]) -> list[str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """PEM files: the CA agents trust, the manager's certificate (for its host's address) and key."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
 
 log = structlog.get_logger()
 
@@ -94,7 +122,11 @@ class EmbeddedCluster:
         with_specon: bool = True,
         runtime: RuntimeName = "local",
         warm: bool = False,
+        hosts: Sequence[Host] | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
+        if hosts is not None and len(hosts) != workers + 1:
+            raise ValueError(f"{workers} workers need {workers + 1} hosts: the manager's first")
         self.root = root
         self.volume = root / "volume"
         self.logs = root / "logs"
@@ -116,6 +148,10 @@ class EmbeddedCluster:
         self.manager: Daemon | None = None
         self.agents: dict[WorkerId, Daemon] = {}
         self.cluster: LocalCluster | None = None
+        self.hosts = list(hosts) if hosts is not None else None
+        self.tls = tls
+        # The driver's own requests (health, status) verify the manager like the agents do.
+        self.ssl: ssl.SSLContext | bool = ssl.create_default_context(cafile=tls.ca) if tls else True
 
     @property
     def workers(self) -> list[WorkerId]:
@@ -158,7 +194,7 @@ class EmbeddedCluster:
         try:
             await self.start_manager()
             for i, w in enumerate(self.workers):
-                await self.start_agent(w, f"127.0.0.{i + 2}")
+                await self.start_agent(w, self.hosts[i + 1].address if self.hosts else f"127.0.0.{i + 2}")
             await self._warm_up()
         except BaseException:
             await self.stop()
@@ -188,24 +224,33 @@ class EmbeddedCluster:
         """Start the manager: on ``port``, or on its old one (a restart: the agents know that
         URL), or on a port picked now, picked again if taken before the manager bound it."""
         port = port or (int(self.manager.url.rsplit(":", 1)[1]) if self.manager else None)
+        if port is None and self.hosts:
+            port = MANAGER_PORT  # a host of its own: nothing else binds there
         if port is None:
             return await _on_a_free_port("127.0.0.1", self._start_manager)
         return await self._start_manager(port)
 
     async def _start_manager(self, port: int) -> Daemon:
+        address = self.hosts[0].address if self.hosts else "127.0.0.1"
         argv = [
             self.python, "-m", "specon_manager",
-            "--listen", f"127.0.0.1:{port}",
+            "--listen", f"{address}:{port}",
             "--agent-tokens", str(self.tokens_dir / "agents.yaml"),
             "--read-token-file", str(self.tokens_dir / "read"),
             "--state-dir", str(self.root / "manager"),
         ]  # fmt: skip
         if self.policy is not None:
             argv += ["--policy", str(self.policy)]
-        self.manager = await self._spawn("manager", f"http://127.0.0.1:{port}", argv)
+        if self.tls is not None:
+            argv += ["--tls-cert", str(self.tls.cert), "--tls-key", str(self.tls.key)]
+        scheme = "https" if self.tls else "http"
+        host = self.hosts[0] if self.hosts else None
+        self.manager = await self._spawn("manager", f"{scheme}://{address}:{port}", argv, host)
         return self.manager
 
     async def start_agent(self, worker: WorkerId, host: str, port: int | None = None) -> Daemon:
+        if port is None and self.hosts:
+            port = AGENT_PORT
         if port is None:
             return await _on_a_free_port(host, lambda p: self._start_agent(worker, host, p))
         return await self._start_agent(worker, host, port)
@@ -228,15 +273,22 @@ class EmbeddedCluster:
                 argv.append("--warm")
         if self.policy is not None:
             argv += ["--policy", str(self.policy)]
-        d = await self._spawn(f"agent-{worker}", f"http://{host}:{port}", argv)
+        if self.tls is not None:
+            argv += ["--ca-file", str(self.tls.ca)]
+        elif self.hosts:
+            argv.append("--insecure-http")
+        net_host = next((h for h in self.hosts or () if h.address == host), None)
+        d = await self._spawn(f"agent-{worker}", f"http://{host}:{port}", argv, net_host)
         self.agents[worker] = d
         return d
 
-    async def _spawn(self, name: str, url: str, argv: list[str]) -> Daemon:
+    async def _spawn(self, name: str, url: str, argv: list[str], host: Host | None = None) -> Daemon:
         log_path = self.logs / f"{name}.log"
         out = open(log_path, "ab")  # noqa: SIM115 - the child owns it for its lifetime
         try:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            # `ip netns exec` execs the daemon: the pid, and its signals, are the daemon's own.
+            command = host.wrap(argv) if host is not None else argv
+            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             out.close()
         d = Daemon(name, url, proc, log_path, argv)
@@ -251,7 +303,9 @@ class EmbeddedCluster:
                     tail = d.log_path.read_text(errors="replace")[-2000:]
                     raise DaemonExitedError(f"{d.name} exited with {d.proc.returncode}:\n{tail}")
                 with contextlib.suppress(aiohttp.ClientError, OSError):
-                    async with s.get(d.url + "/healthz", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    async with s.get(
+                        d.url + "/healthz", timeout=aiohttp.ClientTimeout(total=2), ssl=self.ssl
+                    ) as r:
                         if r.status == 200:
                             return
                 await asyncio.sleep(0.1)
@@ -306,6 +360,7 @@ class EmbeddedCluster:
                 self.manager.url + protocol.STATUS_PATH,
                 headers={protocol.AUTH_HEADER: f"Bearer {self.read_token}"},
                 timeout=aiohttp.ClientTimeout(total=10),
+                ssl=self.ssl,
             ) as r,
         ):
             return protocol.decode(await r.read(), Status)

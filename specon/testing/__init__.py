@@ -1,7 +1,8 @@
 """What tests and benchmarks use to build inputs and stand in for real backends.
 
 - ``builders``: concise builders for snapshots and simulated workloads;
-- ``fake_runtime``: an in-memory runtime backend.
+- ``fake_runtime``: an in-memory runtime backend;
+- ``net_hosts``: separate network hosts on one machine (a namespace each on a test bridge).
 
 Nothing outside tests and benchmarks may import this package (import contract
 ``no-testing`` in pyproject.toml), as with ``kopf.testing``.

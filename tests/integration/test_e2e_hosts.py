@@ -1,0 +1,121 @@
+"""Across network hosts: the manager and two agents each in a network namespace of their
+own (198.51.100.0/24 on a test bridge), over TLS, moving a real converged job between them.
+And the harness itself: it leaves no namespace, link or process behind, also after a failure
+or when the process that made it was killed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from specon.embedded.cluster import EmbeddedCluster
+from specon.testing.net_hosts import NetHosts, available, leftovers, sweep
+from tests.hosts import tls_for
+from tests.integration.test_e2e_local import POLICY, converged_job_moves_once_and_finishes_exactly
+
+pytestmark = [pytest.mark.slow]
+
+Hosts = Callable[[int], NetHosts]
+
+
+async def test_a_converged_job_moves_between_two_agent_hosts_over_tls(
+    net_hosts: Hosts, tmp_path: Path
+) -> None:
+    hosts = net_hosts(3)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    tls = tls_for(tmp_path, hosts[0])
+    async with EmbeddedCluster(
+        tmp_path / "c", workers=2, cpus_per_worker=0.5, policy=policy, hosts=list(hosts), tls=tls
+    ) as c:
+        assert c.manager is not None and c.manager.url == f"https://{hosts[0].address}:7700"
+        # Each daemon runs in its own host's namespace, listening on that host's address.
+        for d, host in [(c.manager, hosts[0]), (c.agents["w0"], hosts[1]), (c.agents["w1"], hosts[2])]:
+            assert _same_netns(d.proc.pid, host.ns), d.name
+        await converged_job_moves_once_and_finishes_exactly(c)
+        st = await c.status()
+        # The manager saw each agent at its own host's address.
+        assert {w.id: w.address.split(":")[0] for w in st.workers} == {
+            "w0": hosts[1].address,
+            "w1": hosts[2].address,
+        }
+
+
+def _same_netns(pid: int, ns: str) -> bool:
+    """Whether process ``pid`` is in network namespace ``ns`` (compared by inode)."""
+    return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{ns}").st_ino
+
+
+def test_hosts_reach_each_other_and_nothing_else(net_hosts: Hosts) -> None:
+    hosts = net_hosts(2)
+    server = hosts[0].popen(
+        [sys.executable, "-m", "http.server", "--bind", hosts[0].address, "8000"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    fetch = textwrap.dedent(
+        """
+        import sys, time, urllib.request
+        for _ in range(100):
+            try:
+                print(urllib.request.urlopen(sys.argv[1], timeout=3).status); break
+            except OSError as exc:
+                err = exc; time.sleep(0.1)
+        else:
+            print(type(err).__name__, err)
+        """
+    )
+    url = f"http://{hosts[0].address}:8000/"
+    assert hosts[1].run([sys.executable, "-c", fetch, url]).stdout.strip() == "200"
+    # No route out of the bridge: this machine's own network is unreachable from a host.
+    out = hosts[1].run([sys.executable, "-c", fetch.replace("range(100)", "range(1)"), "http://192.0.2.1:9/"])
+    assert "unreachable" in out.stdout.lower(), out.stdout
+    # A cut link partitions the host; mending it heals the partition.
+    hosts[0].cut()
+    assert hosts[0].is_cut()
+    out = hosts[1].run([sys.executable, "-c", fetch.replace("range(100)", "range(1)"), url])
+    assert out.stdout.strip() != "200"
+    hosts[0].mend()
+    assert hosts[1].run([sys.executable, "-c", fetch, url]).stdout.strip() == "200"
+    assert server.poll() is None
+
+
+def test_the_harness_removes_everything_also_after_a_failure() -> None:
+    if why := available():
+        pytest.skip(why)
+    hosts = NetHosts(2)
+    with pytest.raises(RuntimeError, match="a failing test"), hosts:
+        sleeper = hosts[1].popen(["sleep", "600"])
+        assert leftovers(hosts.tag)
+        raise RuntimeError("a failing test")
+    assert leftovers(hosts.tag) == []
+    assert sleeper.poll() is not None  # the process it ran is gone too
+
+
+def test_what_a_killed_run_left_behind_is_swept() -> None:
+    if why := available():
+        pytest.skip(why)
+    # A process makes hosts, then dies by SIGKILL before it could clean up.
+    code = textwrap.dedent(
+        """
+        import os, signal
+        from specon.testing.net_hosts import NetHosts
+        hosts = NetHosts(2)
+        hosts.open()
+        print(hosts.tag, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    tag = proc.stdout.strip()
+    assert proc.returncode == -9 and tag, proc.stderr
+    assert leftovers(tag), "the killed run should have left its namespaces"
+    removed = sweep()
+    assert leftovers(tag) == []
+    assert any(name.startswith(tag) for name in removed)
