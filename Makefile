@@ -92,14 +92,7 @@ image: ## Build the container image $(IMAGE) (docker build)
 # not exist yet (undeploy never deletes them).
 deploy: image ## Build the image and apply manifests/ to the current kube context
 	@mkdir -p $(DEPLOY_DIR)
-	@test -s $(DEPLOY_DIR)/read-token || (umask 077; openssl rand -hex 32 > $(DEPLOY_DIR)/read-token)
-	@printf '%s\n' \
-	  'apiVersion: kustomize.config.k8s.io/v1beta1' 'kind: Kustomization' \
-	  'resources: [$(shell realpath -m --relative-to=$(DEPLOY_DIR) manifests)]' \
-	  'components: [$(shell realpath -m --relative-to=$(DEPLOY_DIR) manifests/components/read-token)]' \
-	  'images: [{name: specon, newName: $(firstword $(subst :, ,$(IMAGE))), newTag: "$(or $(word 2,$(subst :, ,$(IMAGE))),latest)"}]' \
-	  'secretGenerator: [{name: specon-read-token, namespace: specon, files: [token=read-token]}]' \
-	  > $(DEPLOY_DIR)/kustomization.yaml
+	@bash scripts/deploy-overlay.sh $(DEPLOY_DIR) $(IMAGE)
 	@for ns in $$($(KUBECTL) kustomize manifests/training \
 	    | awk '/^metadata:/ {m = 1; next} /^[^ ]/ {m = 0} m && /^  namespace: / {print $$2}' | sort -u); do \
 	  $(KUBECTL) get namespace $$ns >/dev/null 2>&1 || $(KUBECTL) create namespace $$ns; done

@@ -7,28 +7,34 @@ import asyncio
 import contextlib
 import os
 import signal
+import ssl
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import structlog
 from aiohttp import web
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from specon.config import PolicyError, default_policy, load_policy
 from specon.daemon import logs
 from specon.daemon.cli_args import (
     WeakTokenError,
     check_token_strength,
+    ip_address,
     load_settings,
     missing_extra,
     read_token,
     split_listen,
 )
+from specon.daemon.manager_url import InsecureURLError, check_manager_url
 from specon.daemon.settings import AgentSettings
+from specon.daemon.tls import TLSConfigError, client_context
 from specon.model import WorkerId
 from specon.runtime.base import Runtime
 from specon.runtime.local.backend import LocalRuntime
-from specon_agent.app import create_app
+from specon_agent.app import REGISTRY, create_app
 from specon_agent.client import FileToken, ManagerClient
 from specon_agent.core import Agent
 from specon_agent.daemon import AgentDaemon
@@ -46,7 +52,33 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Operational settings (poll wait, backoff, timeouts) come from SPECON_AGENT_* environment "
         "variables; see docs/reference.md (specon config reference).",
     )
-    p.add_argument("--manager", default="http://127.0.0.1:7700", help="manager base URL")
+    p.add_argument(
+        "--manager",
+        default="http://127.0.0.1:7700",
+        metavar="URL",
+        help="the manager's base URL (default http://127.0.0.1:7700): https://HOST:PORT for a manager "
+        "on another host; http:// only on loopback (127.0.0.0/8, ::1, localhost) unless --insecure-http",
+    )
+    p.add_argument(
+        "--ca-file",
+        type=Path,
+        metavar="FILE",
+        help="PEM file of the CA certificate(s) an https:// manager's certificate must chain to "
+        "(default: the system trust store); its host name is checked too",
+    )
+    p.add_argument(
+        "--insecure-http",
+        action="store_true",
+        help="allow an http:// manager that is not on loopback: the bearer token then crosses the "
+        "network in clear text. Only on a network you trust; prefer https (docs/tls.md)",
+    )
+    p.add_argument(
+        "--source-address",
+        type=ip_address,
+        metavar="ADDR",
+        help="bind requests to the manager to this local IP address (default: none, the kernel "
+        "picks the route's own)",
+    )
     p.add_argument(
         "--worker", help="this worker's id (required with --runtime local; kubernetes: the node name)"
     )
@@ -55,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=split_listen,
         default=("127.0.0.1", 7701),
         metavar="HOST:PORT",
-        help="address for /healthz and /metrics (default 127.0.0.1:7701); also the source address "
-        "of requests to the manager",
+        help="address for /healthz and /metrics (default 127.0.0.1:7701); it does not bind requests "
+        "to the manager (see --source-address)",
     )
     p.add_argument(
         "--runtime",
@@ -140,7 +172,41 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class TLSErrorCollector(Collector):
+    """``specon_agent_tls_errors_total``: failed handshakes with the manager."""
+
+    def __init__(self, client: ManagerClient) -> None:
+        self.client = client
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "specon_agent_tls_errors",
+            "Exchanges with the manager that failed in the TLS handshake (see specon.agent.tls_error)",
+            value=self.client.tls_errors,
+        )
+
+
+def manager_link(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The TLS context for ``--manager`` (None for http://), or ``InsecureURLError`` /
+    ``TLSConfigError`` saying why the agent must not start: checked before anything
+    connects, so a refused URL is never sent a byte."""
+    scheme = check_manager_url(args.manager, insecure_http=args.insecure_http)
+    if scheme != "https":
+        if args.ca_file is not None:
+            raise TLSConfigError(f"--ca-file is for an https:// manager, and --manager is {args.manager}")
+        return None
+    try:
+        return client_context(args.ca_file)
+    except TLSConfigError as exc:
+        raise TLSConfigError(f"--ca-file: {exc}") from exc
+
+
 async def run(args: argparse.Namespace) -> int:
+    try:
+        link = manager_link(args)
+    except (InsecureURLError, TLSConfigError) as exc:
+        print(f"specon-agent: {exc}", file=sys.stderr)
+        return 2
     try:
         policy = load_policy(args.policy) if args.policy else default_policy()
     except (PolicyError, OSError) as exc:
@@ -239,9 +305,17 @@ async def run(args: argparse.Namespace) -> int:
         state_file=state_dir / "monitor.json",
         settings=settings,
     )
-    client = ManagerClient(args.manager, token, source_address=host if host.startswith("127.") else None)
+    client = ManagerClient(
+        args.manager,
+        token,
+        source_address=args.source_address,
+        ssl_context=link,
+        insecure_http=args.insecure_http,
+    )
     daemon = AgentDaemon(agent, client)
-    runner = web.AppRunner(create_app(daemon), access_log=None)
+    app = create_app(daemon)
+    app[REGISTRY].register(TLSErrorCollector(client))
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     stop = asyncio.Event()
@@ -253,6 +327,8 @@ async def run(args: argparse.Namespace) -> int:
         worker=worker,
         listen=f"{host}:{port}",
         manager=args.manager,
+        tls=link is not None,
+        source_address=args.source_address,
         runtime=args.runtime,
         enforcement=getattr(runtime, "enforcement", args.runtime),
         cpus=args.cpus,

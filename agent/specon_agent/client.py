@@ -3,11 +3,19 @@
 The bearer token is a string, or a ``TokenSource`` asked before every request: ``FileToken``
 re-reads its file whenever the file changes, for tokens that rotate (on Kubernetes the
 kubelet replaces the agent's projected ServiceAccount token well before it expires).
+
+The token never travels in clear text off this host: the client refuses an ``http://``
+manager that is not on loopback unless told the network is trusted (``insecure_http``; the
+rule is ``specon.daemon.manager_url``), verifies an ``https://`` manager's certificate and
+host name, and follows no redirect. A failed handshake (an expired certificate, an unknown
+CA, a wrong host name) is logged once per distinct reason (``specon.agent.tls_error``) and
+retried like an unreachable manager: the manager may get a good certificate.
 """
 
 from __future__ import annotations
 
 import os
+import ssl
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +23,8 @@ from pathlib import Path
 import aiohttp
 import structlog
 
+from specon.daemon.manager_url import check_manager_url
+from specon.daemon.tls import client_context, failure_hint, failure_reason
 from specon.wire import protocol
 from specon.wire.protocol import CommandBatch, ErrorReply, ProtocolError
 
@@ -26,6 +36,10 @@ TokenSource = Callable[[], str]
 
 class ManagerUnavailable(Exception):  # noqa: N818 - reads as a condition, like ConnectionRefused
     """The manager could not be reached or answered with a server error: retry later."""
+
+
+class ManagerTLSError(ManagerUnavailable):
+    """The TLS handshake with the manager failed (its certificate, our CA, the host name)."""
 
 
 class ManagerRejected(Exception):  # noqa: N818
@@ -73,12 +87,54 @@ class FileToken:
             return self._token
 
 
+def _ssl_cause(exc: BaseException) -> ssl.SSLError | None:
+    """The ``ssl.SSLError`` behind a failed request (aiohttp wraps it), if TLS is what failed."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        for inner in (getattr(cur, "certificate_error", None), getattr(cur, "os_error", None)):
+            if isinstance(inner, ssl.SSLError):
+                return inner
+        if isinstance(cur, ssl.SSLError) and not isinstance(cur, aiohttp.ClientError):
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
 class ManagerClient:
-    def __init__(self, base_url: str, token: str | TokenSource, *, source_address: str | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
+    """Sends the protocol's messages to the manager at ``base_url``.
+
+    ``InsecureURLError`` (a ``ValueError``) at construction, before any connection, for a
+    URL the token must not go to: plain HTTP off loopback without ``insecure_http``.
+    ``ssl_context``: how an ``https://`` manager is verified (default: the system trust
+    store, host name checked); it must verify. ``source_address``: bind requests to it."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | TokenSource,
+        *,
+        source_address: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        insecure_http: bool = False,
+    ) -> None:
+        scheme = check_manager_url(base_url, insecure_http=insecure_http)
+        if ssl_context is not None and not (
+            ssl_context.verify_mode == ssl.CERT_REQUIRED and ssl_context.check_hostname
+        ):
+            raise ValueError("the manager's certificate and host name must be verified")
+        self._base_url = base_url.rstrip("/")
         self._token: TokenSource = (lambda: token) if isinstance(token, str) else token
         self._source = source_address
+        self._ssl = (ssl_context or client_context()) if scheme == "https" else None
         self._session: aiohttp.ClientSession | None = None
+        self._tls_failing: str | None = None
+        self.tls_errors = 0
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
 
     async def __aenter__(self) -> ManagerClient:
         return self
@@ -88,9 +144,21 @@ class ManagerClient:
 
     def _sess(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(local_addr=(self._source, 0) if self._source else None, limit=8)
+            connector = aiohttp.TCPConnector(
+                local_addr=(self._source, 0) if self._source else None,
+                limit=8,
+                ssl=self._ssl if self._ssl is not None else True,
+            )
             self._session = aiohttp.ClientSession(connector=connector)
         return self._session
+
+    def _tls_failed(self, exc: ssl.SSLError) -> str:
+        reason = failure_reason(exc)
+        self.tls_errors += 1
+        if reason != self._tls_failing:  # once per distinct failure, not per request
+            self._tls_failing = reason
+            log.error("specon.agent.tls_error", manager=self._base_url, reason=reason, hint=failure_hint(exc))
+        return reason
 
     async def close(self) -> None:
         if self._session is not None:
@@ -104,19 +172,27 @@ class ManagerClient:
         except (OSError, ValueError) as exc:  # no token yet: like an unreachable manager, retry
             raise ManagerUnavailable(f"no token to send: {exc}") from exc
         headers = {protocol.AUTH_HEADER: f"Bearer {token}", "Content-Type": protocol.CONTENT_TYPE}
+        url = self._base_url + path
         try:
             async with self._sess().post(
-                self.base_url + path,
+                url,
                 data=protocol.encode(msg),
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout),
+                allow_redirects=False,  # the token goes to the configured manager only
             ) as resp:
                 body = await resp.read()
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise ManagerUnavailable(f"{self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
+            cause = _ssl_cause(exc)
+            if cause is not None:
+                raise ManagerTLSError(f"{url}: {self._tls_failed(cause)}") from exc
+            raise ManagerUnavailable(f"{url}: {type(exc).__name__}: {exc}") from exc
+        if self._tls_failing is not None:
+            log.info("specon.agent.tls_ok", manager=self._base_url, after=self._tls_failing)
+            self._tls_failing = None
         if status >= 500:
-            raise ManagerUnavailable(f"{self.base_url}{path}: HTTP {status}")
+            raise ManagerUnavailable(f"{url}: HTTP {status}")
         if status != 200:
             try:
                 err = protocol.decode(body, ErrorReply).error
@@ -126,4 +202,4 @@ class ManagerClient:
         try:
             return protocol.decode(body, CommandBatch)
         except ProtocolError as exc:
-            raise ManagerUnavailable(f"{self.base_url}{path}: unreadable reply: {exc}") from exc
+            raise ManagerUnavailable(f"{url}: unreadable reply: {exc}") from exc

@@ -30,7 +30,9 @@ from specon.cli.systemd_units import (
     render_manager,
 )
 from specon.config import PolicyError, load_policy
-from specon.daemon.cli_args import WeakTokenError, check_token_strength, split_listen
+from specon.daemon.cli_args import WeakTokenError, check_token_strength, ip_address, split_listen
+from specon.daemon.manager_url import InsecureURLError, check_manager_url
+from specon.daemon.tls import TLSConfigError, client_context, server_context
 from specon.wire.validate import InvalidIdError, valid_id
 
 DEFAULT_DEST = Path("/etc/systemd/system")
@@ -83,11 +85,52 @@ def _read_token(path: Path, what: str) -> str:
         raise UnitError(str(exc)) from exc
 
 
-def _manager_url(value: str) -> str:
+def _manager_url(value: str, *, insecure_http: bool) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname or re.search(r"\s", value):
         raise UnitError(f"--manager must be an http:// or https:// URL, got {value!r}")
+    try:
+        check_manager_url(value, insecure_http=insecure_http)  # what the agent would refuse at start
+    except InsecureURLError as exc:
+        raise UnitError(str(exc)) from exc
     return value
+
+
+def _ca_file(value: str | None, manager: str) -> Path | None:
+    """``--ca-file``: an absolute path to PEM CA certificates, for an https:// manager."""
+    if value is None:
+        return None
+    if not manager.startswith("https://"):
+        raise UnitError(f"--ca-file is for an https:// manager, and --manager is {manager}")
+    path = _abs_path(value, "--ca-file")
+    try:
+        client_context(path)
+    except TLSConfigError as exc:
+        raise UnitError(f"--ca-file: {exc}") from exc
+    return path
+
+
+def _tls_pair(cert: str | None, key: str | None) -> tuple[Path | None, Path | None]:
+    """``--tls-cert``/``--tls-key``: both or neither; a pair that loads, the key private."""
+    if (cert is None) != (key is None):
+        raise UnitError("--tls-cert and --tls-key go together: give both (HTTPS) or neither (HTTP)")
+    if cert is None or key is None:
+        return None, None
+    cert_path, key_path = _abs_path(cert, "--tls-cert"), _secret_file(key, "--tls-key")
+    try:
+        server_context(cert_path, key_path)
+    except TLSConfigError as exc:
+        raise UnitError(str(exc)) from exc
+    return cert_path, key_path
+
+
+def _source_address(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return ip_address(value)
+    except argparse.ArgumentTypeError as exc:
+        raise UnitError(f"--source-address: {exc}") from exc
 
 
 def _docker_host(value: str) -> str:
@@ -205,9 +248,10 @@ def agent_unit(args: argparse.Namespace) -> AgentUnit:
         raise UnitError(f"--volume {volume}: the unit's PrivateTmp= hides /tmp and /var/tmp: use another")
     policy = _policy(args.policy)
     needed = install_paths(exec_path) + [volume] + ([policy] if policy else [])
+    manager = _manager_url(args.manager, insecure_http=args.insecure_http)
     return AgentUnit(
         exec_path=exec_path,
-        manager=_manager_url(args.manager),
+        manager=manager,
         worker=worker,
         token_file=token_file,
         volume=volume,
@@ -222,6 +266,9 @@ def agent_unit(args: argparse.Namespace) -> AgentUnit:
         token_via=args.token_via,
         env_file=_abs_path(args.env_file, "--env-file"),
         protect_home=protect_home(needed),
+        ca_file=_ca_file(args.ca_file, manager),
+        insecure_http=args.insecure_http,
+        source_address=_source_address(args.source_address),
     )
 
 
@@ -241,6 +288,7 @@ def manager_unit(args: argparse.Namespace) -> ManagerUnit:
         path = files[flag]
         if path is not None:
             _read_token(path, flag)
+    tls_cert, tls_key = _tls_pair(args.tls_cert, args.tls_key)
     if args.user is not None and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", args.user):
         raise UnitError(f"--user must be a user name, got {args.user!r}")
     exec_path = _executable(args.exec, "specon-manager")
@@ -264,6 +312,8 @@ def manager_unit(args: argparse.Namespace) -> ManagerUnit:
         policy=policy,
         user=args.user,
         protect_home=protect_home(needed),
+        tls_cert=tls_cert,
+        tls_key=tls_key,
     )
 
 
@@ -387,8 +437,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="write hardened systemd units for specon-agent and specon-manager",
         description="Write a systemd unit for a specon daemon on a host without Kubernetes: "
         "Restart=on-failure, NoNewPrivileges=, ProtectSystem=strict, tokens through LoadCredential= "
-        "(systemd >= 247). Token files must be mode 0600. See docs/docker-hosts.md, 'Installing the agent "
-        "with systemd'.",
+        "(systemd >= 247), TLS files too. Token and key files must be mode 0600. See docs/docker-hosts.md, "
+        "'Installing the agent with systemd', and docs/tls.md.",
     )
     actions = parser.add_subparsers(dest="systemd_action", metavar="UNIT", required=True)
 
@@ -398,7 +448,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=f"Write {AGENT_UNIT}: the node agent of one worker, as root in a sandbox that "
         "may write only the volume (and, with --runtime local, the cgroup tree).",
     )
-    agent.add_argument("--manager", required=True, metavar="URL", help="the manager's base URL")
+    agent.add_argument(
+        "--manager",
+        required=True,
+        metavar="URL",
+        help="the manager's base URL: https://HOST:PORT, or http:// on loopback (or with --insecure-http)",
+    )
+    agent.add_argument(
+        "--ca-file",
+        metavar="FILE",
+        help="with an https:// --manager: PEM CA certificate(s) its certificate must chain to "
+        "(default: the system trust store); loaded as a credential",
+    )
+    agent.add_argument(
+        "--insecure-http",
+        action="store_true",
+        help="let the agent use an http:// manager off loopback (its token then crosses the network "
+        "in clear text); passed to the agent",
+    )
+    agent.add_argument(
+        "--source-address",
+        metavar="ADDR",
+        help="bind the agent's requests to the manager to this local IP address (passed to the agent)",
+    )
     agent.add_argument("--worker", required=True, metavar="ID", help="this host's worker id")
     agent.add_argument(
         "--token-file",
@@ -463,6 +535,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     manager.add_argument(
         "--listen", default="127.0.0.1:7700", metavar="HOST:PORT", help="address to serve on"
     )
+    manager.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="serve HTTPS with this PEM certificate chain (with --tls-key); loaded as a credential, "
+        "so a renewed one needs a restart",
+    )
+    manager.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM), mode 0600")
     manager.add_argument(
         "--user",
         metavar="NAME",

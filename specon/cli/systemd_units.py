@@ -46,6 +46,10 @@ class AgentUnit:
     token_via: TokenVia = "credential"
     env_file: Path = DEFAULT_ENV_FILE
     protect_home: Literal["yes", "read-only"] = "yes"
+    # An https manager's CA (agent --ca-file), loaded as a credential like the token.
+    ca_file: Path | None = None
+    insecure_http: bool = False
+    source_address: str | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,9 @@ class ManagerUnit:
     policy: Path | None = None
     user: str | None = None  # None: DynamicUser=yes
     protect_home: Literal["yes", "read-only"] = "yes"
+    # Both or neither (validated): HTTPS with this certificate chain and key.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
 
 
 # -- rendering (pure) -------------------------------------------------------------------
@@ -100,6 +107,10 @@ def render_agent(unit: AgentUnit) -> str:
     argv = [[exec_arg(str(unit.exec_path))], ["--manager", exec_arg(unit.manager)]]
     argv += [["--worker", exec_arg(unit.worker)], ["--volume", exec_arg(str(unit.volume))]]
     argv += [["--listen", exec_arg(unit.listen)], ["--runtime", unit.runtime]]
+    if unit.source_address:
+        argv.append(["--source-address", exec_arg(unit.source_address)])
+    if unit.insecure_http:
+        argv.append(["--insecure-http"])
     if unit.docker_host:
         argv.append(["--docker-host", exec_arg(unit.docker_host)])
     for prefix in unit.allow_bind:
@@ -126,6 +137,12 @@ def render_agent(unit: AgentUnit) -> str:
         token = (
             "# The agent's own token as SPECON_TOKEN, from a root-only file (mode 0600).\n"
             f"EnvironmentFile={escape(str(unit.env_file))}"
+        )
+    if unit.ca_file:
+        argv.append(["--ca-file", f"{CREDENTIAL}/ca.crt"])
+        token += (
+            "\n# The CA the manager's certificate must chain to, copied at each start like the token.\n"
+            f"LoadCredential=ca.crt:{escape(str(unit.ca_file))}"
         )
     read_write = [str(unit.volume)] + (["/sys/fs/cgroup"] if unit.runtime == "local" else [])
     return _fill(
@@ -162,6 +179,14 @@ def render_manager(unit: ManagerUnit) -> str:
         if path is not None:
             argv.append([flag, f"{CREDENTIAL}/{name}"])
             creds.append(f"LoadCredential={name}:{escape(str(path))}")
+    if unit.tls_cert and unit.tls_key:
+        argv += [["--tls-cert", f"{CREDENTIAL}/tls.crt"], ["--tls-key", f"{CREDENTIAL}/tls.key"]]
+        creds += [
+            "# HTTPS: systemd copies the certificate and key at each start, so a renewed pair",
+            "# serves after `systemctl restart specon-manager` (a renewal hook's last step).",
+            f"LoadCredential=tls.crt:{escape(str(unit.tls_cert))}",
+            f"LoadCredential=tls.key:{escape(str(unit.tls_key))}",
+        ]
     if unit.policy:
         argv.append(["--policy", exec_arg(str(unit.policy))])
     if unit.user:

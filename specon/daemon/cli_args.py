@@ -1,9 +1,11 @@
-"""Command-line pieces both daemons share: bearer tokens, HOST:PORT arguments, optional extras."""
+"""Command-line pieces both daemons share: bearer tokens, HOST:PORT and address arguments,
+optional extras."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import ipaddress
 import os
 import sys
 from pathlib import Path
@@ -70,3 +72,11 @@ def split_listen(value: str) -> tuple[str, int]:
     if not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
     return host.strip("[]"), int(port)
+
+
+def ip_address(value: str) -> str:
+    """Parse an IPv4 or IPv6 address (no name, no port) for argparse."""
+    try:
+        return str(ipaddress.ip_address(value.strip("[]")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an IP address, got {value!r}") from None

@@ -6,7 +6,9 @@ run as an operator would), ``systemd-analyze verify`` checks it against that sys
 ``systemctl start`` runs it; the agent heartbeats a real ``specon-manager`` on the host (host
 network, 127.0.0.0/8 only) with its own token from ``--agent-tokens``, delivered through
 ``LoadCredential=``. Then ``systemctl kill -s SIGKILL``: systemd must restart it
-(NRestarts=1) and the new process must heartbeat again.
+(NRestarts=1) and the new process must heartbeat again. The manager's own unit runs as a
+``DynamicUser=`` serving HTTPS with a certificate and key it gets through ``LoadCredential=``,
+and the agent's unit verifies it with a CA delivered the same way.
 
 Cold, the image's debootstrap takes about 45-90 s (cached in ``~/.cache/specon/images``).
 """
@@ -20,6 +22,7 @@ import json
 import os
 import secrets
 import signal
+import ssl
 import subprocess
 import sys
 import tarfile
@@ -157,22 +160,30 @@ def test_agent_unit_restarts_and_heartbeats(manager: tuple[str, str, str], boote
     assert journal().count("specon.agent.started") == 2
 
 
-def test_manager_unit_runs_as_a_dynamic_user(booted: Any) -> None:
-    """The manager's unit, with its sandbox and syscall filter, serves an agent's unit."""
+def test_manager_unit_runs_as_a_dynamic_user_over_tls(booted: Any, tmp_path: Path) -> None:
+    """The manager's unit, with its sandbox and syscall filter, serves an agent's unit over
+    HTTPS: certificate, key and CA reach the services only through ``LoadCredential=``."""
+    from specon.testing.certs import TestCA  # noqa: PLC0415 - cryptography: a dev extra
+
     worker, token = f"sd-{secrets.token_hex(3)}", secrets.token_hex(32)
     _put_secret(booted, "/etc/specon/agent-tokens.yaml", f"{worker}: {token}")
     _put_secret(booted, TOKEN_INSIDE, token)
+    host, port = _addr(), free_port()
+    ca = TestCA.create(tmp_path / "ca")
+    cert, key = ca.issue(tmp_path / "tls", names=[host])
+    for name, path in (("ca.crt", ca.cert_path), ("manager.crt", cert), ("manager.key", key)):
+        _put_secret(booted, f"/etc/specon/tls/{name}", path.read_text().strip())
     # The image's own /root (0700) stands between a DynamicUser= and the bound Python install;
     # on a real host specon lives somewhere world-readable (/opt/specon).
     _exec(booted, f"chmod 0755 /root && mkdir -p {VOLUME_INSIDE}")
-    host, port = _addr(), free_port()
-    url = f"http://{host}:{port}"
+    url = f"https://{host}:{port}"
     specon = BIN / "specon"
     _exec(
         booted,
-        f"{specon} systemd manager --agent-tokens /etc/specon/agent-tokens.yaml --listen {host}:{port} && "
+        f"{specon} systemd manager --agent-tokens /etc/specon/agent-tokens.yaml --listen {host}:{port} "
+        "--tls-cert /etc/specon/tls/manager.crt --tls-key /etc/specon/tls/manager.key && "
         f"{specon} systemd agent --manager {url} --worker {worker} --token-file {TOKEN_INSIDE} "
-        f"--volume {VOLUME_INSIDE} --listen {_addr()}:{free_port()}",
+        f"--volume {VOLUME_INSIDE} --listen {_addr()}:{free_port()} --ca-file /etc/specon/tls/ca.crt",
     )
     verify = booted.exec_run(["systemd-analyze", "verify", "/etc/systemd/system/specon-manager.service"])
     assert verify.exit_code == 0 and not verify.output.strip(), verify.output.decode(errors="replace")
@@ -181,7 +192,13 @@ def test_manager_unit_runs_as_a_dynamic_user(booted: Any) -> None:
     def journal() -> str:
         return _exec(booted, "journalctl -u specon-manager -u specon-agent --no-pager -o cat", check=False)
 
-    _until(lambda: _heartbeat(url, worker), 30, "the agent's heartbeat at the manager's unit", journal)
+    _until(
+        lambda: _heartbeat(url, worker, ca.cert_path),
+        30,
+        "the agent's heartbeat at the manager's unit",
+        journal,
+    )
+    assert '"tls": true' in journal() and "specon.agent.tls_error" not in journal()
     shown = _exec(booted, "systemctl show -p MainPID,NRestarts specon-manager")
     assert "NRestarts=0" in shown, journal()  # never killed by its syscall filter
     pid = shown.split("MainPID=")[1].split()[0]
@@ -223,15 +240,20 @@ def _put_secret(container: Any, path: str, content: str) -> None:
     assert container.put_archive(str(Path(path).parent), buf.getvalue())
 
 
-def _get(url: str) -> Any:
-    with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(url, timeout=5) as resp:
+def _get(url: str, ca: Path | None = None) -> Any:
+    context = ssl.create_default_context(cafile=str(ca)) if ca else None
+    with (
+        contextlib.suppress(OSError, ValueError),
+        urllib.request.urlopen(url, timeout=5, context=context) as resp,
+    ):
         return json.loads(resp.read())
     return None
 
 
-def _heartbeat(url: str, worker: str) -> tuple[float, float] | None:
-    """``(manager now, manager time of the worker's last heartbeat)``, None before the first."""
-    status = _get(f"{url}/v1/status")
+def _heartbeat(url: str, worker: str, ca: Path | None = None) -> tuple[float, float] | None:
+    """``(manager now, manager time of the worker's last heartbeat)``, None before the first
+    (an https manager verified against ``ca``)."""
+    status = _get(f"{url}/v1/status", ca)
     for w in (status or {}).get("workers", []):
         if w["id"] == worker and w["heartbeat_age"] is not None:
             return float(status["now"]), float(status["now"]) - float(w["heartbeat_age"])

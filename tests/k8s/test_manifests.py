@@ -7,6 +7,8 @@ restore records only in the training namespaces (issue 8, least privilege)."""
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -18,11 +20,14 @@ from typing import Any
 
 import pytest
 import yaml
+from specon_agent.__main__ import build_parser as agent_parser
+from specon_manager.__main__ import build_parser as manager_parser
 from specon_manager.auth_kubernetes import TokenReviewAuthenticator
 from specon_manager.k8s_journal import ANN_MIGRATIONS, KubeJournal
 
 from specon.config import default_policy, load_policy
 from specon.coordinator.migration import Mark, Migration, State
+from specon.daemon.manager_url import check_manager_url
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import JobSpec, SaveFailed, StartFailed
 from specon.runtime.kubernetes.backend import KubeApi, KubeError, KubernetesRuntime
@@ -211,30 +216,98 @@ def test_a_training_namespace_is_one_line() -> None:
     assert {res for _, res, _ in rules_of(role)} == {"pods", "pods/eviction", "podtemplates"}
 
 
-def test_make_deploy_adds_a_generated_read_token(tmp_path: Path) -> None:
-    """The overlay `make deploy` writes (the Makefile's printf lines, with a token file)."""
-    (tmp_path / "read-token").write_text(os.urandom(32).hex())
-    rel = os.path.relpath(MANIFESTS, tmp_path)
-    (tmp_path / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources: [{rel}]\ncomponents: [{rel}/components/read-token]\n"
-        "secretGenerator: [{name: specon-read-token, namespace: specon, files: [token=read-token]}]\n"
-    )
-    make = (ROOT / "Makefile").read_text()
-    assert "manifests/components/read-token" in make and "name: specon-read-token" in make
+def test_make_deploy_adds_a_generated_read_token_and_tls(tmp_path: Path) -> None:
+    """The overlay `make deploy` writes (scripts/deploy-overlay.sh, which it runs): a random
+    read token, and a CA of the deployment whose certificate the agents verify."""
+    assert "scripts/deploy-overlay.sh $(DEPLOY_DIR)" in (ROOT / "Makefile").read_text()
+    script = ROOT / "scripts" / "deploy-overlay.sh"
+    subprocess.run(["bash", str(script), str(tmp_path), "registry.example/specon:1.2"], check=True)
     docs = by_kind(render(tmp_path))
-    (secret,) = docs["Secret"]
+    secrets = {s["metadata"]["name"].rsplit("-", 1)[0]: s for s in docs["Secret"]}
     (manager,) = docs["Deployment"]
+    (agent,) = docs["DaemonSet"]
+    assert container(manager)["image"] == "registry.example/specon:1.2"
     token_file = arg(manager, "--read-token-file")
-    (volume,) = [v for v in manager["spec"]["template"]["spec"]["volumes"] if "secret" in v]
-    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    (volume,) = [v for v in manager["spec"]["template"]["spec"]["volumes"] if v["name"] == "read-token"]
+    assert volume["secret"]["secretName"] == secrets["specon-read-token"]["metadata"]["name"]
     (mount,) = [m for m in container(manager)["volumeMounts"] if m["name"] == volume["name"]]
     assert token_file == f"{mount['mountPath']}/{volume['secret']['items'][0]['path']}"
+    # TLS: the agents verify an https manager and never fall back to plain HTTP.
+    assert _agent_scheme(agent) == "https" and "--insecure-http" not in container(agent)["args"]
+    tls = secrets["specon-manager-tls"]
+    assert tls["type"] == "kubernetes.io/tls" and sorted(tls["data"]) == ["ca.crt", "tls.crt", "tls.key"]
+    verify = subprocess.run(
+        [
+            "openssl",
+            "verify",
+            "-CAfile",
+            str(tmp_path / "tls" / "ca.crt"),
+            str(tmp_path / "tls" / "manager.crt"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert verify.returncode == 0, verify.stderr
+    sans = subprocess.run(
+        ["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", str(tmp_path / "tls" / "manager.crt")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "DNS:specon-manager," in sans and "DNS:specon-manager.specon.svc" in sans
+    # Run again: the token and the CA are kept (agents keep trusting the same CA).
+    before = (tmp_path / "read-token").read_text(), (tmp_path / "tls" / "ca.crt").read_text()
+    subprocess.run(["bash", str(script), str(tmp_path), "specon:0.1.0"], check=True)
+    assert ((tmp_path / "read-token").read_text(), (tmp_path / "tls" / "ca.crt").read_text()) == before
+    assert oct((tmp_path / "tls" / "manager.key").stat().st_mode & 0o777) == "0o600"
 
 
 def test_dry_run_overlay_runs_the_manager_in_dry_run() -> None:
     (manager,) = by_kind(render(MANIFESTS / "overlays" / "dry-run"))["Deployment"]
     assert "--dry-run" in manager["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_the_ha_component_runs_two_electing_replicas_and_the_default_one(tmp_path: Path) -> None:
+    """components/ha: two replicas electing a leader on the Lease its Role names, ready only
+    while leading, on different nodes; without it, one replica and no election."""
+    (single,) = by_kind(render(MANIFESTS))["Deployment"]
+    assert (
+        single["spec"]["replicas"] == 1
+        and not manager_parser().parse_args(container(single)["args"]).leader_elect
+    )
+    rel = os.path.relpath(MANIFESTS, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(f"resources: [{rel}]\ncomponents: [{rel}/components/ha]\n")
+    docs = by_kind(render(tmp_path))
+    (manager,) = docs["Deployment"]
+    c = container(manager)
+    args = manager_parser().parse_args(c["args"])  # every flag is one the manager knows
+    assert manager["spec"]["replicas"] == 2 and args.leader_elect and args.journal == "kubernetes"
+    assert manager["spec"]["strategy"]["type"] == "Recreate"  # a standby never becomes Ready
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in c["env"]
+    assert (
+        c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    )
+    (term,) = manager["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == manager["spec"]["selector"]["matchLabels"]
+    assert "PodDisruptionBudget" not in docs  # it would block draining the leader's node
+    (role,) = [r for r in docs["Role"] if r["metadata"]["name"] == "specon-manager-leader-election"]
+    by_verbs = {tuple(sorted(rule["verbs"])): rule for rule in role["rules"]}
+    assert set(by_verbs) == {("get", "update"), ("create",)}
+    assert by_verbs[("get", "update")]["resourceNames"] == [args.leader_elect_lease_name]
+    assert all(
+        rule["resources"] == ["leases"] and rule["apiGroups"] == ["coordination.k8s.io"]
+        for rule in role["rules"]
+    )
+    (binding,) = [b for b in docs["RoleBinding"] if b["metadata"]["name"] == role["metadata"]["name"]]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "specon-manager", "namespace": "specon"}
+    ]
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "specon"
 
 
 def test_policy_configmap_is_the_example_policy_and_loads() -> None:
@@ -505,3 +578,97 @@ def test_the_cpu_weights_component_mounts_only_the_node_cgroups_into_the_agent(t
     sc = container["securityContext"]  # still no privilege, no capability beyond the base's
     assert not sc.get("privileged") and sc["capabilities"] == {"drop": ["ALL"], "add": ["DAC_OVERRIDE"]}
     assert all("hostPath" not in v for v in spec["volumes"] if v["name"] != "node-cgroups")
+
+
+# -- TLS --------------------------------------------------------------------------------------
+
+
+def _agent_scheme(agent: dict[str, Any]) -> str:
+    """What the agent itself makes of its rendered arguments: the scheme of a manager URL it
+    accepts, or ``InsecureURLError`` when it would refuse to start."""
+    args = agent_parser().parse_args(container(agent)["args"])
+    return check_manager_url(args.manager, insecure_http=args.insecure_http)
+
+
+def test_the_base_agent_starts_with_its_manager_url() -> None:
+    (agent,) = by_kind(render(MANIFESTS))["DaemonSet"]
+    _agent_scheme(agent)  # plain HTTP to the Service: needs --insecure-http (or components/tls)
+
+
+def _secret_command(component: Path) -> list[str]:
+    """The ``kubectl create secret`` command the component's comment gives."""
+    lines = [line.lstrip("#").strip() for line in component.read_text().splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("kubectl "))
+    text = lines[start]
+    while text.endswith("\\"):
+        start += 1
+        text = text[:-1] + " " + lines[start]
+    return shlex.split(text)
+
+
+def test_the_tls_component_serves_https_and_gives_the_agents_only_the_ca(tmp_path: Path) -> None:
+    from specon.testing.certs import TestCA  # noqa: PLC0415 - cryptography: a dev extra
+
+    ca = TestCA.create(tmp_path / "ca")
+    cert, key = ca.issue(tmp_path / "tls", names=["specon-manager", "specon-manager.specon.svc"])
+    component = MANIFESTS / "components" / "tls"
+    rel = os.path.relpath(MANIFESTS, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources: [{rel}]\ncomponents: [{rel}/components/tls]\n"
+        "secretGenerator: [{name: specon-manager-tls, namespace: specon, type: kubernetes.io/tls, "
+        "files: [tls.crt=tls/server.crt, tls.key=tls/server.key, ca.crt=ca/ca.crt]}]\n"
+    )
+    docs = by_kind(render(tmp_path))
+    (secret,) = docs["Secret"]
+    (manager,) = docs["Deployment"]
+    (agent,) = docs["DaemonSet"]
+
+    # The manager: HTTPS with the Secret's certificate and key, probed over HTTPS.
+    pod = manager["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "manager-tls"]
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]  # the generated name
+    assert [i["key"] for i in volume["secret"]["items"]] == ["tls.crt", "tls.key"]
+    (mount,) = [m for m in container(manager)["volumeMounts"] if m["name"] == "manager-tls"]
+    assert mount["readOnly"] is True
+    assert arg(manager, "--tls-cert") == f"{mount['mountPath']}/tls.crt"
+    assert arg(manager, "--tls-key") == f"{mount['mountPath']}/tls.key"
+    parsed = manager_parser().parse_args(container(manager)["args"])
+    assert parsed.tls_cert == Path(mount["mountPath"]) / "tls.crt"
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container(manager)[probe]["httpGet"]["scheme"] == "HTTPS"
+    assert docs["Service"][0]["spec"]["ports"][0]["appProtocol"] == "https"
+
+    # The agents: the Service's https URL, verified against the CA, and never the key.
+    pod = agent["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "manager-ca"]
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    assert volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    (mount,) = [m for m in container(agent)["volumeMounts"] if m["name"] == "manager-ca"]
+    assert arg(agent, "--ca-file") == f"{mount['mountPath']}/ca.crt"
+    assert arg(agent, "--manager") == "https://specon-manager:7700"
+    assert [a for a in container(agent)["args"] if a.startswith("--manager")] == [
+        "--manager=https://specon-manager:7700"
+    ]
+    assert _agent_scheme(agent) == "https"
+    base_args = container(by_kind(render(MANIFESTS))["DaemonSet"][0])["args"]
+    # --manager replaced, --insecure-http removed, --ca-file added.
+    assert len(container(agent)["args"]) == len(base_args)
+    assert "--insecure-http" in base_args and "--insecure-http" not in container(agent)["args"]
+
+    # The Secret the comment says to make by hand has the generated one's type and keys.
+    files = {"manager.crt": cert, "manager.key": key, "ca.crt": ca.cert_path}
+    command = _secret_command(component / "kustomization.yaml")
+    assert command[:2] == ["kubectl", "-n"] and "specon-manager-tls" in command
+    command = [re.sub(r"=([a-z.]+)$", lambda m: f"={files[m.group(1)]}", a) for a in command]
+    out = subprocess.run(
+        [kubectl(), *command[1:], "--dry-run=client", "-o", "yaml"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KUBECONFIG": str(tmp_path / "no-kubeconfig")},
+    )
+    made = yaml.safe_load(out.stdout)
+    assert made["type"] == secret["type"] == "kubernetes.io/tls"
+    assert sorted(made["data"]) == sorted(secret["data"]) == ["ca.crt", "tls.crt", "tls.key"]
+    assert made["metadata"] == {"name": "specon-manager-tls", "namespace": "specon"}

@@ -121,6 +121,50 @@ def test_manager_unit() -> None:
     assert d["NoNewPrivileges"] == ["yes"] and d["Restart"] == ["on-failure"]
 
 
+def test_agent_tls_unit() -> None:
+    unit = dataclasses.replace(
+        AGENT,
+        manager="https://manager.example:7700",
+        ca_file=Path("/etc/specon/ca.crt"),
+        source_address="198.51.100.3",
+    )
+    text = render_agent(unit)
+    d = _directives(text)
+    argv = _exec_start(text)
+    pairs = dict(zip(argv[1::2], argv[2::2], strict=True))
+    assert pairs["--manager"] == "https://manager.example:7700"
+    assert pairs["--ca-file"] == "${CREDENTIALS_DIRECTORY}/ca.crt"
+    assert pairs["--source-address"] == "198.51.100.3"
+    assert d["LoadCredential"] == ["token:/etc/specon/agent.token", "ca.crt:/etc/specon/ca.crt"]
+    assert "--insecure-http" not in argv
+    # With the token in an environment file the CA still comes as a credential.
+    env = _directives(render_agent(dataclasses.replace(unit, runtime="docker", token_via="environment")))
+    assert env["LoadCredential"] == ["ca.crt:/etc/specon/ca.crt"]
+    assert env["EnvironmentFile"] == ["/etc/specon/specon-agent.env"]
+
+
+def test_agent_insecure_http_is_passed_through() -> None:
+    unit = dataclasses.replace(AGENT, manager="http://198.51.100.2:7700", insecure_http=True)
+    assert "--insecure-http" in _exec_start(render_agent(unit))
+
+
+def test_manager_tls_unit() -> None:
+    unit = dataclasses.replace(
+        MANAGER, tls_cert=Path("/etc/specon/tls/manager.crt"), tls_key=Path("/etc/specon/tls/manager.key")
+    )
+    text = render_manager(unit)
+    d = _directives(text)
+    assert " ".join(_exec_start(text)[1:]).endswith(
+        "--tls-cert ${CREDENTIALS_DIRECTORY}/tls.crt --tls-key ${CREDENTIALS_DIRECTORY}/tls.key"
+    )
+    assert d["LoadCredential"] == [
+        "agent-tokens:/etc/specon/agent-tokens.yaml",
+        "tls.crt:/etc/specon/tls/manager.crt",
+        "tls.key:/etc/specon/tls/manager.key",
+    ]
+    assert "systemctl restart specon-manager" in text  # how a renewed pair gets in
+
+
 def test_manager_low_port_and_user() -> None:
     d = _directives(render_manager(dataclasses.replace(MANAGER, listen="127.0.0.1:80", user="specon")))
     assert d["CapabilityBoundingSet"] == d["AmbientCapabilities"] == ["CAP_NET_BIND_SERVICE"]
@@ -159,8 +203,35 @@ VERIFY = shutil.which("systemd-analyze")
         ),
         ("specon-manager.service", render_manager(MANAGER)),
         ("specon-manager.service", render_manager(dataclasses.replace(MANAGER, listen="0.0.0.0:443"))),
+        (
+            "specon-agent.service",
+            render_agent(
+                dataclasses.replace(
+                    AGENT,
+                    manager="https://198.51.100.2:7700",
+                    ca_file=Path("/etc/specon/ca.crt"),
+                    source_address="198.51.100.3",
+                )
+            ),
+        ),
+        (
+            "specon-manager.service",
+            render_manager(
+                dataclasses.replace(
+                    MANAGER, tls_cert=Path("/etc/specon/t.crt"), tls_key=Path("/etc/specon/t.key")
+                )
+            ),
+        ),
     ],
-    ids=["agent-local", "agent-docker", "agent-env", "manager", "manager-port-443"],
+    ids=[
+        "agent-local",
+        "agent-docker",
+        "agent-env",
+        "manager",
+        "manager-port-443",
+        "agent-tls",
+        "manager-tls",
+    ],
 )
 def test_systemd_analyze_verify(tmp_path: Path, name: str, text: str) -> None:
     unit = tmp_path / name
@@ -256,6 +327,9 @@ def test_print_writes_nothing(tmp_path: Path, token_file: Path, capsys: pytest.C
     "change, message",
     [
         (("--manager", "ftp://x"), "--manager must be an http:// or https:// URL"),
+        (("--manager", "http://198.51.100.2:7700"), "refusing to send the bearer token in clear text"),
+        (("--ca-file", "/etc/specon/ca.crt"), "--ca-file is for an https:// manager"),
+        (("--source-address", "nowhere"), "--source-address: expected an IP address"),
         (("--worker", "a/b"), "--worker"),
         (("--volume", "srv"), "--volume must be an absolute path"),
         (("--volume", "/srv/my volume"), "may hold no space"),
@@ -336,3 +410,57 @@ def test_manager_command(tmp_path: Path, token_file: Path, capsys: pytest.Captur
     assert main([*argv, "--user", "specon"]) == 0
     out = capsys.readouterr().out
     assert "User=specon" in out and re.search(r"^LoadCredential=agent-tokens:.*agent-tokens.yaml$", out, re.M)
+
+
+# -- TLS options ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(CA certificate, manager certificate, its key: mode 0600) of a throwaway CA."""
+    from specon.testing.certs import TestCA  # noqa: PLC0415 - cryptography: a dev extra
+
+    ca = TestCA.create(tmp_path / "ca")
+    cert, key = ca.issue(tmp_path / "tls", names=["198.51.100.2", "manager.example"])
+    return ca.cert_path, cert, key
+
+
+def test_agent_command_with_tls(
+    tmp_path: Path,
+    token_file: Path,
+    tls_files: tuple[Path, Path, Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ca, _, _ = tls_files
+    argv = _agent_argv(token_file, "--print", "--ca-file", str(ca), "--source-address", "198.51.100.3")
+    argv[argv.index("--manager") + 1] = "https://198.51.100.2:7700"
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"LoadCredential=ca.crt:{ca}" in out and "--source-address 198.51.100.3" in out
+    argv[argv.index("--ca-file") + 1] = str(tmp_path / "tls" / "server.key")
+    assert main(argv) == 2
+    assert "--ca-file: the CA file" in capsys.readouterr().err
+    plain = _agent_argv(token_file, "--print", "--insecure-http")
+    plain[plain.index("--manager") + 1] = "http://198.51.100.2:7700"
+    assert main(plain) == 0
+    assert "--insecure-http" in capsys.readouterr().out
+
+
+def test_manager_command_with_tls(
+    tmp_path: Path, tls_files: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, cert, key = tls_files
+    tokens = tmp_path / "agent-tokens.yaml"
+    tokens.write_text(f"node-1: {TOKEN}\n")
+    tokens.chmod(0o600)
+    base = ["systemd", "manager", "--agent-tokens", str(tokens), "--user", "specon", "--print"]
+    assert main([*base, "--tls-cert", str(cert), "--tls-key", str(key)]) == 0
+    out = capsys.readouterr().out
+    assert f"LoadCredential=tls.crt:{cert}" in out and f"LoadCredential=tls.key:{key}" in out
+    assert main([*base, "--tls-cert", str(cert)]) == 2
+    assert "--tls-cert and --tls-key go together" in capsys.readouterr().err
+    assert main([*base, "--tls-cert", str(tmp_path / "ca" / "ca.crt"), "--tls-key", str(key)]) == 2
+    assert "does not belong to the certificate" in capsys.readouterr().err
+    key.chmod(0o644)
+    assert main([*base, "--tls-cert", str(cert), "--tls-key", str(key)]) == 2
+    assert f"mode 0644): chmod 600 {key}" in capsys.readouterr().err

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The overlay `make deploy` applies, written to DIR: manifests/ with a generated read token
+# (components/read-token) and TLS between agents and manager from a CA of this deployment
+# (components/tls, scripts/deploy-tls.sh). Both are made once and kept across deploys.
+# Usage: scripts/deploy-overlay.sh DIR IMAGE   (IMAGE: name[:tag])
+set -euo pipefail
+dir=$1 image=$2
+here=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$dir"
+test -s "$dir/read-token" || (umask 077; openssl rand -hex 32 > "$dir/read-token")
+bash "$here/scripts/deploy-tls.sh" "$dir/tls" specon
+rel=$(realpath -m --relative-to="$dir" "$here/manifests")
+name=${image%%:*} tag=latest
+[[ $image == *:* ]] && tag=${image#*:}
+cat > "$dir/kustomization.yaml" <<YAML
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [$rel]
+components: [$rel/components/read-token, $rel/components/tls]
+images: [{name: specon, newName: $name, newTag: "$tag"}]
+secretGenerator:
+  - {name: specon-read-token, namespace: specon, files: [token=read-token]}
+  - name: specon-manager-tls
+    namespace: specon
+    type: kubernetes.io/tls
+    files: [tls.crt=tls/manager.crt, tls.key=tls/manager.key, ca.crt=tls/ca.crt]
+YAML
