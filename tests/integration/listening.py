@@ -2,8 +2,7 @@
 
 A port found free (bind to port 0, close) is free only at that moment: until the server binds
 it, any other process may take it. Other test runs on this machine pick ports the same way,
-and an agent whose ``--listen`` host is a loopback address binds each of its outgoing
-connections there, which takes a port as ``bind(0)`` does. The server then cannot listen and
+and every outgoing connection takes an ephemeral port as ``bind(0)`` does. The server then cannot listen and
 exits (a test failing by chance), or a stranger answers where the test expects its server.
 
 :func:`serve_on_free_port` starts the server, waits until *that process* listens on the port
