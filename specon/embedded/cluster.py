@@ -29,12 +29,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal
 
 import aiohttp
 import structlog
 import yaml
 
+from specon.embedded.network_host import Host
 from specon.model import WorkerId
 from specon.runtime.base import ContainerInfo, JobSpec, Runtime
 from specon.runtime.local.cluster import LocalCluster
@@ -48,15 +49,6 @@ RuntimeName = Literal["local", "docker"]
 
 MANAGER_PORT = 7700
 AGENT_PORT = 7701
-
-
-class Host(Protocol):
-    """A network host of its own (a namespace): its address, and how to run a command there."""
-
-    @property
-    def address(self) -> str: ...
-
-    def wrap(self, argv: Sequence[str]) -> list[str]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +174,13 @@ class EmbeddedCluster:
             from specon.embedded.docker_workers import DockerWorkers  # noqa: PLC0415  (the docker SDK)
 
             self.docker = await asyncio.to_thread(
-                DockerWorkers.start, self.root / "engines", self.volume, self.workers, self.cpus, self.name
+                DockerWorkers.start,
+                self.root / "engines",
+                self.volume,
+                self.workers,
+                self.cpus,
+                self.name,
+                hosts=self.hosts[1:] if self.hosts else None,  # each engine beside its worker's agent
             )
         else:
             self.cluster = LocalCluster(
@@ -286,7 +284,7 @@ class EmbeddedCluster:
         log_path = self.logs / f"{name}.log"
         out = open(log_path, "ab")  # noqa: SIM115 - the child owns it for its lifetime
         try:
-            # `ip netns exec` execs the daemon: the pid, and its signals, are the daemon's own.
+            # The host's wrapper execs the daemon: the pid, and its signals, are the daemon's own.
             command = host.wrap(argv) if host is not None else argv
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         finally:

@@ -6,6 +6,13 @@ pidfile (INFRA.md "Docker Engine"): no bridge and no iptables, so its containers
 engine's containers share one CPU budget, like a machine of that size: the engine puts them
 under ``--cgroup-parent``, a cgroup-v1 group whose CFS quota is the budget.
 
+Given a network host (``wrap``, e.g. ``specon.testing.net_hosts.NetHost``), the engine runs in
+that host's network namespace, as on a machine of its own: its socket is still a file the
+driver and the host's agent reach, and what it starts (containerd, shims, ``network_mode``
+``host`` containers) is in that host's network too. The host must leave it this process's
+mount namespace (``NetHost.wrap`` does; ``ip netns exec`` would remount ``/sys``, hiding the
+cgroup hierarchies, and keep the engine's mounts out of ``stop_host``'s reach).
+
 Standard library only (the ``docker`` SDK stays in ``specon.runtime.docker``): the engine is
 asked ``/_ping`` over its unix socket directly.
 """
@@ -26,6 +33,7 @@ from pathlib import Path
 
 import structlog
 
+from specon.embedded.network_host import Host
 from specon.runtime.local.cgroups import CGROUP_ROOT, CpuGroup, detect
 
 log = structlog.get_logger()
@@ -124,6 +132,7 @@ def start_host(
     experimental: bool = False,
     criu_bin: Path | None = None,
     init_path: Path | None = None,
+    network: Host | None = None,
 ) -> DockerHost:
     """Start a private ``dockerd`` under ``base`` (keep it short: socket paths are limited to
     108 bytes) and wait until it answers.
@@ -131,7 +140,8 @@ def start_host(
     ``cpus``: the budget its containers share, in the cgroup ``cgroup`` (path parts below this
     process's own cpu group); ``criu_bin``: a directory put first on the engine's PATH (where a
     ``criu`` wrapper lives); ``init_path``: its ``--init-path`` (a static tini, which CRIU needs
-    to restore ``init=True`` containers).
+    to restore ``init=True`` containers); ``network``: the network host it runs in (default: this
+    process's network).
     """
     ensure_dockerd()
     base.mkdir(parents=True, exist_ok=True)
@@ -164,6 +174,8 @@ def start_host(
     env = dict(os.environ)
     if criu_bin is not None:
         env["PATH"] = f"{criu_bin}:{env.get('PATH', '/usr/bin:/bin')}"
+    if network is not None:
+        argv = network.wrap(argv)
     with (base / "dockerd.log").open("ab") as out:
         process = subprocess.Popen(
             argv,
@@ -179,7 +191,13 @@ def start_host(
             stop_host(host)
             raise DockerUnavailable(f"dockerd {name} did not come up: {_tail(host.log)}")
         time.sleep(0.1)
-    log.info("specon.docker_hosts.started", host=name, socket=str(host.socket), cpus=cpus)
+    log.info(
+        "specon.docker_hosts.started",
+        host=name,
+        socket=str(host.socket),
+        cpus=cpus,
+        own_network=network is not None,
+    )
     return host
 
 

@@ -3,7 +3,8 @@
 Each worker is a ``dockerd`` of its own (``specon.embedded.docker_hosts``) whose containers share the
 worker's CPU budget, with the host-Python image imported (``specon.embedded.host_image``); jobs are
 submitted as containers of that image and the agents run ``--runtime docker`` against their
-engine, allowed to bind only the host paths that image needs.
+engine, allowed to bind only the host paths that image needs. Given network hosts, worker *i*'s
+engine runs in host *i* (``specon.embedded.network_host.Host``), beside that worker's agent.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import asyncio
 import contextlib
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specon.embedded.docker_hosts import DockerHost, start_host, stop_host
 from specon.embedded.host_image import host_binds, host_rootfs
+from specon.embedded.network_host import Host
 from specon.model import WorkerId
 from specon.runtime.base import JobSpec
 from specon.runtime.docker.backend import DockerRuntime, connect, import_image
@@ -36,9 +39,19 @@ class DockerWorkers:
 
     @classmethod
     def start(
-        cls, root: Path, volume: Path, workers: list[WorkerId], cpus: float, name: str
+        cls,
+        root: Path,
+        volume: Path,
+        workers: list[WorkerId],
+        cpus: float,
+        name: str,
+        *,
+        hosts: Sequence[Host] | None = None,
     ) -> DockerWorkers:
-        """Start one engine per worker with a budget of ``cpus`` (blocking: call off the loop)."""
+        """Start one engine per worker with a budget of ``cpus`` (blocking: call off the loop),
+        each in its worker's network host when ``hosts`` (one per worker) are given."""
+        if hosts is not None and len(hosts) != len(workers):
+            raise ValueError(f"{len(workers)} workers need {len(workers)} hosts, got {len(hosts)}")
         root.mkdir(parents=True, exist_ok=True)
         # Engine sockets must fit in 108 bytes: a short directory, linked from ``root``.
         base = Path(tempfile.mkdtemp(prefix="sp-", dir="/tmp"))
@@ -48,8 +61,9 @@ class DockerWorkers:
         try:
             rootfs = host_rootfs(base / "rootfs")
             rules = out.rules()
-            for w in workers:
-                host = start_host(w, base / w, cpus=cpus, cgroup=("specon", name, w))
+            for i, w in enumerate(workers):
+                network = hosts[i] if hosts is not None else None
+                host = start_host(w, base / w, cpus=cpus, cgroup=("specon", name, w), network=network)
                 out.hosts[w] = host
                 client = connect(host.url)
                 import_image(client, rootfs, IMAGE)

@@ -7,7 +7,7 @@ joined to the bridge by a veth pair whose inner end is ``eth0`` with the next ad
 A namespace has only its link-local route to the /27 and loopback: no default route, so
 nothing it sends can leave the bridge (this machine's own network, 192.0.2.0/24, is never
 used). Run what a host runs with ``host.run(argv)`` / ``host.popen(argv)`` (``ip netns
-exec``), cut and restore its link with ``host.cut()`` / ``host.mend()``.
+exec`` without its ``/sys`` remount), cut and restore its link with ``host.cut()`` / ``host.mend()``.
 
 Everything is removed on ``close()`` (and on ``with`` exit, also after a failure):
 every process still in a namespace is killed, the namespaces, veths and the bridge
@@ -150,8 +150,14 @@ class NetHost:
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` run inside this host's namespace."""
-        return ["ip", "netns", "exec", self.ns, *argv]
+        """``argv`` run inside this host's network namespace, and nothing else's: ``nsenter``
+        execs it (the pid, and its signals, are its own) and, unlike ``ip netns exec``, does
+        not remount ``/sys``, so the cgroup tree (CPU budgets, engines) stays in view."""
+        return ["nsenter", f"--net=/run/netns/{self.ns}", "--", *argv]
+
+    def holds(self, pid: int) -> bool:
+        """Whether process ``pid`` runs in this host's network namespace (by inode)."""
+        return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{self.ns}").st_ino
 
     def popen(self, argv: Sequence[str], **kwargs: object) -> subprocess.Popen[bytes]:
         proc: subprocess.Popen[bytes] = subprocess.Popen(self.wrap(argv), **kwargs)  # type: ignore[call-overload]

@@ -5,7 +5,7 @@ or when the process that made it was killed."""
 
 from __future__ import annotations
 
-import os
+import json
 import subprocess
 import sys
 import textwrap
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from specon.embedded.cluster import EmbeddedCluster
+from specon.model import WorkerId
 from specon.testing.net_hosts import NetHosts, available, leftovers, sweep
 from tests.hosts import tls_for
 from tests.integration.test_e2e_local import POLICY, converged_job_moves_once_and_finishes_exactly
@@ -36,8 +37,12 @@ async def test_a_converged_job_moves_between_two_agent_hosts_over_tls(
     ) as c:
         assert c.manager is not None and c.manager.url == f"https://{hosts[0].address}:7700"
         # Each daemon runs in its own host's namespace, listening on that host's address.
-        for d, host in [(c.manager, hosts[0]), (c.agents["w0"], hosts[1]), (c.agents["w1"], hosts[2])]:
-            assert _same_netns(d.proc.pid, host.ns), d.name
+        for d, host in [
+            (c.manager, hosts[0]),
+            (c.agents[WorkerId("w0")], hosts[1]),
+            (c.agents[WorkerId("w1")], hosts[2]),
+        ]:
+            assert host.holds(d.proc.pid), d.name
         await converged_job_moves_once_and_finishes_exactly(c)
         st = await c.status()
         # The manager saw each agent at its own host's address.
@@ -45,11 +50,6 @@ async def test_a_converged_job_moves_between_two_agent_hosts_over_tls(
             "w0": hosts[1].address,
             "w1": hosts[2].address,
         }
-
-
-def _same_netns(pid: int, ns: str) -> bool:
-    """Whether process ``pid`` is in network namespace ``ns`` (compared by inode)."""
-    return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{ns}").st_ino
 
 
 def test_hosts_reach_each_other_and_nothing_else(net_hosts: Hosts) -> None:
