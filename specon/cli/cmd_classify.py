@@ -1,8 +1,10 @@
 """``specon classify``: replay training logs through Algorithm 1 and show what it decides.
 
-Every file is read whole (``specon.progress.read_file``) and replayed on its own
-(``specon.policy.replay``). A file that cannot be read is reported on stderr and left out of the
-output; the others are still processed, and the exit status is 2.
+Every file is read whole (``specon.progress.read_log``: its format and metric found as the
+agent finds them) and replayed on its own (``specon.policy.replay``); records without
+timestamps are spaced by ``specon.progress.spacing``. A file that cannot be read, or that
+yields no records of the metric (it then says what it had instead), is reported on stderr
+and left out of the output; the others are still processed, and the exit status is 2.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +34,11 @@ from specon.config import (
     policy_to_dict,
 )
 from specon.model import Direction
-from specon.policy.replay import DEFAULT_SECONDS_PER_RECORD, ReplayResult, replay
-from specon.progress import ProgressStats, SkipReason, read_file
+from specon.policy.replay import ReplayResult, replay
+from specon.progress import LogRead, ProgressStats, SkipReason, read_log
+from specon.progress.filetimes import lifetime
+from specon.progress.metric import FALLBACKS, no_records
+from specon.progress.spacing import Spacing, spacing_for
 
 EXIT_FAILED = 2
 
@@ -55,24 +62,42 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Replay each progress log through the classifier in ticks of the categorisation "
             "interval and print when it would call the job progressing, watching or converged "
-            "and when it would send a reallocation request. Records with a timestamp are placed "
-            "by it (relative to the first record); records without one follow the previous "
-            "record after --seconds-per-record. Each file is replayed alone, so the worker-level "
-            "request rule is assumed to hold (the worker has enough other active jobs), and no "
-            "manager answers: the job keeps being classified after its request. Settings come "
-            "from --policy (or the defaults), then from the options below. A file that cannot "
-            "be read is reported on stderr and left out; the others are still processed and "
-            "the exit status is 2."
+            "and when it would send a reallocation request. Reads JSON lines, CSV (Keras and "
+            "Lightning CSVLogger), text (including the Hugging Face Trainer's console lines), "
+            "Hugging Face trainer_state.json and TensorBoard event files (the tensorboard extra), "
+            "detected from their content. Without --metric, a log with no 'loss' is read for the "
+            f"first of {', '.join(FALLBACKS)} it has (else a name ending in 'loss'), and the output "
+            "says which (docs/logs.md). Records with a "
+            "timestamp are placed by it (relative to the first record); records without one "
+            "follow the previous record after --seconds-per-record, else spread over the time "
+            "the file was written (birth to last modification) when that is known, else one per "
+            "interval. Each file is replayed alone, so the worker-level request rule is assumed "
+            "to hold (the worker has enough other active jobs), and no manager answers: the job "
+            "keeps being classified after its request. Settings come from --policy (or the "
+            "defaults), then from the options below. A file that cannot be read, or that yields "
+            "no records of the metric (the names it has are listed), is reported on stderr and "
+            "left out; the others are still processed and the exit status is 2."
         ),
     )
-    parser.add_argument("files", nargs="+", metavar="FILE", help="progress log (JSON lines, CSV or text)")
+    parser.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="progress log (JSON lines, CSV, text, trainer_state.json or a TensorBoard event file)",
+    )
     parser.add_argument("--policy", metavar="FILE", help="policy file to take the settings from")
     parser.add_argument(
         "--format",
         choices=typing.get_args(FormatName),
-        help=f"log format (default: {_PROGRESS.format})",
+        help=f"line format to read the log as (default: {_PROGRESS.format}: detected; trainer_state.json "
+        "and TensorBoard event files are detected only)",
     )
-    parser.add_argument("--metric", metavar="NAME", help=f"metric to read (default: {_PROGRESS.metric})")
+    parser.add_argument(
+        "--metric",
+        metavar="NAME",
+        help=f"metric to read: a column, key or tag name (default: {_PROGRESS.metric}, or by the metric "
+        "rule when the log has none: docs/logs.md)",
+    )
     parser.add_argument(
         "--direction",
         choices=[d.value for d in Direction],
@@ -85,7 +110,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"categorisation interval in seconds (default: {_MONITOR.interval:g})",
     )
     parser.add_argument(
-        "--alpha", type=float, metavar="A", help=f"categorisation threshold (default: {_MONITOR.alpha:g})"
+        "--alpha",
+        type=float,
+        metavar="A",
+        help=f"categorisation threshold of classifier specon and of robust's change test (default: "
+        f"{_MONITOR.alpha:g}); the robust classifier's doubling test, the default, does not use it",
     )
     parser.add_argument(
         "--classifier",
@@ -105,9 +134,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--seconds-per-record",
         type=_non_negative,
-        default=DEFAULT_SECONDS_PER_RECORD,
         metavar="S",
-        help=f"time between records without a timestamp (default: {DEFAULT_SECONDS_PER_RECORD:g})",
+        help="time between records without a timestamp (default: spread over the time the file was "
+        "written, birth to last modification, when known; else one record per interval)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object per file, as a list")
     parser.add_argument("--plot", metavar="OUT.png", help="draw each file's metric and categories to a PNG")
@@ -147,11 +176,42 @@ def skipped(stats: ProgressStats) -> int:
     return sum(stats.skipped[reason] for reason in _DATA_SKIPS)
 
 
-def as_json(path: str, result: ReplayResult, stats: ProgressStats) -> dict[str, Any]:
+def alpha_used(cfg: MonitorConfig) -> bool:
+    """Whether ``cfg``'s classifier reads alpha: specon's does, and the robust one's change
+    test; its doubling test (the default) decides by ``gain``."""
+    return cfg.classifier != "robust" or cfg.robust.test == "change"
+
+
+def classifier_text(cfg: MonitorConfig) -> str:
+    """The classifier and the threshold it decides by: ``robust, doubling test, gain 0.11``."""
+    if cfg.classifier != "robust":
+        return f"{cfg.classifier}, alpha {cfg.alpha:g}"
+    if cfg.robust.test == "change":
+        return f"robust, change test, alpha {cfg.alpha:g}"
+    return f"robust, doubling test, gain {cfg.robust.gain:g}"
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """One file's replay, with what was read to make it."""
+
+    path: str
+    log: LogRead
+    spacing: Spacing | None  # None: every record had a timestamp
+    result: ReplayResult
+
+
+def as_json(done: Replayed) -> dict[str, Any]:
+    result, spacing = done.result, done.spacing
     return {
-        "file": path,
+        "file": done.path,
+        "format": done.log.format,
+        "metric": done.log.choice.chosen,
         "records": result.records,
-        "skipped": skipped(stats),
+        "skipped": skipped(done.log.stats),
+        "spacing": None
+        if spacing is None
+        else {"untimed": spacing.untimed, "seconds": spacing.seconds, "rule": spacing.rule},
         "transitions": [
             {"t": tr.t, "from": tr.source.value, "to": tr.target.value} for tr in result.transitions
         ],
@@ -160,18 +220,18 @@ def as_json(path: str, result: ReplayResult, stats: ProgressStats) -> dict[str, 
     }
 
 
-def timeline(path: str, result: ReplayResult, stats: ProgressStats, cfg: MonitorConfig) -> str:
+def timeline(done: Replayed, cfg: MonitorConfig) -> str:
     """A readable account of one replay."""
+    result, stats, log = done.result, done.log.stats, done.log
     lines = [
-        f"{path}: {result.records} records, {skipped(stats)} skipped; {result.ticks} ticks of "
-        f"{cfg.interval:g} s ({cfg.classifier}, alpha {cfg.alpha:g})"
+        f"{done.path}: {log.format}, metric {log.choice.describe()}; {result.records} records, "
+        f"{skipped(stats)} skipped; {result.ticks} ticks of {cfg.interval:g} s ({classifier_text(cfg)})"
     ]
     reasons = [f"{stats.skipped[r]} {r.value}" for r in _DATA_SKIPS if stats.skipped[r]]
     if reasons:
         lines.append(f"  skipped lines: {', '.join(reasons)}")
-    if not result.records:
-        lines.append("  no samples of the metric: nothing to classify")
-        return "\n".join(lines)
+    if done.spacing is not None:
+        lines.append(f"  {done.spacing.describe()}")
     events = [(0.0, 0, "progressing")]
     events += [(tr.t, 1, f"{tr.source.value} -> {tr.target.value}") for tr in result.transitions]
     if result.request_at is not None:
@@ -192,12 +252,55 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:04.1f}" if hours else f"{minutes}:{secs:04.1f}"
 
 
+def nothing_read(log: LogRead) -> str | None:
+    """Why ``log`` gives nothing to replay, or None if it has records."""
+    stats = log.stats
+    if log.samples:
+        return None
+    if stats.bytes_read == 0:
+        return "empty file: no records to classify"
+    reasons = ", ".join(f"{n} {r.value}" for r, n in stats.skipped.items() if n)
+    what = f"{log.format or 'unrecognised'} log, {stats.lines} lines ({reasons or 'none complete'})"
+    return f"no records of the metric in this {what}: {no_records(log.choice, kind=log.names)}"
+
+
+def replay_file(path: str, policy: Policy, seconds_per_record: float | None) -> Replayed:
+    """Read and replay one file; ``OSError``/``ValueError`` if it cannot be, or has no records."""
+    log = read_log(path, policy.progress)
+    problem = nothing_read(log)
+    if problem is not None:
+        raise ValueError(problem)
+    untimed = sum(1 for s in log.samples if s.ts is None)
+    spacing = None
+    if untimed:
+        spacing = spacing_for(
+            untimed,
+            given=seconds_per_record,
+            lifetime=lifetime(os.path.realpath(path)),
+            interval=policy.monitor.interval,
+        )
+    result = replay(
+        ((s.ts, s.value) for s in log.samples),
+        policy.monitor,
+        direction=policy.progress.direction,
+        seconds_per_record=0.0 if spacing is None else spacing.seconds,
+    )
+    return Replayed(path, log, spacing, result)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         policy = settings(args)
     except PolicyError as e:
         print(f"specon classify: {e}", file=sys.stderr)
         return EXIT_FAILED
+    if args.alpha is not None and not alpha_used(policy.monitor):
+        print(
+            f"specon classify: --alpha {args.alpha:g} is ignored: the robust classifier's doubling test "
+            f"decides by gain ({policy.monitor.robust.gain:g}); alpha applies to --classifier specon "
+            "and to the robust classifier's change test (monitor.robust.test: change)",
+            file=sys.stderr,
+        )
     if args.plot:
         # Only for --plot: matplotlib (the `plot` extra) is slow to import, and may be missing.
         try:
@@ -206,30 +309,23 @@ def run(args: argparse.Namespace) -> int:
             print(f"specon classify: {e}", file=sys.stderr)
             return EXIT_FAILED
     status = 0
-    done: list[tuple[str, ReplayResult, ProgressStats]] = []
+    done: list[Replayed] = []
     for path in args.files:
         try:
-            samples, stats = read_file(path, policy.progress)
-            result = replay(
-                ((s.ts, s.value) for s in samples),
-                policy.monitor,
-                direction=policy.progress.direction,
-                seconds_per_record=args.seconds_per_record,
-            )
+            done.append(replay_file(path, policy, args.seconds_per_record))
         except (OSError, ValueError) as e:
             print(f"specon classify: {path}: {_reason(e)}", file=sys.stderr)
             status = EXIT_FAILED
-            continue
-        done.append((path, result, stats))
 
     if args.json:
-        print(json.dumps([as_json(path, result, stats) for path, result, stats in done], indent=2))
+        print(json.dumps([as_json(d) for d in done], indent=2))
     elif done:
-        print("\n\n".join(timeline(path, result, stats, policy.monitor) for path, result, stats in done))
+        print("\n\n".join(timeline(d, policy.monitor) for d in done))
 
     if args.plot and done:
+        metric = ", ".join(dict.fromkeys(d.log.choice.metric for d in done))
         try:
-            plot_replays([(p, r) for p, r, _ in done], Path(args.plot), metric=policy.progress.metric)
+            plot_replays([(d.path, d.result) for d in done], Path(args.plot), metric=metric)
         except (OSError, ValueError) as e:
             print(f"specon classify: cannot write the plot {args.plot}: {_reason(e)}", file=sys.stderr)
             status = EXIT_FAILED

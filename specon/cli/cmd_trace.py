@@ -1,8 +1,10 @@
 """``specon trace record``: record loss-curve traces from the project's own workloads.
 
 Each (model, seed) trains in this process on one torch thread and is written as one JSON
-trace (``specon.sim.trace``) into ``--out`` (default: the packaged traces the simulator
-uses). torch is imported only when the command runs, so ``specon --help`` works without it.
+trace (``specon.sim.trace``) into ``--out`` (default: the current directory). The traces
+shipped in the package (``DEFAULT_TRACE_DIR``, what the simulator uses by default) are never
+written: an ``--out`` there is refused before any training. torch is imported only when the
+command runs, so ``specon --help`` works without it.
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Train each model for each seed in this process (one torch thread), recording the raw "
             "mini-batch loss every --stride steps and the CPU time per step, and write one JSON "
-            "trace per (model, seed) as MODEL-seedSEED.json. Progress goes to stderr. Needs torch."
+            "trace per (model, seed) as MODEL-seedSEED.json into --out. Progress goes to stderr. "
+            "Needs torch. The traces shipped with specon are never overwritten: point "
+            "`specon sim --traces DIR` at the new ones."
         ),
     )
     record.add_argument(
@@ -81,12 +85,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"record the loss every N steps (default {DEFAULT_STRIDE})",
     )
     record.add_argument(
-        "--out", type=Path, default=DEFAULT_TRACE_DIR, help=f"output directory (default {DEFAULT_TRACE_DIR})"
+        "--out",
+        type=Path,
+        default=Path("."),
+        help="output directory (default: the current directory; not the shipped traces, "
+        f"{DEFAULT_TRACE_DIR})",
     )
     record.set_defaults(func=_record)
 
 
+def shipped(out: Path) -> bool:
+    """Whether ``out`` is (inside) the package's shipped traces."""
+    return out.resolve().is_relative_to(DEFAULT_TRACE_DIR.resolve())
+
+
 def _record(args: argparse.Namespace) -> int:
+    if shipped(args.out):
+        print(
+            f"specon trace record: --out {args.out} is the traces shipped with specon "
+            f"({DEFAULT_TRACE_DIR}), which are never overwritten; write them elsewhere "
+            "and pass that directory to `specon sim --traces`",
+            file=sys.stderr,
+        )
+        return 2
     try:
         from specon.sim import record  # noqa: PLC0415  (imports torch)
         from specon.workloads.registry import WORKLOADS  # noqa: PLC0415

@@ -3,7 +3,8 @@
 other metrics leaves the metric's cell empty: that row is a "no metric" skip).
 
 The parser is stateful: the first non-blank line is the header. The delimiter (``,``,
-``;`` or tab) is sniffed from the header.
+``;`` or tab) is sniffed from the header. The metric's column is chosen from the header
+(``specon.progress.metric``): Lightning's ``train_loss_step`` when there is no ``loss``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import ClassVar
 
 from specon.config import ProgressConfig
 from specon.progress.fields import STEP_KEYS, TS_KEYS, step_from, ts_from, value_from_text
+from specon.progress.metric import MetricChoice
 from specon.progress.parser import LineParser, LogFormat
 from specon.progress.samples import Sample, SkipReason
 
@@ -60,18 +62,20 @@ def looks_like_data(cells: Sequence[str]) -> bool:
 
 class CsvParser(LineParser):
     format: ClassVar[LogFormat] = "csv"
+    names: ClassVar[str] = "columns"
 
     def __init__(
         self,
         config: ProgressConfig,
         *,
+        choice: MetricChoice | None = None,
         previous_header: tuple[str, ...] | None = None,
         previous_delimiter: str = ",",
         previous_rows: int = 0,
         previous_first_row: dict[str, str] | None = None,
     ) -> None:
         """``previous_*`` describe the file before it started over (see ``restart``)."""
-        super().__init__(config)
+        super().__init__(config, choice=choice)
         self._header: tuple[str, ...] | None = None
         self._delimiter = ","
         self._metric_col: int | None = None
@@ -109,6 +113,7 @@ class CsvParser(LineParser):
             rows, first_row = max(self._rows, self._replayed), self._first_row
         return CsvParser(
             self.config,
+            choice=self.choice,
             previous_header=header,
             previous_delimiter=delimiter,
             previous_rows=rows if rewritten else 0,
@@ -132,7 +137,8 @@ class CsvParser(LineParser):
     def _set_header(self, header: tuple[str, ...], delimiter: str) -> None:
         self._header = header
         self._delimiter = delimiter
-        self._metric_col = _index(header, (self.config.metric,))
+        metric = self.choice.offer(header)
+        self._metric_col = None if metric is None else _index(header, (metric,))
         self._step_col = _index(header, STEP_KEYS)
         self._ts_col = _index(header, TS_KEYS)
 

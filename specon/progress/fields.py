@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping
 from datetime import datetime
 
-from specon.progress.samples import SkipReason
+from specon.progress.samples import Sample, SkipReason
 
 # Tried in order; the first key present (and not null/empty) wins.
 STEP_KEYS = ("step", "global_step", "iteration", "iter", "epoch")
@@ -101,3 +101,11 @@ def first_present(record: Mapping[str, object], keys: tuple[str, ...]) -> object
         if raw is not None and raw != "":
             return raw
     return None
+
+
+def sample_from_record(record: Mapping[str, object], metric: str) -> Sample | SkipReason:
+    """The sample of one decoded record (a JSON line, a ``log_history`` entry, a printed dict)."""
+    value = value_from_json(record.get(metric))
+    if isinstance(value, SkipReason):
+        return value
+    return Sample(value, ts_from(first_present(record, TS_KEYS)), step_from(first_present(record, STEP_KEYS)))

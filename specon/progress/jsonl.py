@@ -1,7 +1,8 @@
 """JSON lines: one flat JSON object per line, e.g. ``{"step": 10, "loss": 0.5, "ts": 1700000000.1}``.
 
-The metric is the top-level key named exactly ``ProgressConfig.metric`` (so ``val/loss`` or
-``train_loss`` match literally; nested objects are not searched).
+The metric is the top-level key named exactly as chosen (``specon.progress.metric``: so
+``val/loss`` or ``train_loss`` match literally; nested objects are not searched). Records
+before the first one with a key the rule accepts carry no metric.
 """
 
 from __future__ import annotations
@@ -10,7 +11,15 @@ import json
 import math
 from typing import Any, ClassVar
 
-from specon.progress.fields import STEP_KEYS, TS_KEYS, first_present, step_from, ts_from, value_from_json
+from specon.progress.fields import (
+    STEP_KEYS,
+    TS_KEYS,
+    first_present,
+    sample_from_record,
+    step_from,
+    ts_from,
+    value_from_json,
+)
 from specon.progress.parser import LineParser, LogFormat
 from specon.progress.samples import ProgressStats, Sample, SkipReason
 
@@ -37,12 +46,10 @@ class JsonlParser(LineParser):
         return self._from_record(record)
 
     def _from_record(self, record: dict[str, Any]) -> Sample | SkipReason:
-        value = value_from_json(record.get(self.config.metric))
-        if isinstance(value, SkipReason):
-            return value
-        return Sample(
-            value, ts_from(first_present(record, TS_KEYS)), step_from(first_present(record, STEP_KEYS))
-        )
+        metric = self.choice.offer(record)
+        if metric is None:
+            return SkipReason.NO_METRIC
+        return sample_from_record(record, metric)
 
     def parse_block(self, block: bytes, out: list[Sample], stats: ProgressStats) -> None:
         records = self._load_block(block)
@@ -51,7 +58,8 @@ class JsonlParser(LineParser):
             return
         # The hot loop: common shapes (float metric, int step, float ts) inline, anything
         # else through the same helpers ``parse`` uses.
-        metric = self.config.metric
+        choice = self.choice
+        metric = choice.chosen
         isfinite = math.isfinite
         append = out.append
         skipped = stats.skipped
@@ -59,6 +67,11 @@ class JsonlParser(LineParser):
         no_ts = frozenset(TS_KEYS).isdisjoint
         found = 0
         for record in records:
+            if metric is None:
+                metric = choice.offer(record)
+                if metric is None:
+                    skipped[SkipReason.NO_METRIC] += 1
+                    continue
             value = record.get(metric)
             if type(value) is not float or not isfinite(value):
                 result = value_from_json(value)

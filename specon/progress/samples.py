@@ -1,4 +1,5 @@
-"""What reading a progress log yields: samples, typed skips and their counters."""
+"""What reading a progress log yields: samples, typed skips, their counters, and the error
+of a log that cannot be read at all."""
 
 from __future__ import annotations
 
@@ -86,3 +87,8 @@ class ProgressStats:
         }
         flat.update({f"skipped_{reason.value}": count for reason, count in self.skipped.items()})
         return flat
+
+
+class UnreadableLogError(OSError):
+    """A log that cannot be read at all here: e.g. a TensorBoard event file without the
+    ``tensorboard`` extra. The message says what to do."""

@@ -12,6 +12,9 @@ once in ``stats.refused``, logged), never followed, never waited on.
 
 ``prefetch`` does a poll's reading ahead, from a worker thread, and the next ``poll``
 hands over its samples without touching a file: the agent reads logs off its event loop.
+
+A tailer reads one metric (``choice``, ``specon.progress.metric``): when the rule picks one
+other than the configured name, the tailer logs ``specon.progress.metric_chosen`` once.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import fnmatch
 import os
 import stat
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
@@ -30,7 +34,8 @@ import structlog
 from specon.checkpoint import NotRegularFileError, file_kind
 from specon.config import ProgressConfig
 from specon.progress.detect import make_parser
-from specon.progress.parser import LineParser
+from specon.progress.metric import MetricChoice
+from specon.progress.parser import Decoder
 from specon.progress.reader import READ_SIZE, FileReader, Identity, lstat, regular_identity
 from specon.progress.samples import ProgressStats, Sample
 
@@ -40,7 +45,7 @@ log = structlog.get_logger()
 class _Tailing(abc.ABC):
     """What both tailers share: config checks, stats, error reporting, read-ahead, closing."""
 
-    def __init__(self, config: ProgressConfig, read_size: int, capped: bool) -> None:
+    def __init__(self, config: ProgressConfig, read_size: int, capped: bool, announce: bool = True) -> None:
         if config.format != "auto":
             make_parser(config.format, config)  # a bad format or regex fails here, not at first poll
         if config.max_line_bytes < 1:
@@ -49,6 +54,9 @@ class _Tailing(abc.ABC):
             raise ValueError(f"max_poll_bytes must be positive, got {config.max_poll_bytes}")
         self.config = config
         self.stats = ProgressStats()
+        # The metric read, shared by every file and parser of this tailer.
+        self.choice = MetricChoice(config.metric)
+        self._announce = announce
         # The I/O error the last poll met (unreadable file, failing volume), or why the file
         # at the path is refused, for reporting; reading is tried again at the next poll.
         self.error: str | None = None
@@ -72,7 +80,18 @@ class _Tailing(abc.ABC):
             elif out is None:
                 out = self._poll()
         self._close_if_asked()
+        self._announce_choice()
         return out
+
+    def _announce_choice(self) -> None:
+        if self._announce and self.choice.fallback:
+            self._announce = False
+            log.info(
+                "specon.progress.metric_chosen",
+                log=str(self),
+                metric=self.choice.chosen,
+                requested=self.choice.requested,
+            )
 
     def prefetch(self) -> None:
         """Read ahead what the next ``poll`` returns; meant for a worker thread. A ``close``
@@ -87,10 +106,15 @@ class _Tailing(abc.ABC):
     def _poll(self) -> list[Sample]:
         """One poll's reading (under the lock)."""
 
-    def _open(self, path: Path, previous: LineParser | None) -> FileReader | None:
+    def _open(self, path: Path, previous: Decoder | None) -> FileReader | None:
         try:
             return FileReader.open(
-                path, config=self.config, stats=self.stats, previous=previous, read_size=self._read_size
+                path,
+                config=self.config,
+                stats=self.stats,
+                previous=previous,
+                read_size=self._read_size,
+                choice=self.choice,
             )
         except FileNotFoundError:
             return None
@@ -188,15 +212,17 @@ class Tailer(_Tailing):
         *,
         read_size: int = READ_SIZE,
         capped: bool = True,
+        announce: bool = True,
     ) -> None:
-        """``capped=False``: no ``max_poll_bytes`` limit (for reading a finished file whole)."""
-        super().__init__(config or ProgressConfig(), read_size, capped)
+        """``capped=False``: no ``max_poll_bytes`` limit (for reading a finished file whole);
+        ``announce=False``: the metric rule's choice is not logged (the caller shows it)."""
+        super().__init__(config or ProgressConfig(), read_size, capped, announce)
         self.path = Path(path)
         self.rotations = 0
         self._current: FileReader | None = None
         # The file rotated away, read on until a poll finds it idle.
         self._retired: FileReader | None = None
-        self._last_parser: LineParser | None = None
+        self._last_parser: Decoder | None = None
         self._polled = False
 
     def __repr__(self) -> str:
@@ -206,6 +232,12 @@ class Tailer(_Tailing):
     def offset(self) -> int:
         """Bytes read of the current file."""
         return 0 if self._current is None else self._current.offset
+
+    @property
+    def decoder(self) -> Decoder | None:
+        """What reads the current file, once its format is known."""
+        reader = self._current or self._retired
+        return None if reader is None or reader.format is None else reader.parser
 
     def _poll(self) -> list[Sample]:
         self.error = None
@@ -348,14 +380,24 @@ class DirectoryTailer(_Tailing):
         return [*self._retired.values(), *self._active.values()]
 
 
-def read_file(
-    path: str | os.PathLike[str], config: ProgressConfig | None = None
-) -> tuple[list[Sample], ProgressStats]:
+@dataclass(frozen=True, slots=True)
+class LogRead:
+    """A whole log read once: its samples, counters, format and metric."""
+
+    samples: list[Sample]
+    stats: ProgressStats
+    format: str | None  # None: nothing in the file told (it is empty)
+    choice: MetricChoice
+    names: str  # what the format calls its names: "columns", "keys", "tags"...
+
+
+def read_log(path: str | os.PathLike[str], config: ProgressConfig | None = None) -> LogRead:
     """Read a whole, finished log file once (its last line needs no newline).
 
     ``FileNotFoundError`` if it does not exist, ``NotRegularFileError`` (an ``OSError``) if it is
-    not a regular file. A symlink is followed (this reads a file a user named); what it
-    leads to must be a regular file.
+    not a regular file, ``UnreadableLogError`` (an ``OSError``) if it cannot be read here. A
+    symlink is followed (this reads a file a user named); what it leads to must be a regular
+    file.
     """
     target = Path(os.path.realpath(path))
     st = lstat(target)
@@ -363,9 +405,20 @@ def read_file(
         raise FileNotFoundError(f"no progress log at {os.fspath(path)!r}")
     if regular_identity(st) is None:
         raise NotRegularFileError(path, file_kind(st.st_mode))
-    with Tailer(target, config, capped=False) as tailer:
+    with Tailer(target, config, capped=False, announce=False) as tailer:
         samples = tailer.poll()
         samples.extend(tailer.flush())
         if tailer.error is not None:
             raise OSError(tailer.error)
-        return samples, tailer.stats
+        decoder = tailer.decoder
+        if decoder is None:
+            return LogRead(samples, tailer.stats, None, tailer.choice, "names")
+        return LogRead(samples, tailer.stats, decoder.format, tailer.choice, decoder.names)
+
+
+def read_file(
+    path: str | os.PathLike[str], config: ProgressConfig | None = None
+) -> tuple[list[Sample], ProgressStats]:
+    """``read_log``'s samples and counters."""
+    got = read_log(path, config)
+    return got.samples, got.stats

@@ -24,9 +24,20 @@ def test_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
     code, docs, err = classify(capsys, str(LOGS / "converging.jsonl"))
     assert (code, err) == (0, "")
     (doc,) = docs
-    assert list(doc) == ["file", "records", "skipped", "transitions", "request_at", "final"]
+    assert list(doc) == [
+        "file",
+        "format",
+        "metric",
+        "records",
+        "skipped",
+        "spacing",
+        "transitions",
+        "request_at",
+        "final",
+    ]
     assert doc["file"] == str(LOGS / "converging.jsonl")
-    assert (doc["records"], doc["skipped"]) == (300, 0)
+    assert (doc["format"], doc["metric"], doc["records"], doc["skipped"]) == ("jsonl", "loss", 300, 0)
+    assert doc["spacing"] is None  # every record has its timestamp
     assert isinstance(doc["request_at"], float)
     assert doc["transitions"][0] == {"t": doc["transitions"][0]["t"], "from": "progressing", "to": "watching"}
     for tr in doc["transitions"]:

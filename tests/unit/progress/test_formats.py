@@ -62,7 +62,7 @@ def test_text_default_regex_reads_common_prints(line: bytes, value: float) -> No
 @pytest.mark.parametrize(
     ("line", "reason"),
     [
-        (b"val_loss: 0.3", SkipReason.NO_METRIC),  # a different metric, not a substring match
+        (b"lr: 0.3", SkipReason.NO_METRIC),  # a number, but no loss
         (b"Starting training", SkipReason.NO_METRIC),
         (b"loss increased", SkipReason.NO_METRIC),
         (b"loss: nan", SkipReason.NONFINITE),
@@ -75,6 +75,12 @@ def test_text_default_regex_reads_common_prints(line: bytes, value: float) -> No
 )
 def test_text_skips(line: bytes, reason: SkipReason) -> None:
     assert TextParser(DEFAULT).parse(line) is reason
+
+
+def test_text_reads_the_chosen_metric_not_a_substring_match() -> None:
+    parser = TextParser(DEFAULT)
+    assert parser.parse(b"loss: 0.5") == Sample(0.5)
+    assert parser.parse(b"val_loss: 0.3") is SkipReason.NO_METRIC
 
 
 def test_text_metric_name_is_escaped_and_configurable() -> None:
