@@ -14,7 +14,7 @@ from specon.daemon.cli_args import missing_extra
 
 ROOT = Path(__file__).resolve().parents[2]
 # The extras' client libraries: a plain install has none of them.
-EXTRAS = ("kubernetes", "docker", "matplotlib", "torch")
+EXTRAS = ("kubernetes", "docker", "matplotlib", "torch", "tensorboard", "lightning", "transformers", "keras")
 
 
 def _loaded(code: str) -> set[str]:
