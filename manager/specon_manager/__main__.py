@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import dataclasses
 import os
 import sqlite3
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import structlog
@@ -22,10 +24,14 @@ from specon.daemon.cli_args import (
     read_token,
     split_listen,
 )
+from specon.daemon.manager_url import is_loopback
 from specon.daemon.settings import ManagerSettings
-from specon_manager.app import create_app
+from specon.daemon.tls import ReloadCollector, ServerCertificate, TLSConfigError
+from specon_manager import standby
+from specon_manager.app import METRICS, create_app
 from specon_manager.auth import Authenticator, Chain, StaticTokens, load_agent_tokens
 from specon_manager.journal import Journal, JournalStore
+from specon_manager.lease import Timing
 from specon_manager.shell import ManagerShell
 
 log = structlog.get_logger()
@@ -109,6 +115,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="kubeconfig for the kubernetes journal and --agent-auth kubernetes (default: in-cluster)",
     )
     p.add_argument("--dry-run", action="store_true", help="decide and record, but never touch a container")
+    _election_options(p)
+    tls = p.add_argument_group("TLS (docs/tls.md)")
+    tls.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="FILE",
+        help="serve HTTPS with this PEM certificate chain (the manager's certificate first; its "
+        "subjectAltName must hold the host name or address agents use in --manager). With --tls-key; "
+        "both are re-read when they change (SPECON_MANAGER_TLS_RELOAD_INTERVAL)",
+    )
+    tls.add_argument(
+        "--tls-key",
+        type=Path,
+        metavar="FILE",
+        help="the certificate's private key (PEM, unencrypted, readable by the manager only)",
+    )
     p.add_argument("--log-level", default="info", help="debug, info, warning, error (default info)")
     p.add_argument(
         "--log-format", choices=("json", "console"), default="json", help="log rendering (default json)"
@@ -154,6 +176,69 @@ def _authenticator(args: argparse.Namespace) -> tuple[Authenticator, bool]:
     return Chain(static, review), bool(read)
 
 
+def _election_options(p: argparse.ArgumentParser) -> None:
+    ha = p.add_argument_group("leader election (docs/kubernetes.md, High availability)")
+    ha.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="run as one of several replicas: lead only while holding a coordination.k8s.io Lease "
+        "(needs --journal kubernetes); a standby serves /healthz and the status, answers /readyz 503 "
+        "and refuses protocol messages with 503",
+    )
+    ha.add_argument(
+        "--leader-elect-lease-name",
+        default="specon-manager",
+        help="the Lease's name (default specon-manager; the HA component's Role names it)",
+    )
+    ha.add_argument(
+        "--leader-elect-namespace",
+        default=os.environ.get("POD_NAMESPACE"),
+        help="the Lease's namespace (default $POD_NAMESPACE, else --journal-namespace)",
+    )
+    ha.add_argument(
+        "--leader-elect-identity",
+        help="this replica's holderIdentity, unique per process (default $POD_NAME, else the host "
+        "name, plus _ and a random suffix)",
+    )
+    timing = Timing()
+    for flag, field, what in (
+        ("lease-duration", "lease_duration", "how long a lease lasts unrenewed before a standby takes it, "
+         "whole seconds"),
+        ("renew-deadline", "renew_deadline", "the leader stops leading (and exits) when it could not "
+         "renew for this long; less than the lease duration"),
+        ("retry-period", "retry_period", "between a standby's tries and the leader's renewals"),
+    ):  # fmt: skip
+        ha.add_argument(
+            f"--leader-elect-{flag}",
+            type=float,
+            default=getattr(timing, field),
+            metavar="SECONDS",
+            help=f"{what} (default {getattr(timing, field):g})",
+        )
+
+
+def _server_tls(args: argparse.Namespace) -> ServerCertificate | None:
+    """The certificate to serve HTTPS with (None: plain HTTP); ``TLSConfigError`` saying why not."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise TLSConfigError("--tls-cert and --tls-key go together: give both (HTTPS) or neither (HTTP)")
+    if args.tls_cert is None:
+        return None
+    return ServerCertificate(args.tls_cert, args.tls_key)
+
+
+def _reloading(cert: ServerCertificate, interval: float) -> Callable[[web.Application], AsyncIterator[None]]:
+    """An aiohttp cleanup context that re-reads the certificate files while the app serves."""
+
+    async def ctx(_app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(cert.watch(interval), name="specon-manager-tls-reload")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return ctx
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(level=args.log_level, fmt=args.log_format)
@@ -171,6 +256,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         auth, guard_reads = _authenticator(args)
     except (OSError, ValueError) as exc:  # missing, unreadable, not text, weak, reused
         print(f"specon-manager: {exc}", file=sys.stderr)
+        return 2
+    try:
+        tls = _server_tls(args)
+    except TLSConfigError as exc:  # one of the pair missing, unreadable, not PEM, mismatched
+        print(f"specon-manager: {exc}", file=sys.stderr)
+        return 2
+    timing = Timing(
+        args.leader_elect_lease_duration, args.leader_elect_renew_deadline, args.leader_elect_retry_period
+    )
+    if args.leader_elect and (problems := timing.problems()):
+        print(f"specon-manager: --leader-elect: {'; '.join(problems)}", file=sys.stderr)
+        return 2
+    if args.leader_elect and args.journal != "kubernetes":
+        print(
+            "specon-manager: --leader-elect needs --journal kubernetes (the replicas share the journal "
+            "in the API)",
+            file=sys.stderr,
+        )
         return 2
     journal: JournalStore
     if args.journal == "kubernetes":
@@ -194,18 +297,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, sqlite3.Error) as exc:  # state dir not creatable, file not a journal
             print(f"specon-manager: cannot open the journal in {args.state_dir}: {exc}", file=sys.stderr)
             return 2
+    elector = None
+    if args.leader_elect:
+        from specon_manager.leader import elector_for  # noqa: PLC0415  (the kubernetes client)
+
+        try:
+            elector, journal = elector_for(
+                journal,
+                kubeconfig=args.kubeconfig,
+                namespace=args.leader_elect_namespace or args.journal_namespace,
+                name=args.leader_elect_lease_name,
+                identity=args.leader_elect_identity,
+                timing=timing,
+            )
+        except ValueError as exc:  # the Lease cannot be read: no API, or the Role does not allow it
+            print(f"specon-manager: --leader-elect: {exc}", file=sys.stderr)
+            journal.close()
+            return 2
     try:
-        shell = ManagerShell(policy=policy, journal=journal)
+        shell = ManagerShell(policy=policy, journal=journal, standby=elector is not None)
     except Exception as exc:  # the journal could not be read back (a corrupt file, an API error)
         print(f"specon-manager: cannot read the journal: {exc}", file=sys.stderr)
         journal.close()
         return 2
     app = create_app(shell, auth=auth, guard_reads=guard_reads, settings=settings)
+    if elector is None:
+        standby.install(app, shell)  # /readyz: always ready
+    else:
+        from specon_manager.leader import attach  # noqa: PLC0415
+
+        attach(app, shell, elector, registry=app[METRICS].registry)
     host, port = args.listen
+    if tls is not None:
+        app[METRICS].registry.register(ReloadCollector(tls))
+        app.cleanup_ctx.append(_reloading(tls, settings.tls_reload_interval))
+    elif not is_loopback(host):
+        # Allowed (a trusted network, or TLS ended by a proxy in front), but worth a line.
+        log.warning("specon.manager.plain_http", host=host, hint="agents' tokens cross the network in clear")
     log.info(
         "specon.manager.starting",
         host=host,
         port=port,
+        tls=tls is not None,
         mode=policy.mode,
         dry_run=policy.migration.dry_run,
         journal=str(journal.path),
@@ -219,6 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             handle_signals=True,
             access_log=None,
             shutdown_timeout=settings.shutdown_timeout,
+            ssl_context=tls.context if tls is not None else None,
         )
     except OSError as exc:  # e.g. the address is in use
         print(f"specon-manager: cannot serve on {host}:{port}: {exc}", file=sys.stderr)
@@ -226,7 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         journal.close()
         log.info("specon.manager.stopped")
-    return 0
+    # Leadership lost: a non-zero exit, so Kubernetes restarts it (as a standby).
+    return 1 if elector is not None and elector.lost else 0
 
 
 if __name__ == "__main__":

@@ -11,6 +11,13 @@ the shell has reported the journal writes made before it as durable (``journaled
 Writes go to the journal in the order the coordinator made them (one writer at a time,
 FIFO); a failed write is kept and retried by the next flush (the ticker's, at the
 latest), and the commands behind it wait.
+
+With leader election (``specon_manager.leader``) a shell starts as a **standby**
+(``standby=True``): its coordinator is only a view of the journal for the status (re-read
+every ``STANDBY_REFRESH`` seconds), it takes no input, drives nothing and writes nothing.
+``lead`` makes it the leader: the coordinator is rebuilt from the journal as it is at that
+moment, so what the last leader left in flight is finished or rolled back from there;
+``stand_down`` stops it for good (leadership lost, or the process stopping).
 """
 
 from __future__ import annotations
@@ -43,17 +50,27 @@ log = structlog.get_logger()
 Clock = Callable[[], float]
 
 
-def recover(journal: JournalStore, now: float) -> Recovered:
-    """Read back what the journal holds and stamp this manager's start (blocking I/O:
-    called once, before the event loop serves anything)."""
-    restarted = journal.get_meta("started_at") is not None
-    journal.set_meta("started_at", repr(now))
+# Seconds between a standby's reads of the journal (its status shows what the leader wrote).
+# Each read lists every migration record: rarely, as only a person reads a standby's status.
+STANDBY_REFRESH = 30.0
+
+
+def read_back(journal: JournalStore) -> Recovered:
+    """What the journal holds, read only (blocking I/O)."""
     return Recovered(
         in_flight=tuple(journal.in_flight()),
         finished=tuple(m for m in journal.all() if not m.in_flight),
         marks=tuple(journal.marks().values()),
-        restarted=restarted,
+        restarted=journal.get_meta("started_at") is not None,
     )
+
+
+def recover(journal: JournalStore, now: float) -> Recovered:
+    """Read back what the journal holds and stamp this manager's start (blocking I/O:
+    called once, before this manager acts on anything)."""
+    recovered = read_back(journal)
+    journal.set_meta("started_at", repr(now))
+    return recovered
 
 
 class ManagerShell:
@@ -64,20 +81,85 @@ class ManagerShell:
         journal: JournalStore,
         clock: Clock = time.time,
         on_event: Callable[[Event], None] | None = None,
+        standby: bool = False,
     ) -> None:
         self.journal = journal
         self.clock = clock
         self.on_event = on_event
+        self.policy = policy
+        # Whether this shell acts: takes inputs, drives migrations, writes the journal.
+        self.leading = not standby
+        self._retired = False  # stood down: never leads again
         now = clock()
+        self._refreshed = now  # a standby's last read of the journal
         self.core = Coordinator(
-            policy=policy, now=now, recovered=recover(journal, now), timer=time.perf_counter
+            policy=policy,
+            now=now,
+            recovered=read_back(journal) if standby else recover(journal, now),
+            timer=time.perf_counter,
         )
         self._pending: list[JournalWrite] = []
         self._waking: set[WorkerId] = set()
         self._writer = asyncio.Lock()
         self._wakeups: dict[WorkerId, asyncio.Event] = {}
         self.journal_failures = 0
-        self._perform()
+        if standby:
+            self.core.take_effects()  # a view: its "recovered" log would be the leader's news
+        else:
+            self._perform()
+
+    # -- leadership -------------------------------------------------------------------------
+    async def lead(self) -> None:
+        """Become the leader: rebuild the coordinator from the journal as it is now (not as
+        it was when this standby started) and start acting. Raises what the journal raises."""
+        if self.leading:
+            return
+        now = self.clock()
+        recovered = await asyncio.to_thread(recover, self.journal, now)
+        if self._retired:  # lost the lease while reading
+            return
+        self._rebuild(recovered, now)
+        self._pending.clear()
+        self.leading = True
+        await self.flush()  # logs the recovery; the writes are the inputs' from here on
+
+    def stand_down(self) -> None:
+        """Stop acting at once and for good: no input is applied any more (the HTTP face
+        refuses them), no journal write is made, queued ones are dropped (the next leader
+        reads the journal, so nothing it relies on is lost: commands wait for their writes)."""
+        self.leading = False
+        self._retired = True
+        self._pending.clear()
+        self.wake_all()
+
+    async def settle(self) -> None:
+        """Wait for a journal write in flight (a write made before ``stand_down``)."""
+        async with self._writer:
+            pass
+
+    async def refresh(self) -> None:
+        """A standby's view: read the journal again (in a thread), so its status shows what
+        the leader recorded. Logs and keeps the old view when the journal cannot be read."""
+        now = self.clock()
+        self._refreshed = now
+        try:
+            recovered = await asyncio.to_thread(read_back, self.journal)
+        except Exception as exc:
+            log.warning("specon.manager.standby_refresh_failed", error=str(exc))
+            return
+        if not self.leading:  # it may have become the leader meanwhile
+            self._rebuild(recovered, now)
+            self.core.take_effects()
+
+    def _rebuild(self, recovered: Recovered, now: float) -> None:
+        """A fresh coordinator from ``recovered``, in this same object: the app's metrics and
+        status hold it (``create_app`` watches ``shell.core``). Its revision moves on, so no
+        status page cached from the old state is served again."""
+        revision = self.core.revision + 1
+        Coordinator.__init__(
+            self.core, policy=self.policy, now=now, recovered=recovered, timer=time.perf_counter
+        )
+        self.core.revision = revision
 
     # -- effects ------------------------------------------------------------------------
     def _perform(self) -> None:
@@ -95,7 +177,10 @@ class ManagerShell:
 
     async def flush(self) -> None:
         """Make the queued journal writes durable (in a thread), then wake the long polls
-        of workers with new commands. Never raises: a failed write stays queued."""
+        of workers with new commands. Never raises: a failed write stays queued. A standby
+        writes nothing."""
+        if not self.leading:
+            return
         self._perform()
         if self._pending:  # an input without writes of its own never queues behind another's
             async with self._writer:  # FIFO: writes reach the journal in the order they were made
@@ -135,7 +220,12 @@ class ManagerShell:
         return self.core.batch_for(worker, self.clock())
 
     async def tick(self) -> None:
-        """The ticker's pass: timeouts, pruning, Algorithm 3; retries failed journal writes."""
+        """The ticker's pass: timeouts, pruning, Algorithm 3; retries failed journal writes.
+        A standby only refreshes its view of the journal, every ``STANDBY_REFRESH`` seconds."""
+        if not self.leading:
+            if not self._retired and self.clock() - self._refreshed >= STANDBY_REFRESH:
+                await self.refresh()
+            return
         self.core.tick(self.clock(), rebalance=True)
         for w in set(self._wakeups) - self.core.state.workers.keys():
             self._wakeups.pop(w).set()  # a pruned worker's parked poll returns at once

@@ -217,6 +217,16 @@ class ManagerSettings(_Settings):
     status_page_limit: int = _setting(1000, "Entries in a status page when the reader gives no `?limit=`.")
     status_page_max: int = _setting(10_000, "Largest `?limit=` a status reader may ask for.")
     shutdown_timeout: float = _setting(5.0, "Seconds open requests get to finish when the manager stops.")
+    tls_reload_interval: float = _setting(
+        10.0,
+        "Seconds between checks of `--tls-cert`/`--tls-key` for changed files (a renewed certificate "
+        "serves new connections once loaded; a pair that does not load is logged and skipped).",
+    )
+    session_ttl: float = _setting(
+        43_200.0,
+        "Seconds a browser's login to the status page lasts (its session cookie's lifetime; a "
+        "restarted manager forgets every session). Only with a read token configured.",
+    )
 
     def _cross_problems(self) -> list[str]:
         if self.status_page_limit > self.status_page_max:
