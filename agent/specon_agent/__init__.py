@@ -4,7 +4,8 @@ An I/O shell around ``specon``'s pure core: no algorithm and no message schema l
 
 - ``__main__``: ``specon-agent``, its arguments and start-up;
 - ``core``: the agent's work without the network (watch containers, classify, run commands);
-- ``watched``: what it keeps per container;
+- ``resumed``: when a restarted job trains again (its first record after the start);
+- ``watched``: what it keeps per container; ``window``: each job's loss window for the status page;
 - ``priority``: the priority action's pure half; ``weights``: its I/O shell;
 - ``client``: the HTTP client for the manager; ``daemon``: the supervised background tasks;
 - ``app``: the agent's own /healthz and /metrics.

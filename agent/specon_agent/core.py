@@ -29,8 +29,6 @@ from specon.model import ContainerId, Direction, Resources, WorkerId
 from specon.policy.classifier import classifier_for, horizon
 from specon.policy.monitor import MonitorState, StateError
 from specon.progress import SkipReason, Tailer
-from specon.progress.fields import TS_KEYS
-from specon.progress.last import last_record
 from specon.runtime.base import (
     AlreadyFinished,
     AlreadyRunning,
@@ -42,6 +40,7 @@ from specon.runtime.base import (
     StartFailed,
 )
 from specon.wire.protocol import (
+    STEPS_LABEL,
     Action,
     Command,
     CommandBatch,
@@ -51,8 +50,10 @@ from specon.wire.protocol import (
     Phase,
 )
 from specon_agent.priority import Running, running_of
+from specon_agent.resumed import first_record_time, log_size
 from specon_agent.watched import AgentCounters, Watched, append_curve, predicted_steps
 from specon_agent.weights import CpuWeights, state_path
+from specon_agent.window import LossWindows
 
 log = structlog.get_logger()
 
@@ -95,6 +96,7 @@ class Agent:
         self.running: dict[str, asyncio.Task[CommandResult]] = {}
         self.unacked: dict[str, tuple[int | None, CommandResult]] = {}
         self.counters = AgentCounters()
+        self.windows = LossWindows()  # each job's loss curve, for the status page
         # Containers whose category changed since their state was last published.
         self.changed: set[ContainerId] = set()
         self._seq = 0
@@ -215,6 +217,7 @@ class Agent:
                         append_curve(w, steps[-1], [s.value for s in got])
                 w.last_sample_at = now
                 self.counters.samples += len(got)
+        self.windows.tick(now, samples, self.watched)
         states = {cid: w.state for cid, w in self.watched.items()}
         # A job that declared its steps is judged against the rest of its run (robust classifier).
         horizons = {
@@ -346,6 +349,7 @@ class Agent:
             tolerations=w.info.spec.tolerations,
             cpu_weight=self.cpu_weights.weight_of(w.info.id),
             remaining_work=self._remaining.get(w.info.id),
+            window=self.windows.report(w.info.id),
         )
 
     def acknowledge(self, batch: CommandBatch) -> None:
@@ -477,21 +481,25 @@ class Agent:
             return CommandResult(command=cmd.id, ok=False, error=str(exc), detail={"finished": True})
         except RuntimeFailure as exc:
             return CommandResult(command=cmd.id, ok=False, error=str(exc))
+        offset = log_size(info.progress_path)  # what earlier runs (other hosts, other clocks) wrote
         self._watch(info)
         self._save_states()
-        resumed = await self._first_record_after(info, starting, self.settings.first_record_timeout)
+        resumed = await self._first_record_after(info, starting, offset, self.settings.first_record_timeout)
         return CommandResult(command=cmd.id, ok=True, finished_at=resumed)
 
-    async def _first_record_after(self, info: ContainerInfo, since: float, timeout: float = 120.0) -> float:
+    async def _first_record_after(
+        self, info: ContainerInfo, since: float, offset: int, timeout: float = 120.0
+    ) -> float:
         """When the restarted job wrote its first progress record (it is training again).
 
         A process that exists is not yet a job that runs: the interpreter, the framework and
-        the checkpoint load come first, and they are part of a migration's downtime. Falls
-        back to now if the job writes nothing timestamped within ``timeout``.
+        the checkpoint load come first, and they are part of a migration's downtime. Only
+        what it appended after ``offset`` counts (``specon_agent.resumed``). Falls back to
+        now if the job writes nothing within ``timeout``.
         """
         deadline = self.runtime.now() + timeout
         while self.runtime.now() < deadline:
-            ts = _record_after(info.progress_path, since)
+            ts = first_record_time(info.progress_path, offset, since, self.runtime.now())
             if ts is not None:
                 return ts
             alive = {i.id for i in await self.runtime.list_containers() if i.alive}
@@ -570,7 +578,7 @@ def _job_labels(spec: JobSpec) -> dict[str, str]:
     if spec.model:
         out.setdefault("model", spec.model)
     if spec.steps is not None:
-        out.setdefault("steps", str(spec.steps))
+        out.setdefault(STEPS_LABEL, str(spec.steps))
     return out
 
 
@@ -582,15 +590,4 @@ def _fallback_checkpoint(named: Path) -> Path | None:
     except ckpt.CheckpointError:
         info = ckpt.latest_complete(named.parent)
         return None if info is None else info.manifest
-    return None
-
-
-def _record_after(progress: Path, since: float) -> float | None:
-    """The timestamp of the log's last record if it is newer than ``since``."""
-    record = last_record(progress, tail_bytes=2048)
-    if record is None:
-        return None
-    ts = next((record[k] for k in TS_KEYS if record.get(k) is not None), None)
-    if isinstance(ts, int | float) and not isinstance(ts, bool) and math.isfinite(ts) and ts > since:
-        return float(ts)
     return None

@@ -7,6 +7,12 @@ An I/O shell around ``specon.coordinator``: no algorithm and no message schema l
 - ``app``: the HTTP face (protocol endpoints, status, /metrics, /healthz);
 - ``auth``: bearer tokens and identities; ``auth_kubernetes``: ServiceAccount tokens (TokenReview);
 - ``journal``: the write-ahead journal in SQLite; ``k8s_journal``: the same in the Kubernetes API;
-- ``status``: the paged status JSON; ``page``: the status page; ``metrics``: Prometheus;
-- ``openapi``: the HTTP API as an OpenAPI document; ``heap``: the cluster state kept out of GC.
+- ``leader``: leader election between replicas (a Lease), the journal fenced by it; ``lease``: its
+  decisions; ``standby``: /readyz and what a standby answers;
+- ``status``: the paged status JSON; ``page``: the status page (and its login form), with
+  ``page_workers`` (each worker's load and jobs) and ``page_jobs`` (each job's loss curve,
+  progress, history and moves); ``metrics``: Prometheus;
+- ``login``: the status page in a browser (log in and out, the session cookie); ``sessions``: its sessions;
+- ``openapi``: the HTTP API as an OpenAPI document, its schemas walked by ``openapi_schemas``;
+  ``heap``: the cluster state kept out of GC.
 """

@@ -1,11 +1,12 @@
 """The manager's HTTP face: protocol endpoints, status JSON and page, /metrics, /healthz.
 
-Every POST needs ``Authorization: Bearer <token>`` (401 otherwise). The token's identity
+Every protocol POST needs ``Authorization: Bearer <token>`` (401 otherwise). The token's identity
 (``specon_manager.auth``) must speak for the worker the message names: a per-agent token that
 names another worker gets 403. A body that does not decode as the expected message, or
 breaks a range rule (``specon.wire.checks``), gets 400 with an ``ErrorReply`` naming
 the problem; a body over ``messaging.max_body_bytes`` gets 413. Status (JSON and page)
-is paged and, with a read token configured, needs it (or the shared token);
+is paged and, with a read token configured, needs it (or the shared token) as a bearer
+token or, from a browser, a session cookie got by logging in (``specon_manager.login``);
 ``/metrics``, ``/healthz`` and ``/openapi.json`` are open.
 """
 
@@ -32,11 +33,13 @@ from specon.wire.protocol import (
     ProtocolError,
     ReallocationRequest,
 )
-from specon_manager.auth import READER, SHARED, Authenticator, Identity, StaticTokens
+from specon_manager import login
+from specon_manager.auth import Authenticator, Identity, StaticTokens
 from specon_manager.heap import HeapFreezer
 from specon_manager.metrics import ManagerMetrics
 from specon_manager.openapi import openapi_json
-from specon_manager.page import render_status_page
+from specon_manager.page import LOGIN_PATH, LOGOUT_PATH, SECURITY_HEADERS, render_status_page
+from specon_manager.sessions import SessionStore
 from specon_manager.shell import ManagerShell
 from specon_manager.status import BadPageError, Page, build_status
 
@@ -52,7 +55,11 @@ STATUS_LOCK = web.AppKey("status_lock", asyncio.Lock)
 STATUS_CACHE = web.AppKey("status_cache", dict[tuple[str, Page], tuple[float, int, bytes]])
 # The operational knobs: ticker period, poll hold, status cache and page sizes.
 SETTINGS = web.AppKey("settings", ManagerSettings)
+# Browser sessions of the status page (used only with GUARD_READS).
+SESSIONS = web.AppKey("sessions", SessionStore)
 IDENTITY = web.RequestKey("identity", Identity)  # the caller, set by _guard
+# The reader came with a session cookie (not a bearer token): its page has a log-out button.
+BY_SESSION = web.RequestKey("by_session", bool)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -76,21 +83,44 @@ def _bearer(request: web.Request) -> str | None:
 _GUARDED_READS = frozenset({protocol.STATUS_PATH, "/"})
 
 
+def _by_cookie(request: web.Request) -> tuple[Identity | None, web.Response | None]:
+    """A guarded read without a bearer token: who its session cookie proves, or else the
+    login form for a browser opening the page (neither: the bearer token's 401 follows)."""
+    session, sent = login.session_of(request, request.app[SESSIONS])
+    if session is not None:
+        request[BY_SESSION] = True
+        return session.identity, None
+    if request.path != "/" or not login.wants_html(request):
+        return None, None
+    form = login.login_form(login.SESSION_ENDED if sent else None, 401)
+    if sent:
+        login.forget_cookie(request, form)
+    return None, form
+
+
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     metrics = request.app[METRICS]
-    guarded = request.method == "POST" or (request.app[GUARD_READS] and request.path in _GUARDED_READS)
+    post = request.method == "POST"
+    guarded = (post and request.path not in login.PATHS) or (
+        request.app[GUARD_READS] and request.path in _GUARDED_READS
+    )
     if guarded:
         token = _bearer(request)
-        who = None if token is None else await request.app[AUTH].authenticate(token)
+        if token is None and not post:  # a cookie stands in for the token on reads only, never on a POST
+            who, form = _by_cookie(request)
+            if form is not None:
+                return form
+        else:
+            who = None if token is None else await request.app[AUTH].authenticate(token)
         if who is None:
             metrics.rejected.labels(reason="unauthorized").inc()
             log.warning("specon.manager.unauthorized", path=request.path, peer=request.remote)
             return _error(401, "missing or wrong bearer token")
-        if request.method != "POST" and who.name not in (READER, SHARED):
+        if not post and not login.may_read(who):
             metrics.rejected.labels(reason="forbidden").inc()
             return _error(403, f"{who.name} may not read the status: use the read token")
-        if request.method == "POST" and not who.agent:
+        if post and not who.agent:
             metrics.rejected.labels(reason="forbidden").inc()
             return _error(403, f"{who.name} is read-only")
         request[IDENTITY] = who
@@ -222,8 +252,12 @@ async def _rendered(request: web.Request, kind: str, render: Callable[[Page], by
                 cache.clear()
             hit = cache[key] = (now + settings.status_ttl, revision, render(page))
             await asyncio.sleep(0)  # let waiting requests (healthz, heartbeats) in between builds
-    ctype = protocol.CONTENT_TYPE if kind == "json" else "text/html"
-    return web.Response(body=hit[2], content_type=ctype, charset=None if kind == "json" else "utf-8")
+    if kind == "json":
+        return web.Response(body=hit[2], content_type=protocol.CONTENT_TYPE)
+    headers = (
+        {**SECURITY_HEADERS, "Cache-Control": "no-store"} if request.app[GUARD_READS] else SECURITY_HEADERS
+    )
+    return web.Response(body=hit[2], content_type="text/html", charset="utf-8", headers=headers)
 
 
 async def status_json(request: web.Request) -> web.Response:
@@ -235,9 +269,24 @@ async def status_json(request: web.Request) -> web.Response:
 
 async def status_page(request: web.Request) -> web.Response:
     shell = request.app[SHELL]
+    logout = request.get(BY_SESSION, False)
     return await _rendered(
-        request, "html", lambda p: render_status_page(build_status(shell.core, shell.clock(), p)).encode()
+        request,
+        "html-session" if logout else "html",
+        lambda p: render_status_page(build_status(shell.core, shell.clock(), p), logout=logout).encode(),
     )
+
+
+async def login_post(request: web.Request) -> web.Response:
+    if not request.app[GUARD_READS]:
+        return _error(404, "no read token is configured: the status page needs no login")
+    return await login.login(request, request.app[AUTH], request.app[SESSIONS], request.app[METRICS])
+
+
+async def logout_post(request: web.Request) -> web.Response:
+    if not request.app[GUARD_READS]:
+        return _error(404, "no read token is configured: the status page needs no login")
+    return await login.logout(request, request.app[SESSIONS], request.app[METRICS])
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -303,6 +352,7 @@ def create_app(
     app[AUTH] = auth
     app[GUARD_READS] = guard_reads
     app[SETTINGS] = settings or ManagerSettings()
+    app[SESSIONS] = SessionStore(app[SETTINGS].session_ttl)
     app[STATUS_LOCK] = asyncio.Lock()
     app[STATUS_CACHE] = {}
     app[STARTED] = time.time()
@@ -316,6 +366,8 @@ def create_app(
     app.router.add_post(protocol.GOODBYE_PATH, goodbye)
     app.router.add_get(protocol.STATUS_PATH, status_json)
     app.router.add_get("/", status_page)
+    app.router.add_post(LOGIN_PATH, login_post)
+    app.router.add_post(LOGOUT_PATH, logout_post)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/openapi.json", openapi)

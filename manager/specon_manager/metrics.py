@@ -29,6 +29,12 @@ class ManagerMetrics:
             ["reason"],
             registry=r,
         )
+        self.logins = Counter(
+            "specon_manager_logins",
+            "Status-page logins in a browser by result (ok, wrong_token, forbidden, cross_site)",
+            ["result"],
+            registry=r,
+        )
         self.decisions = Counter(
             "specon_manager_decisions", "Algorithm 2 outcomes (stay, move, refuse)", ["kind"], registry=r
         )

@@ -1,13 +1,8 @@
 """The manager's HTTP API as an OpenAPI 3.1 document, generated from ``specon.wire.protocol``.
 
-Nothing here names a message field or states a protocol limit: every schema is walked from
-the protocol dataclasses' type hints (the same hints ``specon.wire.codec`` decodes with), its
-description from the class docstring and the comments beside each field. What the types
-cannot say is the limit each field declares (``specon.wire.limits``, the same declarations
-``specon.wire.checks`` enforces), translated to schema keywords by ``_keywords``; the id rule
-is ``specon.wire.validate``'s own expression. Only what the manager adds beyond the protocol
-(its policy's bounds, its own behaviour) is attached by hand, in ``_RULES`` and ``_NOTES``
-(checked at build time: one for a field that no longer exists is an error).
+Nothing here names a message field or states a protocol limit: the schemas are walked from
+the protocol's type hints and declared limits (``specon_manager.openapi_schemas``); this module
+adds the endpoints around them: paths, security, the error replies.
 
 ``openapi_document()`` is the document (built once); ``python -m specon_manager.openapi`` prints
 it, which is how ``docs/openapi.json`` is regenerated::
@@ -20,21 +15,13 @@ A test checks that the committed file equals the generated one.
 from __future__ import annotations
 
 import copy
-import dataclasses
-import enum
 import functools
 import inspect
 import json
-import re
 import sys
-import textwrap
-import types
-import typing
 from typing import Any
 
-from specon.config import MessagingConfig
-from specon.wire import codec, protocol
-from specon.wire.limits import Finite, Id, Items, Labels, Limit, Range, Taints, Text, limit_of
+from specon.wire import protocol
 from specon.wire.protocol import (
     CommandBatch,
     ErrorReply,
@@ -44,306 +31,28 @@ from specon.wire.protocol import (
     ReallocationRequest,
     Status,
 )
-from specon.wire.validate import ID_REGEX, ID_RULE, MAX_ID_LENGTH
+from specon_manager.login import COOKIE, FORM_TYPE, MAX_TOKEN_LENGTH, SECURE_COOKIE
+from specon_manager.openapi_schemas import ENVELOPED, ID_PATTERN, ID_TYPES, SchemaBuilder, ref
+from specon_manager.page import LOGIN_PATH, LOGOUT_PATH
 from specon_manager.status import DEFAULT_LIMIT, MAX_LIMIT
+
+# The schema walker's names the tests use, from here as before.
+__all__ = [
+    "ENVELOPED",
+    "ID_PATTERN",
+    "ID_TYPES",
+    "main",
+    "openapi_document",
+    "openapi_json",
+]
 
 OPENAPI_VERSION = "3.1.0"
 JSON_SCHEMA_DIALECT = "https://spec.openapis.org/oas/3.1/dialect/base"
-SCHEMA_REF = "#/components/schemas/"
-
-# The one id rule (specon.wire.validate) as an ECMA-262 pattern: matched in full, so neither a
-# trailing newline nor a path separator passes; "." and ".." cannot start alphanumeric.
-ID_PATTERN = f"^{ID_REGEX}$"
-ID_SCHEMA: dict[str, Any] = {
-    "type": "string",
-    "minLength": 1,
-    "maxLength": MAX_ID_LENGTH,
-    "pattern": ID_PATTERN,
-    "description": f"{ID_RULE} (specon.wire.validate).",
-}
-# NewType ids that follow the id rule, by their name.
-ID_TYPES = ("WorkerId", "ContainerId")
-
-# Messages that travel on their own, in the envelope {"version", "kind", ...fields}.
-ENVELOPED: tuple[type[Any], ...] = (
-    Heartbeat,
-    ReallocationRequest,
-    Poll,
-    Goodbye,
-    CommandBatch,
-    ErrorReply,
-    Status,
-)
-
-# --- what the manager adds beyond the protocol's own limits --------------------------------
-
-_MAX_CONTAINERS = MessagingConfig().max_containers_per_heartbeat
-
-# Schema keywords for bounds the manager enforces from its policy (``specon_manager.app``).
-_RULES: dict[tuple[type[Any], str], dict[str, Any]] = {
-    (Heartbeat, "containers"): {"maxItems": _MAX_CONTAINERS},
-}
-# What the schema keywords cannot say, added to the field's description (clauses, joined with
-# the limits' own by "; ").
-_NOTES: dict[tuple[type[Any], str], str] = {
-    (Heartbeat, "seq"): "The manager refuses a seq implausibly far ahead of its own clock in µs",
-    (Heartbeat, "containers"): "at most the policy's "
-    f"messaging.max_containers_per_heartbeat (default {_MAX_CONTAINERS})",
-    (Poll, "wait"): "The manager waits at most 60 s, whatever is asked",
-}
-
-
-def _keywords(cls: type[Any], name: str, rule: Limit, tp: Any) -> tuple[dict[str, Any], list[str]]:
-    """The schema keywords of a field's declared limit, and the clauses no keyword can say."""
-    match rule:
-        case Id():
-            inner = _non_null(tp)
-            if getattr(inner, "__supertype__", None) is None or inner.__name__ not in ID_TYPES:
-                raise TypeError(f"openapi: {cls.__name__}.{name} has the id rule but not an id type")
-            return {}, []  # the id type's own schema states it
-        case Range(lo, hi):
-            return {"minimum": lo, "maximum": hi}, []
-        case Finite():
-            return {}, []  # every JSON number is finite
-        case Text(n):
-            return {"maxLength": n}, []
-        case Labels(count, key, value):
-            return {
-                "maxProperties": count,
-                "propertyNames": {"minLength": 1, "maxLength": key},
-                "additionalProperties": {"type": "string", "maxLength": value},
-            }, ["Keys are printable text"]
-        case Taints(count, length):
-            return {
-                "maxItems": count,
-                "items": {"type": "string", "minLength": 1, "maxLength": length},
-            }, ["Each printable text"]
-        case Items(max_items, unique):
-            keywords = {} if max_items is None else {"maxItems": max_items}
-            return keywords, [] if unique is None else [f"Each {unique} at most once"]
-    typing.assert_never(rule)
-
-
-def _non_null(tp: Any) -> Any:
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        return inner
-    return tp
-
-
-# --- walking the type hints -------------------------------------------------------------
-
-
-def _ref(name: str) -> dict[str, Any]:
-    return {"$ref": SCHEMA_REF + name}
-
-
-def _docstring(cls: type[Any]) -> str | None:
-    doc = cls.__doc__
-    # A dataclass without a docstring gets its signature as one: not a description.
-    if not doc or doc.startswith(f"{cls.__name__}("):
-        return None
-    return " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
-
-
-_FIELD_LINE = re.compile(r"^(\w+)\s*:[^#]*?(?:\s#\s?(.*))?$")
-
-
-def field_comments(cls: type[Any]) -> dict[str, str]:
-    """The comments written beside (after) or just above each field of ``cls``."""
-    try:
-        source = textwrap.dedent(inspect.getsource(cls))
-    except (OSError, TypeError):  # no source (frozen, zipped): descriptions from docstrings only
-        return {}
-    out: dict[str, str] = {}
-    above: list[str] = []
-    for line in source.splitlines()[1:]:
-        if not line.startswith("    ") or line.startswith("     "):
-            above = [] if line.strip() else above
-            continue
-        body = line.strip()
-        if body.startswith(("def ", "@")):
-            break
-        if body.startswith("#"):
-            above.append(body.lstrip("#").strip())
-            continue
-        match = _FIELD_LINE.match(body)
-        if match is not None:
-            text = [*above, match[2] or ""]
-            joined = " ".join(t for t in text if t)
-            if joined:
-                out[match[1]] = joined
-        above = []
-    return out
-
-
-class _Builder:
-    def __init__(self) -> None:
-        self.schemas: dict[str, dict[str, Any]] = {}
-        self.used_rules: set[tuple[type[Any], str]] = set()
-        self._nested: set[str] = set()
-
-    def message(self, cls: type[Any]) -> dict[str, Any]:
-        """A ``$ref`` to ``cls`` as a message on its own (with the envelope)."""
-        self._dataclass(cls, envelope=True)
-        return _ref(cls.__name__)
-
-    def of(self, tp: Any) -> dict[str, Any]:
-        """The schema of values of type hint ``tp``."""
-        if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-            self._dataclass(tp, envelope=False)
-            return _ref(tp.__name__)
-        supertype = getattr(tp, "__supertype__", None)
-        if supertype is not None:  # a NewType
-            name = tp.__name__
-            if name in ID_TYPES:
-                self.schemas.setdefault(name, {"title": name, **ID_SCHEMA})
-                return _ref(name)
-            return self.of(supertype)
-        if tp is bool:
-            return {"type": "boolean"}
-        if tp is int:
-            return {"type": "integer"}
-        if tp is float:
-            return {"type": "number"}
-        if tp is str:
-            return {"type": "string"}
-        if tp is object or tp is Any:
-            return {"description": "Any JSON value (finite numbers only)."}
-        if isinstance(tp, type) and issubclass(tp, enum.Enum):
-            return self._enum(tp)
-        origin, args = typing.get_origin(tp), typing.get_args(tp)
-        if origin is typing.Literal:
-            return {"type": _json_type(args[0]), "enum": list(args)}
-        if origin in (typing.Union, types.UnionType):
-            rest = [a for a in args if a is not type(None)]
-            if len(rest) != 1 or len(args) != 2:
-                raise TypeError(f"openapi: only 'X | None' unions are supported, not {tp!r}")
-            return _nullable(self.of(rest[0]))
-        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-            return {"type": "array", "items": self.of(args[0])}
-        if origin is tuple:
-            items = [self.of(a) for a in args]
-            return {
-                "type": "array",
-                "prefixItems": items,
-                "items": False,
-                "minItems": len(items),
-                "maxItems": len(items),
-            }
-        if origin is list:
-            return {"type": "array", "items": self.of(args[0])}
-        if origin is dict and args and args[0] is str:
-            return {"type": "object", "additionalProperties": self.of(args[1])}
-        raise TypeError(f"openapi: unsupported type {tp!r}")
-
-    def _enum(self, cls: type[enum.Enum]) -> dict[str, Any]:
-        values = [m.value for m in cls]
-        schema: dict[str, Any] = {"title": cls.__name__, "type": _json_type(values[0]), "enum": values}
-        if (doc := _docstring(cls)) is not None:
-            schema["description"] = doc
-        self.schemas.setdefault(cls.__name__, schema)
-        return _ref(cls.__name__)
-
-    def _dataclass(self, cls: type[Any], *, envelope: bool) -> None:
-        name = cls.__name__
-        if envelope != (cls in ENVELOPED):
-            raise TypeError(f"openapi: {name} is {'not ' if envelope else ''}a message on its own")
-        if name in self.schemas:
-            return
-        placeholder: dict[str, Any] = {}
-        self.schemas[name] = placeholder  # recursion guard, filled in below
-        hints = typing.get_type_hints(cls)
-        comments = field_comments(cls)
-        properties: dict[str, Any] = {}
-        required: list[str] = []
-        if envelope:
-            properties["version"] = {
-                "type": "string",
-                "pattern": rf"^{protocol.MAJOR}\.[0-9]{{1,6}}$",
-                "examples": [protocol.VERSION],
-                "description": f"MAJOR.MINOR; this manager speaks {protocol.VERSION}. A higher minor "
-                "version's unknown fields are ignored; at this minor version or below they are refused.",
-            }
-            properties["kind"] = {"type": "string", "const": name}
-            required += ["version", "kind"]
-        for f in dataclasses.fields(cls):
-            if not f.init:
-                continue
-            key = codec.wire_key(f)
-            schema = self.of(hints[f.name])
-            description = comments.get(f.name)
-            rule = limit_of(cls, f)
-            keywords, notes = ({}, []) if rule is None else _keywords(cls, f.name, rule, hints[f.name])
-            if (extra := _RULES.get((cls, f.name))) is not None:
-                self.used_rules.add((cls, f.name))
-                keywords = {**keywords, **extra}
-            if (note := _NOTES.get((cls, f.name))) is not None:
-                self.used_rules.add((cls, f.name))
-                notes = [*notes, note]
-            if keywords:
-                schema = _constrain(schema, keywords)
-            if notes:
-                text = "; ".join(notes) + "."
-                description = f"{description} {text}" if description else text
-            value = _default(f)
-            if value is dataclasses.MISSING:
-                required.append(key)
-            else:
-                schema = {**schema, "default": codec.encoder(hints[f.name])(value)}
-            if description:
-                schema = {**schema, "description": description}
-            properties[key] = schema
-        placeholder.update({"title": name, "type": "object"})
-        if (doc := _docstring(cls)) is not None:
-            placeholder["description"] = doc
-        placeholder["properties"] = properties
-        if required:
-            placeholder["required"] = required
-        placeholder["additionalProperties"] = False
-
-
-def _default(f: dataclasses.Field[Any]) -> Any:
-    """The field's default value (made by its factory), or ``dataclasses.MISSING``."""
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    factory = f.default_factory
-    return factory() if callable(factory) else dataclasses.MISSING
-
-
-def _json_type(value: object) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    raise TypeError(f"openapi: no JSON type for {value!r}")
-
-
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    if "$ref" in schema or "enum" in schema or not isinstance(schema.get("type"), str):
-        return {"anyOf": [schema, {"type": "null"}]}
-    return {**schema, "type": [schema["type"], "null"]}
-
-
-def _constrain(schema: dict[str, Any], rule: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` with the keywords of ``rule``, inside the non-null branch of a nullable."""
-    if "anyOf" in schema:
-        inner, null = schema["anyOf"]
-        return {**schema, "anyOf": [_constrain(inner, rule), null]}
-    if "$ref" in schema:
-        return {"allOf": [schema], **rule}
-    return {**schema, **rule}
-
-
 # --- the document -----------------------------------------------------------------------
 
 
 def _error_response(description: str) -> dict[str, Any]:
-    return {"description": description, "content": {protocol.CONTENT_TYPE: {"schema": _ref("ErrorReply")}}}
+    return {"description": description, "content": {protocol.CONTENT_TYPE: {"schema": ref("ErrorReply")}}}
 
 
 _ERRORS = {
@@ -366,7 +75,7 @@ def _error_refs(*codes: str) -> dict[str, Any]:
     return {code: {"$ref": f"#/components/responses/{_ERRORS[code][0]}"} for code in codes}
 
 
-def _post(b: _Builder, cls: type[Any], summary: str, description: str) -> dict[str, Any]:
+def _post(b: SchemaBuilder, cls: type[Any], summary: str, description: str) -> dict[str, Any]:
     return {
         "post": {
             "operationId": cls.__name__[0].lower() + cls.__name__[1:],
@@ -405,15 +114,84 @@ _PAGE_PARAMETERS: list[dict[str, Any]] = [
         "schema": {"type": "string", "maxLength": 300, "pattern": "^((w|c):.*|m:[0-9]+)?$"},
     },
 ]
-_READ_SECURITY: list[dict[str, list[str]]] = [{}, {"bearerAuth": []}]
+_READ_SECURITY: list[dict[str, list[str]]] = [{}, {"bearerAuth": []}, {"sessionCookie": []}]
 _READ_NOTE = (
-    " Open unless the manager runs with a read token, then it needs the read token or the shared one."
+    " Open unless the manager runs with a read token, then it needs the read token or the shared one"
+    f" as a bearer token, or a browser's session cookie from POST {LOGIN_PATH}."
 )
+_HTML: dict[str, Any] = {"text/html": {"schema": {"type": "string"}}}
+_LOGIN_FORM = "The login form (HTML) again, with a message saying why."
+_SEE_PAGE: dict[str, Any] = {
+    "Location": {"description": "/ (the status page).", "schema": {"type": "string", "const": "/"}}
+}
+_NO_LOGIN = _error_response("No read token is configured: the status page is open and has no login.")
+
+
+def _session_post(operation: str, summary: str, description: str, done: str) -> dict[str, Any]:
+    """/login or /logout: a form POST from the browser, answered with a redirect to the page."""
+    op: dict[str, Any] = {
+        "operationId": operation,
+        "summary": summary,
+        "description": description
+        + " Refused (403) when Sec-Fetch-Site says another site sent it, or its Origin names another "
+        "host than its Host.",
+        "security": [{}],
+        "responses": {
+            "303": {"description": done, "headers": {**_SEE_PAGE}},
+            "403": {"description": _LOGIN_FORM, "content": _HTML},
+            "404": _NO_LOGIN,
+        },
+    }
+    return {"post": op}
+
+
+def _login() -> dict[str, Any]:
+    item = _session_post(
+        "login",
+        "Log a browser in to the status page",
+        "The form the status page shows a browser without a credential. The token is checked as a "
+        "bearer token is; only the read token or the shared token may log in. Sets the session cookie: "
+        "HttpOnly, SameSite=Strict, Path=/, Secure over HTTPS, for SPECON_MANAGER_SESSION_TTL seconds.",
+        "Logged in: Set-Cookie holds the session's random id (never the token); see the page.",
+    )
+    op = item["post"]
+    op["requestBody"] = {
+        "required": True,
+        "content": {
+            FORM_TYPE: {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "token": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": MAX_TOKEN_LENGTH,
+                            "description": "The read token or the shared token (ASCII).",
+                        }
+                    },
+                    "required": ["token"],
+                }
+            }
+        },
+    }
+    op["responses"]["303"]["headers"]["Set-Cookie"] = {
+        "description": f"{COOKIE}=<session id>; HttpOnly; SameSite=Strict; Path=/; Max-Age=<ttl>.",
+        "schema": {"type": "string"},
+    }
+    op["responses"].update(
+        {
+            "401": {"description": 'The login form (HTML) again, saying "wrong token".', "content": _HTML},
+            **_error_refs("413"),
+        }
+    )
+    op["responses"] = dict(sorted(op["responses"].items()))
+    order = ("operationId", "summary", "description", "security", "requestBody", "responses")
+    return {"post": {key: op[key] for key in order}}
 
 
 @functools.cache
 def _build() -> dict[str, Any]:
-    b = _Builder()
+    b = SchemaBuilder()
     paths: dict[str, Any] = {
         protocol.HEARTBEAT_PATH: _post(
             b,
@@ -466,10 +244,22 @@ def _build() -> dict[str, Any]:
                         "description": "The page.",
                         "content": {"text/html": {"schema": {"type": "string"}}},
                     },
-                    **_error_refs("400", "401", "403"),
+                    "401": {
+                        "description": "No credential, or a wrong one. A browser (Accept: text/html) "
+                        "without a bearer token gets the login form (HTML); anything else an ErrorReply.",
+                        "content": {**_HTML, **_error_response("")["content"]},
+                    },
+                    **_error_refs("400", "403"),
                 },
             }
         },
+        LOGIN_PATH: _login(),
+        LOGOUT_PATH: _session_post(
+            "logout",
+            "Log a browser out",
+            "Ends the session the cookie names and clears the cookie.",
+            "Logged out: the cookie is cleared; / shows the login form again.",
+        ),
         "/metrics": {
             "get": {
                 "operationId": "metrics",
@@ -491,8 +281,29 @@ def _build() -> dict[str, Any]:
                 "responses": {
                     "200": {
                         "description": "The manager serves.",
-                        "content": {protocol.CONTENT_TYPE: {"schema": _ref("Health")}},
+                        "content": {protocol.CONTENT_TYPE: {"schema": ref("Health")}},
                     }
+                },
+            }
+        },
+        "/readyz": {
+            "get": {
+                "operationId": "readyz",
+                "summary": "Readiness: whether this replica leads",
+                "description": "200 while this manager leads (always, without --leader-elect); 503 on a "
+                "standby, so a Kubernetes Service routes agents to the leader only. The body says the "
+                'role and, on a standby, the leader\'s identity ("" while unknown).',
+                "security": [{}],
+                "responses": {
+                    "200": {
+                        "description": 'This replica leads: {"ready": true, "role": "leader"}.',
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    },
+                    "503": {
+                        "description": 'A standby: {"ready": false, "role": "standby", '
+                        '"leader": "<identity>"}.',
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    },
                 },
             }
         },
@@ -511,10 +322,8 @@ def _build() -> dict[str, Any]:
         },
     }
     b.message(ErrorReply)
-    unused = (set(_RULES) | set(_NOTES)) - b.used_rules
-    if unused:
-        names = ", ".join(sorted(f"{cls.__name__}.{name}" for cls, name in unused))
-        raise TypeError(f"openapi: range rules for fields no message has: {names}")
+    if unused := b.unused_rules():
+        raise TypeError(f"openapi: range rules for fields no message has: {', '.join(unused)}")
     schemas = dict(sorted(b.schemas.items()))
     schemas["Health"] = {
         "title": "Health",
@@ -549,7 +358,14 @@ def _build() -> dict[str, Any]:
                     "scheme": "bearer",
                     "description": "A per-agent token (speaks for its own worker only), the shared token "
                     "(every worker) or the read token (status and page only).",
-                }
+                },
+                "sessionCookie": {
+                    "type": "apiKey",
+                    "in": "cookie",
+                    "name": COOKIE,
+                    "description": f"A browser's session, from POST {LOGIN_PATH} (named {SECURE_COOKIE} "
+                    "over HTTPS). Reads only: GET / and GET /v1/status.",
+                },
             },
         },
         "security": [{"bearerAuth": []}],

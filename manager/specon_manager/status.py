@@ -6,17 +6,22 @@ of the next page (None on the last). Cursors are ``w:<id>``, ``c:<id>`` or ``m:<
 position among the migrations listed: the newest finished ones, then those in flight).
 Ids are bisected in orders the cluster state caches, so a page costs its own size, not
 the cluster's: 20 clients reading a 100k-container cluster leave ``/healthz`` fast.
+
+Each container listed also gets its progress: its declared total steps (its
+``STEPS_LABEL`` job label) and the seconds it has left at its loss window's step rate.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from specon.coordinator.machine import Coordinator
 from specon.daemon.settings import ManagerSettings
 from specon.model import ContainerId, WorkerId
-from specon.wire.protocol import MigrationStatus, Status
+from specon.wire.protocol import STEPS_LABEL, ContainerStatus, MigrationStatus, Phase, Status
+from specon.wire.validate import MAX_SECONDS
 
 _DEFAULTS = ManagerSettings()
 # The page sizes' defaults (the manager's settings ``status_page_limit``, ``status_page_max``).
@@ -98,10 +103,37 @@ def build_status(coord: Coordinator, now: float, page: Page | None = None) -> St
         policy_generation=coord.generation,
         dry_run=coord.policy.migration.dry_run,
         workers=state.worker_status(now, timeout, workers),
-        containers=state.container_status(coord.marks, containers),
+        containers=tuple(map(with_progress, state.container_status(coord.marks, containers))),
         migrations=tuple(migrations),
         next=next_cursor,
         total_workers=len(state.workers),
         total_containers=len(state.containers),
         total_migrations=len(coord.recent) + len(coord.migrations),
     )
+
+
+def declared_steps(job: Mapping[str, str]) -> int | None:
+    """The total steps a job declared (its ``STEPS_LABEL`` label), if a positive integer."""
+    text = job.get(STEPS_LABEL)
+    if text is None or not (text.isascii() and text.isdigit()) or len(text) > 15:
+        return None
+    return int(text) or None
+
+
+def time_left(phase: Phase, step: int | None, total: int | None, rate: float | None) -> float | None:
+    """Seconds a job has left: its steps still to go at ``rate`` steps a second; 0 once
+    finished; None when unknown (no total, no step, no rate, not running, or beyond any clock)."""
+    if phase == "finished":
+        return 0.0
+    if phase != "running" or total is None or step is None or rate is None or rate <= 0:
+        return None
+    left = max(0, total - step) / rate
+    return round(left, 1) if left <= MAX_SECONDS else None
+
+
+def with_progress(c: ContainerStatus) -> ContainerStatus:
+    """``c`` with its declared total steps and the time it has left."""
+    total = declared_steps(c.job)
+    rate = None if c.window is None else c.window.steps_per_second
+    eta = time_left(c.phase, c.step, total, rate)
+    return c if total is None and eta is None else replace(c, total_steps=total, eta=eta)

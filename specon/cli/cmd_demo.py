@@ -1,4 +1,5 @@
-"""``specon demo``: DS vs specon on the embedded default, with real training jobs."""
+"""``specon demo``: DS vs specon on the embedded default, with real training jobs; its PNGs, and
+a screenshot of the specon run's status page where headless Chromium is installed."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from specon.config import PolicyError, load_policy, policy_to_yaml
 from specon.daemon import logs
-from specon.embedded.demo import MODELS, make_workload, run_once
+from specon.embedded.demo import MODELS, PageKeeper, make_workload, run_once, screenshot
 from specon.embedded.live_policies import NAMES, WITHOUT_DAEMONS, live_policy
 from specon.evaluation import Comparison, RunResult, compare
 
@@ -35,8 +36,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Run one training workload twice on this machine - first as the default scheduler "
         "(DS: round-robin placement, no migrations), then with the specon manager and agents - on the "
         "same arrivals, and print per-job JCT, average JCT, makespan, share of jobs improved, "
-        "migrations and rebalances. Writes results JSON and PNG plots. Needs root for cgroup CPU "
-        "budgets (falls back to CPU affinity with a warning).",
+        "migrations and rebalances. Writes results JSON and PNG plots, and a screenshot of the specon "
+        "run's status page (status-page.png) when chromium is installed. While the specon run goes, its "
+        "status page's address and read token file are printed. Needs root for cgroup CPU budgets "
+        "(falls back to CPU affinity with a warning).",
     )
     p.add_argument(
         "--workers", type=int, help=f"workers (default {DEFAULTS['workers']}, quick {QUICK['workers']})"
@@ -193,6 +196,7 @@ def main(args: argparse.Namespace) -> int:
         f"{cpus:g} CPU, arrivals in [0, {window:g}] s, seed {args.seed}, policy {policy}"
     )
     started = time.monotonic()
+    page = PageKeeper()
     try:
         base = asyncio.run(
             run_once(
@@ -222,6 +226,7 @@ def main(args: argparse.Namespace) -> int:
                 label=label,
                 runtime=args.runtime,
                 warm=not args.cold,
+                page=page,
             )
         )
     finally:
@@ -251,10 +256,13 @@ def main(args: argparse.Namespace) -> int:
     json_path.write_text(json.dumps(doc, indent=2) + "\n")
     plot_timelines([("DS (default scheduler)", base), (label, ours)], out / "timeline.png")
     plot_jct_bars(base, ours, out / "jct.png")
+    shot = out / "status-page.png"
+    why_not = "the run had no status page" if page.html is None else screenshot(page.html, shot)
     say("")
     say(_table(base, ours, cmp, label))
     say(
         f"\nresults: {json_path}   plots: {out / 'timeline.png'}, {out / 'jct.png'}   "
         f"({time.monotonic() - started:.0f} s)"
     )
+    say(f"status page: {shot}" if why_not is None else f"status page: no screenshot, {why_not}")
     return 0 if all(j.finish is not None for j in (*base.jobs, *ours.jobs)) else 1

@@ -28,7 +28,7 @@ from specon.model import (
     WorkerId,
     WorkerSnapshot,
 )
-from specon.wire.protocol import ContainerReport, ContainerStatus, Heartbeat, Phase, WorkerStatus
+from specon.wire.protocol import ContainerReport, ContainerStatus, Heartbeat, LossWindow, Phase, WorkerStatus
 
 # A job's opt-out from moves, carried in its report's job labels.
 MIGRATABLE_LABEL = "specon.io/migratable"
@@ -66,6 +66,8 @@ class ContainerRecord:
     finished_at: float | None = None
     # When it was first reported on ``worker`` (manager clock).
     since: float = 0.0
+    # The last loss window an agent sent (reports carry it only when it changed): status only.
+    window: LossWindow | None = None
 
 
 class ClusterState:
@@ -176,6 +178,8 @@ class ClusterState:
         if rec.worker != worker:
             rec.since = now
         rec.worker, rec.report, rec.last_seen = worker, rep, now
+        if rep.window is not None:
+            rec.window = rep.window
         if changed:  # the view only: most heartbeats change a step count, not what decides
             self._dirty.add(rep.id)
 
@@ -408,6 +412,7 @@ class ClusterState:
                     rebalances=mk.rebalances,
                     job=dict(rep.job),
                     cpu_weight=rep.cpu_weight if rep.phase == "running" else None,
+                    window=rec.window,
                 )
             )
         return tuple(out)

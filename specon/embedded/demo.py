@@ -6,6 +6,10 @@ submission order). The DS run has no specon daemons at all; the specon run adds 
 manager and one agent per worker, which classify the jobs and move converged ones by
 save/restore. A job's JCT is read from its own progress log (submit -> its
 ``finished`` record), so both runs are measured the same way.
+
+The specon run says where its status page is and how to get in (the read token's file);
+``PageKeeper`` keeps the page at the run's busiest moment (the most jobs drawing a loss
+curve) and ``screenshot`` renders it to a PNG with headless Chromium, where installed.
 """
 
 from __future__ import annotations
@@ -14,12 +18,18 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import random
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import aiohttp
 
 from specon.embedded.cluster import EmbeddedCluster, RuntimeName
 from specon.evaluation import JobResult, MigrationRecord, RunResult
@@ -27,6 +37,8 @@ from specon.model import ContainerId, Resources, WorkerId
 from specon.progress.last import last_record
 from specon.runtime.base import ContainerInfo, JobSpec
 from specon.sim.detection import SMOOTH_HALF_WIDTH_STEPS, ground_truth_index
+from specon.wire import protocol
+from specon.wire.protocol import Status
 
 Say = Callable[[str], None]
 MODELS = ("vae", "gru", "birnn", "rnn", "dynrnn")
@@ -113,6 +125,80 @@ def quality_time(progress: Path, *, log_every: int) -> float | None:
     return stamps[ground_truth_index(tuple(losses), half_width=half_width)]
 
 
+# Seconds between two looks at the status page (one GET of it: the jobs' CPU is not touched).
+PAGE_EVERY = 10.0
+SHOT_WINDOW = (1400, 1400)
+SHOT_TIMEOUT = 120.0
+
+
+@dataclass
+class PageKeeper:
+    """The status page at the run's busiest moment: the most running jobs with a loss curve."""
+
+    html: bytes | None = None
+    curves: int = -1
+    looked_at: float = -math.inf
+
+    def due(self, now: float, status: Status) -> bool:
+        """Whether to fetch the page now: every ``PAGE_EVERY`` s, while it shows at least as
+        many curves as the one kept."""
+        return now - self.looked_at >= PAGE_EVERY and _curves(status) >= self.curves
+
+    def keep(self, now: float, status: Status, html: bytes) -> None:
+        self.looked_at = now
+        self.html, self.curves = html, _curves(status)
+
+
+def _curves(status: Status) -> int:
+    return sum(1 for c in status.containers if c.phase == "running" and c.window is not None)
+
+
+async def _page(cluster: EmbeddedCluster) -> bytes:
+    """The status page as the read token's holder gets it."""
+    assert cluster.manager is not None
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(
+            cluster.manager.url + "/",
+            headers={protocol.AUTH_HEADER: f"Bearer {cluster.read_token}"},
+            timeout=aiohttp.ClientTimeout(total=10),
+            ssl=cluster.ssl,
+        ) as r,
+    ):
+        r.raise_for_status()
+        return await r.read()
+
+
+def screenshot(html: bytes, out: Path) -> str | None:
+    """Render ``html`` (the page inlines its styles and curves: nothing is fetched) to the PNG
+    ``out`` with headless Chromium; None when written, else why not."""
+    binary = shutil.which("chromium")
+    if binary is None:
+        return "chromium is not installed (Debian: apt-get install chromium)"
+    with tempfile.TemporaryDirectory(prefix="specon-page-") as d:
+        page = Path(d) / "status.html"
+        page.write_bytes(html)
+        argv = [
+            binary,
+            "--headless",
+            *(["--no-sandbox"] if os.geteuid() == 0 else []),  # the sandbox cannot start as root
+            "--disable-gpu",
+            "--disable-background-networking",
+            f"--user-data-dir={d}/profile",
+            f"--window-size={SHOT_WINDOW[0]},{SHOT_WINDOW[1]}",
+            f"--screenshot={out.resolve()}",
+            page.as_uri(),
+        ]
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=SHOT_TIMEOUT, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"chromium failed: {exc}"
+    if done.returncode != 0 or not out.is_file():
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        return f"chromium exited with {done.returncode}: {tail[0][:200]}"
+    return None
+
+
 def _finished_record(progress: Path) -> dict[str, object] | None:
     """The job's ``finished`` progress record, if that is its last record."""
     record = last_record(progress)
@@ -132,9 +218,11 @@ async def run_once(
     label: str,
     runtime: RuntimeName = "local",
     warm: bool = True,
+    page: PageKeeper | None = None,
 ) -> RunResult:
     """One run: submit at the arrival times, watch until every job finished (or the deadline).
-    ``warm``: jobs start and restore from a warm interpreter per worker (local runtime)."""
+    ``warm``: jobs start and restore from a warm interpreter per worker (local runtime);
+    ``page``: where the specon run keeps its status page."""
     wids = [WorkerId(f"w{i}") for i in range(workers)]
     async with EmbeddedCluster(
         root,
@@ -145,6 +233,12 @@ async def run_once(
         runtime=runtime,
         warm=warm,
     ) as cluster:
+        if with_specon and cluster.manager is not None:
+            url, token = cluster.manager.url, cluster.tokens_dir / "read"
+            say(
+                f"[{label}] status page: open {url}/ and paste the token from {token} "
+                f"(or: specon status --manager {url} --token-file {token})"
+            )
         t0 = time.time()
         pending = list(jobs)
         where: dict[str, list[tuple[float, str]]] = {}
@@ -189,6 +283,8 @@ async def run_once(
             if with_specon:
                 with contextlib.suppress(Exception):
                     st = await cluster.status()
+                    if page is not None and page.due(now, st):
+                        page.keep(now, st, await _page(cluster))
                     for m in st.migrations:
                         if m.id not in seen_migrations and m.state.value in ("done", "rolled_back"):
                             seen_migrations.add(m.id)

@@ -93,6 +93,9 @@ MAX_RESULTS = 1000
 MAX_TAINT = MAX_LABEL_KEY + 1 + 63 + 1 + 16
 MAX_TAINTS = MAX_LABELS
 MAX_POLL_WAIT = 3600.0
+# A job's loss window (``protocol.LossWindow``): points, and steps a second no job reaches.
+MAX_WINDOW_POINTS = 64
+MAX_STEP_RATE = 1e9
 
 # The limits many fields share.
 ID = Id()

@@ -53,6 +53,8 @@ from specon.wire.limits import (
     LABELS,
     MAX_POLL_WAIT,
     MAX_RESULTS,
+    MAX_STEP_RATE,
+    MAX_WINDOW_POINTS,
     SHORT_TEXT,
     TAINTS,
     TEXT,
@@ -62,7 +64,7 @@ from specon.wire.limits import (
     limit,
 )
 
-VERSION = "1.2"
+VERSION = "1.3"
 MAJOR, MINOR = (int(part) for part in VERSION.split("."))
 
 CONTENT_TYPE = "application/json"
@@ -72,6 +74,8 @@ REQUEST_PATH = "/v1/request"
 GOODBYE_PATH = "/v1/goodbye"
 STATUS_PATH = "/v1/status"
 POLL_PATH = "/v1/poll"
+# The job label that carries a job's declared total steps (``ContainerReport.job``).
+STEPS_LABEL = "steps"
 
 
 class ProtocolError(ValueError):
@@ -108,6 +112,20 @@ Phase = Literal["running", "stopped", "finished", "failed"]
 
 
 @dataclass(frozen=True, slots=True)
+class LossWindow:
+    """A job's loss curve for the status page (protocol 1.3): the mean of ``metric`` over each
+    categorisation tick since its agent adopted it, resampled to evenly spaced steps from
+    ``first_step`` to ``last_step`` (one point when they are equal); and its step rate over its
+    latest ticks, which with its declared total steps gives the time it has left."""
+
+    first_step: int = field(metadata=limit(COUNT))
+    last_step: int = field(metadata=limit(COUNT))
+    loss: tuple[float, ...] = field(default=(), metadata=limit(Items(MAX_WINDOW_POINTS)))
+    steps_per_second: float | None = field(default=None, metadata=limit(Range(0, MAX_STEP_RATE)))
+    metric: str = field(default="loss", metadata=limit(SHORT_TEXT))
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerReport:
     """One container in a heartbeat: the agent's view of its job (SPEC §3, §7)."""
 
@@ -127,7 +145,7 @@ class ContainerReport:
     # predicted steps left and its measured CPU per step (protocol 1.2; None: unknown).
     remaining_work: float | None = None
     requests: Resources = field(default_factory=Resources)
-    # Labels / metadata of the job (model, submit time, ...), free-form.
+    # Labels / metadata of the job (model, submit time, declared total steps in ``STEPS_LABEL``, ...).
     job: dict[str, str] = field(default_factory=dict, hash=False, metadata=limit(LABELS))
     # Placement constraints (protocol 1.1), honoured by ``specon.policy.placement.fits``:
     # node labels a target must carry (a Kubernetes pod's nodeSelector), and the taints
@@ -139,6 +157,9 @@ class ContainerReport:
     # The CPU weight in effect among the worker's containers, cgroup-v2 units 1..10000
     # (protocol 1.2; None: the agent set none, or the runtime could not apply it).
     cpu_weight: int | None = field(default=None, metadata=limit(Range(WEIGHT_MIN, WEIGHT_MAX)))
+    # Its loss window (protocol 1.3), sent when a tick changed it and every few heartbeats;
+    # None: not sent this time, the manager keeps the last one it got (in memory only).
+    window: LossWindow | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +311,11 @@ class ContainerStatus:
     job: dict[str, str] = field(default_factory=dict, hash=False)
     # Its CPU weight on its worker, as its agent last reported it (protocol 1.2).
     cpu_weight: int | None = None
+    # Protocol 1.3: the last loss window its agents sent (kept across moves); its declared
+    # total steps (``job[STEPS_LABEL]``); and the seconds it has left at the window's step rate.
+    window: LossWindow | None = None
+    total_steps: int | None = None
+    eta: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

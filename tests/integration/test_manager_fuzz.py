@@ -13,7 +13,9 @@ What must hold: no 5xx, ever; every 4xx from a protocol POST is an ``ErrorReply`
 the schema refuses is never accepted; ``/healthz`` answers 200 throughout (latency
 printed, bounded generously); afterwards the status JSON (every page), the status page
 and ``/metrics`` still answer 200, the manager logged no traceback of its own and exits
-cleanly. Generation is derandomized: the same requests every run.
+cleanly. The browser's login (``POST /login``, ``/logout`` and session cookies on reads) gets
+its own bad forms, tokens, cross-site headers and forged cookies: none may log in or read.
+Generation is derandomized: the same requests every run.
 """
 
 from __future__ import annotations
@@ -63,9 +65,11 @@ from specon.wire.protocol import (
 
 T = TypeVar("T")
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# Generating the 10,000 requests alone takes 1-5 min on 2 shared cores; then ~1-2 min to send them.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 N_BAD = 10_000  # generated bad requests (the issue asks for at least 10,000), plus the specials
+N_LOGIN = 300  # generated bad logins, logouts and forged session cookies, among the specials
 CONCURRENCY = 8  # connections to the manager (keep-alive)
 NESTED_WEIGHT = 4  # how much likelier a rule is broken inside a nested message than beside it
 HEALTH_EVERY = 0.2  # seconds between /healthz probes while the fuzz runs
@@ -81,12 +85,13 @@ AGENTS = {f"agent-{i}": f"fuzz-agent-{i}-" + "5a" * 24 for i in range(3)}
 
 DOC = openapi_document()
 SCHEMAS: dict[str, Any] = DOC["components"]["schemas"]
-# POST path -> the message its body holds.
+# POST path -> the message its body holds (the protocol's POSTs; /login and /logout take forms).
 POST_BODIES: dict[str, str] = {
-    path: op["post"]["requestBody"]["content"][protocol.CONTENT_TYPE]["schema"]["$ref"].rsplit("/", 1)[1]
+    path: body[protocol.CONTENT_TYPE]["schema"]["$ref"].rsplit("/", 1)[1]
     for path, op in DOC["paths"].items()
-    if "post" in op
+    if protocol.CONTENT_TYPE in (body := op.get("post", {}).get("requestBody", {}).get("content", {}))
 }
+LOGIN_FORM_TYPE = "application/x-www-form-urlencoded"
 GET_PATHS = sorted(path for path, op in DOC["paths"].items() if "get" in op)
 PAGED_PATHS = sorted(
     path
@@ -927,6 +932,79 @@ def known_poisons() -> list[Req]:
     return out
 
 
+HEADER_TEXT = st.characters(codec="utf-8", exclude_categories=("Cc",))  # no CR, LF or NUL in a header
+CROSS_SITE_HEADERS: list[tuple[tuple[str, str], ...]] = [
+    (("Sec-Fetch-Site", "cross-site"),),
+    (("Sec-Fetch-Site", "same-site"),),
+    (("Sec-Fetch-Site", "\u00e9" * 3),),
+    (("Origin", "http://evil.example"),),
+    (("Origin", "null"),),
+    (("Origin", "http://[::1"),),
+    (("Origin", "http://127.0.0.1.evil.example"),),
+    (("Origin", "http://127.0.0.1:1"),),
+    (("Origin", "http://127.0.0.1:1"), ("Sec-Fetch-Site", "cross-site")),
+]
+# Cookie headers that must open nothing: forged, garbage, or a token where a session id goes.
+FORGED_COOKIES = [
+    "specon_session=" + "A" * 43,
+    "specon_session=" + READ_TOKEN,
+    "specon_session=" + SHARED_TOKEN,
+    "__Host-specon_session=" + "A" * 43,
+    "specon_session=",
+    "specon_session",
+    "specon_session=" + "x" * 5000,
+    'specon_session="\\"',
+    "specon_session=a; specon_session=b",
+    "=; ;;=x",
+    "specon_session=\u00e9\u2603",
+    "a=b" + "; c=d" * 300,
+]
+
+
+@st.composite
+def login_requests(draw: st.DrawFn) -> Req:
+    """A bad login (a wrong, an agent's or a mangled token; not a form; from another site), a
+    logout that may come from anywhere, or a read with a forged session cookie."""
+    shape = draw(st.sampled_from(["login"] * 4 + ["logout", "read"]))
+    if shape == "read":
+        cookie = draw(
+            st.sampled_from(FORGED_COOKIES)
+            | st.text(HEADER_TEXT, max_size=40).map(lambda t: "specon_session=" + t)
+        )
+        path = draw(st.sampled_from(["/", protocol.STATUS_PATH]))
+        accept = draw(st.sampled_from(["text/html", "*/*", "application/json", ""]))
+        headers: tuple[tuple[str, str], ...] = (("Cookie", cookie), ("Accept", accept))
+        return Req(f"GET {path} with a forged session cookie", "GET", path, headers, refuse=True)
+    token = draw(
+        st.sampled_from(
+            [*AGENTS.values(), "x" * 64, READ_TOKEN[:-1], READ_TOKEN + "x", "", " ", "é" + READ_TOKEN]
+        )
+        | st.text(TEXT, max_size=40)
+    )
+    body = draw(
+        st.sampled_from(
+            [
+                b"token=" + quote(token, errors="surrogatepass").encode(),
+                b"token=" + token.encode("utf-8", "surrogatepass"),
+                b"token=" + quote(token, errors="surrogatepass").encode() + b"&token=" + READ_TOKEN.encode(),
+                b"tok=" + READ_TOKEN.encode(),
+            ]
+        )
+        | st.sampled_from([b for _, b in RAW_BODIES])
+        | st.binary(max_size=64)
+    )
+    ctype = draw(st.sampled_from([LOGIN_FORM_TYPE] * 4 + CONTENT_TYPES))
+    extra = draw(
+        st.sampled_from([(), (), *CROSS_SITE_HEADERS, *((("Cookie", c),) for c in FORGED_COOKIES[:4])])
+    )
+    path = "/login" if shape == "login" else "/logout"
+    headers = (("Content-Type", ctype), *extra)
+    # A logout needs no session (it clears the cookie either way): only a login can be refused.
+    return Req(
+        f"POST {path} {ctype[:30]!a} {extra[:1]!a:.60}", "POST", path, headers, body, refuse=path == "/login"
+    )
+
+
 def special_requests() -> list[Req]:
     """Bad requests too big or too odd for the generator: each one once."""
     out: list[Req] = []
@@ -1283,7 +1361,8 @@ def problems_of(outcome: Outcome) -> list[str]:
             protocol.decode(outcome.body, ErrorReply)
         except protocol.ProtocolError as exc:
             out.append(f"{status} without an ErrorReply ({exc}): {outcome.body[:120]!r}")
-    accepted = 200 <= status < 300 and req.raw is None
+    # A 303 is what a login that worked answers (with the session cookie).
+    accepted = 200 <= status < 400 and req.raw is None
     if accepted and (req.refuse or (req.message is not None and not schema_valid(req.message, req.value))):
         out.append(f"accepted ({status}) a body the schema refuses")
     return out
@@ -1435,7 +1514,7 @@ def all_requests() -> list[Req]:
     bad = generate(bad_requests(), N_BAD)
     mixed: list[Req] = []
     valid = valid_requests(N_BAD // 20)
-    specials = [*known_poisons(), *special_requests()]
+    specials = [*known_poisons(), *special_requests(), *generate(login_requests(), N_LOGIN)]
     extra = [*valid, *specials]
     step = max(len(bad) // max(len(extra), 1), 1)
     for i, req in enumerate(bad):
@@ -1476,7 +1555,28 @@ async def check_still_serving(base: str) -> list[str]:
             async with session.get(f"{base}{path}", headers=headers) as resp:
                 if resp.status != 200:
                     problems.append(f"GET {path}: {resp.status} {(await resp.read())[:200]!r}")
+        problems += await check_browser_login(session, base)
     return problems
+
+
+async def check_browser_login(session: aiohttp.ClientSession, base: str) -> list[str]:
+    """A browser still logs in with the read token, reads the page by cookie, and logs out."""
+    form = {"Content-Type": LOGIN_FORM_TYPE}
+    async with session.post(
+        f"{base}/login", data=f"token={READ_TOKEN}", headers=form, allow_redirects=False
+    ) as resp:
+        cookie = resp.cookies.get("specon_session")
+        if resp.status != 303 or cookie is None:
+            return [f"POST /login with the read token: {resp.status} {(await resp.read())[:200]!r}"]
+    sent = {"Cookie": f"specon_session={cookie.value}", "Accept": "text/html"}
+    async with session.get(f"{base}/", headers=sent) as resp:
+        if resp.status != 200 or 'action="/logout"' not in await resp.text():
+            return [f"GET / with the session cookie: {resp.status}"]
+    async with session.post(f"{base}/logout", headers=sent, allow_redirects=False) as resp:
+        if resp.status != 303:
+            return [f"POST /logout: {resp.status}"]
+    async with session.get(f"{base}{protocol.STATUS_PATH}", headers=sent) as resp:
+        return [] if resp.status == 401 else [f"GET {protocol.STATUS_PATH} after logout: {resp.status}"]
 
 
 def test_fuzz_the_manager_from_its_openapi_document(manager: Running) -> None:

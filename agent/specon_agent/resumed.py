@@ -1,0 +1,68 @@
+"""When a restarted job trains again: the first record it appends to its progress log.
+
+A migration's downtime ends when the restarted job writes its first progress record. The log
+is the job's across all its runs, and the earlier runs wrote it on other hosts, by their
+clocks: a record of the source host, whose clock may be minutes ahead of this one, would look
+newer than this host's start. So the new run's records are told by where they lie (after the
+log's size when the start returned), and only their timestamps, written here by this host's
+clock, are compared with the start. A job quicker than the start's return to write its first
+record is seen at its next one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from specon.checkpoint import open_regular
+from specon.progress.fields import TS_KEYS
+
+# The new run's first records are read, never the whole log it appends to.
+READ_LIMIT = 1 << 16
+# A record's time may be this far past the reading's own (read a moment earlier, rounded);
+# one further ahead is on another clock than this host's, and the reading's time is taken.
+AHEAD_SLACK = 1.0
+
+
+def log_size(progress: Path) -> int:
+    """The log's size in bytes now: 0 when there is none yet (or it is not a regular file)."""
+    try:
+        fd = open_regular(progress)
+    except OSError:
+        return 0
+    try:
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+def first_record_time(progress: Path, offset: int, since: float, now: float) -> float | None:
+    """When the run appending from byte ``offset`` on logged its first record after ``since``
+    (this host's clock): that record's timestamp, or ``now`` for a record with none or with
+    one ahead of ``now``. None while it has logged nothing after ``since``. A log now shorter than ``offset``
+    was replaced: it is read from its start."""
+    try:
+        fd = open_regular(progress)
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        start = offset if offset <= size else 0
+        data = os.pread(fd, min(size - start, READ_LIMIT), start)
+    finally:
+        os.close(fd)
+    for line in data.split(b"\n")[:-1]:  # whole lines only: the last may be half-written
+        try:
+            record = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if not isinstance(record, dict):
+            continue
+        ts = next((record[k] for k in TS_KEYS if record.get(k) is not None), None)
+        if not (isinstance(ts, int | float) and not isinstance(ts, bool) and math.isfinite(ts)):
+            return now  # a record with no time of its own: it is there now
+        if ts > since:
+            return float(ts) if ts <= now + AHEAD_SLACK else now
+    return None
