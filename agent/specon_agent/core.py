@@ -39,6 +39,7 @@ from specon.runtime.base import (
     RuntimeFailure,
     StartFailed,
 )
+from specon.wire.limits import COUNT
 from specon.wire.protocol import (
     STEPS_LABEL,
     Action,
@@ -208,7 +209,9 @@ class Agent:
                 w.nonfinite_seen = bad
             if got:
                 samples[cid] = [s.value for s in got]
-                steps = [s.step for s in got if s.step is not None]
+                # A step the protocol cannot carry (negative, past 2^63) would get every
+                # heartbeat of this worker refused: its loss still counts, its step does not.
+                steps = [s.step for s in got if s.step is not None and COUNT.lo <= s.step <= COUNT.hi]
                 if steps:
                     w.step = steps[-1]
                     if w.first_step is None:

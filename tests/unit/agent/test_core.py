@@ -707,3 +707,26 @@ async def test_the_state_of_a_container_gone_longer_than_the_retention_is_forgot
     assert "a" not in agent.saved_states and agent.counters.states_forgotten == 1
     assert "b" in agent.watched, "a container still here is never forgotten"
     assert "a" not in json.loads(state_file.read_text())
+
+
+async def test_a_step_the_protocol_cannot_carry_never_gets_the_heartbeat_refused(world: World) -> None:
+    """A log's step below 0 or past 2^63 is not reported (the manager would refuse every
+    heartbeat of the worker); its loss still counts and later good steps are reported."""
+    from specon.wire.checks import problems  # noqa: PLC0415
+
+    await world.run("odd")
+    agent = world.agent()
+    await agent.refresh()
+    await tick(agent, world.clock)
+    log = world.volume.paths(ContainerId("odd")).progress
+    good = agent.watched[ContainerId("odd")].step
+    for bad in (-5, 2**70):
+        with log.open("a") as f:
+            f.write(json.dumps({"step": bad, "loss": 1.0}) + "\n")
+        samples = agent.counters.samples
+        await agent.refresh()
+        agent.tick(world.clock.now())
+        assert agent.counters.samples > samples  # the loss was read
+        beat = agent.heartbeat(world.clock.now())
+        assert problems(beat) == [], problems(beat)
+        assert agent.watched[ContainerId("odd")].step == good
