@@ -15,6 +15,8 @@ CLI are built from it, and it imports neither daemon. Its parts, from the pure c
 - ``embedded/``: the one-machine cluster and ``specon demo``;
 - ``evaluation``: how runs are scored (JCT, makespan), for the demo and the simulator;
 - ``jobkit``, ``checkpoint``: the job side, what a training script imports (standard library only);
+- ``integrations/``: the job side for framework jobs: Lightning, Trainer and Keras callbacks that
+  follow the job contract without touching the training loop (their extras);
 - ``workloads/``: the built-in PyTorch training workloads;
 - ``cli/``: the ``specon`` command; ``plots``: its PNG plots (the plot extra);
 - ``testing/``: builders and the fake runtime, for tests and benchmarks only.

@@ -52,7 +52,7 @@ from specon.wire.protocol import (
 )
 from specon_agent.priority import Running, running_of
 from specon_agent.resumed import first_record_time, log_size
-from specon_agent.watched import AgentCounters, Watched, append_curve, predicted_steps
+from specon_agent.watched import AgentCounters, Watched, append_curve, declare_steps, predicted_steps
 from specon_agent.weights import CpuWeights, state_path
 from specon_agent.window import LossWindows
 
@@ -130,6 +130,8 @@ class Agent:
                     self._watch(info)
                 else:
                     w.info = info
+                if (w := self.watched.get(info.id)) is not None:
+                    declare_steps(w)  # a total its log declared, where the spec has none
             elif info.id in self.watched or info.id not in self.ended:
                 stopped = info.exit_code in (0, EXIT_CHECKPOINTED)  # 75: stopped after a checkpoint
                 phase: Phase = "finished" if info.finished else ("stopped" if stopped else "failed")

@@ -1,15 +1,22 @@
-"""What the agent keeps per container: the classifier's view (``Watched``), its counters, and
-the loss curve a job with no declared total is sized by (``specon.policy.remaining``)."""
+"""What the agent keeps per container: the classifier's view (``Watched``), its counters, the
+total steps a job declared in its progress log, and the loss curve a job with no declared total
+is sized by (``specon.policy.remaining``)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from specon.checkpoint import open_regular
 from specon.policy.monitor import MonitorState
 from specon.policy.remaining import Fit, refit
 from specon.progress import SkipReason, Tailer
 from specon.runtime.base import ContainerInfo
+from specon.wire.limits import COUNT
 
 
 @dataclass(slots=True)
@@ -30,6 +37,48 @@ class Watched:
     nonfinite_seen: int = 0
     # Skipped lines per reason already added to the agent's counters.
     skipped_seen: dict[SkipReason, int] = field(default_factory=dict)
+    # The total steps its log's first record declared (None: none), once that line is whole.
+    declared: int | None = None
+    declared_read: bool = False
+
+
+# A first record longer than this declares nothing.
+FIRST_RECORD_BYTES = 4096
+
+
+def first_record_steps(progress: Path) -> tuple[int | None, bool]:
+    """The total a job declared in its log's first record, ``{"event": "started", "steps": N}``
+    (``specon.integrations`` write it: a framework knows its total only once it runs), and
+    whether that first line is complete (else ask again later)."""
+    try:
+        fd = open_regular(progress)
+        try:
+            head = os.pread(fd, FIRST_RECORD_BYTES, 0)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None, False
+    line, newline, _ = head.partition(b"\n")
+    if not newline:
+        return None, len(head) >= FIRST_RECORD_BYTES
+    try:
+        record = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None, True
+    steps = record.get("steps") if isinstance(record, dict) and record.get("event") == "started" else None
+    if isinstance(steps, int) and not isinstance(steps, bool) and 1 <= steps <= COUNT.hi:
+        return steps, True
+    return None, True
+
+
+def declare_steps(w: Watched) -> None:
+    """Give ``w``'s spec the total its log declared, when the spec (the job's submitter) did not."""
+    if w.info.spec.steps is not None:
+        return
+    if not w.declared_read:
+        w.declared, w.declared_read = first_record_steps(w.info.progress_path)
+    if w.declared is not None:
+        w.info = dataclasses.replace(w.info, spec=dataclasses.replace(w.info.spec, steps=w.declared))
 
 
 @dataclass(slots=True)
