@@ -62,9 +62,11 @@ bench: install ## Benchmarks: print figures and write bench/results/*.json
 
 CHAOS_SEED ?= 1
 CHAOS_MIGRATIONS ?= 100
-chaos: install ## Seeded chaos run: random kills and hangs while >= 100 jobs migrate; counts to bench/results/chaos.json
+CHAOS_PARTITIONS ?= 30
+chaos: install ## Seeded chaos run on network hosts (two agents' clocks off): kills, hangs, >= 30 partitions while >= 100 jobs migrate; counts to bench/results/chaos.json
 	cd tests/integration && $(abspath $(VENV))/bin/python chaos_run.py --seed $(CHAOS_SEED) \
-		--migrations $(CHAOS_MIGRATIONS) --out $(abspath bench/results/chaos.json)
+		--migrations $(CHAOS_MIGRATIONS) --min-partitions $(CHAOS_PARTITIONS) \
+		--out $(abspath bench/results/chaos.json)
 
 clean: ## Remove build products (keeps .venv and the cache)
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -1,6 +1,9 @@
 """A seeded chaos run on the embedded cluster: random faults while jobs migrate (``make chaos``).
 
-Real manager, agent and training-job processes (``EmbeddedCluster``, ``jobs/curve_job.py``).
+Real manager, agent and training-job processes (``EmbeddedCluster``, ``jobs/curve_job.py``),
+the manager and each agent on a network host of its own, over TLS, one agent's clock five
+minutes fast and another's seven minutes slow (``chaos_hosts``: each said in the notes where
+this machine cannot have it).
 Waves of converging jobs are submitted onto one worker at a time, so Algorithm 2 moves
 them off it and Algorithm 3 evens the workers out: migrations go on all the time. Meanwhile,
 at random points drawn from ``--seed``:
@@ -11,13 +14,16 @@ at random points drawn from ``--seed``:
 * corrupt the newest checkpoint of a job (the one a migration in flight restores from,
   when there is one: bit rot between save and restore);
 * fill the volume (a size-limited tmpfs mounted for the run; needs root, skipped and said
-  so otherwise) for a few seconds, mostly while a save is under way.
+  so otherwise) for a few seconds, mostly while a save is under way;
+* cut the link of the manager's host or an agent's (a partition) for a blip or for longer
+  than ``worker_timeout``, mostly while a save or a restore is in flight.
 
 Judged from the jobs' own progress logs and from ``/proc`` (``jobwatch``): no job lost
 (every job ends ``finished``), none ran twice at once (a ``/proc`` watchdog over every
 job's processes), no step lost beyond the last complete checkpoint, every job ends with
 exactly its steps. The counts (faults by kind, kills by the migration states in flight,
-recoveries, migrations done and rolled back) are printed and written to a JSON file.
+partitions by the migration states in flight, recoveries, migrations done and rolled back)
+are printed and written to a JSON file.
 
 ``python tests/integration/chaos_run.py --seed 1 --migrations 100 --out chaos.json``
 """
@@ -43,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import structlog
+from chaos_hosts import placement
 from jobwatch import (
     BrokenLogError,
     assert_exactly_its_steps,
@@ -58,6 +65,7 @@ from specon.embedded.cluster import EmbeddedCluster
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import StartFailed
 from specon.runtime.volume import JobPaths
+from specon.testing.net_hosts import NetHost
 from specon.wire.protocol import Status
 
 
@@ -75,6 +83,12 @@ class ChaosConfig:
     lost_after: float = 40.0  # running nowhere longer than this (unfinished) = lost
     fault_every: tuple[float, float] = (0.5, 2.5)  # seconds between faults, uniform
     volume_bytes: int = 256 << 20  # the tmpfs the volume lives on (the full-disk fault)
+    min_partitions: int = 0  # ... and at least this many partitions (where hosts can be cut)
+    # How long a partition lasts: a blip, or longer than the policy's worker_timeout (4 s).
+    blip: tuple[float, float] = (0.5, 3.0)
+    cut_off: tuple[float, float] = (5.0, 10.0)
+    # Seconds each worker's clock is off the manager's (libfaketime): one fast, one slow.
+    skews: tuple[float, ...] = (0.0, 300.0, -420.0)
 
 
 @dataclass
@@ -85,6 +99,10 @@ class ChaosReport:
     faults: Counter[str] = field(default_factory=Counter)
     # Daemon kills by the migration states in flight at that moment ("none": no migration).
     kills_by_state: Counter[str] = field(default_factory=Counter)
+    # Partitions likewise ("unknown": the manager did not answer just then).
+    partitions_by_state: Counter[str] = field(default_factory=Counter)
+    skews: dict[str, float] = field(default_factory=dict)  # worker -> seconds its clock was off
+    hosts_tag: str = ""  # what the run's network namespaces and links were named with
     recoveries: int = 0  # daemons restarted after a kill
     migrations: Counter[str] = field(default_factory=Counter)  # journaled, by final state
     max_copies: int = 0
@@ -96,11 +114,18 @@ class ChaosReport:
     def kills(self) -> int:
         return sum(n for k, n in self.faults.items() if k.startswith("kill"))
 
+    @property
+    def partitions(self) -> int:
+        return sum(n for k, n in self.faults.items() if k.startswith("partition"))
+
     def summary(self) -> str:
         lines = [
             f"chaos seed {self.seed}: {self.jobs} jobs, {self.seconds:.0f} s",
             f"  faults: {dict(sorted(self.faults.items()))} ({self.kills} kills)",
             f"  kills by migration state in flight: {dict(sorted(self.kills_by_state.items()))}",
+            f"  partitions ({self.partitions}) by migration state in flight:"
+            f" {dict(sorted(self.partitions_by_state.items()))}",
+            f"  clocks off the manager's: {self.skews or 'none'}",
             f"  recoveries: {self.recoveries}; migrations: {dict(sorted(self.migrations.items()))}",
             f"  most copies of one job at once: {self.max_copies}; longest unfinished job"
             f" running nowhere: {self.longest_down:.1f} s",
@@ -111,9 +136,15 @@ class ChaosReport:
 
     def to_json(self) -> str:
         data = asdict(self)
-        for name in ("faults", "kills_by_state", "migrations"):  # asdict mangles Counters
+        for name in (
+            "faults",
+            "kills_by_state",
+            "partitions_by_state",
+            "migrations",
+        ):  # asdict mangles Counters
             data[name] = dict(sorted(getattr(self, name).items()))
         data["kills"] = self.kills
+        data["partitions"] = self.partitions
         return json.dumps(data, indent=2, sort_keys=True)
 
 
@@ -128,6 +159,7 @@ FAULT_WEIGHTS = {
     "kill-saving-job": 2,
     "corrupt": 2,
     "full-disk": 2,
+    "partition": 10,
 }
 
 
@@ -193,9 +225,18 @@ class ProcessWatch:
 
 
 class Chaos:
-    def __init__(self, c: EmbeddedCluster, cfg: ChaosConfig, report: ChaosReport, *, disk: bool) -> None:
+    def __init__(
+        self,
+        c: EmbeddedCluster,
+        cfg: ChaosConfig,
+        report: ChaosReport,
+        *,
+        disk: bool,
+        links: list[NetHost] | None = None,
+    ) -> None:
         self.c, self.cfg, self.report = c, cfg, report
         self.disk = disk  # the volume is a tmpfs of its own: it can be filled
+        self.links = links or []  # the hosts whose links can be cut: the manager's first
         self.rng = random.Random(cfg.seed)
         self.watch = ProcessWatch(c)
         self.jobs: list[str] = []
@@ -296,7 +337,11 @@ class Chaos:
 
     async def fault(self) -> None:
         rng, c = self.rng, self.c
-        weights = {k: w for k, w in FAULT_WEIGHTS.items() if self.disk or k != "full-disk"}
+        weights = {
+            k: w
+            for k, w in FAULT_WEIGHTS.items()
+            if (self.disk or k != "full-disk") and (self.links or k != "partition")
+        }
         action = rng.choices(list(weights), weights=list(weights.values()))[0]
         if action == "kill-manager" and c.manager is not None:
             await self.kill_daemon("manager")
@@ -323,6 +368,8 @@ class Chaos:
             await self.corrupt_checkpoint()
         elif action == "full-disk":
             await self.fill_volume()
+        elif action == "partition":
+            await self.partition()
 
     async def pause(self, pid: int) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -384,6 +431,22 @@ class Chaos:
         finally:
             filler.unlink(missing_ok=True)
 
+    async def partition(self) -> None:
+        """Cut the link of the manager's host or an agent's, mostly while a save or a restore
+        is in flight, for a blip or for longer than worker_timeout; mended however it ends."""
+        st = await self.mid_migration("saving", "saved", "restoring", within=self.rng.uniform(0.0, 4.0))
+        states = [m.state.value for m in st.migrations if m.state.value not in _ENDED] if st else ["unknown"]
+        i = self.rng.randrange(len(self.links))
+        lo, hi = self.cfg.blip if self.rng.random() < 0.5 else self.cfg.cut_off
+        self.report.faults["partition-manager" if i == 0 else "partition-agent"] += 1
+        for s in states or ["none"]:
+            self.report.partitions_by_state[s] += 1
+        self.links[i].cut()
+        try:
+            await asyncio.sleep(self.rng.uniform(lo, hi))
+        finally:
+            self.links[i].mend()
+
     async def faults(self, stop: asyncio.Event) -> None:
         lo, hi = self.cfg.fault_every
         while not stop.is_set():
@@ -402,7 +465,11 @@ class Chaos:
         ]
         try:
             last = -1
-            while self.finished_migrations() < self.cfg.migrations or self.report.kills < self.cfg.min_faults:
+            while (
+                self.finished_migrations() < self.cfg.migrations
+                or self.report.kills < self.cfg.min_faults
+                or (self.links and self.report.partitions < self.cfg.min_partitions)
+            ):
                 broken = [t for t in tasks if t.done()]
                 if broken:  # a fault or the submitter failed (e.g. a daemon did not come back)
                     exc = broken[0].exception()
@@ -415,7 +482,8 @@ class Chaos:
                 done = self.finished_migrations()
                 if done != last:
                     print(f"  .. {time.monotonic() - t0:5.0f} s: {done} migrations finished, "
-                          f"{self.report.kills} kills, {len(self.jobs)} jobs", flush=True)  # fmt: skip
+                          f"{self.report.kills} kills, {self.report.partitions} partitions, "
+                          f"{len(self.jobs)} jobs", flush=True)  # fmt: skip
                     last = done
                 await asyncio.sleep(1.0)
             stop.set()
@@ -429,6 +497,9 @@ class Chaos:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            for host in self.links:  # a partition the run ended in the middle of
+                if host.is_cut():
+                    host.mend()
         self.judge(time.monotonic() - t0)
 
     def judge(self, seconds: float) -> None:
@@ -486,15 +557,25 @@ async def run_chaos(root: Path, cfg: ChaosConfig) -> ChaosReport:
     why_not = _mount_tmpfs(volume, cfg.volume_bytes)
     if why_not:
         report.notes.append(why_not)
+    if len(cfg.skews) != cfg.workers:
+        raise ValueError(f"one clock skew per worker: {cfg.workers} workers, skews {cfg.skews}")
     try:
-        async with EmbeddedCluster(
-            root / "c", workers=cfg.workers, cpus_per_worker=cfg.cpus_per_worker, policy=policy
-        ) as c:
-            try:
-                await Chaos(c, cfg, report, disk=why_not is None).run()
-            finally:
-                if c.manager is not None:  # a SIGTERMed manager waits out open long polls
-                    c.kill(c.manager)
+        with placement(root, cfg.skews) as where:
+            report.notes += where.notes
+            report.skews, report.hosts_tag = where.skews, where.tag
+            async with EmbeddedCluster(
+                root / "c",
+                workers=cfg.workers,
+                cpus_per_worker=cfg.cpus_per_worker,
+                policy=policy,
+                hosts=where.cluster_hosts,
+                tls=where.tls,
+            ) as c:
+                try:
+                    await Chaos(c, cfg, report, disk=why_not is None, links=where.links).run()
+                finally:
+                    if c.manager is not None:  # a SIGTERMed manager waits out open long polls
+                        c.kill(c.manager)
     finally:
         if why_not is None:
             subprocess.run(["umount", "--lazy", str(volume)], check=False)
@@ -505,12 +586,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make chaos", description=__doc__.splitlines()[0])
     p.add_argument("--seed", type=int, default=1, help="the random faults' seed (default 1)")
     p.add_argument("--migrations", type=int, default=100, help="finished migrations to reach (default 100)")
+    p.add_argument(
+        "--min-partitions",
+        type=int,
+        default=30,
+        help="partitions to reach as well, where hosts can be cut (default 30)",
+    )
     p.add_argument("--out", type=Path, default=Path("chaos.json"), help="where to write the counts (JSON)")
     p.add_argument(
         "--dir", type=Path, default=None, help="keep the cluster's files here (default: a temp dir)"
     )
     args = p.parse_args(argv)
-    cfg = ChaosConfig(seed=args.seed, migrations=args.migrations)
+    cfg = ChaosConfig(seed=args.seed, migrations=args.migrations, min_partitions=args.min_partitions)
     # SIGTERM (a timeout, Ctrl-C's cousin) tears the cluster down like an interrupt does.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     # This process's own runtime (it submits the jobs) logs one line per job: errors only.

@@ -46,11 +46,15 @@ def spec(
     *,
     step_seconds: float = 0.05,
     save_seconds: float = 0.0,
+    restore_seconds: float = 0.0,
+    save_gate: Path | None = None,
     ignore_sigterm: bool = False,
 ) -> JobSpec:
     argv = [sys.executable, str(JOB), "--steps", str(steps), "--curve", curve]
     argv += ["--step-seconds", str(step_seconds), "--checkpoint-every", str(CHECKPOINT_EVERY)]
-    argv += ["--save-seconds", str(save_seconds)] + (["--ignore-sigterm"] if ignore_sigterm else [])
+    argv += ["--save-seconds", str(save_seconds), "--restore-seconds", str(restore_seconds)]
+    argv += ["--ignore-sigterm"] if ignore_sigterm else []
+    argv += ["--save-gate", str(save_gate)] if save_gate is not None else []
     return JobSpec(id=ContainerId(jid), command=tuple(argv), steps=steps, model=curve)
 
 
@@ -190,13 +194,14 @@ def job_processes(c: EmbeddedCluster, jid: str) -> dict[int, str]:
 
 class Watchdog:
     """Samples a job's processes every 0.1 s for the whole test: never two copies at once,
-    and never running nowhere for longer than ``LOST_AFTER`` (unless it has finished).
+    and never running nowhere for longer than ``lost_after`` (unless it has finished).
 
     (Two copies overlapping between samples would still show in the progress log: their
     records would interleave, which ``assert_exactly_its_steps`` rejects.)"""
 
-    def __init__(self, c: EmbeddedCluster, jid: str) -> None:
+    def __init__(self, c: EmbeddedCluster, jid: str, *, lost_after: float = LOST_AFTER) -> None:
         self.c, self.jid = c, jid
+        self.lost_after = lost_after
         self.max_copies = 0
         self.workers: list[str] = []  # the worker of each run seen, in order
         self.down_since: float | None = None
@@ -219,7 +224,7 @@ class Watchdog:
 
     def check(self) -> None:
         assert self.max_copies <= 1, f"{self.jid} ran {self.max_copies} times at once"
-        assert self.longest_down < LOST_AFTER, f"{self.jid} ran nowhere for {self.longest_down:.1f}s"
+        assert self.longest_down < self.lost_after, f"{self.jid} ran nowhere for {self.longest_down:.1f}s"
 
     async def _loop(self) -> None:
         while True:
@@ -333,11 +338,25 @@ def manager_port(c: EmbeddedCluster) -> int:
     return address(c.manager)[1]
 
 
-async def restart_agent(c: EmbeddedCluster, worker: WorkerId) -> Daemon:
+async def restart_agent(c: EmbeddedCluster, worker: WorkerId, *, attempts: int = 3) -> Daemon:
     """Start ``worker``'s agent again on the address it had (after a kill), or on another
     port of its host when that one was taken while the agent was down (any process may
     take it meanwhile: other runs' agents on this loopback address bind their outgoing
-    connections there). The manager only displays an agent's address."""
+    connections there). The manager only displays an agent's address.
+
+    On a machine so loaded that the new agent does not answer within the cluster's health
+    timeout, that process is killed (never two agents for one worker) and started again."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return await _restart_agent(c, worker)
+        except TimeoutError:
+            if attempt == attempts:
+                raise
+            await asyncio.to_thread(_kill_unanswering_agents, c, worker)
+    raise AssertionError("unreachable")
+
+
+async def _restart_agent(c: EmbeddedCluster, worker: WorkerId) -> Daemon:
     host, port = address(c.agents[worker])
     try:
         d = await c.start_agent(worker, host, port)
@@ -349,6 +368,33 @@ async def restart_agent(c: EmbeddedCluster, worker: WorkerId) -> Daemon:
             return d
         c.kill(d)  # a stranger answered on the port: ours could not bind it
     return await c.start_agent(worker, host)
+
+
+def _kill_unanswering_agents(c: EmbeddedCluster, worker: WorkerId) -> None:
+    """SIGKILL every agent process of ``worker`` in this cluster (named by its token file)
+    that the cluster does not hold, and wait until they are gone."""
+    marker = str(c.tokens_dir / f"agent-{worker}").encode()
+    known = {d.proc.pid for d in c.agents.values()}
+    strays = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) not in known:
+            with contextlib.suppress(OSError):
+                argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+                if b"specon_agent" in argv and marker in argv:
+                    os.kill(int(name), signal.SIGKILL)
+                    strays.append(int(name))
+    for pid in strays:
+        deadline = time.monotonic() + 10
+        while not _dead(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _dead(pid: int) -> bool:
+    """Gone, or a zombie (subprocess reaps those of its children it lost track of)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] in "ZX"
+    except OSError:
+        return True
 
 
 def pending_request(c: EmbeddedCluster, worker: WorkerId, jid: str) -> bool:

@@ -1,5 +1,6 @@
 """The short chaos run in ``make test`` (the long one is ``make chaos``): at least ten kills of
-the manager, agents and jobs at random points while jobs migrate, and nothing lost."""
+the manager, agents and jobs and a few partitions at random points while jobs migrate, on
+network hosts with two agents' clocks minutes off, and nothing lost, nothing left behind."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from pathlib import Path
 import pytest
 from chaos_run import ChaosConfig, run_chaos
 
+from specon.testing.net_hosts import available, leftovers
+
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 async def test_chaos_short_run_loses_nothing(tmp_path: Path) -> None:
-    cfg = ChaosConfig(seed=7, migrations=8, min_faults=10, max_seconds=400.0)
+    cfg = ChaosConfig(seed=7, migrations=8, min_faults=10, min_partitions=4, max_seconds=400.0)
     report = await run_chaos(tmp_path, cfg)
     print(report.summary())
     assert not report.problems, report.summary()
@@ -20,3 +23,8 @@ async def test_chaos_short_run_loses_nothing(tmp_path: Path) -> None:
     assert report.migrations["done"] + report.migrations["rolled_back"] >= 8
     assert report.max_copies == 1
     assert report.recoveries >= report.faults["kill-manager"] + report.faults["kill-agent"]
+    if available() is None:  # network hosts here: partitions happened, and nothing is left
+        assert report.partitions >= 4 and report.hosts_tag
+        assert leftovers(report.hosts_tag) == []
+        # Two agents' clocks were off, or the notes say why they could not be.
+        assert report.skews == {"w1": 300.0, "w2": -420.0} or any("clocks" in n for n in report.notes)

@@ -11,7 +11,9 @@ Fault knobs for the fault-injection tests (all off by default):
 announced by a ``{"event": "saving"}`` record when it begins); ``--ignore-sigterm`` makes
 the job deaf to SIGTERM, so a save can only end by the grace period's SIGKILL;
 ``--save-gate FILE`` (with ``--save-seconds``) ends that slow save as soon as FILE exists, so a
-test holds a save in flight for exactly as long as it needs, ``--save-seconds`` at most.
+test holds a save in flight for exactly as long as it needs, ``--save-seconds`` at most;
+``--restore-seconds S`` makes loading a checkpoint take S seconds (a slow restore: the job's
+process exists, its ``started`` record comes S seconds later).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def main() -> None:
     p.add_argument("--save-seconds", type=float, default=0.0)
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--save-gate", type=Path, default=None)
+    p.add_argument("--restore-seconds", type=float, default=0.0)
     args = p.parse_args()
     curve = CURVES[args.curve]
     state = {"trained": 0}
@@ -52,10 +55,14 @@ def main() -> None:
                 time.sleep(min(0.05, max(0.0, until - time.monotonic())))
         return payload
 
+    def restore(payload: bytes) -> None:
+        time.sleep(args.restore_seconds)
+        state.update(json.loads(payload))
+
     with jobkit.Job(
         steps=args.steps,
         save=save,
-        restore=lambda b: state.update(json.loads(b)),
+        restore=restore,
         checkpoint_every=args.checkpoint_every,
     ) as job:
         if args.ignore_sigterm:
