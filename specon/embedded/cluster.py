@@ -290,7 +290,12 @@ class EmbeddedCluster:
         finally:
             out.close()
         d = Daemon(name, url, proc, log_path, argv)
-        await self._wait_healthy(d)
+        try:
+            await self._wait_healthy(d)
+        except BaseException:
+            # Never leave a daemon running that nobody tracks (a second agent for one worker).
+            self.kill(d)
+            raise
         return d
 
     async def _wait_healthy(self, d: Daemon, timeout: float = 30.0) -> None:

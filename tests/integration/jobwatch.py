@@ -345,14 +345,14 @@ async def restart_agent(c: EmbeddedCluster, worker: WorkerId, *, attempts: int =
     connections there). The manager only displays an agent's address.
 
     On a machine so loaded that the new agent does not answer within the cluster's health
-    timeout, that process is killed (never two agents for one worker) and started again."""
+    timeout, the cluster kills that process (never two agents for one worker) and it is
+    started again."""
     for attempt in range(1, attempts + 1):
         try:
             return await _restart_agent(c, worker)
         except TimeoutError:
             if attempt == attempts:
                 raise
-            await asyncio.to_thread(_kill_unanswering_agents, c, worker)
     raise AssertionError("unreachable")
 
 
@@ -368,33 +368,6 @@ async def _restart_agent(c: EmbeddedCluster, worker: WorkerId) -> Daemon:
             return d
         c.kill(d)  # a stranger answered on the port: ours could not bind it
     return await c.start_agent(worker, host)
-
-
-def _kill_unanswering_agents(c: EmbeddedCluster, worker: WorkerId) -> None:
-    """SIGKILL every agent process of ``worker`` in this cluster (named by its token file)
-    that the cluster does not hold, and wait until they are gone."""
-    marker = str(c.tokens_dir / f"agent-{worker}").encode()
-    known = {d.proc.pid for d in c.agents.values()}
-    strays = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) not in known:
-            with contextlib.suppress(OSError):
-                argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
-                if b"specon_agent" in argv and marker in argv:
-                    os.kill(int(name), signal.SIGKILL)
-                    strays.append(int(name))
-    for pid in strays:
-        deadline = time.monotonic() + 10
-        while not _dead(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-
-def _dead(pid: int) -> bool:
-    """Gone, or a zombie (subprocess reaps those of its children it lost track of)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] in "ZX"
-    except OSError:
-        return True
 
 
 def pending_request(c: EmbeddedCluster, worker: WorkerId, jid: str) -> bool:
