@@ -1,13 +1,17 @@
-"""Process helpers for the daemon benchmarks: CPU time and RSS from /proc, pinning, leftovers."""
+"""Process helpers for the daemon benchmarks: CPU time and RSS from /proc, pinning, leftovers,
+quiet logs."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import structlog
 
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: the preexec hook only calls it
@@ -65,3 +69,14 @@ def processes_mentioning(text: str) -> list[int]:
                 if needle in Path(f"/proc/{name}/cmdline").read_bytes():
                     found.append(int(name))
     return found
+
+
+@contextlib.contextmanager
+def quiet_logs() -> Iterator[None]:
+    """Only errors from this process's own runtime (a line per job started and stopped otherwise)."""
+    old = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    try:
+        yield
+    finally:
+        structlog.configure(**old)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import random
 import re
@@ -44,9 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import structlog
 
-from bench._proc import cpu_seconds, pinned_child, processes_mentioning, rss_bytes, usable_cpus
+from bench._proc import cpu_seconds, pinned_child, processes_mentioning, quiet_logs, rss_bytes, usable_cpus
 from bench.figures import Figure
 from specon.config import MessagingConfig, MonitorConfig
 from specon.embedded.cluster import EmbeddedCluster, free_port
@@ -95,7 +93,7 @@ def say(text: str) -> None:
 def run(quick: bool) -> list[Figure]:
     with _sigterm_interrupts():
         figures = _manager_figures(quick)
-        with _quiet_logs():
+        with quiet_logs():
             figures += asyncio.run(_agent_figures(quick))
     return figures
 
@@ -112,17 +110,6 @@ def _sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
-
-
-@contextlib.contextmanager
-def _quiet_logs() -> Iterator[None]:
-    """Only errors from this process's runtime (one line per job started and killed otherwise)."""
-    old = structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
-    try:
-        yield
-    finally:
-        structlog.configure(**old)
 
 
 # == 1. manager ===============================================================================

@@ -23,16 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import shutil
 import statistics
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
-
+from bench._proc import quiet_logs
 from bench.figures import Figure
 from specon.coordinator.migration import State
 from specon.embedded.cluster import EmbeddedCluster, TlsFiles
@@ -136,17 +133,6 @@ async def _moved(c: EmbeddedCluster) -> MigrationStatus:
     return done
 
 
-@contextlib.contextmanager
-def _quiet_logs() -> Iterator[None]:
-    """Only errors from the driver's own runtime (a line per job started and stopped otherwise)."""
-    old = structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
-    try:
-        yield
-    finally:
-        structlog.configure(**old)
-
-
 def _spread(values: list[float]) -> str:
     return f"median {statistics.median(values):.2f}s ({min(values):.2f}-{max(values):.2f}), n={len(values)}"
 
@@ -155,7 +141,7 @@ def run(quick: bool) -> list[Figure]:
     rounds = 2 if quick else 5
     moves: dict[str, list[Move]] = {s: [] for s in SETUPS}
     failed: list[str] = []
-    with _quiet_logs(), tempfile.TemporaryDirectory(prefix="specon-bench-hosts-") as tmp:
+    with quiet_logs(), tempfile.TemporaryDirectory(prefix="specon-bench-hosts-") as tmp:
         for i in range(rounds):  # interleaved: a drift of the machine's load hits every set-up alike
             for setup in SETUPS:
                 label = f"round {i + 1}/{rounds}, {setup}"

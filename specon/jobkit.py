@@ -206,6 +206,38 @@ def read_done(checkpoint_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def check_schedule(checkpoint_every: int | None, checkpoint_interval: float | None, keep: int) -> None:
+    """Raise ValueError unless the periodic-checkpoint settings are valid (``Job``'s, also
+    used by ``specon.integrations.session.Session``)."""
+    if checkpoint_every is not None and checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be >= 1 or None, got {checkpoint_every}")
+    if checkpoint_interval is not None and checkpoint_interval <= 0:
+        raise ValueError(f"checkpoint_interval must be > 0 or None, got {checkpoint_interval}")
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+
+
+class StopRequest:
+    """SIGTERM/SIGINT as a request to checkpoint and exit at the next step boundary
+    (``Job``'s, also used by ``specon.integrations.session.Session``). ``handle`` is the
+    signal handler; a second SIGINT raises KeyboardInterrupt: a second Ctrl-C means "now"."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def request(self, signum: int = signal.SIGTERM) -> None:
+        self.signum = signum
+
+    def handle(self, signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and self.requested:
+            raise KeyboardInterrupt
+        self.request(signum)
+
+
 class Job:
     """A training job that honours the contract: see the module docstring.
 
@@ -232,12 +264,7 @@ class Job:
     ) -> None:
         if steps < 0:
             raise ValueError(f"steps must be >= 0, got {steps}")
-        if checkpoint_every is not None and checkpoint_every < 1:
-            raise ValueError(f"checkpoint_every must be >= 1 or None, got {checkpoint_every}")
-        if checkpoint_interval is not None and checkpoint_interval <= 0:
-            raise ValueError(f"checkpoint_interval must be > 0 or None, got {checkpoint_interval}")
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
+        check_schedule(checkpoint_every, checkpoint_interval, keep)
         self.total = steps
         self._save = save
         self._restore = restore
@@ -252,7 +279,7 @@ class Job:
         self.exit_on_stop = exit_on_stop
         self.completed = 0  # steps done so far, counting those restored from the checkpoint
         self.outcome: Literal["finished", "checkpointed"] | None = None  # once the loop ends
-        self._stop_signal: int | None = None
+        self._stop_request = StopRequest()
         self._checkpoint_failing = False
         self._retry_at = 0.0  # after a full disk: no periodic checkpoint attempt before this
         self._resumed: tuple[int, bytes | None] | None = None
@@ -265,21 +292,16 @@ class Job:
     @property
     def should_stop(self) -> bool:
         """True once SIGTERM or SIGINT arrived: checkpoint and exit at the next step boundary."""
-        return self._stop_signal is not None
+        return self._stop_request.requested
 
     def request_stop(self, signum: int = signal.SIGTERM) -> None:
         """What the signal handler does; also callable directly (e.g. from a test)."""
-        self._stop_signal = signum
-
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if signum == signal.SIGINT and self.should_stop:
-            raise KeyboardInterrupt  # a second Ctrl-C means "now", as people expect
-        self.request_stop(signum)
+        self._stop_request.request(signum)
 
     def __enter__(self) -> Job:
         for sig in _STOP_SIGNALS:
             try:
-                self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+                self._previous_handlers[sig] = signal.signal(sig, self._stop_request.handle)
             except ValueError:  # not the main thread: the caller must use request_stop()
                 _warn(f"cannot install a handler for {signal.Signals(sig).name} outside the main thread")
         self._entered = True

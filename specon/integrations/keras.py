@@ -30,7 +30,7 @@ import keras
 
 from specon import jobkit
 from specon.integrations import archive
-from specon.integrations.session import Session
+from specon.integrations.session import Session, for_callback
 
 FRAMEWORK = "keras"
 WEIGHTS = "model.weights.h5"
@@ -54,11 +54,7 @@ class Migratable(keras.callbacks.Callback):  # keras ships no type hints: a subc
         session: Session | None = None,
     ) -> None:
         super().__init__()
-        if log_every is not None and log_every < 1:
-            raise ValueError(f"log_every must be >= 1 or None, got {log_every}")
-        self.session = session or Session(
-            checkpoint_every=checkpoint_every, checkpoint_interval=checkpoint_interval, keep=keep
-        )
+        self.session = for_callback(session, log_every, checkpoint_every, checkpoint_interval, keep)
         self.log_every = log_every
         self.step = 0  # batches trained, counting those restored
         self._restored = 0

@@ -37,7 +37,7 @@ import lightning.pytorch as pl
 from specon import jobkit
 from specon.integrations import archive
 from specon.integrations.loader import ResumableLoader
-from specon.integrations.session import Session, warn
+from specon.integrations.session import Session, for_callback, warn
 
 FRAMEWORK = "lightning"
 CKPT = "lightning.ckpt"
@@ -65,13 +65,9 @@ class Migratable(pl.Callback):
         stop_at: StopAt = "auto",
         session: Session | None = None,
     ) -> None:
-        if log_every is not None and log_every < 1:
-            raise ValueError(f"log_every must be >= 1 or None, got {log_every}")
         if stop_at not in ("auto", "step", "epoch"):
             raise ValueError(f"stop_at must be 'auto', 'step' or 'epoch', got {stop_at!r}")
-        self.session = session or Session(
-            checkpoint_every=checkpoint_every, checkpoint_interval=checkpoint_interval, keep=keep
-        )
+        self.session = for_callback(session, log_every, checkpoint_every, checkpoint_interval, keep)
         self.log_every = log_every
         self.stop_at: StopAt = stop_at
         self.mode: Literal["step", "epoch"] = "step"

@@ -28,7 +28,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any, Literal, NoReturn
 
 from specon import checkpoint, jobkit
@@ -69,6 +68,23 @@ def newest(directory: Path | None = None) -> tuple[int, bytes] | None:
     return None
 
 
+def for_callback(
+    session: Session | None,
+    log_every: int | None,
+    checkpoint_every: int | None,
+    checkpoint_interval: float | None,
+    keep: int,
+    /,
+) -> Session:
+    """What a framework callback's constructor shares: check ``log_every`` and return
+    ``session``, or a new one with the periodic-checkpoint settings."""
+    if log_every is not None and log_every < 1:
+        raise ValueError(f"log_every must be >= 1 or None, got {log_every}")
+    return session or Session(
+        checkpoint_every=checkpoint_every, checkpoint_interval=checkpoint_interval, keep=keep
+    )
+
+
 class Session:
     """One run of a framework-driven job under the contract (module docstring).
 
@@ -87,12 +103,7 @@ class Session:
         progress: str | os.PathLike[str] | None = None,
         job_id: str | None = None,
     ) -> None:
-        if checkpoint_every is not None and checkpoint_every < 1:
-            raise ValueError(f"checkpoint_every must be >= 1 or None, got {checkpoint_every}")
-        if checkpoint_interval is not None and checkpoint_interval <= 0:
-            raise ValueError(f"checkpoint_interval must be > 0 or None, got {checkpoint_interval}")
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
+        jobkit.check_schedule(checkpoint_every, checkpoint_interval, keep)
         self.checkpoint_every = checkpoint_every
         self.checkpoint_interval = checkpoint_interval
         self.keep = keep
@@ -103,7 +114,7 @@ class Session:
         self.completed = 0  # optimizer steps done, counting those restored from the checkpoint
         self.total: int | None = None
         self.outcome: Literal["finished", "checkpointed"] | None = None
-        self._stop_signal: int | None = None
+        self._stop_request = jobkit.StopRequest()
         self._last_saved: int | None = None
         self._last_time = time.monotonic()
         self._retry_at = 0.0
@@ -114,16 +125,11 @@ class Session:
     @property
     def stop_requested(self) -> bool:
         """SIGTERM or SIGINT arrived: checkpoint and exit at the next step boundary."""
-        return self._stop_signal is not None
+        return self._stop_request.requested
 
     def request_stop(self, signum: int = signal.SIGTERM) -> None:
         """What the signal handler does; also callable directly (a test, another thread)."""
-        self._stop_signal = signum
-
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if signum == signal.SIGINT and self.stop_requested:
-            raise KeyboardInterrupt  # a second Ctrl-C means "now"
-        self.request_stop(signum)
+        self._stop_request.request(signum)
 
     def install_signals(self) -> None:
         """Handle SIGTERM/SIGINT (again: a framework may have put its own handler over ours).
@@ -131,7 +137,7 @@ class Session:
         The first call remembers the handlers it replaced, for ``restore_signals``."""
         for sig in _STOP_SIGNALS:
             try:
-                previous = signal.signal(sig, self._on_signal)
+                previous = signal.signal(sig, self._stop_request.handle)
             except ValueError:  # not the main thread
                 warn(f"cannot handle {signal.Signals(sig).name} outside the main thread")
                 continue

@@ -29,7 +29,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 
 from specon import jobkit
 from specon.integrations import archive
-from specon.integrations.session import Session, warn
+from specon.integrations.session import Session, for_callback, warn
 
 FRAMEWORK = "transformers"
 # Numeric fields of a Trainer log copied into the sample beside ``loss``.
@@ -53,11 +53,7 @@ class Migratable(TrainerCallback):
         log_every: int | None = 1,
         session: Session | None = None,
     ) -> None:
-        if log_every is not None and log_every < 1:
-            raise ValueError(f"log_every must be >= 1 or None, got {log_every}")
-        self.session = session or Session(
-            checkpoint_every=checkpoint_every, checkpoint_interval=checkpoint_interval, keep=keep
-        )
+        self.session = for_callback(session, log_every, checkpoint_every, checkpoint_interval, keep)
         self.log_every = log_every
         self._wanted = False  # the next save is one this callback asked for
         self._ours = False  # ... and the Trainer's own settings would not have saved there

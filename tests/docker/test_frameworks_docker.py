@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from specon.embedded.cluster import EmbeddedCluster
-from specon.embedded.docker_hosts import DockerUnavailable
-from tests.integration.test_e2e_local import POLICY
+from tests.docker.test_e2e_docker import started_docker_cluster
 from tests.integration.test_frameworks import FRAMEWORKS, framework_job_moves_exactly
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
@@ -22,17 +21,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900
 
 @pytest.fixture
 async def docker_cluster(tmp_path: Path) -> AsyncIterator[EmbeddedCluster]:
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY)
-    c = EmbeddedCluster(tmp_path / "c", workers=2, cpus_per_worker=1.0, policy=policy, runtime="docker")
-    try:
-        await c.start()
-    except DockerUnavailable as err:
-        pytest.skip(f"no Docker engine here: {err}")
-    try:
+    async with started_docker_cluster(tmp_path, cpus_per_worker=1.0) as c:
         yield c
-    finally:
-        await c.stop()
 
 
 @pytest.mark.parametrize("name", ["lightning", "transformers"])

@@ -13,28 +13,14 @@ missing; the tests skip only where that is impossible (no apt-get, not root).
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import pytest
-from cdp_client import (
-    CDP,
-    Chromium,
-    ChromiumImpossibleError,
-    Page,
-    ensure_chromium,
-    start_chromium,
-    stop_chromium,
-)
-from listening import serve_on_free_port
+from cdp_client import CDP, Chromium, Page
+from manager_proc import Running, chromium_or_skip, manager_env, running_manager, wait_healthy
 
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.wire import protocol
@@ -43,7 +29,6 @@ from specon.wire.protocol import CommandBatch, ContainerReport, Heartbeat
 # The first run may install chromium (a few minutes); later runs take seconds.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-MANAGER = Path(sys.executable).with_name("specon-manager")
 READ_TOKEN = "browser-read-token-" + "7f3a" * 8
 AGENT_TOKEN = "browser-agent-token-" + "c0de" * 8
 WORKER = "worker-1"
@@ -53,78 +38,24 @@ LOGIN_FORM = "!!document.querySelector('form[action=\"/login\"] input[name=token
 
 @pytest.fixture(scope="module")
 def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chromium]:
-    try:
-        binary = ensure_chromium()
-    except ChromiumImpossibleError as exc:
-        pytest.skip(f"impossible here: {exc}")
-    base = tmp_path_factory.mktemp("chromium")
-    browser = start_chromium(binary, base / "profile", base / "chromium.log")
-    try:
+    with chromium_or_skip(tmp_path_factory.mktemp("chromium")) as browser:
         yield browser
-    finally:
-        stop_chromium(browser.proc)
-
-
-@dataclass
-class Running:
-    proc: subprocess.Popen[bytes]
-    url: str
-    log: Path
 
 
 @pytest.fixture
 def manager(tmp_path: Path) -> Iterator[Running]:
     (tmp_path / "read").write_text(READ_TOKEN + "\n")
     (tmp_path / "agents.yaml").write_text(f"{WORKER}: {AGENT_TOKEN}\n")
-    log = tmp_path / "manager.log"
-    env = {k: v for k, v in os.environ.items() if k != "SPECON_TOKEN"}
-    env["SPECON_MANAGER_SESSION_TTL"] = str(SESSION_TTL)
-
-    def start(port: int) -> subprocess.Popen[bytes]:
-        with log.open("ab") as err:
-            return subprocess.Popen(
-                [
-                    str(MANAGER),
-                    "--listen",
-                    f"127.0.0.1:{port}",
-                    "--agent-tokens",
-                    str(tmp_path / "agents.yaml"),
-                    "--read-token-file",
-                    str(tmp_path / "read"),
-                    "--state-dir",
-                    str(tmp_path / "state"),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                env=env,
-            )
-
-    proc, port = serve_on_free_port(start, log)
-    try:
-        yield Running(proc, f"http://127.0.0.1:{port}", log)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    args = ("--agent-tokens", str(tmp_path / "agents.yaml"), "--read-token-file", str(tmp_path / "read"))
+    env = manager_env(SPECON_MANAGER_SESSION_TTL=str(SESSION_TTL))
+    with running_manager(tmp_path, *args, env=env) as running:
+        yield running
 
 
 async def heartbeat_as_the_agent(m: Running) -> None:
     """One heartbeat from worker-1 with its own token, once the manager is healthy."""
     async with aiohttp.ClientSession() as http:
-        for _ in range(300):
-            if m.proc.poll() is not None:
-                pytest.fail(f"specon-manager exited with {m.proc.returncode}:\n{m.log.read_text()}")
-            try:
-                async with http.get(f"{m.url}/healthz") as resp:
-                    if resp.status == 200:
-                        break
-            except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.1)
+        await wait_healthy(m, http)
         now = time.time()
         hb = Heartbeat(
             worker=WorkerId(WORKER),

@@ -43,6 +43,14 @@ async def test_a_converged_job_moves_between_two_agent_hosts_over_tls(
             (c.agents[WorkerId("w1")], hosts[2]),
         ]:
             assert host.holds(d.proc.pid), d.name
+        # A host changes the network only: each agent budgets its jobs as on this machine.
+        for w in c.workers:
+            started = next(
+                json.loads(line)
+                for line in c.agents[w].log_path.read_text().splitlines()
+                if "specon.agent.started" in line
+            )
+            assert started["enforcement"] == c.runtime(w).enforcement, started
         await converged_job_moves_once_and_finishes_exactly(c)
         st = await c.status()
         # The manager saw each agent at its own host's address.

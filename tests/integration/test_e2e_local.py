@@ -31,7 +31,8 @@ rebalance: {mode: "off"}
 """
 
 
-def job(jid: str, steps: int, curve: str, step_seconds: float = 0.05) -> JobSpec:
+def job(jid: str, steps: int, curve: str, step_seconds: float = 0.05, extra: tuple[str, ...] = ()) -> JobSpec:
+    """A ``curve_job.py`` run (``extra``: more of its options)."""
     argv = (
         sys.executable,
         str(JOB),
@@ -41,6 +42,7 @@ def job(jid: str, steps: int, curve: str, step_seconds: float = 0.05) -> JobSpec
         curve,
         "--step-seconds",
         str(step_seconds),
+        *extra,
     )
     return JobSpec(id=ContainerId(jid), command=argv, steps=steps, model=curve)
 

@@ -27,12 +27,9 @@ import gzip
 import itertools
 import json
 import math
-import os
 import re
 import signal
 import statistics
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -47,7 +44,7 @@ import pytest
 import yarl
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from listening import serve_on_free_port
+from manager_proc import Running, running_manager, wait_healthy
 from specon_manager.openapi import openapi_document
 
 from specon.model import Category, ContainerId, Resources, WorkerId
@@ -78,7 +75,6 @@ HEALTH_MAX = 5.0  # seconds: no single probe may take longer (a stalled machine 
 REQUEST_TIMEOUT = 30.0
 RAW_TIMEOUT = 2.0  # a raw request the server still waits on (half a request) gets no answer
 
-MANAGER = Path(sys.executable).with_name("specon-manager")
 SHARED_TOKEN = "fuzz-shared-" + "0123456789abcdef" * 3
 READ_TOKEN = "fuzz-read-" + "fedcba9876543210" * 3
 AGENTS = {f"agent-{i}": f"fuzz-agent-{i}-" + "5a" * 24 for i in range(3)}
@@ -1408,65 +1404,14 @@ def manager_tracebacks(log: str) -> list[str]:
 # --- the manager process ------------------------------------------------------------------
 
 
-@dataclass
-class Running:
-    proc: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-
 @pytest.fixture
 def manager(tmp_path: Path) -> Iterator[Running]:
     (tmp_path / "shared").write_text(SHARED_TOKEN + "\n")
     (tmp_path / "read").write_text(READ_TOKEN + "\n")
     (tmp_path / "agents.yaml").write_text("".join(f"{w}: {t}\n" for w, t in AGENTS.items()))
-    log = tmp_path / "manager.log"
-    env = {k: v for k, v in os.environ.items() if k != "SPECON_TOKEN"}
-
-    def start(port: int) -> subprocess.Popen[bytes]:
-        with log.open("ab") as err:
-            return subprocess.Popen(
-                [
-                    str(MANAGER),
-                    "--listen",
-                    f"127.0.0.1:{port}",
-                    "--agent-tokens",
-                    str(tmp_path / "agents.yaml"),
-                    "--token-file",
-                    str(tmp_path / "shared"),
-                    "--read-token-file",
-                    str(tmp_path / "read"),
-                    "--state-dir",
-                    str(tmp_path / "state"),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                env=env,
-            )
-
-    # Started again on another port if the one picked is taken before the manager binds it.
-    proc, port = serve_on_free_port(start, log)
-    try:
-        yield Running(proc, f"http://127.0.0.1:{port}", log)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-async def wait_healthy(m: Running) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(300):
-            if m.proc.poll() is not None:
-                pytest.fail(f"specon-manager exited with {m.proc.returncode}:\n{m.log.read_text()}")
-            try:
-                async with session.get(f"{m.url}/healthz") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.1)
-    pytest.fail(f"specon-manager never became healthy:\n{m.log.read_text()}")
+    args = ["--agent-tokens", str(tmp_path / "agents.yaml"), "--token-file", str(tmp_path / "shared")]
+    with running_manager(tmp_path, *args, "--read-token-file", str(tmp_path / "read")) as running:
+        yield running
 
 
 @dataclass
@@ -1587,7 +1532,8 @@ def test_fuzz_the_manager_from_its_openapi_document(manager: Running) -> None:
     assert n_bad >= N_BAD
 
     async def run() -> tuple[Report, list[str]]:
-        await wait_healthy(manager)
+        async with aiohttp.ClientSession() as session:
+            await wait_healthy(manager, session)
         report = await fuzz(manager.url, reqs)
         return report, await check_still_serving(manager.url)
 

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import pytest
-from listening import serve_on_free_port
+from manager_proc import MANAGER, Running, manager_env, running_manager, wait_healthy
 
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.wire import protocol
@@ -21,71 +17,15 @@ from specon.wire.protocol import CommandBatch, ContainerReport, ErrorReply, Hear
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
-MANAGER = Path(sys.executable).with_name("specon-manager")
 TOKEN = "integration-token-0123456789abcdef0123456789"
-
-
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k != "SPECON_TOKEN"}
-
-
-@dataclass
-class Running:
-    proc: subprocess.Popen[bytes]
-    url: str
-    log: Path
-    state_dir: Path
 
 
 @pytest.fixture
 def manager(tmp_path: Path) -> Iterator[Running]:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
-    log = tmp_path / "manager.log"
-
-    def start(port: int) -> subprocess.Popen[bytes]:
-        with log.open("ab") as err:
-            return subprocess.Popen(
-                [
-                    str(MANAGER),
-                    "--listen",
-                    f"127.0.0.1:{port}",
-                    "--token-file",
-                    str(token_file),
-                    "--state-dir",
-                    str(tmp_path / "state"),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                env=_env(),
-            )
-
-    # Started again on another port if the one picked is taken before the manager binds it.
-    proc, port = serve_on_free_port(start, log)
-    try:
-        yield Running(proc, f"http://127.0.0.1:{port}", log, tmp_path / "state")
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-async def _wait_healthy(m: Running, session: aiohttp.ClientSession) -> None:
-    for _ in range(200):
-        if m.proc.poll() is not None:
-            pytest.fail(f"specon-manager exited with {m.proc.returncode}:\n{m.log.read_text()}")
-        try:
-            async with session.get(f"{m.url}/healthz") as resp:
-                if resp.status == 200 and (await resp.json())["ok"]:
-                    return
-        except aiohttp.ClientConnectionError:
-            pass
-        await asyncio.sleep(0.1)
-    pytest.fail(f"specon-manager never became healthy:\n{m.log.read_text()}")
+    with running_manager(tmp_path, "--token-file", str(token_file)) as running:
+        yield running
 
 
 def _heartbeat() -> Heartbeat:
@@ -103,7 +43,7 @@ def _heartbeat() -> Heartbeat:
 async def test_serves_the_protocol_status_and_metrics_then_exits_cleanly_on_sigterm(manager: Running) -> None:
     auth = {protocol.AUTH_HEADER: f"Bearer {TOKEN}", "Content-Type": protocol.CONTENT_TYPE}
     async with aiohttp.ClientSession() as session:
-        await _wait_healthy(manager, session)
+        await wait_healthy(manager, session, tries=200)
         body = protocol.encode(_heartbeat())
         async with session.post(f"{manager.url}{protocol.HEARTBEAT_PATH}", data=body, headers=auth) as resp:
             assert resp.status == 200
@@ -176,7 +116,7 @@ def test_without_a_usable_token_it_exits_2_with_a_message(
         capture_output=True,
         text=True,
         timeout=30,
-        env=_env(),
+        env=manager_env(),
         check=False,
     )
     assert out.returncode == 2

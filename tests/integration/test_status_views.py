@@ -21,34 +21,20 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
-from cdp_client import CDP, Chromium, ChromiumImpossibleError, ensure_chromium, start_chromium, stop_chromium
+from cdp_client import CDP, Chromium
+from manager_proc import chromium_or_skip
 
 from specon.embedded import demo
 from specon.embedded.cluster import EmbeddedCluster
-from specon.model import ContainerId, WorkerId
-from specon.runtime.base import JobSpec
+from specon.model import WorkerId
 from specon.wire import protocol
 from specon.wire.protocol import Status
+from tests.integration.test_e2e_local import POLICY, job
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1800)]
 
-JOB = Path(__file__).parent / "jobs" / "curve_job.py"
 SPECON = Path(sys.executable).with_name("specon")
-POLICY = """\
-apiVersion: specon/v1alpha1
-kind: Policy
-monitor: {interval: 1, alpha: 0.02}
-messaging: {heartbeat_interval: 0.5, worker_timeout: 4}
-migration: {grace_period: 10, min_residence: 0}
-placement: {require_gain: false}
-rebalance: {mode: "off"}
-"""
 W0, W1 = WorkerId("w0"), WorkerId("w1")
-
-
-def job(jid: str, steps: int, curve: str) -> JobSpec:
-    argv = (sys.executable, str(JOB), "--steps", str(steps), "--curve", curve, "--step-seconds", "0.05")
-    return JobSpec(id=ContainerId(jid), command=argv, steps=steps, model=curve)
 
 
 async def wait_for(cond: Callable[[], Awaitable[bool]], what: str, timeout: float = 120.0) -> None:
@@ -62,16 +48,8 @@ async def wait_for(cond: Callable[[], Awaitable[bool]], what: str, timeout: floa
 
 @pytest.fixture(scope="module")
 def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chromium]:
-    try:
-        binary = ensure_chromium()
-    except ChromiumImpossibleError as exc:
-        pytest.skip(f"impossible here: {exc}")
-    base = tmp_path_factory.mktemp("chromium")
-    browser = start_chromium(binary, base / "profile", base / "chromium.log")
-    try:
+    with chromium_or_skip(tmp_path_factory.mktemp("chromium")) as browser:
         yield browser
-    finally:
-        stop_chromium(browser.proc)
 
 
 def specon_status(*argv: str) -> subprocess.CompletedProcess[str]:

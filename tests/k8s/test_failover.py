@@ -33,12 +33,13 @@ from specon_manager.lease import Record, Timing
 
 from specon.coordinator.migration import Migration, State
 from specon.embedded.cluster import EmbeddedCluster
-from specon.model import ContainerId, Resources, WorkerId
+from specon.model import Resources, WorkerId
 from specon.runtime.base import JobSpec
 from specon.runtime.kubernetes.api import KubeApi, KubeError
 from specon.wire import protocol
 from specon.wire.protocol import ErrorReply, Status
 from tests.integration.listening import serve_on_free_port
+from tests.integration.test_e2e_local import job
 from tests.k8s.cluster import KubeCluster
 from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.test_manifests import MANIFESTS, render
@@ -46,7 +47,6 @@ from tests.k8s.test_runtime_kubernetes import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-JOB = Path(__file__).resolve().parents[1] / "integration" / "jobs" / "curve_job.py"
 LEASE = "specon-manager"
 POLICY = """\
 apiVersion: specon/v1alpha1
@@ -309,21 +309,6 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("SPECON_TOKEN", "POD_NAME", "POD_NAMESPACE")}
 
 
-def job(jid: str, steps: int, curve: str, *extra: str) -> JobSpec:
-    argv = (
-        sys.executable,
-        str(JOB),
-        "--steps",
-        str(steps),
-        "--curve",
-        curve,
-        "--step-seconds",
-        "0.05",
-        *extra,
-    )
-    return JobSpec(id=ContainerId(jid), command=argv, steps=steps, model=curve)
-
-
 def records(r: Replicas, jid: str) -> list[dict[str, Any]]:
     path = r.embedded.volume / "jobs" / jid / "progress.jsonl"
     if not path.exists():
@@ -394,7 +379,9 @@ async def kill_the_leader_mid_migration(r: Replicas, steps: int = 600) -> Failov
 
     await until(both_agents, "both agents heartbeating through the Service", timeout=120)
     gate = r.root / "save-gate"
-    await r.submit(job("slow", steps, "converge", "--save-seconds", "90", "--save-gate", str(gate)), "w0")
+    await r.submit(
+        job("slow", steps, "converge", extra=("--save-seconds", "90", "--save-gate", str(gate))), "w0"
+    )
     await r.submit(job("steady", 2000, "linear"), "w0")
     journal = r.journal()
 

@@ -24,23 +24,12 @@ from structlog.testing import capture_logs
 
 from specon.daemon.manager_url import InsecureURLError
 from specon.daemon.tls import ServerCertificate, client_context
-from specon.model import Resources, WorkerId
 from specon.testing.certs import TestCA
 from specon.wire import protocol
-from specon.wire.protocol import CommandBatch, Heartbeat
+from specon.wire.protocol import CommandBatch
+from tests.unit.agent.test_client_token import beat
 
 TOKEN = "t" * 40
-
-
-def beat() -> Heartbeat:
-    return Heartbeat(
-        worker=WorkerId("node-1"),
-        address="127.0.0.1:1",
-        seq=1,
-        sent_at=0.0,
-        capacity=Resources(cpu=1.0),
-        usage=0.0,
-    )
 
 
 def _batch() -> web.Response:
