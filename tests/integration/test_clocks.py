@@ -33,6 +33,7 @@ from specon.embedded.cluster import EmbeddedCluster
 from specon.model import WorkerId
 from specon.testing.net_hosts import NetHosts
 from tests.hosts import tls_for
+from tests.integration.test_e2e_local import POLICY
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -40,15 +41,6 @@ Hosts = Callable[[int], NetHosts]
 W0, W1 = WorkerId("w0"), WorkerId("w1")
 AHEAD, BEHIND = 300.0, -420.0  # w0's clock is 5 minutes fast, w1's 7 minutes slow
 STEPS = 500
-POLICY = """\
-apiVersion: specon/v1alpha1
-kind: Policy
-monitor: {interval: 1, alpha: 0.02}
-messaging: {heartbeat_interval: 0.5, worker_timeout: 4}
-migration: {grace_period: 10, min_residence: 0}
-placement: {require_gain: false}  # the mechanics are tested: Algorithm 2's move is made
-rebalance: {mode: "off"}
-"""
 
 
 @pytest.fixture(scope="module")
