@@ -145,6 +145,10 @@ async def test_idle_agent_killed_its_job_keeps_running_and_is_readopted_on_resta
             )
 
         await wait_for(seen_on_w1, "the manager to see solo on w1", timeout=20)
+        # Its process may be listed before its interpreter wrote anything (a loaded machine).
+        await wait_for(
+            lambda: bool(runs(c, "solo")) and bool(runs(c, "solo")[-1].trained), "solo to train", timeout=30
+        )
         c.kill(c.agents[W1])
         # The job is detached from its agent: it keeps training while the agent is down.
         trained = len(runs(c, "solo")[-1].trained)
