@@ -32,8 +32,9 @@ from pathlib import Path
 from bench._proc import quiet_logs
 from bench.figures import Figure
 from specon.coordinator.migration import State
-from specon.embedded.cluster import EmbeddedCluster, TlsFiles
+from specon.embedded.cluster import EmbeddedCluster
 from specon.model import WorkerId
+from specon.testing.certs import manager_tls
 from specon.testing.net_hosts import NetHost, NetHosts
 from specon.wire.protocol import MigrationStatus
 from tests.integration.test_e2e_local import POLICY, job, records, wait_for
@@ -55,14 +56,6 @@ class MoveFailedError(RuntimeError):
 class Move:
     downtime: float  # the manager's
     gap: float  # the job's
-
-
-def _tls(root: Path, address: str) -> TlsFiles:
-    from specon.testing.certs import TestCA  # noqa: PLC0415 - cryptography: a dev extra
-
-    ca = TestCA.create(root / "ca")
-    cert, key = ca.issue(root / "manager-tls", names=[address])
-    return TlsFiles(ca=ca.cert_path, cert=cert, key=key)
 
 
 def _gap(recs: list[dict[str, object]]) -> float | None:
@@ -90,9 +83,9 @@ async def _move(setup: str, root: Path) -> Move:
         if setup == HOSTS:
             net = stack.enter_context(NetHosts(3))
             hosts = list(net)
-            tls = _tls(root, net[0].address)
+            tls = manager_tls(root, net[0].address)
         elif setup == LOOPBACK_TLS:
-            tls = _tls(root, "127.0.0.1")
+            tls = manager_tls(root, "127.0.0.1")
         async with EmbeddedCluster(
             root / "c", workers=2, cpus_per_worker=0.5, policy=policy, hosts=hosts, tls=tls
         ) as c:

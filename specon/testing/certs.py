@@ -25,6 +25,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from specon.embedded.cluster import TlsFiles
+
 # Backdated a little: the verifying side's clock may be a moment behind the issuing side's.
 _SKEW = timedelta(minutes=5)
 _LIFETIME = timedelta(days=2)
@@ -164,3 +166,11 @@ class TestCA:
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         _write_private(key_path, _key_pem(key))
         return cert_path, key_path
+
+
+def manager_tls(root: Path, address: str) -> TlsFiles:
+    """A CA made for this one run and the manager's certificate for ``address``: what the
+    embedded cluster needs to run its manager over HTTPS (``EmbeddedCluster(tls=...)``)."""
+    ca = TestCA.create(root / "ca")
+    cert, key = ca.issue(root / "manager-tls", names=[address])
+    return TlsFiles(ca=ca.cert_path, cert=cert, key=key)

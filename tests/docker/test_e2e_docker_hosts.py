@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from specon.embedded.cluster import EmbeddedCluster
 from specon.embedded.docker_hosts import DockerHost, DockerUnavailable
 from specon.model import WorkerId
 from specon.testing.net_hosts import NetHosts
-from tests.hosts import tls_for
-from tests.integration.test_e2e_local import POLICY, converged_job_moves_once_and_finishes_exactly
+from tests.hosts import cluster_on
+from tests.integration.test_e2e_local import converged_job_moves_once_and_finishes_exactly
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -46,18 +45,7 @@ async def test_a_converged_container_moves_between_docker_hosts_on_two_network_h
     net_hosts: Hosts, tmp_path: Path
 ) -> None:
     hosts = net_hosts(3)
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY)
-    tls = tls_for(tmp_path, hosts[0])
-    c = EmbeddedCluster(
-        tmp_path / "c",
-        workers=2,
-        cpus_per_worker=0.5,
-        policy=policy,
-        runtime="docker",
-        hosts=list(hosts),
-        tls=tls,
-    )
+    c = cluster_on(hosts, tmp_path, runtime="docker")
     try:
         await c.start()
     except DockerUnavailable as err:

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from specon.embedded.cluster import EmbeddedCluster
 from specon.model import WorkerId
 from specon.testing.net_hosts import NetHosts, available, leftovers, sweep
-from tests.hosts import tls_for
-from tests.integration.test_e2e_local import POLICY, converged_job_moves_once_and_finishes_exactly
+from tests.hosts import cluster_on
+from tests.integration.test_e2e_local import converged_job_moves_once_and_finishes_exactly
 
 pytestmark = [pytest.mark.slow]
 
@@ -29,12 +28,7 @@ async def test_a_converged_job_moves_between_two_agent_hosts_over_tls(
     net_hosts: Hosts, tmp_path: Path
 ) -> None:
     hosts = net_hosts(3)
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY)
-    tls = tls_for(tmp_path, hosts[0])
-    async with EmbeddedCluster(
-        tmp_path / "c", workers=2, cpus_per_worker=0.5, policy=policy, hosts=list(hosts), tls=tls
-    ) as c:
+    async with cluster_on(hosts, tmp_path) as c:
         assert c.manager is not None and c.manager.url == f"https://{hosts[0].address}:7700"
         # Each daemon runs in its own host's namespace, listening on that host's address.
         for d, host in [
