@@ -57,8 +57,8 @@ check: install lint typecheck imports fast ## Lint, types, import contracts and 
 
 test: install lint typecheck imports unit ## Lint, type check, import contracts and the whole suite
 
-bench: install ## Benchmarks: print figures and write bench/results/*.json
-	$(BIN)/python -m bench
+bench: install ## Benchmarks: print figures, write bench/results/*.json, flag regressions against bench/baseline.json (BENCH_ARGS="--strict bench_sim")
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 CHAOS_SEED ?= 1
 CHAOS_MIGRATIONS ?= 100

@@ -2,5 +2,7 @@
 
 A benchmark module defines ``run(quick: bool) -> list[Figure]``. The runner prints every
 figure next to its target and writes ``bench/results/<module>.json``. Targets are
-reported, never asserted: tests check behaviour, benchmarks measure speed.
+reported, never asserted: tests check behaviour, benchmarks measure speed. ``figures``: the
+``Figure`` they report in; ``baseline``: the regression guard, each figure against the
+committed ``bench/baseline.json`` (``make bench`` ends with what moved over 10 % the wrong way).
 """

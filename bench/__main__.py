@@ -1,4 +1,10 @@
-"""Run every benchmark module (or those named): ``python -m bench [--quick] [NAME ...]``."""
+"""Run every benchmark module (or those named): ``python -m bench [--quick] [NAME ...]``.
+
+Ends with the regression guard (``bench.baseline``): every figure that moved more than 10 %
+the wrong way against ``bench/baseline.json`` (the baseline of the run's size). Exit status:
+1 when a benchmark failed, or with ``--strict`` when a figure regressed; 2 when the baseline
+cannot be read; else 0.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import time
 from pathlib import Path
 
 import bench
+from bench import baseline
 from bench.figures import Figure
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -28,9 +35,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the JSON results")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=baseline.BASELINE,
+        help="the baseline the figures are compared with (default bench/baseline.json)",
+    )
+    parser.add_argument(
+        "--strict", action="store_true", help="exit 1 when a figure moved more than 10 %% the wrong way"
+    )
+    parser.add_argument(
+        "--update-baseline",
+        action="store_true",
+        help="record this run's figures as the baseline of its size instead of comparing "
+        "(commit bench/baseline.json in a commit that says why)",
+    )
     args = parser.parse_args(argv)
     names = args.names or _modules()
     args.out.mkdir(parents=True, exist_ok=True)
+    where = baseline.machine()
+    command = " ".join(["python -m bench", *(["--quick"] if args.quick else []), *names])
+    docs: list[dict[str, object]] = []
     missed = failed = 0
     for name in names:
         mod = importlib.import_module(f"bench.{name}")
@@ -51,11 +76,33 @@ def main(argv: list[str] | None = None) -> int:
             "python": platform.python_version(),
             "machine": platform.machine(),
             "seconds": round(time.perf_counter() - t0, 3),
+            "measured": {**where, "command": command},
             "figures": [f.as_dict() for f in figures],
         }
+        docs.append(doc)
         (args.out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
     print(f"results written to {args.out}/ ({missed} target(s) missed, {failed} benchmark(s) failed)")
-    return 1 if failed else 0
+    guard = _guard(docs, args.baseline, update=args.update_baseline, strict=args.strict)
+    return guard or (1 if failed else 0)
+
+
+def _guard(docs: list[dict[str, object]], path: Path, *, update: bool, strict: bool) -> int:
+    """Compare the run with the baseline (or record it as the baseline); 1 for a regression
+    under ``strict``, 2 for an unreadable baseline."""
+    try:
+        doc = baseline.load(path)
+    except (OSError, ValueError) as exc:
+        print(f"baseline {path}: unreadable ({exc}); not compared", file=sys.stderr)
+        return 2
+    if update:
+        for line in baseline.update(doc, docs):
+            print(f"baseline: recorded {line} in {path}")
+        baseline.save(doc, path)
+        return 0
+    verdicts, notes = baseline.check(doc, docs)
+    print(f"== regression guard: against {path}")
+    print("\n".join(baseline.report(verdicts, notes)), flush=True)
+    return 1 if strict and any(v.status == "regressed" for v in verdicts) else 0
 
 
 if __name__ == "__main__":

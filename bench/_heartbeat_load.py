@@ -8,9 +8,12 @@ Run as its own process (the benchmark pins it to a core of its own)::
 Every agent has a distinct worker id and ``--containers`` containers in a realistic mix of
 categories. Bodies come from ``specon.wire.protocol.encode``: each agent's heartbeat is encoded
 once with sentinel ``seq``/``sent_at`` values, and only those two numbers are substituted
-per send (checked by decoding one at start-up), so the client spends its core on HTTP and
-the manager is what is measured. ``seq`` increases for every send, so no heartbeat is
-dropped as stale.
+per send (checked by decoding one at start-up). The HTTP client is a minimal HTTP/1.1 one
+(``Connection``, below): one keep-alive connection per request in flight, each request
+written as one precomputed head plus the body, each answer read by its ``Content-Length``.
+An aiohttp client spent more CPU per heartbeat than the manager it measured, so the client,
+not the manager, set the rate. ``seq`` increases for every send, so no heartbeat is dropped
+as stale.
 
 One untimed warm-up beat per agent comes first (the manager creates its records then);
 the timed phase follows: as fast as the manager answers with ``--concurrency`` requests in
@@ -33,8 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-
-import aiohttp
+from urllib.parse import urlsplit
 
 from bench._proc import cpu_seconds
 from specon.model import Category, ContainerId, Resources, WorkerId
@@ -126,37 +128,103 @@ class Tally:
     latencies: list[float] = dataclasses.field(default_factory=list)
 
 
+class HttpError(Exception):
+    """The connection broke or the answer was not HTTP/1.1 as the manager writes it."""
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection, one request at a time: ``post`` -> (status, body)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.BaseTransport | None = None
+        self.buffer = bytearray()
+        self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self._fail(HttpError(f"connection closed: {exc}"))
+
+    def _fail(self, exc: Exception) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0 or self.waiter is None:
+            return
+        head = bytes(self.buffer[:end]).split(b"\r\n")
+        length = next((int(h.split(b":", 1)[1]) for h in head if h[:15].lower() == b"content-length:"), None)
+        if length is None or not head[0].startswith(b"HTTP/1.1 "):
+            self._fail(HttpError(f"unexpected answer head {head[0]!r}"))
+            if self.transport is not None:
+                self.transport.close()  # out of step with the stream: the next send reconnects
+            return
+        if len(self.buffer) < end + 4 + length:
+            return
+        body = bytes(self.buffer[end + 4 : end + 4 + length])
+        del self.buffer[: end + 4 + length]
+        if not self.waiter.done():
+            self.waiter.set_result((int(head[0][9:12]), body))
+
+    async def post(self, request: bytes) -> tuple[int, bytes]:
+        if self.transport is None or self.transport.is_closing():
+            raise HttpError("not connected")
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(request)  # type: ignore[attr-defined]  # a stream transport (any loop's)
+        return await self.waiter
+
+
 class Load:
     def __init__(self, args: argparse.Namespace, templates: Sequence[Template]) -> None:
-        self.url = args.url.rstrip("/") + protocol.HEARTBEAT_PATH
+        url = urlsplit(args.url)
+        self.host, self.port = url.hostname or "127.0.0.1", url.port or 80
         token = Path(args.token_file).read_text().strip()
-        self.headers = {protocol.AUTH_HEADER: f"Bearer {token}", "Content-Type": protocol.CONTENT_TYPE}
+        self.head = (
+            f"POST {protocol.HEARTBEAT_PATH} HTTP/1.1\r\nHost: {url.netloc}\r\n"
+            f"{protocol.AUTH_HEADER}: Bearer {token}\r\nContent-Type: {protocol.CONTENT_TYPE}\r\n"
+            "Content-Length: "
+        ).encode()
         self.templates = templates
         self.concurrency: int = args.concurrency
+        self.sources: list[str] = args.sources
         # Strictly increasing across every send of this process (and above any earlier
         # run's, being wall-clock microseconds at start-up).
         self.seq = itertools.count(time.time_ns() // 1000)
-        self.sessions = [
-            aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT),
-                connector=aiohttp.TCPConnector(
-                    limit=max(1, args.concurrency // len(args.sources)), local_addr=(ip, 0)
-                ),
+        self.connections: list[Connection] = []
+
+    async def connect(self, k: int) -> Connection:
+        """Connection ``k`` (from source address ``k mod len(sources)``), reconnecting if it broke."""
+        while len(self.connections) <= k:
+            self.connections.append(Connection())
+        conn = self.connections[k]
+        if conn.transport is None or conn.transport.is_closing():
+            conn = self.connections[k] = Connection()
+            local = (self.sources[k % len(self.sources)], 0)
+            transport, _ = await asyncio.get_running_loop().create_connection(
+                lambda: conn, self.host, self.port, local_addr=local
             )
-            for ip in args.sources
-        ]
+            conn.transport = transport  # an event loop may call connection_made later (uvloop)
+        return conn
 
     async def close(self) -> None:
-        for s in self.sessions:
-            await s.close()
+        for conn in self.connections:
+            if conn.transport is not None:
+                conn.transport.close()
 
-    async def send(self, session: aiohttp.ClientSession, t: Template, tally: Tally, since: float) -> None:
-        body = t.body(next(self.seq), time.time())
+    def request(self, t: Template, seq: int) -> bytes:
+        body = t.body(seq, time.time())
+        return b"".join((self.head, str(len(body)).encode(), b"\r\n\r\n", body))
+
+    async def send(self, k: int, t: Template, tally: Tally, since: float) -> None:
         try:
-            async with session.post(self.url, data=body, headers=self.headers) as resp:
-                await resp.read()
-                status = resp.status
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            async with asyncio.timeout(REQUEST_TIMEOUT):
+                conn = await self.connect(k)
+                status, _ = await conn.post(self.request(t, next(self.seq)))
+        except (HttpError, OSError, TimeoutError) as exc:
             tally.errors[type(exc).__name__] += 1
             return
         if status == 200:
@@ -172,13 +240,14 @@ class Load:
 
         async def worker(k: int) -> None:
             for t in todo:
-                await self.send(self.sessions[k % len(self.sessions)], t, tally, time.perf_counter())
+                await self.send(k, t, tally, time.perf_counter())
 
         await asyncio.gather(*(worker(k) for k in range(self.concurrency)))
-        t = self.templates[0]
         seq = next(self.seq)
-        async with self.sessions[0].post(self.url, data=t.body(seq, time.time()), headers=self.headers) as r:
-            batch = protocol.decode(await r.read(), CommandBatch)
+        status, body = await (await self.connect(0)).post(self.request(self.templates[0], seq))
+        if status != 200:
+            raise RuntimeError(f"the manager answered {status}: {body[:200]!r}")
+        batch = protocol.decode(body, CommandBatch)
         if batch.ack != seq:
             raise RuntimeError(f"the manager acked {batch.ack}, expected {seq}")
         return tally
@@ -193,7 +262,6 @@ class Load:
         client0 = time.process_time()
 
         async def worker(k: int) -> None:
-            session = self.sessions[k % len(self.sessions)]
             while True:
                 i = next(slots)
                 due = t0 + i / rate if rate else time.perf_counter()
@@ -201,7 +269,7 @@ class Load:
                     return
                 if rate:
                     await asyncio.sleep(max(0.0, due - time.perf_counter()))
-                await self.send(session, self.templates[i % n], tally, due)
+                await self.send(k, self.templates[i % n], tally, due)
 
         async def progress() -> None:
             while True:

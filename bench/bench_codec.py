@@ -5,8 +5,11 @@ a mix of categories, resources, job labels) of agents with 8 and with 100 contai
 encoded once with ``specon.wire.protocol.encode``. Measured, in µs per heartbeat (median of
 several rounds over 200 distinct agents' heartbeats, CPU time of this thread):
 
-* ``protocol.decode``: what the manager runs per heartbeat (UTF-8, ``json.loads`` with the
-  finite-number hooks, envelope and version, the codec, the semantic checks);
+* ``protocol.decode``: what the manager runs per heartbeat (msgspec's fast path,
+  ``specon.wire.fastpath``, for a well-formed message of this version; the semantic checks);
+* ``protocol.decode`` without the fast path: the codec's path, which every body the fast
+  path refuses still takes (UTF-8, ``json.loads`` with the finite-number hooks, envelope and
+  version, the codec, the semantic checks);
 * the codec's own share: ``json.loads`` + ``codec.from_data`` (no checks);
 * when installed, msgspec (``msgspec.json.Decoder(Heartbeat)``) and pydantic v2
   (``TypeAdapter(Heartbeat).validate_json``, lax and ``strict=True``), all decoding
@@ -26,10 +29,11 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+from unittest import mock
 
 from bench._heartbeat_load import heartbeat
 from bench.figures import Figure
-from specon.wire import codec, protocol
+from specon.wire import codec, fastpath, protocol
 from specon.wire.protocol import Heartbeat
 
 AGENTS = 200
@@ -58,6 +62,15 @@ def _codec_only(raw: bytes) -> object:
     obj = json.loads(raw)
     del obj["version"], obj["kind"]
     return codec.from_data(Heartbeat, obj)
+
+
+def _codec_path(raw: bytes) -> object:
+    with mock.patch.object(fastpath, "decode", _declined):
+        return protocol.decode(raw, Heartbeat)
+
+
+def _declined(*_args: object) -> None:
+    return None  # the fast path says: take the codec's path
 
 
 def _alternatives() -> dict[str, Callable[[bytes], object]]:
@@ -117,6 +130,7 @@ def run(quick: bool) -> list[Figure]:
                     raise RuntimeError(f"{name} decodes a heartbeat differently from specon.wire.protocol")
         cases: list[tuple[str, Callable[[bytes], object]]] = [
             ("protocol.decode", lambda raw: protocol.decode(raw, Heartbeat)),
+            ("protocol.decode, codec path", _codec_path),
             ("json.loads + codec.from_data", _codec_only),
             *alternatives.items(),
         ]

@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+# What a figure's number rests on, for the regression guard (``bench.baseline``): "cpu" (CPU
+# time, or a rate derived from it: robust on a shared machine), "wall" (wall-clock time: a
+# busy machine moves it), None (neither: simulated, counted, or not said).
+Clock = Literal["cpu", "wall"] | None
+
 
 @dataclass(frozen=True, slots=True)
 class Figure:
@@ -17,6 +22,8 @@ class Figure:
     target: float | None = None
     better: Literal["min", "max"] = "max"
     detail: str = ""
+    # Where a benchmark reports both, the guard compares its "cpu" figures, not its "wall" ones.
+    clock: Clock = None
 
     @property
     def met(self) -> bool | None:

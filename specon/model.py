@@ -52,6 +52,10 @@ class Direction(enum.StrEnum):
 
 # A container's CPU weight, as cgroup v2 ``cpu.weight``: 1..10,000, 100 for a container nobody
 # prioritised (the priority rules make them; every backend applies them as it can).
+# The worker label naming its runtime backend (local, docker, kubernetes): what the manager
+# learns move costs per (specon.policy.move_costs). A node label of the same name wins.
+RUNTIME_LABEL = "specon.io/runtime"
+
 WEIGHT_MIN = 1
 WEIGHT_MAX = 10_000
 WEIGHT_DEFAULT = 100

@@ -11,7 +11,7 @@ An I/O shell around ``specon.coordinator``: no algorithm and no message schema l
   decisions; ``standby``: /readyz and what a standby answers;
 - ``status``: the paged status JSON; ``page``: the status page (and its login form), with
   ``page_workers`` (each worker's load and jobs) and ``page_jobs`` (each job's loss curve,
-  progress, history and moves); ``metrics``: Prometheus;
+  progress, history and moves); ``metrics``: Prometheus; ``cost_metrics``: the learned move costs;
 - ``login``: the status page in a browser (log in and out, the session cookie); ``sessions``: its sessions;
 - ``openapi``: the HTTP API as an OpenAPI document, its schemas walked by ``openapi_schemas``;
   ``heap``: the cluster state kept out of GC.

@@ -181,7 +181,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     # The ack says whether it was applied (other heartbeats may be applied meanwhile: the
     # journal write is awaited, so a count taken before it would not tell).
     if batch.ack is not None:
-        request.app[METRICS].heartbeats.labels(worker=msg.worker).inc()
+        request.app[METRICS].heartbeat_accepted(msg.worker)
     else:
         request.app[METRICS].rejected.labels(reason="stale").inc()
     return _reply(batch)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 
@@ -13,6 +12,7 @@ from prometheus_client.registry import Collector
 from specon.coordinator.effects import Event
 from specon.coordinator.machine import Coordinator
 from specon.model import Category
+from specon_manager.cost_metrics import MoveCostCollector
 
 _DOWNTIME_BUCKETS = (0.25, 0.5, 1, 2, 3, 5, 10, 30, 60)
 _LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1)
@@ -91,6 +91,14 @@ class ManagerMetrics:
         self.in_flight = Gauge(
             "specon_manager_migrations_in_flight", "Migrations not yet finished", registry=r
         )
+        # Each worker's heartbeat series: ``labels`` takes a lock and validates on every call.
+        self._beats: dict[str, Counter] = {}
+
+    def heartbeat_accepted(self, worker: str) -> None:
+        child = self._beats.get(worker)
+        if child is None:
+            child = self._beats[worker] = self.heartbeats.labels(worker=worker)
+        child.inc()
 
     def on_event(self, ev: Event) -> None:
         if ev.kind == "decision":
@@ -101,14 +109,15 @@ class ManagerMetrics:
             self.deferred.inc()
         elif ev.kind == "worker_forgotten":
             self.forgotten.inc()
+            worker = ev.labels["worker"]
+            if self._beats.pop(worker, None) is not None:  # never heard from: no series to drop
+                self.heartbeats.remove(worker)
         elif ev.kind == "migration_timeout":
             self.timeouts.labels(**ev.labels).inc()
         elif ev.kind == "migration_parked":
             self.parked.inc()
         elif ev.kind == "decision_pass" and ev.duration is not None:
             self.decision_latency.observe(ev.duration)
-            with contextlib.suppress(KeyError):  # never heard from: no series to drop
-                self.heartbeats.remove(ev.labels["worker"])
         elif ev.kind == "migration_finished":
             self.migrations.labels(**ev.labels).inc()
             if ev.downtime is not None:
@@ -121,6 +130,7 @@ class ManagerMetrics:
         state at scrape time."""
         self.in_flight.set_function(lambda: len(coord.migrations))
         self.registry.register(_CategoryCollector(lambda: coord))
+        self.registry.register(MoveCostCollector(lambda: coord))
 
 
 class _CategoryCollector(Collector):

@@ -16,7 +16,7 @@ from pathlib import Path
 from specon.config import PolicyError, load_policy, policy_to_yaml
 from specon.daemon import logs
 from specon.embedded.demo import MODELS, PageKeeper, make_workload, run_once, screenshot
-from specon.embedded.live_policies import NAMES, WITHOUT_DAEMONS, live_policy
+from specon.embedded.live_policies import NAMES, SIM_ONLY, WITHOUT_DAEMONS, live_policy
 from specon.evaluation import Comparison, RunResult, compare
 
 # Sizes: the default finishes within 15 minutes on 2 cores, --quick within 5.
@@ -97,6 +97,8 @@ def _policy_file(name: str, out: Path) -> Path | None:
         path = out / f"policy-{name}.yaml"
         path.write_text(policy_to_yaml(live_policy(name)), encoding="utf-8")
         return path
+    if name in SIM_ONLY:
+        raise ValueError(f"policy {name!r} runs only in the simulator (specon sim --policy {name})")
     path = Path(name)
     if not path.is_file():
         raise ValueError(f"{name!r} is neither a live policy ({', '.join(NAMES)}) nor a file")

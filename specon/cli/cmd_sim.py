@@ -97,7 +97,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=float,
         dest="downtime",
         metavar="S",
-        help="migration downtime, save + restore, seconds "
+        help="median migration downtime, save + restore, seconds; each move draws its own around it "
         f"(default {DEFAULT_PARAMS.migration_downtime:g}, measured; overrides --params)",
     )
     p.add_argument(

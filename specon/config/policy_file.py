@@ -219,7 +219,7 @@ def _semantic_problems(p: Policy) -> list[codec.Problem]:
     )
     positive("migration.restore_timeout", mi.restore_timeout)
     positive("migration.park_after", mi.park_after)
-    for name in ("min_residence", "move_downtime", "restore_cpu", "max_push"):
+    for name in ("min_residence", "move_downtime", "restore_cpu", "max_push", "cost_prior_weight"):
         value = getattr(mi, name)
         need(math.isfinite(value) and value >= 0, f"migration.{name}", f"must be >= 0, got {value}")
 

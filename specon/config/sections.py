@@ -146,10 +146,14 @@ class PlacementConfig:
     weights: Weights = field(default_factory=Weights)
     score: ScoreMode = "count"
     tolerance: float = 1e-9
+    # Re-decided with the warm restore's costs (`python -m bench bench_costs`, A1-A5, 3
+    # seeds, moves drawn from the measured law, costs learned): 2 and 3 decide exactly as 1
+    # (a job Algorithm 2 has decided for arrives frozen and never asks again), so 1 stays.
     max_migrations_per_container: int = 1
     # A move Algorithm 2 picks is made only if the work model (specon.policy.work) predicts
     # it saves more completion time than it costs; otherwise the job stays. Jobs that report
-    # no remaining work are decided by the scores alone.
+    # no remaining work are decided by the scores alone. The same sweep: on beats off by
+    # 1.2 points of average JCT against DS (fsp: 34.5 against 33.3 % mean over A1-A5).
     require_gain: bool = True
 
 
@@ -187,12 +191,18 @@ class MigrationConfig:
     park_after: float = 3.0
     # No thrashing: a job stays at least this long on a worker before any move (a move
     # back 1.6 s after a move was seen in a real run). The cost of a move, for the work
-    # model: measured downtime (SIGTERM to the first record on the target, `python -m bench
-    # bench_calibration`: 7.9-8.9 s onto a worker with one job) and the CPU the restore
-    # takes from the target's jobs (interpreter, torch, data set-up: 2.0-2.8 CPU-s).
+    # model, and the prior of what the manager learns (``learn_costs``): downtime (SIGTERM
+    # to the first record on the target) and the CPU the restore takes from the target's
+    # jobs, measured with the warm interpreter (`python -m bench bench_restore`: 3.1 s
+    # median between busy 0.5-CPU workers, 0.34 CPU-s start-up mean over the five models;
+    # a cold interpreter took 13.9 s and 2.06 CPU-s; specon/data/move_costs.json).
     min_residence: float = 60.0
-    move_downtime: float = 8.4
-    restore_cpu: float = 2.5
+    move_downtime: float = 3.1
+    restore_cpu: float = 0.34
+    # Learn both figures from the moves made (per backend and job size), the two above as
+    # the prior counting as cost_prior_weight moves (``specon.policy.move_costs``).
+    learn_costs: bool = True
+    cost_prior_weight: float = 5.0
     # Fairness of a move under shortest-first priority: the moved job may go ahead of a job
     # on the target only if it needs at most this share of that job's remaining work (so no
     # job waits more than half again its own remaining time for one move). Measured: without
@@ -211,13 +221,13 @@ class _PriorityKnobs:
     """Priority on the node: the CPU weights a worker's agent gives its containers
     (``specon.policy.priority``; each rule's module documents its paper and its arguments)."""
 
-    # The Fair Sojourn Protocol with half its aging (``_TUNED``): shortest remaining work
-    # first, but a job's deficit against equal sharing counts half against its remaining
-    # work. The default because it won the simulated benchmark on A1, A3-A5 with no job over
-    # x2 its DS time; plain srpt (aging 0) let one A5 job take x2.3-2.5, full FSP lost A3/A4
-    # to srpt (`python -m bench bench_sim`; README "Choosing the default"). Each rule's own
+    # Each job's early, steep part soon, then shortest remaining work first (``phased``).
+    # The default because it reaches quality (95 % of a job's loss reduction) no later than
+    # DS on A1-A5 and the example scenarios, where shortest-first (``fsp``, the previous
+    # default) was up to x2.1 later (A2), and still cuts average JCT by 13-37 % against DS
+    # (`python -m bench bench_sim`; docs/priority.md "The default"). Each rule's own
     # ``Args()`` are its paper's (``peer_priority``).
-    rule: PriorityRule = "fsp"
+    rule: PriorityRule = "phased"
     # Then each rule's knobs, under its name (``PriorityConfig``; read them with
     # ``specon.policy.priority.rules.args_of``).
 
@@ -343,6 +353,9 @@ DOCS: dict[str, str] = {
     "migration.min_residence": "seconds a job stays on a worker before any move (no thrashing)",
     "migration.move_downtime": "seconds a moved job is expected not to run (measured), a cost of a move",
     "migration.restore_cpu": "CPU-seconds a restore is expected to take from the target's jobs (measured)",
+    "migration.learn_costs": "learn move_downtime and restore_cpu from the moves made, per backend "
+    "(worker label specon.io/runtime) and job size (memory request), the figures above as the prior",
+    "migration.cost_prior_weight": "how many measured moves the prior counts as when learning costs",
     "migration.max_push": "a moved job may go ahead of a job on the target (shortest first) only if it "
     "needs at most this share of that job's remaining work",
     "migration.dry_run": "decide and record migrations but never touch a container",

@@ -38,6 +38,7 @@ from specon.coordinator.migration import (
     Reason,
     State,
     Wait,
+    learn_cost,
     next_step,
     why_failed,
 )
@@ -47,7 +48,7 @@ from specon.coordinator.state import UNMARKED, ClusterState
 from specon.model import ContainerId, WorkerId
 from specon.policy.decisions import Move, RefusalReason, Stay
 from specon.policy.placement import ClusterIndex
-from specon.policy.scheduler import InFlight, decide_pass
+from specon.policy.scheduler import InFlight, decide_pass, learner_of
 from specon.wire.protocol import (
     Action,
     Command,
@@ -120,6 +121,7 @@ class Coordinator:
         self._quiet = policy.messaging.heartbeat_interval
         # Failed migrations whose workers are all silent: they no longer hold the budget.
         self._parked: set[str] = set()
+        self.move_costs = learner_of(policy)  # what moves cost, learned (the policy's as the prior)
         if self.migrations:
             self._log("specon.manager.recovered", in_flight=len(self.migrations), ids=sorted(self.migrations))
 
@@ -399,16 +401,12 @@ class Coordinator:
     def _finished(self, m: Migration, result: str, now: float) -> None:
         del self.migrations[m.id]
         self._parked.discard(m.id)
-        self.emit(
-            Event(
-                "migration_finished",
-                {"result": result, "reason": m.reason},
-                downtime=m.downtime,
-                duration=now - m.decided_at,
-            )
-        )
+        self.emit(Event("migration_finished", {"result": result, "reason": m.reason}, downtime=m.downtime,
+                        duration=now - m.decided_at))  # fmt: skip
         self._log("specon.manager.migration_finished", migration=m.id, container=m.container,
                   result=result, downtime=m.downtime, error=m.error)  # fmt: skip
+        if fields := learn_cost(self.move_costs, m, self.state):
+            self._effects.append(Log("specon.manager.move_cost", fields, "info"))  # new estimates
 
     # -- Algorithm 2 -------------------------------------------------------------------
     def _decide(self, index: ClusterIndex, now: float, *, rebalance: bool) -> bool:
@@ -426,6 +424,7 @@ class Coordinator:
             policy=self.policy,
             index=index,
             rebalance=rebalance,
+            learned=self.move_costs,
         )
         for cid in (*p.dropped, *p.answered):
             self.requests.pop(cid, None)

@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from specon.model import ContainerId, WorkerId
+from specon.policy.move_costs import MoveCosts, Observation, backend_of, bucket_name, size_bucket
+
+if TYPE_CHECKING:  # state.py imports this module
+    from specon.coordinator.state import ClusterState
 
 Reason = Literal["converged", "rebalance"]
 
@@ -193,3 +197,27 @@ def why_failed(m: Migration, running_on: WorkerId | None, finished: bool) -> str
     if running_on is not None and running_on not in (m.source, m.target):
         return f"container seen running on {running_on}"
     return f"gave up in state {m.state.value} (worker unreachable or container moved)"
+
+
+def learn_cost(costs: MoveCosts, m: Migration, state: ClusterState) -> dict[str, object] | None:
+    """Feed a finished move's measured cost to ``costs``; the fields of its log line (None:
+    nothing learned). The downtime runs from the SIGTERM on the source (the save result's
+    ``began_at``) to the first record on the target (the start result's time), both on the
+    manager clock; the move is keyed by the target's backend and the job's declared memory."""
+    if m.state is not State.DONE or m.downtime is None:
+        return None
+    w, c = state.workers.get(m.target), state.containers.get(m.container)
+    memory = c.report.requests.memory if c is not None else 0
+    obs = Observation(backend_of(w.labels if w is not None else {}), size_bucket(memory), downtime=m.downtime)
+    est = costs.observe(obs)
+    if est is None:
+        return None
+    return {
+        "migration": m.id,
+        "backend": obs.backend,
+        "size": bucket_name(obs.bucket),
+        "downtime": round(m.downtime, 3),
+        "learned_downtime": round(est.downtime, 3),
+        "learned_restore_cpu": round(est.restore_cpu, 3),
+        "moves": est.moves,
+    }

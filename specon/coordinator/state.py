@@ -52,6 +52,8 @@ class WorkerRecord:
     taints: tuple[str, ...] = ()
     said_goodbye: bool = False
     reported: frozenset[ContainerId] = frozenset()
+    # ``labels`` as its snapshot view has them (sorted items), kept in step with them.
+    label_items: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(slots=True)
@@ -121,7 +123,9 @@ class ClusterState:
             self.workers[hb.worker] = w
             self._worker_order = None
         w.address, w.capacity, w.usage, w.last_seen, w.seq = hb.address, hb.capacity, hb.usage, now, hb.seq
-        w.labels, w.taints, w.said_goodbye = dict(hb.labels), hb.taints, False
+        if hb.labels != w.labels:  # rare: sorted once here, not for every decision pass
+            w.labels, w.label_items = dict(hb.labels), tuple(sorted(hb.labels.items()))
+        w.taints, w.said_goodbye = hb.taints, False
         # Containers this worker stopped listing are no longer running there.
         for cid in w.reported - reported:
             rec = self.containers.get(cid)
@@ -240,7 +244,7 @@ class ClusterState:
         return not w.said_goodbye and (self.always_heard or now - w.last_seen < timeout)
 
     def _age(self, w: WorkerRecord, now: float) -> float:
-        return 0.0 if self.always_heard else max(0.0, now - w.last_seen)
+        return 0.0 if self.always_heard or now <= w.last_seen else now - w.last_seen
 
     def running_on(self, cid: ContainerId) -> WorkerId | None:
         rec = self.containers.get(cid)
@@ -314,13 +318,14 @@ class ClusterState:
         return tuple(self._worker_view(self.workers[w], now) for w in self.worker_order())
 
     def _worker_view(self, w: WorkerRecord, now: float) -> WorkerSnapshot:
+        # Every worker's view is rebuilt on every decision pass (its age moves): kept lean.
         return WorkerSnapshot(
             id=w.id,
             capacity=w.capacity,
             usage=w.usage,
             ready=not w.said_goodbye,
             heartbeat_age=self._age(w, now),
-            labels=tuple(sorted(w.labels.items())),
+            labels=w.label_items,
             taints=w.taints,
         )
 
@@ -433,7 +438,7 @@ def _view_changed(old: ContainerReport, new: ContainerReport) -> bool:
         or old.job.get(MIGRATABLE_LABEL) != new.job.get(MIGRATABLE_LABEL)
         or old.selector != new.selector
         or old.tolerations != new.tolerations
-        or _work_moved(old.remaining_work, new.remaining_work)
+        or (old.remaining_work != new.remaining_work and _work_moved(old.remaining_work, new.remaining_work))
     )
 
 

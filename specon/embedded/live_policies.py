@@ -4,7 +4,8 @@
 The demo policy (``specon/data/demo-policy.yaml``) is the shipped defaults with Δ,
 heartbeats and timeouts scaled to jobs of minutes; each named policy is it with the changes
 that make it that policy. Every policy of the catalogue runs live but ``specon-predicted``
-(the demo's jobs always declare their steps); ``ds`` runs no daemons at all.
+(the demo's jobs always declare their steps) and ``specon-oracle`` (it detects convergence by
+the ground truth, which only the simulator has); ``ds`` runs no daemons at all.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from specon.policy.experiments import CATALOGUE
 DEMO_POLICY = Path(str(resources.files("specon") / "data" / "demo-policy.yaml"))
 
 NAMES = tuple(name for name, exp in CATALOGUE.items() if exp.live)
+# The catalogue's policies only the simulator runs.
+SIM_ONLY = tuple(name for name, exp in CATALOGUE.items() if not exp.live)
 # Names that run without any daemon.
 WITHOUT_DAEMONS = tuple(name for name in NAMES if not CATALOGUE[name].daemons)
 

@@ -7,6 +7,7 @@ daemons, the simulator and the demo.
 - ``placement``: Algorithm 2, target selection; ``rebalance``: Algorithm 3, rebalancing;
 - ``scheduler``: one decision pass of the manager; ``decisions``: what the passes decide;
 - ``work``: work-aware moves (a move only where it saves more than it costs);
+- ``move_costs``: what a move costs, learned from the moves made (the policy's figures as the prior);
 - ``remaining``: steps left predicted from the loss curve; ``loss_curve``: Optimus' curve fit;
 - ``replay``: a recorded progress log through a classifier (``specon classify``);
 - ``priority/``: priority on the node, one module per rule, and their registry;

@@ -14,6 +14,10 @@ work that cannot change a thing (``moves``: no manager where nothing can move):
 * ``specon-predicted`` — ``specon`` on jobs that declare no total steps: their remaining
   work is predicted from the loss curve alone (``specon.policy.remaining``); simulator only,
   since the demo's jobs always declare their steps;
+* ``specon-oracle`` — ``specon`` with perfect convergence detection: each job is called
+  converged at its trace's true convergence point (``specon.sim.oracle``) instead of by the
+  classifier; simulator only (live jobs have no ground truth), to measure what better
+  detection could be worth;
 * ``balancer`` — convergence-blind, descheduler-style: no requests, no priority, and while
   the most and least loaded workers differ by 2 or more jobs, the most recently placed job
   on a most-loaded worker moves to a least-loaded one (Algorithm 3's ``balanced`` mode with
@@ -63,6 +67,9 @@ class Experiment:
     replaceable: bool = False
     # Its jobs declare their total steps (else remaining work is predicted from the loss).
     declared: bool = True
+    # Detection by the ground truth's convergence point instead of the classifier (only the
+    # simulator knows it).
+    oracle: bool = False
 
     @property
     def daemons(self) -> bool:
@@ -71,8 +78,9 @@ class Experiment:
 
     @property
     def live(self) -> bool:
-        """Whether ``specon demo`` can run it (the demo's jobs always declare their steps)."""
-        return self.declared
+        """Whether ``specon demo`` can run it (the demo's jobs always declare their steps;
+        live jobs have no ground truth to detect convergence by)."""
+        return self.declared and not self.oracle
 
     def policy(self, base: Policy) -> Policy | None:
         """The policy its daemons run, laid over ``base`` (None: it runs none); validated like
@@ -123,6 +131,13 @@ def _catalogue() -> Mapping[str, Experiment]:
             tuned=True,
             replaceable=True,
             declared=False,
+        ),
+        Experiment(
+            "specon-oracle",
+            "specon with perfect detection: converged at the trace's true convergence point",
+            tuned=True,
+            replaceable=True,
+            oracle=True,
         ),
         Experiment(
             "balancer",

@@ -12,6 +12,9 @@ these rules:
   sees this decision's effect on the scores;
 * Algorithm 3 runs only when nothing is in flight and no request waits, its trigger holds
   and the budget allows; it starts its first move (the next pass re-plans on new loads).
+
+The work model charges each move what the caller's ``learned`` costs say (the manager's
+measured moves, ``specon.policy.move_costs``), or the policy's static figures without them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from specon.config import Policy
 from specon.model import ClusterSnapshot, ContainerId, WorkerId
 from specon.policy import work
 from specon.policy.decisions import Move, Refuse, Stay
+from specon.policy.move_costs import MoveCosts
 from specon.policy.placement import ClusterIndex, fits, index_for, select_target
 from specon.policy.rebalance import plan_rebalance, should_rebalance
 
@@ -81,9 +85,11 @@ def decide_pass(
     policy: Policy,
     index: ClusterIndex | None = None,
     rebalance: bool = True,
+    learned: MoveCosts | None = None,
 ) -> Pass:
     """One pass over the pending ``requests`` (oldest first) and, if ``rebalance``, Algorithm 3."""
     idx = index_for(snapshot, index)
+    costs = costs_of(policy, learned)
     budget = _Budget(in_flight, policy)
     busy = {f.container for f in in_flight}
     timeout = policy.messaging.worker_timeout
@@ -104,7 +110,7 @@ def decide_pass(
             refused.append(d)
             continue
         if isinstance(d, Move) and policy.placement.require_gain:
-            gain = work.move_gain(snapshot, d, costs_of(policy))
+            gain = work.move_gain(snapshot, d, costs)
             if gain is not None and gain <= 0:  # predicted to cost more than it saves
                 d = Stay(d.container, d.source, d.scores)
         if isinstance(d, Move) and not budget.free(d.target):
@@ -116,16 +122,17 @@ def decide_pass(
     waiting = bool(deferred) or decision is not None
     move = None
     if rebalance and not in_flight and not waiting and should_rebalance(snapshot, policy.rebalance):
-        moves = _rebalance_moves(snapshot, policy, idx)
-        if moves and policy.placement.require_gain and work.unfair(snapshot, moves[0], costs_of(policy)):
+        moves = _rebalance_moves(snapshot, policy, idx, costs)
+        if moves and policy.placement.require_gain and work.unfair(snapshot, moves[0], costs):
             moves = []  # it would make a job on the target wait too long (migration.max_push)
         if moves and budget.room() and budget.free(moves[0].source) and budget.free(moves[0].target):
             move = moves[0]
     return Pass(tuple(dropped), tuple(deferred), tuple(refused), decision, move)
 
 
-def costs_of(policy: Policy) -> work.Costs:
-    """What a move costs and how a node serves its jobs, for the work model."""
+def costs_of(policy: Policy, learned: MoveCosts | None = None) -> work.Costs:
+    """What a move costs and how a node serves its jobs, for the work model (``learned``:
+    the measured costs, used only where the policy's ``migration.learn_costs`` is on)."""
     mi = policy.migration
     return work.Costs(
         downtime=mi.move_downtime,
@@ -133,14 +140,23 @@ def costs_of(policy: Policy) -> work.Costs:
         min_residence=mi.min_residence,
         shortest_first=policy.priority.rule in SHORTEST_FIRST,
         max_push=policy.migration.max_push,
+        learned=learned if mi.learn_costs else None,
     )
+
+
+def learner_of(policy: Policy) -> MoveCosts:
+    """An empty estimator with the policy's figures as its prior."""
+    mi = policy.migration
+    return MoveCosts(mi.move_downtime, mi.restore_cpu, weight=mi.cost_prior_weight, learn=mi.learn_costs)
 
 
 # Priority rules under which a node runs its shortest remaining work first.
 SHORTEST_FIRST = frozenset({"srpt", "fsp"})
 
 
-def _rebalance_moves(snapshot: ClusterSnapshot, policy: Policy, idx: ClusterIndex) -> list[Move]:
+def _rebalance_moves(
+    snapshot: ClusterSnapshot, policy: Policy, idx: ClusterIndex, costs: work.Costs
+) -> list[Move]:
     timeout = policy.messaging.worker_timeout
     if policy.rebalance.mode != "work":
         return plan_rebalance(
@@ -152,7 +168,7 @@ def _rebalance_moves(snapshot: ClusterSnapshot, policy: Policy, idx: ClusterInde
         )
     best = work.best_move(
         snapshot,
-        costs_of(policy),
+        costs,
         eligible=lambda w: w.ready and w.heartbeat_age < timeout,
         fits=lambda c, w: fits(c, w, idx.used(idx.position[w.id])),
     )

@@ -15,7 +15,9 @@ x_1 <= ... <= x_n on C cores, is then
 Moving job j from s to t changes the total by F(s - j) + F(t + j) - F(s) - F(t); the move
 also costs j its downtime (``migration.move_downtime``: measured SIGTERM to first record on
 the target) and every job on t the restore's CPU (``migration.restore_cpu`` CPU-seconds
-shared over C_t cores). Pollux charges a restart the same way. The plan takes the single
+shared over C_t cores). Pollux charges a restart the same way. Both figures are the policy's
+unless ``Costs.learned`` holds what the manager measured (``specon.policy.move_costs``: per
+backend and job size, the policy's figures as the prior). The plan takes the single
 move with the largest net gain, if it is positive, among jobs that have stayed on their
 worker for ``migration.min_residence`` seconds (no ping-pong: a job just moved stays), on
 workers that fit them. Jobs that report no remaining work count on their worker at the
@@ -31,10 +33,11 @@ import bisect
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specon.model import ClusterSnapshot, ContainerSnapshot, WorkerSnapshot
 from specon.policy.decisions import Move
+from specon.policy.move_costs import MoveCosts
 
 CANDIDATES = 16
 # Cores one job can use (the jobs are single-process trainers; a worker's capacity above
@@ -51,6 +54,14 @@ class Costs:
     # Fairness: a moved job may go ahead of a job on the target (shortest first) only if its
     # work is at most this share of that job's own remaining work (inf: no limit).
     max_push: float = math.inf
+    # What the manager measured (None: the two figures above, the policy's, for every move).
+    learned: MoveCosts | None = field(default=None, compare=False)
+
+    def of(self, container: ContainerSnapshot, target: WorkerSnapshot) -> tuple[float, float]:
+        """(downtime, restore CPU) of moving ``container`` onto ``target``."""
+        if self.learned is None:
+            return self.downtime, self.restore_cpu
+        return self.learned.for_move(container, target)
 
 
 def flow(works: Sequence[float], cpu: float, *, shortest_first: bool) -> float:
@@ -73,14 +84,23 @@ def _typical(snapshot: ClusterSnapshot) -> float | None:
 
 
 def _gain(
-    x: float, saved: float, target: Sequence[float], target_flow: float, target_cpu: float, *, costs: Costs
+    x: float,
+    saved: float,
+    target: Sequence[float],
+    target_flow: float,
+    target_cpu: float,
+    *,
+    shortest_first: bool,
+    charge: tuple[float, float],
 ) -> float:
     """Net gain of moving a job of work ``x`` that saves ``saved`` on its source onto a
-    worker with works ``target`` (sorted, total completion time ``target_flow``)."""
+    worker with works ``target`` (sorted, total completion time ``target_flow``), the move
+    charged ``charge`` (downtime, restore CPU)."""
     grown = list(target)
     bisect.insort(grown, x)
-    added = flow(grown, target_cpu, shortest_first=costs.shortest_first) - target_flow
-    penalty = costs.downtime + costs.restore_cpu * len(target) / max(target_cpu, 1e-9)
+    added = flow(grown, target_cpu, shortest_first=shortest_first) - target_flow
+    downtime, restore_cpu = charge
+    penalty = downtime + restore_cpu * len(target) / max(target_cpu, 1e-9)
     return saved - added - penalty
 
 
@@ -142,7 +162,8 @@ def best_move(
                     continue
                 if costs.shortest_first and pushes_too_far(x, t.works, costs.max_push):
                     continue
-                gain = _gain(x, saved, t.works, t.flow, t.snap.capacity.cpu, costs=costs)
+                gain = _gain(x, saved, t.works, t.flow, t.snap.capacity.cpu,
+                             shortest_first=costs.shortest_first, charge=costs.of(c, t.snap))  # fmt: skip
                 if gain > min_gain and (best is None or gain > best[1]):
                     best = (Move(c.id, s.snap.id, t.snap.id, reason="rebalance"), gain)
     return best
@@ -174,18 +195,21 @@ def move_gain(snapshot: ClusterSnapshot, move: Move, costs: Costs) -> float | No
     typical = _typical(snapshot) or 0.0
     by_worker: dict[str, list[float]] = {}
     moved = None
+    mover: ContainerSnapshot | None = None
     for c in snapshot.containers:
         by_worker.setdefault(c.worker, []).append(typical if c.remaining_work is None else c.remaining_work)
         if c.id == move.container:
-            moved = c.remaining_work
-    if moved is None:
+            moved, mover = c.remaining_work, c
+    if moved is None or mover is None:
         return None
     s_works = sorted(by_worker.get(move.source, []))
     t_works = sorted(by_worker.get(move.target, []))
     if costs.shortest_first and pushes_too_far(moved, t_works, costs.max_push):
         return -math.inf
     s_cpu = snapshot.worker(move.source).capacity.cpu
-    t_cpu = snapshot.worker(move.target).capacity.cpu
+    target = snapshot.worker(move.target)
+    t_cpu = target.capacity.cpu
     sf = costs.shortest_first
     saved = _saved(moved, s_works, flow(s_works, s_cpu, shortest_first=sf), s_cpu, costs)
-    return _gain(moved, saved, t_works, flow(t_works, t_cpu, shortest_first=sf), t_cpu, costs=costs)
+    t_flow = flow(t_works, t_cpu, shortest_first=sf)
+    return _gain(moved, saved, t_works, t_flow, t_cpu, shortest_first=sf, charge=costs.of(mover, target))

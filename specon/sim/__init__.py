@@ -10,5 +10,6 @@ It drives the manager's own coordinator (``specon.coordinator.inline``) and the 
 - ``scenarios``: arrival processes and the paper's A1-A5; ``scenario_file``: a user's own cluster;
 - ``trace``: loss-curve traces; ``curves``: synthetic ones; ``record``: recording real ones;
 - ``calibration``: the simulator against the local runtime; ``detection``: the detection benchmark;
+  ``oracle``: detection by the ground truth (``specon-oracle``);
 - ``report``, ``summary``: tables beside the paper's numbers, JSON and PNGs.
 """

@@ -26,18 +26,27 @@ one), so when more than ``max_samples_per_tick`` were logged they are handed ove
 values with the same mean and the same last value (computed from prefix sums in O(1)).
 
 Migration cost: a moved job stops when the move is decided (saved on the source) and
-runs again on the target ``migration_downtime`` seconds later; no progress is lost (the
-job contract checkpoints on SIGTERM). ``DEFAULT_PARAMS`` holds the measured downtime;
-the paper reports under 5 s.
+runs again on the target after a downtime; no progress is lost (the job contract
+checkpoints on SIGTERM). Each move draws its downtime from a log-normal law of median
+``migration_downtime`` and log-spread ``downtime_spread`` (0: always the median), fitted
+to measured moves (``specon/data/move_costs.json``, ``fit_downtime``); the draw is
+deterministic per job, its submission time and its move number. The simulated manager
+measures these downtimes and learns from them as the live one does
+(``specon.policy.move_costs``). The paper reports under 5 s.
 """
 
 from __future__ import annotations
 
 import enum
+import json
 import math
+import random
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
+from pathlib import Path
+from typing import Any
 
 from specon.model import WorkerId
 from specon.policy.monitor import MonitorState
@@ -66,9 +75,13 @@ class SimParams:
     # perfect scaling). Oversubscribed, also x interference * r ** thread_exponent.
     thread_overhead: float = 1.0
     thread_exponent: float = 0.0
+    # Log-normal spread (sigma of the log) of each move's downtime around its median.
+    downtime_spread: float = 0.0
 
     def __post_init__(self) -> None:
         problems = []
+        if not (math.isfinite(self.downtime_spread) and self.downtime_spread >= 0):
+            problems.append(f"downtime_spread must be >= 0, got {self.downtime_spread}")
         if self.job_threads < 1:
             problems.append(f"job_threads must be >= 1, got {self.job_threads}")
         # >= 1 keeps ``specon.sim.policies.lower_bound`` (no job faster than job_cores) valid.
@@ -129,9 +142,53 @@ class SimParams:
 # paper's, so the paper's jobs did not lose throughput to sharing as 2-thread torch jobs do
 # here. The thread law is for what-if runs (``specon sim --params``; docs/simulator.md, "The
 # contention model").
+# * migration_downtime, downtime_spread: the log-normal fit (``fit_downtime``) of the set of
+#   measured moves that specon/data/move_costs.json names for the simulator (warm interpreter,
+#   SIGTERM until training again on the target, busy 0.5-CPU workers, a quiet machine; the
+#   file names the machine and the command); a test keeps the two in step.
 DEFAULT_PARAMS = SimParams(
-    interference_exponent=0.072, migration_downtime=8.4, thread_overhead=1.47, thread_exponent=1.06
+    interference_exponent=0.072,
+    migration_downtime=3.1,
+    downtime_spread=0.13,
+    thread_overhead=1.47,
+    thread_exponent=1.06,
 )
+
+
+def measured_moves() -> dict[str, Any]:
+    """The committed table of measured move costs (``specon/data/move_costs.json``)."""
+    text = (Path(__file__).parent.parent / "data" / "move_costs.json").read_text(encoding="utf-8")
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+# Expected range of n standard normal samples (Tippett), n = 2..10: a spread from a range.
+_RANGE_OF_NORMALS = (1.128, 1.693, 2.059, 2.326, 2.534, 2.704, 2.847, 2.970, 3.078)
+
+
+def fit_downtime(measured: Mapping[str, Any]) -> tuple[float, float]:
+    """(median, log-spread) of a log-normal law fitted to one set of measured downtimes, rounded
+    as ``DEFAULT_PARAMS`` holds them: from ``samples``, their median and the standard deviation
+    of their logs; from a benchmark's summary (``median``, ``min``, ``max``, ``n``), its median
+    and the log of its range over the expected range of n normals."""
+    samples = measured.get("samples")
+    if samples is not None:
+        logs = [math.log(x) for x in samples if x > 0]
+        if len(logs) < 2:
+            raise ValueError(f"need at least two positive downtimes to fit, got {len(logs)}")
+        return round(math.exp(statistics.median(logs)), 2), round(statistics.stdev(logs), 2)
+    n, low, high = int(measured["n"]), float(measured["min"]), float(measured["max"])
+    if not (2 <= n <= len(_RANGE_OF_NORMALS) + 1 and 0 < low <= high):
+        raise ValueError(f"a summary needs 2-10 moves and 0 < min <= max, got n={n} {low}-{high}")
+    return round(float(measured["median"]), 2), round(math.log(high / low) / _RANGE_OF_NORMALS[n - 2], 2)
+
+
+def draw_downtime(params: SimParams, job: str, submit: float, move: int) -> float:
+    """The downtime of ``job``'s ``move``-th move: deterministic, from the fitted law."""
+    if params.downtime_spread == 0:
+        return params.migration_downtime
+    z = random.Random(f"{job}:{submit!r}:{move}").gauss(0.0, 1.0)
+    return params.migration_downtime * math.exp(params.downtime_spread * z)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +294,7 @@ class SimJob:
     logged: float = 0.0  # steps done at the previous Algorithm 1 tick
     cores: float = 0.0  # cores it gets now
     cpu: float = 0.0  # CPU-seconds used as of ``updated`` (attained service)
+    moves: int = 0  # downtimes drawn so far
     fair: float = 0.0  # CPU-seconds an equal share of its workers gave it (virtual service)
     weight: float = 1.0  # its CPU weight on the worker
     quality_time: float | None = None  # when it reached 95 % of its final loss reduction
@@ -399,8 +457,13 @@ class Cluster:
         job.phase = Phase.MOVING
         self._rerate(w)
 
+    def downtime(self, job: SimJob) -> float:
+        """The downtime of ``job``'s next move (``draw_downtime``)."""
+        job.moves += 1
+        return draw_downtime(self.params, job.id, job.plan.submit, job.moves)
+
     def move(self, job: SimJob, target: WorkerId, on_arrived: Callable[[SimJob], None]) -> None:
-        """Save ``job`` now; it runs on ``target`` after the migration downtime."""
+        """Save ``job`` now; it runs on ``target`` after its move's downtime."""
         if target not in self.workers:
             raise ValueError(f"unknown worker {target}")
         self.suspend(job)
@@ -410,7 +473,7 @@ class Cluster:
             self.start(job, target)
             on_arrived(job)
 
-        self.engine.after(self.params.migration_downtime, arrive, priority=COMPLETE)
+        self.engine.after(self.downtime(job), arrive, priority=COMPLETE)
 
     # -- observation -------------------------------------------------------------------
     def steps_now(self, job: SimJob) -> float:

@@ -1,8 +1,8 @@
 """The policies compared on identical workloads, and the lower bound none can beat.
 
 The named policies are the catalogue's (``specon.policy.experiments``: ``ds``,
-``specon-paper``, ``specon``, ``specon-predicted``, ``balancer`` and one peer per priority
-rule), the very policies ``specon demo`` runs live, here laid over the shipped defaults (or,
+``specon-paper``, ``specon``, ``specon-predicted``, ``specon-oracle``, ``balancer`` and one
+peer per priority rule), the very policies ``specon demo`` runs live, here laid over the shipped defaults (or,
 for ``specon``, a user's policy file). ``bound`` is not a policy but a lower bound on
 average JCT and makespan over *every* placement-and-migration policy on that workload (see
 ``lower_bound``).
@@ -55,6 +55,8 @@ class SimPolicy:
     priority: PriorityConfig
     # Jobs declare their total steps (else remaining work is predicted from the loss).
     declared: bool = True
+    # Agents detect convergence by the trace's ground truth (``specon.sim.oracle``).
+    oracle: bool = False
 
 
 def sim_policy(exp: Experiment, daemons: Policy | None) -> SimPolicy:
@@ -63,7 +65,7 @@ def sim_policy(exp: Experiment, daemons: Policy | None) -> SimPolicy:
         return SimPolicy(exp.name, None, None, False, EQUAL_SHARES, exp.declared)
     manager = daemons if moves(daemons) else None
     classify = manager is not None or daemons.priority.rule in NEEDS_GAIN
-    return SimPolicy(exp.name, daemons, manager, classify, daemons.priority, exp.declared)
+    return SimPolicy(exp.name, daemons, manager, classify, daemons.priority, exp.declared, exp.oracle)
 
 
 def with_overrides(
@@ -102,8 +104,8 @@ def make_policy(
 ) -> SimPolicy:
     """The simulated policy ``name`` (one of ``SIMULATED``) over the shipped defaults; alpha,
     interval and weights apply to the specon policies (``Experiment.tuned``). ``base`` (e.g. a
-    user's policy file) replaces the shipped defaults under ``specon`` and ``specon-predicted``
-    (``Experiment.replaceable``); the overrides still apply on top of it."""
+    user's policy file) replaces the shipped defaults under ``specon``, ``specon-predicted`` and
+    ``specon-oracle`` (``Experiment.replaceable``); the overrides still apply on top of it."""
     if name == "bound":
         raise ValueError("bound is computed, not simulated: use lower_bound()")
     try:

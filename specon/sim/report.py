@@ -127,8 +127,8 @@ def sweep_table(result: ScenarioResult) -> list[str]:
     other policies do not depend on alpha or the interval: see the main table)."""
     names = [p for p in result.policies if p in ("specon-paper", "specon")]
     lines = [
-        f"| {ALPHA}, {DELTA} | policy | jobs improved | avg JCT | best job | makespan |",
-        "|---|---|---:|---:|---:|---:|",
+        f"| {ALPHA}, {DELTA} | policy | jobs improved | avg JCT | best job | makespan | time-to-quality |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for point in result.sweep:
         where = f"{point.alpha:g}, {point.interval:g} s"
@@ -136,7 +136,8 @@ def sweep_table(result: ScenarioResult) -> list[str]:
             s = point.summaries[name]
             lines.append(
                 f"| {where} | {name} | {_share(s, 'jobs_improved')} | {_change(s, 'avg_jct_reduction')} | "
-                f"{_change(s, 'best_reduction')} | {_change(s, 'makespan_reduction')} |"
+                f"{_change(s, 'best_reduction')} | {_change(s, 'makespan_reduction')} | "
+                f"{_change(s, 'ttq_reduction')} |"
             )
         p = point.paper
         if p is not None:
@@ -145,6 +146,7 @@ def sweep_table(result: ScenarioResult) -> list[str]:
                 _paper_change(p.avg_jct_reduction),
                 _paper_change(p.best_reduction),
                 _paper_change(p.makespan_reduction),
+                _NA,
             ]
             lines.append(f"| {where} | *paper* | " + " | ".join(cells) + " |")
     return lines

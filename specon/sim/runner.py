@@ -21,7 +21,9 @@ does, and plays the agents around it:
   journal, as a real one does.
 
 Agents that do not classify (where nothing reads it: ``SimPolicy.classify``) report every
-job as progressing since its start.
+job as progressing since its start; under a priority rule they still tick every Δ, to
+re-weigh their jobs as the real agent does. Under ``SimPolicy.oracle`` the agents call a job
+converged at its trace's true convergence point instead (``specon.sim.oracle``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from specon.policy.priority.base import JobProgress
 from specon.policy.priority.rules import weighs
 from specon.policy.priority.rules import weights as priority_weights
 from specon.policy.remaining import Fit, refit
+from specon.sim import oracle
 from specon.sim.cluster import DEFAULT_PARAMS, Cluster, Phase, SimJob, SimParams, Workload
 from specon.sim.engine import ARRIVE, COMPLETE, PASS, TICK, Engine
 from specon.sim.policies import SimPolicy
@@ -156,6 +159,7 @@ class _Run:
         )
         self.placement = workload.placement()
         monitor = (policy.daemons or default_policy()).monitor
+        self.interval = monitor.interval  # Δ, the agents' tick
         self.classifier: Classifier | None = classifier_for(monitor) if policy.classify else None
         self.stats = RunStats()
         self.journal = MemoryJournal()
@@ -185,6 +189,8 @@ class _Run:
         t0 = jobs[0].submit
         if self.classifier is not None:
             self._every(t0, self.classifier.cfg.interval, self._tick, TICK)
+        elif self.prioritised:
+            self._every(t0, self.interval, self._reweigh, TICK)
         if self.coord is not None:
             self._every(t0, self.coord.policy.messaging.heartbeat_interval, self._heartbeat, PASS)
         self.engine.run(until=max_time, stop=lambda: self.cluster.unfinished == 0)
@@ -333,7 +339,11 @@ class _Run:
                     samples[cid] = got
                 if declared and (h := horizon(job.plan.steps, self.cluster.steps_now(job))) is not None:
                     horizons[cid] = h
-            result = classifier.tick_worker(states, samples, now, horizons=horizons or None)
+            if self.policy.oracle:
+                converged = {ContainerId(j.id): self._past_truth(j) for j in w.jobs.values()}
+                result = oracle.detect_worker(classifier, states, samples, now, converged)
+            else:
+                result = classifier.tick_worker(states, samples, now, horizons=horizons or None)
             for cid, st in result.states.items():
                 job = w.jobs[cid]
                 job.state = st
@@ -358,6 +368,18 @@ class _Run:
                 )
                 self.coord.core.request(req, now, step=False)
             self._passes()
+
+    def _reweigh(self) -> None:
+        """The tick of agents that do not classify: their priority rule runs again, as the
+        real agent's does every Δ (a rule's order moves with the jobs' progress and deficits,
+        not only when jobs come and go)."""
+        self.stats.ticks += 1
+        for wid in self.cluster.workers:
+            self.cluster.reweigh(wid)
+
+    def _past_truth(self, job: SimJob) -> bool:
+        """Whether ``job`` has trained past its trace's true convergence point."""
+        return self.cluster.steps_now(job) >= job.data.quality_at * job.plan.steps
 
     def _heartbeat(self) -> None:
         assert self.coord is not None
@@ -422,7 +444,7 @@ class _Run:
             self._report(job, worker, result=done, drive=True)
         elif cmd.action is Action.START:
             self.engine.after(
-                self.params.migration_downtime, partial(self._started, worker, cmd), priority=COMPLETE
+                self.cluster.downtime(job), partial(self._started, worker, cmd), priority=COMPLETE
             )
 
     def _started(self, worker: WorkerId, cmd: Command) -> None:

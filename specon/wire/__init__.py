@@ -4,6 +4,7 @@
 - ``limits``: what a field may declare beyond its type (a length, a range, the id rule), and
   the named bounds;
 - ``codec``: plain data (JSON, YAML) <-> frozen dataclasses, driven by the type hints;
+- ``fastpath``: msgspec's decode of a well-formed message, the codec's path for anything else;
 - ``checks``: the declared limits enforced on every decoded message, compiled per class;
 - ``validate``: the one rule for ids that cross a boundary, Kubernetes name rules, and number
   ranges.

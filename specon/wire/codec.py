@@ -20,17 +20,13 @@ Records that go through here: the policy file, the protocol's messages, the moni
 state an agent carries across a restore, the job spec and owner record on the volume,
 simulator parameters, and the SQLite journal's rows.
 
-Why not msgspec or pydantic (measured by ``python -m bench bench_codec``, a realistic
-8-container heartbeat): msgspec decodes it about 10x faster (~9 µs against ~105 µs for
-``protocol.decode``) but stops at the first problem; pydantic v2 is about 4x faster
-and, in strict mode, lists every problem with its path, but silently coerces
-``"12"`` to ``12`` unless strict, has no did-you-mean for a misspelt key and no partial
-result (the policy file's checks run on one to report everything at once), and would
-be a compiled dependency of every daemon. At 8 containers the decode is well within
-the heartbeat budget (the manager serves about 3,400 heartbeats/s end to end), so
-neither wins clearly on both speed and error quality; the codec stays. If decoding
-ever dominates, the cheap step is msgspec on the happy path with this codec run only
-on failure, for its messages.
+Why this codec and msgspec both (measured by ``python -m bench bench_codec``, a realistic
+8-container heartbeat): msgspec decodes it about 10x faster but stops at the first problem;
+pydantic v2 lists every problem in strict mode but coerces ``"12"`` to ``12`` unless strict,
+has no did-you-mean for a misspelt key and no partial result (the policy file's checks run
+on one to report everything at once). So the protocol's messages take msgspec on the happy
+path (``specon.wire.fastpath``) and this codec only when msgspec refuses a body, for its
+messages; everything else (the policy file, journal rows, ...) is decoded here.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from typing import Any, Literal, TypeVar, overload
 from specon.config import Mode
 from specon.coordinator.migration import Migration, Reason, State
 from specon.model import WEIGHT_MAX, WEIGHT_MIN, Category, ContainerId, Resources, WorkerId
-from specon.wire import codec
+from specon.wire import codec, fastpath
 from specon.wire.checks import check
 from specon.wire.limits import (
     COUNT,
@@ -413,6 +413,8 @@ M = TypeVar("M", bound=Message)
 def encode(msg: Message) -> bytes:
     """The message as compact UTF-8 JSON with its envelope."""
     cls = type(msg)
+    if cls is CommandBatch and (plain := _plain_batch(msg)) is not None:  # type: ignore[arg-type]
+        return plain
     if KINDS.get(cls.__name__) is not cls:
         raise ProtocolError(f"not a protocol message: {cls.__name__}")
     try:
@@ -428,12 +430,33 @@ def encode(msg: Message) -> bytes:
         raise ProtocolError(f"cannot encode {cls.__name__}: {e}") from None
 
 
+def _plain_batch(b: CommandBatch) -> bytes | None:
+    """The answer to nearly every heartbeat, a batch without commands, written directly: what
+    the codec writes, byte for byte (``tests/unit/wire/test_fastpath.py``); None for any other."""
+    t, gen, ack = b.manager_time, b.policy_generation, b.ack
+    if b.commands or type(t) is not float or not math.isfinite(t) or type(gen) is not int:
+        return None
+    if ack is not None and type(ack) is not int:
+        return None
+    return (
+        f'{{"version":"{VERSION}","kind":"CommandBatch","manager_time":{t!r},"policy_generation":{gen},'
+        f'"commands":[],"ack":{"null" if ack is None else ack}}}'
+    ).encode()
+
+
 @overload
 def decode(data: bytes | bytearray | str, expected: type[M]) -> M: ...
 @overload
 def decode(data: bytes | bytearray | str, expected: None = None) -> Message: ...
 def decode(data: bytes | bytearray | str, expected: type[Any] | None = None) -> Message:
-    """Parse and check one message; ``expected`` pins its kind. Raises only ``ProtocolError``."""
+    """Parse and check one message; ``expected`` pins its kind. Raises only ``ProtocolError``.
+
+    A well-formed message of this exact version takes msgspec's path (``specon.wire.fastpath``);
+    anything else the codec's, which names the problem. Both end in the same checks."""
+    if expected is not None and _is_message(expected):
+        fast: Message | None = fastpath.decode(data, expected, VERSION)
+        if fast is not None:
+            return _checked(fast, expected.__name__)
     obj = _parse(data)
     if not isinstance(obj, dict):
         raise ProtocolError(f"expected a JSON object, got {codec.describe(obj)}")
@@ -454,6 +477,15 @@ def decode(data: bytes | bytearray | str, expected: type[Any] | None = None) -> 
         raise _invalid(kind, "invalid", e) from None
     except RecursionError:
         raise ProtocolError(f"invalid {kind}: nested too deeply") from None
+    return _checked(msg, kind)
+
+
+def _is_message(cls: type[Any]) -> bool:
+    return KINDS.get(cls.__name__) is cls
+
+
+def _checked(msg: M, kind: str) -> M:
+    """``msg`` if it keeps every declared limit (``specon.wire.checks``)."""
     problems = check(msg)
     if problems:
         path = problems[0][0]

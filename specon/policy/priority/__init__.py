@@ -14,6 +14,6 @@ more evenly.
 
 - ``rules``: the registry (every module here with a ``RULE``) and the weights under a policy;
 - ``base``: what a rule sees of a job, and how an order becomes weights;
-- the rules: ``none`` (equal shares), ``fsp`` (the default), ``srpt``, ``optimus``,
+- the rules: ``none`` (equal shares), ``fsp``, ``phased`` (the default), ``srpt``, ``optimus``,
   ``tiresias``, ``hermes``, ``slaq``.
 """

@@ -43,7 +43,7 @@ from docker.models.containers import Container
 
 from specon import checkpoint as ckpt
 from specon.config import MigrationMode
-from specon.model import ContainerId, Resources, WorkerId
+from specon.model import RUNTIME_LABEL, ContainerId, Resources, WorkerId
 from specon.runtime.base import (
     AlreadyFinished,
     AlreadyRunning,
@@ -164,7 +164,7 @@ class DockerRuntime(OwnerRecords[Container]):
 
     @property
     def node_labels(self) -> dict[str, str]:
-        return dict(self._labels)
+        return {RUNTIME_LABEL: "docker", **self._labels}
 
     @property
     def node_taints(self) -> tuple[str, ...]:

@@ -52,7 +52,7 @@ from kubernetes import client as k8s_client
 
 from specon import checkpoint as ckpt
 from specon import jobkit
-from specon.model import ContainerId, WorkerId
+from specon.model import RUNTIME_LABEL, ContainerId, WorkerId
 from specon.progress.last import last_event
 from specon.runtime.base import (
     AlreadyFinished,
@@ -401,7 +401,7 @@ class KubernetesRuntime:
     # -- beyond the interface -----------------------------------------------------------------
     @property
     def node_labels(self) -> dict[str, str]:
-        return pods.labels_of(self._node) if self._node else {}
+        return {RUNTIME_LABEL: "kubernetes", **(pods.labels_of(self._node) if self._node else {})}
 
     @property
     def node_taints(self) -> tuple[str, ...]:

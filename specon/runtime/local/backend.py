@@ -44,7 +44,7 @@ from typing import BinaryIO
 import structlog
 
 from specon import checkpoint as ckpt  # the name `checkpoint` is start()'s parameter
-from specon.model import ContainerId, Resources, WorkerId
+from specon.model import RUNTIME_LABEL, ContainerId, Resources, WorkerId
 from specon.runtime.base import (
     AlreadyFinished,
     ContainerInfo,
@@ -182,7 +182,7 @@ class LocalRuntime(OwnerRecords[Owner]):
 
     @property
     def node_labels(self) -> dict[str, str]:
-        return {}
+        return {RUNTIME_LABEL: "local"}
 
     @property
     def node_taints(self) -> tuple[str, ...]:

@@ -97,6 +97,19 @@ def test_srpt_gives_the_job_with_least_work_left_the_top_weight() -> None:
     assert decide(jobs, {}, SRPT) == {B: 10_000, A: 100, C: 1}
 
 
+def test_the_default_rule_runs_a_fresh_jobs_early_part_before_another_jobs_tail() -> None:
+    # Both at 1 CPU-s a step: A is past its early part with 500 CPU-s left; B is fresh, its
+    # early part (35 % of 1000 steps) worth 0.75 of a completion: 350 / 0.75 < 500.
+    jobs = [
+        run(A, step=500, first_step=0, total=1000, cpu_seconds=500.0),
+        run(B, step=1, first_step=0, total=1000, cpu_seconds=1.0),
+    ]
+    fair = {A: 300.0, B: 1.0}  # A got more than its equal share: no aging, not late
+    assert PriorityConfig().rule == "phased"
+    assert decide(jobs, fair, PriorityConfig()) == {B: 10_000, A: 100}
+    assert decide(jobs, fair, SRPT) == {A: 10_000, B: 100}
+
+
 def test_rule_none_decides_nothing() -> None:
     assert decide([run(A, total=5)], {}, PriorityConfig(rule="none")) == {}
     assert decide([], {}, SRPT) == {}

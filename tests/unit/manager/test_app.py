@@ -220,6 +220,26 @@ async def test_metrics_count_accepted_heartbeats_and_rejections_by_reason(tmp_pa
         assert await metric(client, "specon_manager_containers", worker="a", category="progressing") == 0.0
 
 
+async def test_a_forgotten_workers_heartbeat_series_goes_and_comes_back(tmp_path: Path) -> None:
+    clock = FakeClock()
+    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
+    async with serve(tmp_path, clock) as client:
+        for _ in range(2):
+            assert (await post(client, protocol.HEARTBEAT_PATH, protocol.encode(a.heartbeat())))[0] == 200
+        assert await metric(client, "specon_manager_heartbeats_total", worker="a") == 2.0
+        msg = coord_of(client).policy.messaging
+        clock.advance(msg.prune_after * msg.worker_timeout + 1)
+        assert (await post(client, protocol.HEARTBEAT_PATH, protocol.encode(b.heartbeat())))[0] == 200
+        assert client.app is not None
+        await client.app[SHELL].tick()  # prunes a, silent past prune_after x worker_timeout
+        assert "a" not in coord_of(client).state.workers
+        assert await metric(client, "specon_manager_heartbeats_total", worker="a") is None
+        assert await metric(client, "specon_manager_workers_forgotten_total") == 1.0
+        assert (await post(client, protocol.HEARTBEAT_PATH, protocol.encode(a.heartbeat())))[0] == 200
+        assert await metric(client, "specon_manager_heartbeats_total", worker="a") == 1.0
+        assert await metric(client, "specon_manager_heartbeats_total", worker="b") == 1.0
+
+
 # --- status ---------------------------------------------------------------------------------
 
 

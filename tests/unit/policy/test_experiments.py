@@ -24,7 +24,17 @@ def test_sim_and_demo_draw_their_names_from_the_catalogue() -> None:
     assert cmd_demo.NAMES is live_policies.NAMES
     assert live_policies.WITHOUT_DAEMONS == ("ds",)
     peers = [name for name, rule in RULES.items() if rule.weights is not None]
-    assert set(experiments.NAMES) == {"ds", "specon-paper", "specon", "specon-predicted", "balancer", *peers}
+    assert set(experiments.NAMES) == {
+        "ds",
+        "specon-paper",
+        "specon",
+        "specon-predicted",
+        "specon-oracle",
+        "balancer",
+        *peers,
+    }
+    # Live runs neither the jobs that declare no steps nor the ground truth's detection.
+    assert set(experiments.NAMES) - set(live_policies.NAMES) == {"specon-predicted", "specon-oracle"}
 
 
 def test_live_and_simulated_policies_are_the_same_policy_objects(tmp_path: Path) -> None:
@@ -58,7 +68,7 @@ def test_the_balancer_is_one_policy_blind_to_convergence() -> None:
 def test_the_simulator_skips_only_what_cannot_change_a_thing() -> None:
     for name, exp in CATALOGUE.items():
         simulated = sim.make_policy(name)
-        assert simulated.declared == exp.declared
+        assert (simulated.declared, simulated.oracle) == (exp.declared, exp.oracle)
         if simulated.daemons is None:
             assert not simulated.classify
             continue
@@ -70,6 +80,7 @@ def test_the_simulator_skips_only_what_cannot_change_a_thing() -> None:
         "specon-paper",
         "specon",
         "specon-predicted",
+        "specon-oracle",
         "balancer",
     ]
 
@@ -79,6 +90,7 @@ def test_only_the_specon_policies_take_a_users_file_and_the_run_s_knobs() -> Non
     assert mine.monitor.alpha == 0.02
     assert sim.make_policy("specon", base=mine).daemons == mine
     assert sim.make_policy("specon-predicted", base=mine).daemons == mine
+    assert sim.make_policy("specon-oracle", base=mine).daemons == mine
     assert sim.make_policy("specon-paper", base=mine).daemons == default_policy("paper")
     assert sim.make_policy("balancer", base=mine).daemons == sim.make_policy("balancer").daemons
     tuned = sim.make_policy("specon-paper", alpha=0.05, interval=20.0).daemons

@@ -167,7 +167,7 @@ def test_a_new_rule_is_checked_and_drives_the_agents_and_the_peer_policies(
 
 
 def test_the_shipped_rules_and_classifiers_are_the_choices_in_their_order() -> None:
-    assert rules.NAMES == ("none", "fsp", "srpt", "optimus", "tiresias", "hermes", "slaq")
+    assert rules.NAMES == ("none", "fsp", "phased", "srpt", "optimus", "tiresias", "hermes", "slaq")
     assert typing.get_args(PriorityRule) == rules.NAMES
     assert {"hermes", "slaq"} == rules.NEEDS_GAIN
     assert classifier.NAMES == ("specon", "robust")

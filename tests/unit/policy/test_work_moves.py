@@ -74,8 +74,8 @@ def test_jobs_without_an_estimate_are_never_moved_by_the_work_model() -> None:
 
 
 def test_algorithm_2_keeps_a_converged_job_whose_move_would_cost_more_than_it_saves() -> None:
-    # The converged job has 3 s of work left: a move (8.4 s downtime) cannot pay off.
-    cc = replace(container("c", "a", "CC", t_cc=NOW - 100), remaining_work=3.0, since=0.0)
+    # The converged job has 0.5 s of work left: a move (3.1 s downtime) cannot pay off.
+    cc = replace(container("c", "a", "CC", t_cc=NOW - 100), remaining_work=0.5, since=0.0)
     snap = snapshot(
         [worker("a", cpu=1), worker("b", cpu=1)],
         [cc, _job("p1", "a", 500.0), _job("p2", "a", 500.0)],

@@ -309,9 +309,9 @@ def test_params_files_are_read_as_yaml_1_2_like_the_policy(tmp_path: Path) -> No
         '{\n  "job_cores": 1.0,\n  "interference": 1.0,\n  "migration_downtime": 8.4,\n'
         '  "max_samples_per_tick": 64,\n  "interference_exponent": 0.072\n}\n'
     )
-    # (the thread law's fields it predates keep the base's values)
+    # (the thread law's and the downtime law's fields it predates keep the base's values)
     assert load_params(old, base=SimParams()) == replace(
-        DEFAULT_PARAMS, thread_overhead=1.0, thread_exponent=0.0
+        DEFAULT_PARAMS, thread_overhead=1.0, thread_exponent=0.0, migration_downtime=8.4, downtime_spread=0.0
     )
 
 

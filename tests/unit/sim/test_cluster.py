@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from specon.config import default_policy
 from specon.model import WorkerId
 from specon.sim.cluster import (
     DEFAULT_PARAMS,
@@ -19,9 +20,14 @@ from specon.sim.cluster import (
     SimParams,
     WorkerSpec,
     Workload,
+    draw_downtime,
+    fit_downtime,
+    measured_moves,
     water_fill,
 )
 from specon.sim.engine import Engine
+from specon.sim.policies import make_policy
+from specon.sim.runner import _Run
 from specon.sim.trace import Trace
 from specon.testing.builders import job_plan, trace, workload
 
@@ -215,3 +221,83 @@ def test_records_past_the_end_of_a_trace_repeat_its_last_loss() -> None:
         expected = [100.0 - i for i in range(100)] + [1.0] * 9
         assert statistics.fmean(got) == pytest.approx(statistics.fmean(expected))
         assert got[-1] == 1.0
+
+
+def test_each_move_draws_its_downtime_from_the_fitted_law() -> None:
+    fixed = SimParams(migration_downtime=4.0)
+    assert draw_downtime(fixed, "a", 0.0, 1) == 4.0  # no spread: always the median
+    law = SimParams(migration_downtime=3.0, downtime_spread=0.3)
+    draws = [draw_downtime(law, f"j{i}", 1.5, k) for i in range(200) for k in (1, 2)]
+    assert draws == [draw_downtime(law, f"j{i}", 1.5, k) for i in range(200) for k in (1, 2)]  # deterministic
+    assert len(set(draws)) == len(draws)
+    assert statistics.median(draws) == pytest.approx(3.0, rel=0.1)
+    spread = statistics.stdev(math.log(x) for x in draws)
+    assert spread == pytest.approx(0.3, rel=0.15)
+    with pytest.raises(ValueError, match="downtime_spread"):
+        SimParams(downtime_spread=-1.0)
+
+
+def test_a_moved_job_waits_its_drawn_downtime() -> None:
+    engine = Engine()
+    wl = workload(2, [job_plan("a", T100)])
+    params = SimParams(migration_downtime=4.0, downtime_spread=0.5)
+    cluster = Cluster(engine, wl, params)
+    job = cluster.jobs["a"]
+    arrived: list[float] = []
+    engine.at(0.0, lambda: cluster.start(job, WorkerId("w1")))
+    engine.at(30.0, lambda: cluster.move(job, WorkerId("w2"), lambda j: arrived.append(engine.now)))
+    engine.run()
+    drawn = draw_downtime(params, "a", job.plan.submit, 1)
+    assert drawn != 4.0
+    assert arrived == [pytest.approx(30.0 + drawn)]
+
+
+def test_the_default_law_is_the_fit_of_the_committed_measurements() -> None:
+    table = measured_moves()
+    chosen = table["sets"][table["simulator"]]
+    assert fit_downtime(chosen["downtime"]) == (
+        DEFAULT_PARAMS.migration_downtime,
+        DEFAULT_PARAMS.downtime_spread,
+    )
+    for s in table["sets"].values():
+        assert {"command", "machine", "commit", "downtime"} <= s.keys()
+        fit_downtime(s["downtime"])  # every set fits
+    # From samples: their median and the spread of their logs; from a summary: its range.
+    assert fit_downtime({"samples": [1.0, math.e, math.e**2]}) == (round(math.e, 2), 1.0)
+    assert fit_downtime({"median": 3.0, "min": 2.0, "max": 4.0, "n": 2}) == (
+        3.0,
+        round(math.log(2) / 1.128, 2),
+    )
+    with pytest.raises(ValueError, match="two positive"):
+        fit_downtime({"samples": [1.0]})
+    with pytest.raises(ValueError, match="2-10 moves"):
+        fit_downtime({"median": 3.0, "min": 2.0, "max": 4.0, "n": 50})
+
+
+def test_the_simulated_manager_measures_the_drawn_downtimes_and_learns_from_them() -> None:
+    wl = workload(2, (job_plan("a", _falling()), job_plan("b", _linear())))
+    params = replace(DEFAULT_PARAMS, migration_downtime=2.0, downtime_spread=0.4)
+    run = _Run(wl, make_policy("specon"), params)
+    run.run(math.inf)
+    moves = run.result().migrations
+    assert moves, "the scenario makes a move"
+    plans = {j.id: j for j in wl.jobs}
+    for m in moves:  # each job moves once here
+        assert m.downtime == pytest.approx(draw_downtime(params, m.job, plans[m.job].submit, 1))
+    assert run.coord is not None
+    learned = run.coord.core.move_costs
+    [est] = learned.cells().values()  # one backend, one size
+    assert est.moves == len(moves)
+    prior = default_policy().migration
+    k = prior.cost_prior_weight
+    mean = statistics.fmean(m.downtime or 0.0 for m in moves)
+    backend = (k * prior.move_downtime + len(moves) * mean) / (k + len(moves))
+    assert est.downtime == pytest.approx((k * backend + len(moves) * mean) / (k + len(moves)))
+
+
+def _falling(n: int = 300) -> Trace:
+    return trace([0.1 + 0.9 * math.exp(-i / (0.05 * n)) for i in range(n)], model="fast")
+
+
+def _linear(n: int = 300) -> Trace:
+    return trace([1.0 - i / n for i in range(n)], model="linear")

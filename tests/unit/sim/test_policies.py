@@ -16,7 +16,7 @@ import specon.sim
 from specon.coordinator import inline as coordinator_inline
 from specon.policy import classifier
 from specon.sim import runner
-from specon.sim.cluster import SimParams, Workload
+from specon.sim.cluster import DEFAULT_PARAMS, SimParams, Workload
 from specon.sim.policies import SIMULATED, lower_bound, make_policy
 from specon.sim.runner import simulate
 from specon.sim.trace import Trace
@@ -35,8 +35,10 @@ def _linear(n: int = STEPS) -> Trace:
     return trace([1.0 - i / n for i in range(n)], model="linear")
 
 
-def _moves(policy: str, workload: Workload) -> list[tuple[str, str, str, str]]:
-    run = simulate(workload, make_policy(policy))
+def _moves(
+    policy: str, workload: Workload, params: SimParams = DEFAULT_PARAMS
+) -> list[tuple[str, str, str, str]]:
+    run = simulate(workload, make_policy(policy), params=params)
     return [(m.job, m.source, m.target, m.reason) for m in run.migrations]
 
 
@@ -92,7 +94,7 @@ def test_the_balancer_moves_the_most_recently_placed_job_to_the_least_loaded_wor
 
 def test_the_balancer_counts_a_moved_job_from_its_arrival_on_its_new_worker() -> None:
     # a and b start on w2 at 30 s: loads [0, 2] -> a moves to w1, running there from 43.4 s
-    # (the migration downtime), where c started at 40 s. When b finishes, loads are [2, 0]:
+    # (a fixed 8.4 s downtime), where c started at 40 s. When b finishes, loads are [2, 0]:
     # the most recently placed job moves back, a (as a descheduler sees a moved job: a new
     # pod), not c, the most recently started one (``rebalance.duration_from: placed``).
     jobs = (
@@ -100,7 +102,7 @@ def test_the_balancer_counts_a_moved_job_from_its_arrival_on_its_new_worker() ->
         job_plan("b", _linear(), submit=30.0, worker="w2"),
         job_plan("c", _linear(), submit=40.0, worker="w1"),
     )
-    assert _moves("balancer", workload(2, jobs)) == [
+    assert _moves("balancer", workload(2, jobs), SimParams(migration_downtime=8.4)) == [
         ("a", "w2", "w1", "rebalance"),
         ("a", "w1", "w2", "rebalance"),
     ]
@@ -209,3 +211,19 @@ def test_jobs_tell_the_classifier_their_horizon_only_where_they_declare_their_st
     assert declared and all(h >= 1.0 for h in declared)
     assert min(declared) < 1.5 < max(declared)
     assert not any(seen["specon-predicted"])  # no declared steps, no horizon
+
+
+def test_peers_re_weigh_every_tick_as_the_agent_does() -> None:
+    # Two like jobs on one worker. ``phased`` runs ``a`` to its estimated quality point,
+    # then ``b``'s early part goes first: an order that changes while no job comes or goes,
+    # so only a re-weighing every Δ (as the real agent's) sees it. ``srpt``'s order never
+    # changes: ``a`` runs whole, then ``b``.
+    wl = workload(1, (job_plan("a", _falling(0.05)), job_plan("b", _falling(0.05))))
+    run = simulate(wl, make_policy("phased"))
+    phased = {j.id: j for j in run.jobs}
+    assert run.meta["ticks"] > 0
+    assert phased["b"].quality_time is not None and phased["a"].finish is not None
+    assert phased["b"].quality_time < phased["a"].finish
+    srpt = {j.id: j for j in simulate(wl, make_policy("srpt")).jobs}
+    assert srpt["b"].quality_time is not None and srpt["a"].finish is not None
+    assert srpt["b"].quality_time > srpt["a"].finish

@@ -1,0 +1,15 @@
+"""The local runtime names itself in its worker labels, so the manager learns its move costs apart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specon.model import RUNTIME_LABEL, WorkerId
+from specon.policy.move_costs import backend_of
+from specon.runtime.local.backend import LocalRuntime
+
+
+def test_local_runtime_labels_name_the_backend(tmp_path: Path) -> None:
+    rt = LocalRuntime(tmp_path, WorkerId("w0"), 1.0, cluster="labels")
+    assert rt.node_labels == {RUNTIME_LABEL: "local"}
+    assert backend_of(rt.node_labels) == "local"
