@@ -203,8 +203,9 @@ class AgentDaemon:
 
     async def _nap(self, seconds: float) -> None:
         self._wake.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
+        with contextlib.suppress(TimeoutError):  # asyncio.timeout: 3.11's wait_for can swallow a cancel
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
 
     async def _poll(self) -> None:
         poll = self._retried("poll", self._poll_once)

@@ -180,8 +180,11 @@ class LeaseElector:
         assert self._renewed is not None
         deadline = self._renewed + self.timing.renew_deadline
         while (left := deadline - self.clock()) > 0:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that
+            # lands as the try completes, and a stopping leader would then renew forever.
             try:
-                got = await asyncio.wait_for(self._attempt(), timeout=left)
+                async with asyncio.timeout(left):
+                    got = await self._attempt()
             except TimeoutError:
                 break
             if got.outcome is Outcome.HELD:

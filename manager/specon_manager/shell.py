@@ -244,8 +244,9 @@ class ManagerShell:
         if not self.core.has_unsent(worker):
             ev = self._wakeups.setdefault(worker, asyncio.Event())
             ev.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ev.wait(), timeout)
+            with contextlib.suppress(TimeoutError):  # asyncio.timeout: 3.11's wait_for can swallow a cancel
+                async with asyncio.timeout(timeout):
+                    await ev.wait()
         return self.core.batch_for(worker, self.clock())
 
     def wake_all(self) -> None:
