@@ -56,6 +56,23 @@ class Direction(enum.StrEnum):
 # learns move costs per (specon.policy.move_costs). A node label of the same name wins.
 RUNTIME_LABEL = "specon.io/runtime"
 
+# GPUs: one vocabulary on every backend, NVIDIA's (the device plugin's resource name and the
+# node labels of its GPU feature discovery). Agents set the labels from NVML, so placement
+# reads a Docker host's or a local worker's GPUs as it reads a Kubernetes node's.
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # e.g. NVIDIA-H100-80GB-HBM3 (spaces as "-")
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB per device (the smallest of the worker's)
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+# A job label (pod annotation on Kubernetes) "true": a restored GPU job may run on any GPU
+# product; otherwise it keeps to the product it ran on.
+GPU_ANY_PRODUCT_LABEL = "specon.io/gpu-any-product"
+
+
+def gpu_product_label(name: str) -> str:
+    """An NVML product name as GPU feature discovery writes it into a label value."""
+    return "-".join(name.split())
+
+
 WEIGHT_MIN = 1
 WEIGHT_MAX = 10_000
 WEIGHT_DEFAULT = 100
@@ -108,6 +125,9 @@ class ContainerSnapshot:
     # Since when it runs on ``worker`` (manager clock; None: unknown): the minimum
     # residence time after a move counts from here.
     since: float | None = None
+    # GPU memory in bytes it needs on each of its ``requests.gpu`` devices (0: any): a worker
+    # whose ``GPU_MEMORY_LABEL`` is smaller cannot take it. The product is a selector pair.
+    gpu_memory: int = 0
 
 
 @dataclass(frozen=True, slots=True)

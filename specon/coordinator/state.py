@@ -357,6 +357,7 @@ class ClusterState:
             tolerations=rec.report.tolerations,
             remaining_work=rec.report.remaining_work,
             since=rec.since if m is None else None,
+            gpu_memory=rec.report.gpu_memory,
         )
 
     def worker_status(
@@ -438,6 +439,7 @@ def _view_changed(old: ContainerReport, new: ContainerReport) -> bool:
         or old.job.get(MIGRATABLE_LABEL) != new.job.get(MIGRATABLE_LABEL)
         or old.selector != new.selector
         or old.tolerations != new.tolerations
+        or old.gpu_memory != new.gpu_memory
         or (old.remaining_work != new.remaining_work and _work_moved(old.remaining_work, new.remaining_work))
     )
 

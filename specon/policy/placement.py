@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from specon.config import PlacementConfig, Weights
 from specon.model import (
+    GPU_MEMORY_LABEL,
     Category,
     ClusterSnapshot,
     ContainerId,
@@ -44,20 +45,37 @@ Fits = Callable[[ContainerSnapshot, WorkerSnapshot, Resources], bool]
 
 
 def fits(container: ContainerSnapshot, worker: WorkerSnapshot, used: Resources) -> bool:
-    """The feasibility rule of SPEC §4.1: resources, node selector and taints.
+    """The feasibility rule of SPEC §4.1: resources, node selector, GPU memory and taints.
 
     ``used`` must not include ``container`` itself (it is not on ``worker`` yet). Every
     taint of the worker must be tolerated by one of the container's tolerations
-    (``tolerates``); every selector pair must be among the worker's labels.
+    (``tolerates``); every selector pair must be among the worker's labels (a GPU product is
+    one: ``GPU_PRODUCT_LABEL``); a job that needs ``gpu_memory`` per device goes only where
+    the worker's ``GPU_MEMORY_LABEL`` (MiB) says its GPUs have that much.
     """
     if not container.requests.fits_in(worker.capacity - used):
         return False
     if container.selector and not all(pair in worker.labels for pair in container.selector):
         return False
+    if container.gpu_memory and container.gpu_memory > gpu_memory_of(worker):
+        return False
     tolerations = container.tolerations
     return not worker.taints or all(
         taint in tolerations or any(tolerates(t, taint) for t in tolerations) for taint in worker.taints
     )
+
+
+def gpu_memory_of(worker: WorkerSnapshot) -> int:
+    """Bytes of memory on each of the worker's GPUs, from its ``GPU_MEMORY_LABEL`` (MiB); 0 where
+    it has none or the label is not a number."""
+    for key, value in worker.labels:
+        if key == GPU_MEMORY_LABEL:
+            try:
+                mib = int(value)
+            except ValueError:
+                return 0
+            return max(0, mib) * 2**20
+    return 0
 
 
 # -- taints and tolerations ----------------------------------------------------------------------

@@ -83,6 +83,9 @@ class JobSpec:
     # tolerates, in the notation of ``specon.policy.placement.tolerates``.
     selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[str, ...] = ()
+    # GPU memory in bytes the job needs on each of its ``requests.gpu`` devices (0: any).
+    # Its GPU product, where it needs one, is a selector pair (``model.GPU_PRODUCT_LABEL``).
+    gpu_memory: int = 0
 
     def __post_init__(self) -> None:
         valid_job_id(self.id)
@@ -90,6 +93,8 @@ class JobSpec:
             raise ValueError(f"job {self.id}: command must be a non-empty tuple of non-empty strings")
         if self.steps is not None and self.steps < 0:
             raise ValueError(f"job {self.id}: steps must be >= 0, got {self.steps}")
+        if self.gpu_memory < 0:
+            raise ValueError(f"job {self.id}: gpu_memory must be >= 0, got {self.gpu_memory}")
 
     def to_json(self) -> dict[str, Any]:
         """``spec.json``'s shape, through the one codec (``specon.wire.codec``).
@@ -100,7 +105,7 @@ class JobSpec:
         data: dict[str, Any] = codec.to_data(self, JobSpec)
         if data["template"] is None:
             del data["template"]
-        for key in ("selector", "tolerations"):
+        for key in ("selector", "tolerations", "gpu_memory"):
             if not data[key]:
                 del data[key]
         return data
@@ -309,6 +314,22 @@ class Runtime(Protocol):
         ``cpu_shares(weight)``). True when it was applied; False (logged by the backend) where
         it cannot be: no writable cgroups, no such container. Never raises for that.
         """
+        ...
+
+    async def freeze(self, container_id: ContainerId) -> bool:
+        """Suspend every process of a running container where it stands (cgroup freezer, Docker
+        pause, else ``SIGSTOP`` to its process group), keeping its memory, GPU memory included.
+        True when frozen; False (logged by the backend) where it cannot be. Never raises for that.
+        """
+        ...
+
+    async def thaw(self, container_id: ContainerId) -> bool:
+        """Undo ``freeze``; True when the container runs again (or was not frozen)."""
+        ...
+
+    async def pids(self) -> dict[ContainerId, frozenset[int]]:
+        """Host PIDs of each running container's processes, as NVML reports them (empty where
+        this agent cannot see them, e.g. a pod agent without the host's PID namespace)."""
         ...
 
     def now(self) -> float:

@@ -320,6 +320,15 @@ class FakeRuntime:
         job = self.volume.jobs.get(container_id)
         return job.spec if job is not None else None
 
+    async def freeze(self, container_id: ContainerId) -> bool:
+        return False  # GPU-SHARE: replaced by this backend's freezer
+
+    async def thaw(self, container_id: ContainerId) -> bool:
+        return False  # GPU-SHARE: replaced by this backend's freezer
+
+    async def pids(self) -> dict[ContainerId, frozenset[int]]:
+        return {}  # GPU-SHARE: replaced by this backend's PID map
+
     async def set_cpu_weight(self, container_id: ContainerId, weight: int) -> bool:
         """Records the weight (``weights``); False for a container not running here, a weight
         out of 1..10,000, or while ``weights_supported`` is off."""

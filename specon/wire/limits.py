@@ -96,6 +96,8 @@ MAX_POLL_WAIT = 3600.0
 # A job's loss window (``protocol.LossWindow``): points, and steps a second no job reaches.
 MAX_WINDOW_POINTS = 64
 MAX_STEP_RATE = 1e9
+# GPUs of one worker (NVML indexes up to 64 on the largest hosts) and the devices of one job.
+MAX_GPU_DEVICES = 64
 
 # The limits many fields share.
 ID = Id()
@@ -106,6 +108,7 @@ TEXT = Text(MAX_TEXT)
 SHORT_TEXT = Text(MAX_SHORT_TEXT)
 LABELS = Labels(MAX_LABELS, MAX_LABEL_KEY, MAX_LABEL_VALUE)
 TAINTS = Taints(MAX_TAINTS, MAX_TAINT)
+BYTES = Range(0, MAX_BYTES)
 
 BORROWED: Mapping[type[Any], Mapping[str, Limit]] = {
     Resources: {"cpu": Range(0, MAX_CPU), "memory": Range(0, MAX_BYTES), "gpu": Range(0, MAX_GPU)},

@@ -47,10 +47,12 @@ from specon.model import WEIGHT_MAX, WEIGHT_MIN, Category, ContainerId, Resource
 from specon.wire import codec, fastpath
 from specon.wire.checks import check
 from specon.wire.limits import (
+    BYTES,
     COUNT,
     FINITE,
     ID,
     LABELS,
+    MAX_GPU_DEVICES,
     MAX_POLL_WAIT,
     MAX_RESULTS,
     MAX_STEP_RATE,
@@ -64,7 +66,7 @@ from specon.wire.limits import (
     limit,
 )
 
-VERSION = "1.3"
+VERSION = "1.4"
 MAJOR, MINOR = (int(part) for part in VERSION.split("."))
 
 CONTENT_TYPE = "application/json"
@@ -125,6 +127,37 @@ class LossWindow:
     metric: str = field(default="loss", metadata=limit(SHORT_TEXT))
 
 
+# What a GPU-sharing agent does with a job on its GPU (protocol 1.4): it runs, it is frozen
+# where it stands (memory kept), or it was suspended to its checkpoint to free GPU memory and
+# will be restored on this worker when it is next due.
+GpuState = Literal["running", "frozen", "suspended"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    """One GPU of a worker, from NVML (protocol 1.4)."""
+
+    index: int = field(metadata=limit(COUNT))
+    uuid: str = field(metadata=limit(SHORT_TEXT))
+    name: str = field(metadata=limit(SHORT_TEXT))
+    memory_total: int = field(metadata=limit(BYTES))
+    memory_used: int = field(default=0, metadata=limit(BYTES))
+    # SM utilisation over NVML's last sample period, percent (None: NVML could not say).
+    utilisation: float | None = field(default=None, metadata=limit(Range(0, 100)))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuUse:
+    """One container's GPUs (protocol 1.4): the devices its processes use, the GPU memory they
+    hold, their SM utilisation (None: not sampled, e.g. under MPS) and what the agent's GPU
+    sharing does with it."""
+
+    devices: tuple[int, ...] = field(default=(), metadata=limit(Items(MAX_GPU_DEVICES)))
+    memory: int = field(default=0, metadata=limit(BYTES))
+    utilisation: float | None = field(default=None, metadata=limit(Range(0, 100)))
+    state: GpuState = "running"
+
+
 @dataclass(frozen=True, slots=True)
 class ContainerReport:
     """One container in a heartbeat: the agent's view of its job (SPEC §3, §7)."""
@@ -160,6 +193,11 @@ class ContainerReport:
     # Its loss window (protocol 1.3), sent when a tick changed it and every few heartbeats;
     # None: not sent this time, the manager keeps the last one it got (in memory only).
     window: LossWindow | None = None
+    # Protocol 1.4: the GPU memory in bytes it needs per device (a hard placement constraint,
+    # ``ContainerSnapshot.gpu_memory``; 0: any), and its GPU use (None: it uses no GPU, or
+    # the agent has no NVML).
+    gpu_memory: int = field(default=0, metadata=limit(BYTES))
+    gpu: GpuUse | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +235,9 @@ class Heartbeat:
     results: tuple[CommandResult, ...] = field(default=(), metadata=limit(Items(MAX_RESULTS)))
     labels: dict[str, str] = field(default_factory=dict, hash=False, metadata=limit(LABELS))
     taints: tuple[str, ...] = field(default=(), metadata=limit(TAINTS))
+    # Protocol 1.4: the worker's GPUs (empty: none, or no NVML). ``capacity.gpu`` counts them
+    # and ``labels`` carry ``specon.model.GPU_PRODUCT_LABEL`` and ``GPU_MEMORY_LABEL``.
+    gpus: tuple[GpuDevice, ...] = field(default=(), metadata=limit(Items(MAX_GPU_DEVICES, unique="index")))
 
 
 @dataclass(frozen=True, slots=True)

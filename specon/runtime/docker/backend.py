@@ -226,6 +226,15 @@ class DockerRuntime(OwnerRecords[Container]):
             enforcement="docker",
         )
 
+    async def freeze(self, container_id: ContainerId) -> bool:
+        return False  # GPU-SHARE: replaced by this backend's freezer
+
+    async def thaw(self, container_id: ContainerId) -> bool:
+        return False  # GPU-SHARE: replaced by this backend's freezer
+
+    async def pids(self) -> dict[ContainerId, frozenset[int]]:
+        return {}  # GPU-SHARE: replaced by this backend's PID map
+
     async def set_cpu_weight(self, container_id: ContainerId, weight: int) -> bool:
         c = (await asyncio.to_thread(self._running)).get(container_id)
         if c is None:

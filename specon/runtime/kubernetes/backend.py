@@ -212,6 +212,15 @@ class KubernetesRuntime:
         seconds = await asyncio.to_thread(self._cgroups.cpu_seconds, await self._live())  # pod cgroups
         return replace(u, per_container=tuple(sorted(seconds.items())))
 
+    async def freeze(self, container_id: ContainerId) -> bool:
+        return False  # GPU-SHARE: replaced by this backend's freezer
+
+    async def thaw(self, container_id: ContainerId) -> bool:
+        return False  # GPU-SHARE: replaced by this backend's freezer
+
+    async def pids(self) -> dict[ContainerId, frozenset[int]]:
+        return {}  # GPU-SHARE: replaced by this backend's PID map
+
     async def set_cpu_weight(self, container_id: ContainerId, weight: int) -> bool:
         """Its pod's cgroup on this node (``k8s_cgroup``, which logs why where it cannot)."""
         pod = next((m for job, m in await self._live() if job == container_id), None)

@@ -225,6 +225,15 @@ class LocalRuntime(OwnerRecords[Owner]):
             enforcement=self._budget.enforcement.value,
         )
 
+    async def freeze(self, container_id: ContainerId) -> bool:
+        return False  # GPU-SHARE: replaced by this backend's freezer
+
+    async def thaw(self, container_id: ContainerId) -> bool:
+        return False  # GPU-SHARE: replaced by this backend's freezer
+
+    async def pids(self) -> dict[ContainerId, frozenset[int]]:
+        return {}  # GPU-SHARE: replaced by this backend's PID map
+
     async def set_cpu_weight(self, container_id: ContainerId, weight: int) -> bool:
         """The job's own cgroup's ``cpu.shares``; the first weight pins the worker to whole
         CPUs, where shares take effect (``CpuBudget.set_weight``, which logs a refusal)."""
