@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import NewType
+from typing import Literal, NewType
 
 WorkerId = NewType("WorkerId", str)
 ContainerId = NewType("ContainerId", str)
@@ -66,6 +66,12 @@ GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 # A job label (pod annotation on Kubernetes) "true": a restored GPU job may run on any GPU
 # product; otherwise it keeps to the product it ran on.
 GPU_ANY_PRODUCT_LABEL = "specon.io/gpu-any-product"
+
+
+# What a GPU-sharing agent does with a job on its GPU: it runs, it is frozen where it stands
+# (memory kept), or it was suspended to its checkpoint to free GPU memory and will be restored
+# on its worker when it is next due.
+GpuState = Literal["running", "frozen", "suspended"]
 
 
 def gpu_product_label(name: str) -> str:

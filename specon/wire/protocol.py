@@ -43,7 +43,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from specon.config import Mode
 from specon.coordinator.migration import Migration, Reason, State
-from specon.model import WEIGHT_MAX, WEIGHT_MIN, Category, ContainerId, Resources, WorkerId
+from specon.model import WEIGHT_MAX, WEIGHT_MIN, Category, ContainerId, GpuState, Resources, WorkerId
 from specon.wire import codec, fastpath
 from specon.wire.checks import check
 from specon.wire.limits import (
@@ -125,12 +125,6 @@ class LossWindow:
     loss: tuple[float, ...] = field(default=(), metadata=limit(Items(MAX_WINDOW_POINTS)))
     steps_per_second: float | None = field(default=None, metadata=limit(Range(0, MAX_STEP_RATE)))
     metric: str = field(default="loss", metadata=limit(SHORT_TEXT))
-
-
-# What a GPU-sharing agent does with a job on its GPU (protocol 1.4): it runs, it is frozen
-# where it stands (memory kept), or it was suspended to its checkpoint to free GPU memory and
-# will be restored on this worker when it is next due.
-GpuState = Literal["running", "frozen", "suspended"]
 
 
 @dataclass(frozen=True, slots=True)
