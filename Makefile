@@ -31,7 +31,7 @@ $(DEV_STAMP): pyproject.toml
 
 $(STAMP): $(DEV_STAMP) pyproject.toml
 	$(PIP) "torch==2.13.0"
-	$(PIP) -e ".[dev,train,plot,docker,kubernetes,tensorboard,lightning,transformers,keras]"
+	$(PIP) -e ".[dev,train,plot,docker,kubernetes,tensorboard,lightning,transformers,keras,gpu]"
 	@touch $@
 
 run: install ## Run the main job on the embedded default and print the result

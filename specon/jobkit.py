@@ -64,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import itertools
 import json
 import os
 import random
@@ -489,6 +490,51 @@ def set_rng_state(state: dict[str, Any]) -> None:
         sys.modules["torch"].set_rng_state(state["torch"])
 
 
+DEVICES = ("auto", "cpu", "cuda")  # what ``--device`` offers (``cuda:N`` is accepted too)
+
+
+def torch_device(name: str = "auto") -> torch.device:
+    """The device to train on: ``auto`` is CUDA where torch sees a GPU, else the CPU; ``cpu``;
+    ``cuda`` or ``cuda:N``. ``ValueError`` saying why for a device this process cannot use
+    (CUDA asked for where there is none: a torch built without it, or no GPU visible)."""
+    import torch  # noqa: PLC0415 - lazy: jobkit must work in scripts without torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N") from exc
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise ValueError(f"device {name!r}: only auto, cpu, cuda and cuda:N are supported")
+    if not torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        why = (
+            f"this torch ({torch.__version__}) is built without CUDA"
+            if torch.version.cuda is None
+            else "no GPU is visible" + ("" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible!r})")
+        )
+        raise ValueError(f"device {name!r}: CUDA is not available: {why}")
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} GPU(s) visible")
+    return device
+
+
+def _to_cpu(value: Any) -> Any:
+    """``value`` with every tensor in it moved to the CPU: a checkpoint loads anywhere."""
+    import torch  # noqa: PLC0415
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
 def torch_payload(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
@@ -496,6 +542,8 @@ def torch_payload(
 ) -> bytes:
     """Serialise model, optimizer, global RNG states and ``extra`` with ``torch.save``.
 
+    Every tensor is saved on the CPU, so the checkpoint loads on any device (``torch_restore``
+    maps it to the model's). The CUDA generators are saved too once CUDA is in use.
     ``extra`` must be loadable with ``weights_only=True``: tensors, numbers, strings and
     lists/dicts/tuples of them (e.g. a ``torch.Generator.get_state()``).
     """
@@ -503,11 +551,14 @@ def torch_payload(
 
     state = {
         "format": _PAYLOAD_FORMAT,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "model": _to_cpu(model.state_dict()),
+        "optimizer": _to_cpu(optimizer.state_dict()) if optimizer is not None else None,
         "rng": rng_state(),
-        "extra": extra,
+        "extra": _to_cpu(extra),
     }
+    cuda: Any = torch.cuda  # its is_initialized has no annotations
+    if cuda.is_available() and cuda.is_initialized():
+        state["cuda_rng"] = cuda.get_rng_state_all()
     buf = io.BytesIO()
     torch.save(state, buf)
     return buf.getvalue()
@@ -517,15 +568,28 @@ def torch_restore(
     payload: bytes,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
+    *,
+    map_location: str | torch.device | None = None,
 ) -> Any:
-    """Load a ``torch_payload`` into ``model``/``optimizer``, restore RNGs; return ``extra``."""
+    """Load a ``torch_payload`` into ``model``/``optimizer``, restore RNGs; return ``extra``.
+
+    Tensors are loaded onto ``map_location``, by default the device of the model's first
+    parameter (the CPU for a model without any), wherever they were saved: a job moved from a
+    GPU to a CPU or back resumes where it stopped. The CUDA generators are restored where the
+    same number of GPUs is visible; elsewhere the job's CUDA draws simply start afresh."""
     import torch  # noqa: PLC0415 - lazy: jobkit must work in scripts without torch
 
-    state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    if map_location is None:
+        first = next(itertools.chain(model.parameters(), model.buffers()), None)
+        map_location = first.device if first is not None else torch.device("cpu")
+    state = torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
     if not isinstance(state, dict) or state.get("format") != _PAYLOAD_FORMAT:
         raise ValueError("not a specon.jobkit torch payload")
     model.load_state_dict(state["model"])
     if optimizer is not None and state["optimizer"] is not None:
         optimizer.load_state_dict(state["optimizer"])
     set_rng_state(state["rng"])
+    cuda_rng = state.get("cuda_rng")
+    if cuda_rng is not None and torch.cuda.is_available() and len(cuda_rng) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([s.cpu() for s in cuda_rng])
     return state["extra"]

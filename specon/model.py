@@ -66,6 +66,9 @@ GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 # A job label (pod annotation on Kubernetes) "true": a restored GPU job may run on any GPU
 # product; otherwise it keeps to the product it ran on.
 GPU_ANY_PRODUCT_LABEL = "specon.io/gpu-any-product"
+# A job label (pod annotation on Kubernetes): the GPU memory it needs on each of its GPUs, in
+# bytes or as a quantity (``40Gi``): ``JobSpec.gpu_memory``.
+GPU_MEMORY_NEED_LABEL = "specon.io/gpu-memory"
 
 
 # What a GPU-sharing agent does with a job on its GPU: it runs, it is frozen where it stands

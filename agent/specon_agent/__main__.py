@@ -33,6 +33,7 @@ from specon.daemon.settings import AgentSettings
 from specon.daemon.tls import TLSConfigError, client_context
 from specon.model import WorkerId
 from specon.runtime.base import Runtime
+from specon.runtime.gpu.nvml import NvmlReader
 from specon.runtime.local.backend import LocalRuntime
 from specon_agent.app import REGISTRY, create_app
 from specon_agent.client import FileToken, ManagerClient
@@ -139,6 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="IMAGE",
         help="an image jobs may run (repeatable; default: any image present on the engine)",
     )
+    dock.add_argument(
+        "--docker-allow-gpus",
+        type=int,
+        default=0,
+        metavar="N",
+        help="GPUs one job's container may request here (docker run --gpus N, N at most this; the NVIDIA "
+        "container toolkit needed), and what this host offers placement. Default 0: every GPU device "
+        "request is refused",
+    )
     k8s = p.add_argument_group("kubernetes runtime")
     k8s.add_argument(
         "--node", default=os.environ.get("NODE_NAME"), help="this node's name (default $NODE_NAME)"
@@ -155,6 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
     k8s.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
     p.add_argument(
         "--policy", type=Path, help="policy YAML (apiVersion specon/v1alpha1); default: SPEC defaults"
+    )
+    p.add_argument(
+        "--gpu",
+        choices=("auto", "off"),
+        default="auto",
+        help="read this worker's NVIDIA GPUs through NVML (the specon[gpu] extra) and report them: auto "
+        "(default: where NVML answers; without the extra, a driver or a GPU the agent runs as without "
+        "GPUs) or off",
     )
     p.add_argument(
         "--token-file",
@@ -277,6 +295,7 @@ async def run(args: argparse.Namespace) -> int:
                     ro_bind_prefixes=tuple(args.allow_bind),
                     host_network=args.allow_host_network,
                     images=tuple(args.allow_image),
+                    gpus=args.docker_allow_gpus,
                 ),
                 migration_mode=policy.migration.mode,
             )
@@ -304,6 +323,7 @@ async def run(args: argparse.Namespace) -> int:
         address=f"{host}:{port}",
         state_file=state_dir / "monitor.json",
         settings=settings,
+        gpus=NvmlReader() if args.gpu == "auto" else None,
     )
     client = ManagerClient(
         args.manager,
@@ -338,6 +358,7 @@ async def run(args: argparse.Namespace) -> int:
     log.info("specon.agent.stopping", worker=worker)
     await daemon.stop()
     await runner.cleanup()
+    agent.gpus.close()  # nvmlShutdown
     # Jobs keep running: an agent restart must not cost them anything.
     with contextlib.suppress(Exception):
         runtime.close()

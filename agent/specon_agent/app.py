@@ -1,4 +1,5 @@
-"""The agent's own HTTP endpoints: /healthz and /metrics (the protocol needs no inbound port)."""
+"""The agent's own HTTP endpoints: /healthz and /metrics (the protocol needs no inbound port);
+the GPU metrics are ``specon_agent.gpu_metrics``'s."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from specon_agent.daemon import AgentDaemon
+from specon_agent.gpu_metrics import GpuCollector
 
 DAEMON = web.AppKey("daemon", AgentDaemon)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
@@ -96,6 +98,7 @@ async def healthz(request: web.Request) -> web.Response:
             "manager_connected": d.link.connected,
             "last_manager_contact_age": None if d.link.last_ok is None else round(now - d.link.last_ok, 3),
             "containers": len(d.agent.watched),
+            "gpus": len(d.agent.gpu_sample.devices) if d.agent.gpu_sample else 0,
             "time": time.time(),
         }
     )
@@ -112,6 +115,7 @@ def create_app(daemon: AgentDaemon) -> web.Application:
     app[DAEMON] = daemon
     reg = CollectorRegistry()
     reg.register(AgentCollector(daemon))
+    reg.register(GpuCollector(daemon.agent))
     app[REGISTRY] = reg
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)

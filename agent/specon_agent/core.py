@@ -5,7 +5,8 @@ log and runs Algorithm 1 (through ``specon.policy.classifier``) for the whole wo
 ``heartbeat`` builds the message the manager expects; ``execute`` carries out one
 manager command, idempotently per command id, and queues its result until a reply
 acknowledges it. Monitor states are persisted after every change, so a restarted agent
-keeps each container's category, pending request and ``migrated`` freeze.
+keeps each container's category, pending request and ``migrated`` freeze. ``sample_usage``
+also reads the worker's GPUs (``specon_agent.gpus``), which the heartbeat reports.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from specon.config import Policy, ProgressConfig
 from specon.coordinator.retention import expired
 from specon.daemon.settings import AgentSettings
 from specon.jobkit import EXIT_CHECKPOINTED
-from specon.model import ContainerId, Direction, Resources, WorkerId
+from specon.model import ContainerId, Direction, GpuState, Resources, WorkerId
 from specon.policy.classifier import classifier_for, horizon
 from specon.policy.monitor import MonitorState, StateError
 from specon.progress import SkipReason, Tailer
@@ -39,18 +40,20 @@ from specon.runtime.base import (
     RuntimeFailure,
     StartFailed,
 )
+from specon.runtime.gpu.nvml import NvmlReader
+from specon.runtime.gpu.sample import GpuSample, gpu_capacity, gpu_labels
 from specon.wire.limits import COUNT
 from specon.wire.protocol import (
-    STEPS_LABEL,
     Action,
     Command,
     CommandBatch,
     CommandResult,
-    ContainerReport,
     Heartbeat,
     Phase,
 )
+from specon_agent.gpus import GpuUsage, device_reports, gpu_use
 from specon_agent.priority import Running, running_of
+from specon_agent.reports import ended_report, running_report
 from specon_agent.resumed import first_record_time, log_size
 from specon_agent.watched import AgentCounters, Watched, append_curve, declare_steps, predicted_steps
 from specon_agent.weights import CpuWeights, state_path
@@ -74,7 +77,9 @@ class Agent:
         state_file: Path | None = None,
         labels: dict[str, str] | None = None,
         settings: AgentSettings | None = None,
+        gpus: NvmlReader | None = None,
     ) -> None:
+        """``gpus``: the NVML reader of this worker's GPUs (None: GPUs are not read)."""
         self.runtime = runtime
         self.policy = policy
         self.address = address
@@ -105,6 +110,11 @@ class Agent:
         self.usage = 0.0
         self.capacity = Resources()
         self.cpu_seconds: dict[ContainerId, float] = {}
+        # The GPUs (``specon_agent.gpus``): the newest sample, and each job's state under the
+        # GPU sharing (which sets it; a job it does not name runs).
+        self.gpus = GpuUsage(gpus)
+        self.gpu_sample: GpuSample | None = None
+        self.gpu_states: dict[ContainerId, GpuState] = {}
         # The priority action: CPU weights among this worker's containers (``specon_agent.weights``).
         self._remaining: dict[ContainerId, float] = {}  # CPU-seconds left, per running job
         self.cpu_weights = CpuWeights(
@@ -265,8 +275,9 @@ class Agent:
     async def sample_usage(self) -> None:
         u = await self.runtime.usage()
         self.usage = min(1.0, max(0.0, u.cpu_utilisation)) if math.isfinite(u.cpu_utilisation) else 0.0
-        self.capacity = u.capacity
         self.cpu_seconds = dict(u.per_container)
+        self.gpu_sample = await self.gpus.refresh(self.runtime)  # NVML in a thread
+        self.capacity = gpu_capacity(u.capacity, self.gpu_sample.devices if self.gpu_sample else ())
 
     # -- priority on the node ----------------------------------------------------------
     def running_jobs(self) -> list[Running]:
@@ -301,21 +312,22 @@ class Agent:
 
     def heartbeat(self, now: float) -> Heartbeat:
         seq = self.next_seq()
-        reports = [self._report(w) for w in self.watched.values()]
-        for info, phase in self.ended.values():
-            st = self.saved_states.get(info.id)
-            reports.append(
-                ContainerReport(
-                    id=info.id,
-                    category=st.display if st else self.classifier.initial().category,
-                    phase=phase,
-                    migrated=bool(st and st.migrated),
-                    requests=info.spec.requests,
-                    job=_job_labels(info.spec),
-                    selector=dict(info.spec.selector),
-                    tolerations=info.spec.tolerations,
-                )
+        sample, states = self.gpu_sample, self.gpu_states
+        reports = [
+            running_report(
+                w,
+                cpu_weight=self.cpu_weights.weight_of(cid),
+                remaining_work=self._remaining.get(cid),
+                window=self.windows.report(cid),
+                gpu=gpu_use(cid, sample, states),
             )
+            for cid, w in self.watched.items()
+        ]
+        initial = self.classifier.initial().category
+        for info, phase in self.ended.values():
+            gpu = gpu_use(info.id, sample, states)  # a job the GPU sharing suspended says so
+            reports.append(ended_report(info, phase, self.saved_states.get(info.id), initial, gpu))
+        gpus = device_reports(sample)
         results = []
         for cid, (sent_in, res) in self.unacked.items():
             if sent_in is None:
@@ -330,31 +342,12 @@ class Agent:
             usage=self.usage,
             containers=tuple(reports),
             results=tuple(results),
-            labels={**self.runtime.node_labels, **self.labels},
+            # NVML's GPU labels, under the node's own (GPU feature discovery's win) and --label.
+            labels={**gpu_labels(gpus), **self.runtime.node_labels, **self.labels},
             # Reports carry each container's selector and tolerations, so the manager can
             # offer this worker only to containers that tolerate its taints.
             taints=self.runtime.node_taints,
-        )
-
-    def _report(self, w: Watched) -> ContainerReport:
-        st = w.state
-        return ContainerReport(
-            id=w.info.id,
-            category=st.display,
-            phase="running",
-            last_g=st.last_g if st.last_g is not None and math.isfinite(st.last_g) else None,
-            t_cc=st.t_cc,
-            migrated=st.migrated,
-            stalled=st.stalled,
-            pending_request=st.pending_request,
-            step=w.step,
-            requests=w.info.spec.requests,
-            job=_job_labels(w.info.spec),
-            selector=dict(w.info.spec.selector),
-            tolerations=w.info.spec.tolerations,
-            cpu_weight=self.cpu_weights.weight_of(w.info.id),
-            remaining_work=self._remaining.get(w.info.id),
-            window=self.windows.report(w.info.id),
+            gpus=gpus,
         )
 
     def acknowledge(self, batch: CommandBatch) -> None:
@@ -576,15 +569,6 @@ class Agent:
             # Classification and commands go on; only a restart would lose the latest states.
             self.counters.state_write_failures += 1
             log.warning("specon.agent.state_unwritable", path=str(self.state_file), error=str(exc))
-
-
-def _job_labels(spec: JobSpec) -> dict[str, str]:
-    out = {k: v for k, v in spec.labels}
-    if spec.model:
-        out.setdefault("model", spec.model)
-    if spec.steps is not None:
-        out.setdefault(STEPS_LABEL, str(spec.steps))
-    return out
 
 
 def _fallback_checkpoint(named: Path) -> Path | None:

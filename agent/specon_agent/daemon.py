@@ -29,6 +29,7 @@ from specon.wire import protocol
 from specon.wire.protocol import CommandBatch, Goodbye, Poll, ReallocationRequest
 from specon_agent.client import ManagerClient, ManagerRejected, ManagerUnavailable
 from specon_agent.core import Agent
+from specon_agent.gpu_share import GpuShare, gpu_state_path
 
 log = structlog.get_logger()
 
@@ -79,6 +80,14 @@ class AgentDaemon:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        # Priority on the GPUs (``specon_agent.gpu_share``); the heartbeat reports its states.
+        self.gpu_share = GpuShare(
+            agent.runtime,
+            agent.policy.gpu,
+            state_file=None if agent.state_file is None else gpu_state_path(agent.state_file),
+            grace=agent.policy.migration.grace_period,
+            states=agent.gpu_states,
+        )
 
     @property
     def policy_interval(self) -> float:
@@ -97,6 +106,10 @@ class AgentDaemon:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        try:  # no job stays frozen behind an agent that left (suspended ones are resumed by the next)
+            await self.gpu_share.close()
+        except Exception:
+            log.exception("specon.agent.gpu_close_failed")
         if self.agent.running:
             await asyncio.wait(
                 list(self.agent.running.values()), timeout=self.agent.policy.migration.grace_period
@@ -136,6 +149,7 @@ class AgentDaemon:
             requests = self.agent.tick(rt.now())
             await self.agent.publish_changes()
             await self.agent.apply_priority(rt.now())  # weights read the categories just decided
+            await self.share_gpus()
             for cid in requests:
                 st = self.agent.watched[cid].state
                 req = ReallocationRequest(
@@ -153,6 +167,22 @@ class AgentDaemon:
             if rt.now() - next_tick > interval:
                 next_tick = rt.now()  # fell behind (or the clock jumped): skip, don't burst
             await rt.sleep(max(0.0, min(interval, next_tick - rt.now())))
+
+    async def share_gpus(self) -> None:
+        """The GPU sharing's tick (``specon_agent.gpu_share``): the same priority rule among
+        the jobs of each GPU. A failure is logged; the monitor loop goes on."""
+        agent = self.agent
+        try:
+            await self.gpu_share.step(
+                agent.runtime.now(),
+                sample=agent.gpu_sample,
+                running=agent.running_jobs(),
+                fair=agent.cpu_weights.fair,
+                priority=agent.policy.priority,
+                specs={cid: w.info.spec for cid, w in agent.watched.items()},
+            )
+        except Exception:
+            log.exception("specon.agent.gpu_share_crashed")
 
     async def read_logs(self) -> None:
         """Read every watched container's new log lines in a worker thread (``prefetch``);

@@ -126,10 +126,11 @@ class ManagerMetrics:
                 self.duration.observe(ev.duration)
 
     def watch(self, coord: Coordinator) -> None:
-        """Containers per category per worker and their CPU weights, read from the live
-        state at scrape time."""
+        """Containers per category per worker, their CPU weights and the workers' GPUs, read
+        from the live state at scrape time."""
         self.in_flight.set_function(lambda: len(coord.migrations))
         self.registry.register(_CategoryCollector(lambda: coord))
+        self.registry.register(_GpuCollector(lambda: coord))
         self.registry.register(MoveCostCollector(lambda: coord))
 
 
@@ -166,3 +167,43 @@ class _CategoryCollector(Collector):
             if rec.report.phase == "running" and rec.report.cpu_weight is not None:
                 weights.add_metric([rec.worker, cid], rec.report.cpu_weight)
         yield weights
+
+
+class _GpuCollector(Collector):
+    """Each worker's GPUs as its agent last reported them, read at scrape time: a forgotten
+    worker's series go with it, and there are at most ``MAX_GPU_DEVICES`` per worker."""
+
+    def __init__(self, get: Callable[[], Coordinator]) -> None:
+        self._get = get
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state = self._get().state
+        count = GaugeMetricFamily(
+            "specon_manager_worker_gpus", "GPUs of each worker (NVML)", labels=["worker"]
+        )
+        labels = ["worker", "gpu"]
+        util = GaugeMetricFamily(
+            "specon_manager_worker_gpu_utilisation",
+            "SM utilisation of each GPU of each worker (%)",
+            labels=labels,
+        )
+        used = GaugeMetricFamily(
+            "specon_manager_worker_gpu_memory_used_bytes",
+            "GPU memory in use on each GPU (bytes)",
+            labels=labels,
+        )
+        total = GaugeMetricFamily(
+            "specon_manager_worker_gpu_memory_total_bytes", "GPU memory of each GPU (bytes)", labels=labels
+        )
+        for wid in state.worker_order():
+            gpus = state.workers[wid].gpus
+            if not gpus:
+                continue  # most workers have none: no series for them
+            count.add_metric([wid], len(gpus))
+            for d in gpus:
+                key = [wid, str(d.index)]
+                if d.utilisation is not None:
+                    util.add_metric(key, d.utilisation)
+                used.add_metric(key, d.memory_used)
+                total.add_metric(key, d.memory_total)
+        yield from (count, util, used, total)

@@ -1,5 +1,6 @@
 """The status page's job cards: per job its loss curve, a progress bar against its declared
-steps with the time left, its category history as a strip, and its migrations.
+steps with the time left, its category history as a strip, its migrations, and its GPU use
+(memory, devices, utilisation, frozen or suspended by the GPU sharing).
 
 The curve is an inline SVG drawn here from the window its agent reported
 (``protocol.LossWindow``): no script, no image fetched from anywhere. Pure: a ``Status`` in,
@@ -15,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from html import escape
 
 from specon.model import Category
+from specon.wire.gpu import GpuUse
 from specon.wire.protocol import ContainerStatus, LossWindow, MigrationStatus, Status
 
 COLOURS = {
@@ -208,7 +210,19 @@ def _details(c: ContainerStatus) -> str:
         parts.append("frozen (migrated)")
     if c.cpu_weight is not None:
         parts.append(f"CPU weight {c.cpu_weight}")
+    if c.gpu is not None:
+        parts.append(_gpu_use(c.gpu))
     return f'<div class="muted">{" · ".join(parts)}</div>' if parts else ""
+
+
+def _gpu_use(g: GpuUse) -> str:
+    """Its GPU memory, devices, utilisation and, unless it runs, its state under GPU sharing."""
+    text = f"GPU {g.memory / 2**30:.1f} GiB"
+    if g.devices:
+        text += f" on {','.join(map(str, g.devices))}"
+    if g.utilisation is not None:
+        text += f" · {g.utilisation:.0f} %"
+    return text if g.state == "running" else f"{text} · <b>{escape(g.state)}</b>"
 
 
 def by_container(migrations: Iterable[MigrationStatus]) -> dict[str, list[MigrationStatus]]:

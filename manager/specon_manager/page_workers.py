@@ -1,5 +1,6 @@
 """The status page's workers: per worker its reachability, its load (R(w,t)) as a bar against
-its CPUs, and its jobs, each a chip in its category's colour linking to the job's card.
+its CPUs, its GPUs (memory in use and utilisation), and its jobs, each a chip in its
+category's colour linking to the job's card.
 
 Pure: a ``Status`` in, HTML out, every text from outside escaped.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from html import escape
 
+from specon.wire.gpu import GpuDevice
 from specon.wire.protocol import ContainerStatus, Status, WorkerStatus
 from specon_manager.page_jobs import COLOURS, anchor
 
@@ -21,6 +23,9 @@ CSS = """
 """
 # Load from which the bar turns amber, then red.
 BUSY, FULL = 0.7, 0.95
+# GPUs listed per worker (the rest are counted).
+GPUS_SHOWN = 8
+GIB = 2**30
 
 
 def _load(usage: float) -> str:
@@ -47,6 +52,29 @@ def _chips(w: WorkerStatus, shown: Mapping[str, ContainerStatus]) -> str:
     return f'<div class="chips">{"".join(out)}</div>' if out else '<span class="muted">none</span>'
 
 
+def gib(n: int) -> str:
+    """Bytes as GiB, one decimal under 10."""
+    x = n / GIB
+    return f"{x:.1f}" if x < 10 else f"{x:.0f}"
+
+
+def _gpu(d: GpuDevice) -> str:
+    util = "" if d.utilisation is None else f" · {d.utilisation:.0f} %"
+    return (
+        f'<div class="nowrap" title="{escape(d.uuid)}">{d.index}: {escape(d.name)} · '
+        f"{gib(d.memory_used)} / {gib(d.memory_total)} GiB{util}</div>"
+    )
+
+
+def _gpus(w: WorkerStatus) -> str:
+    if not w.gpus:
+        return '<span class="muted">-</span>'
+    more = len(w.gpus) - GPUS_SHOWN
+    return "".join(map(_gpu, w.gpus[:GPUS_SHOWN])) + (
+        f'<div class="muted">+{more} more</div>' if more > 0 else ""
+    )
+
+
 def _row(w: WorkerStatus, shown: Mapping[str, ContainerStatus]) -> str:
     age = "" if w.heartbeat_age is None else f"{w.heartbeat_age:.1f}s ago"
     state = "yes" if w.reachable else "<b>no</b>"
@@ -55,7 +83,7 @@ def _row(w: WorkerStatus, shown: Mapping[str, ContainerStatus]) -> str:
     return (
         f"<tr><td>{escape(w.id)}</td><td>{escape(w.address)}</td><td>{state}</td>"
         f"<td class=num>{age}</td><td class=num>{w.capacity.cpu:g}</td><td class=nowrap>{_load(w.usage)}</td>"
-        f"<td class=num>{len(w.containers)}</td><td>{_chips(w, shown)}</td></tr>"
+        f"<td>{_gpus(w)}</td><td class=num>{len(w.containers)}</td><td>{_chips(w, shown)}</td></tr>"
     )
 
 
@@ -66,5 +94,6 @@ def render_workers(s: Status) -> str:
     return (
         f"<h2>Workers ({len(s.workers)} of {s.total_workers})</h2>"
         "<table><tr><th>worker</th><th>agent</th><th>reachable</th><th>heartbeat</th><th>CPUs</th>"
-        f"<th>load</th><th>jobs</th><th>its jobs (colour: category)</th></tr>{rows}</table>"
+        "<th>load</th><th>GPUs (GiB used, utilisation)</th><th>jobs</th>"
+        f"<th>its jobs (colour: category)</th></tr>{rows}</table>"
     )

@@ -2,14 +2,14 @@
 on identical workloads.
 
 ``--scenario`` is a built-in name (A1..A5) or a scenario file (``specon.sim.scenario_file``:
-workers and jobs as YAML or JSON). Prints a markdown table of DS, specon-paper, specon,
-balancer and the lower bound, beside the paper's numbers for a built-in; optionally writes
-JSON (``--json``), the table (``--markdown``) and PNG plots (``--plot``). Progress goes to
-stderr. ``--policy`` takes a policy name or a policy file (simulated as ``specon`` on top
-of that file); ``--params`` and the individual options override the simulator's measured
-parameters. Bad input (an unknown
-scenario or policy, an invalid scenario, policy or parameter file, invalid
-alpha/interval/weights, unreadable traces or arrivals) is reported on stderr with exit
+workers and jobs as YAML or JSON, GPU workers and GPU jobs among them). Prints a markdown
+table of DS, specon-paper, specon, balancer and the lower bound, beside the paper's numbers
+for a built-in; optionally writes JSON (``--json``), the table (``--markdown``) and PNG
+plots (``--plot``). Progress goes to stderr. ``--policy`` takes a policy name or a policy
+file (simulated as ``specon`` on top of that file); ``--params`` and the individual options
+override the simulator's measured parameters. Bad input (an unknown scenario or policy, an
+invalid scenario, policy or parameter file, invalid alpha/interval/weights, unreadable
+traces or arrivals) is reported on stderr with exit
 status 2.
 """
 
@@ -52,8 +52,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         required=True,
         metavar="NAME|FILE",
         help=f"a built-in scenario, {', '.join(SCENARIOS)} (see SPEC §8), or a scenario FILE (YAML "
-        "or JSON): apiVersion: specon/v1alpha1, kind: Scenario, name, workers: [{name, cpu}], and "
-        "jobs: a list of {submit, model, steps[, worker, id]} or a generator {count, models, "
+        "or JSON): apiVersion: specon/v1alpha1, kind: Scenario, name, workers: [{name, cpu[, gpus, "
+        "gpu_memory, gpu_product, gpu_share]}], and jobs: a list of {submit, model, steps[, worker, id, "
+        "gpu, gpu_step, gpu_memory, gpu_product, checkpoint]} or a generator {count, models, "
         "arrivals: {uniform: [lo, hi]} | {fixed: {every: S}} | {poisson: {rate: R}}, steps: N | "
         "[lo, hi]}; a model is a trace name (see --traces) or a trace JSON file; a job costs steps "
         "x the trace's step_cost (see the README)",

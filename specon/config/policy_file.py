@@ -233,6 +233,16 @@ def _semantic_problems(p: Policy) -> list[codec.Problem]:
                 key, _, text = message.partition(": ")
                 need(False, f"{section}.{plugin.name}.{key}", text)
 
+    g = p.gpu
+    at_least("gpu.concurrency", g.concurrency, 1)
+    need(math.isfinite(g.quantum) and g.quantum >= 0, "gpu.quantum", f"must be >= 0, got {g.quantum}")
+    need(0 <= g.memory_headroom < 1, "gpu.memory_headroom", f"must be within [0, 1), got {g.memory_headroom}")
+    need(
+        1 <= g.mps_min_percentage <= 100,
+        "gpu.mps_min_percentage",
+        f"must be within [1, 100], got {g.mps_min_percentage}",
+    )
+
     ms = p.messaging
     positive("messaging.heartbeat_interval", ms.heartbeat_interval)
     need(

@@ -28,7 +28,15 @@ from specon.model import (
     WorkerId,
     WorkerSnapshot,
 )
-from specon.wire.protocol import ContainerReport, ContainerStatus, Heartbeat, LossWindow, Phase, WorkerStatus
+from specon.wire.gpu import GpuDevice
+from specon.wire.protocol import (
+    ContainerReport,
+    ContainerStatus,
+    Heartbeat,
+    LossWindow,
+    Phase,
+    WorkerStatus,
+)
 
 # A job's opt-out from moves, carried in its report's job labels.
 MIGRATABLE_LABEL = "specon.io/migratable"
@@ -54,6 +62,8 @@ class WorkerRecord:
     reported: frozenset[ContainerId] = frozenset()
     # ``labels`` as its snapshot view has them (sorted items), kept in step with them.
     label_items: tuple[tuple[str, str], ...] = ()
+    # Its GPUs as last reported (status only: placement reads the labels and capacity).
+    gpus: tuple[GpuDevice, ...] = ()
 
 
 @dataclass(slots=True)
@@ -125,7 +135,7 @@ class ClusterState:
         w.address, w.capacity, w.usage, w.last_seen, w.seq = hb.address, hb.capacity, hb.usage, now, hb.seq
         if hb.labels != w.labels:  # rare: sorted once here, not for every decision pass
             w.labels, w.label_items = dict(hb.labels), tuple(sorted(hb.labels.items()))
-        w.taints, w.said_goodbye = hb.taints, False
+        w.taints, w.said_goodbye, w.gpus = hb.taints, False, hb.gpus
         # Containers this worker stopped listing are no longer running there.
         for cid in w.reported - reported:
             rec = self.containers.get(cid)
@@ -388,6 +398,7 @@ class ClusterState:
                     containers=here,
                     labels=dict(w.labels),
                     taints=w.taints,
+                    gpus=w.gpus,
                 )
             )
         return tuple(out)
@@ -401,6 +412,8 @@ class ClusterState:
             rec = self.containers[cid]
             mk = marks.get(rec.id, UNMARKED)
             rep = rec.report
+            # Its GPU use while it runs; a job the GPU sharing suspended is stopped and says so.
+            suspended = rep.gpu is not None and rep.gpu.state == "suspended"
             out.append(
                 ContainerStatus(
                     id=rec.id,
@@ -419,6 +432,7 @@ class ClusterState:
                     job=dict(rep.job),
                     cpu_weight=rep.cpu_weight if rep.phase == "running" else None,
                     window=rec.window,
+                    gpu=rep.gpu if rep.phase == "running" or suspended else None,
                 )
             )
         return tuple(out)

@@ -8,7 +8,8 @@
 - ``saving``: the save skeleton every backend shares;
 - ``local``: jobs as process groups in per-worker CPU budgets on this machine;
 - ``docker``: one worker per Docker engine, jobs as containers;
-- ``kubernetes``: one worker per node, jobs as pods.
+- ``kubernetes``: one worker per node, jobs as pods;
+- ``gpu``: the worker's GPUs through NVML, mapped onto its containers by host PID.
 
 The Docker and Kubernetes backends import their client libraries only in their own
 subpackages (import contracts in pyproject.toml). The in-memory runtime for tests is

@@ -25,6 +25,11 @@ samples only through ``specon.policy.monitor.aggregate_samples`` (their mean, or
 one), so when more than ``max_samples_per_tick`` were logged they are handed over as two
 values with the same mean and the same last value (computed from prefix sums in O(1)).
 
+GPU workers and GPU jobs (``WorkerSpec.gpus``, ``JobPlan.gpu``): a GPU job's progress is
+its share of its device (``specon.sim.gpu``: time-slicing, freezing, MPS, suspend and
+restore costs, as measured), not of the worker's CPU; the CPU jobs share the CPU among
+themselves as above.
+
 Migration cost: a moved job stops when the move is decided (saved on the source) and
 runs again on the target after a downtime; no progress is lost (the job contract
 checkpoints on SIGTERM). Each move draws its downtime from a log-normal law of median
@@ -38,167 +43,61 @@ measures these downtimes and learns from them as the live one does
 from __future__ import annotations
 
 import enum
-import json
 import math
-import random
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from pathlib import Path
-from typing import Any
 
-from specon.model import WorkerId
+from specon.config.sections import GpuShareConfig
+from specon.model import WEIGHT_DEFAULT, WorkerId
 from specon.policy.monitor import MonitorState
 from specon.sim.detection import ground_truth_step
 from specon.sim.engine import COMPLETE, Engine, Handle
+from specon.sim.gpu import Device, GpuModel, GpuSlot, devices_of
+from specon.sim.params import DEFAULT_PARAMS, SimParams, draw_downtime, fit_downtime, measured_moves
 from specon.sim.trace import Trace
+
+# The parameters live in ``specon.sim.params``; importers keep finding them here too.
+__all__ = [
+    "DEFAULT_PARAMS",
+    "Cluster",
+    "JobPlan",
+    "Phase",
+    "SimJob",
+    "SimParams",
+    "SimWorker",
+    "WorkerSpec",
+    "Workload",
+    "draw_downtime",
+    "fit_downtime",
+    "gpu_fits",
+    "measured_moves",
+    "water_fill",
+]
 
 # A remaining run time below this (seconds) counts as finished: float round-off.
 _FINISH_EPS = 1e-7
 
 
 @dataclass(frozen=True, slots=True)
-class SimParams:
-    job_cores: float = 1.0
-    interference: float = 1.0
-    migration_downtime: float = 4.0
-    max_samples_per_tick: int = 64
-    # Slowdown growing with oversubscription r = jobs * job_cores / cpu (> 1):
-    # interference * r ** interference_exponent. 0 = the constant ``interference``.
-    interference_exponent: float = 0.0
-    # Torch threads per job; > 1 switches to the thread law below (set job_cores to the
-    # cores its threads span: job_threads on workers of real cores, the worker's cpu on the
-    # scenarios' one-node workers).
-    job_threads: int = 1
-    # A multi-threaded job alone: step time x its cores over one thread's step cost (1 =
-    # perfect scaling). Oversubscribed, also x interference * r ** thread_exponent.
-    thread_overhead: float = 1.0
-    thread_exponent: float = 0.0
-    # Log-normal spread (sigma of the log) of each move's downtime around its median.
-    downtime_spread: float = 0.0
-
-    def __post_init__(self) -> None:
-        problems = []
-        if not (math.isfinite(self.downtime_spread) and self.downtime_spread >= 0):
-            problems.append(f"downtime_spread must be >= 0, got {self.downtime_spread}")
-        if self.job_threads < 1:
-            problems.append(f"job_threads must be >= 1, got {self.job_threads}")
-        # >= 1 keeps ``specon.sim.policies.lower_bound`` (no job faster than job_cores) valid.
-        if not (math.isfinite(self.thread_overhead) and self.thread_overhead >= 1.0):
-            problems.append(f"thread_overhead must be >= 1 (1 = perfect scaling), got {self.thread_overhead}")
-        if not (math.isfinite(self.thread_exponent) and self.thread_exponent >= 0):
-            problems.append(f"thread_exponent must be >= 0, got {self.thread_exponent}")
-        if not (math.isfinite(self.job_cores) and self.job_cores > 0):
-            problems.append(f"job_cores must be > 0, got {self.job_cores}")
-        if not (math.isfinite(self.interference) and self.interference >= 1.0):
-            problems.append(f"interference must be >= 1 (1 = ideal sharing), got {self.interference}")
-        if not (math.isfinite(self.interference_exponent) and self.interference_exponent >= 0):
-            problems.append(f"interference_exponent must be >= 0, got {self.interference_exponent}")
-        if not (math.isfinite(self.migration_downtime) and self.migration_downtime >= 0):
-            problems.append(f"migration_downtime must be >= 0, got {self.migration_downtime}")
-        if self.max_samples_per_tick < 2:
-            problems.append(f"max_samples_per_tick must be >= 2, got {self.max_samples_per_tick}")
-        if problems:
-            raise ValueError("; ".join(problems))
-
-    def slowdown(self, r: float) -> float:
-        """Per-step cost multiplier at r = jobs * job_cores / cpu (see the module docstring)."""
-        over = r > 1 + 1e-12
-        if self.job_threads > 1:
-            return self.thread_overhead * (self.interference * r**self.thread_exponent if over else 1.0)
-        return self.interference * r**self.interference_exponent if over else 1.0
-
-
-# Measured on the local runtime by ``python -m bench bench_calibration`` (2-core AMD EPYC,
-# cgroup v1 quotas, the five workloads on one torch thread):
-# * interference: CPU per training step with r jobs per core over CPU per step alone, r =
-#   2..8; pooled over 30 samples from five sessions: 1.06 at r = 2, 1.08 at 3, 1.11 at 4,
-#   1.14 at 6 and 8 (single samples vary by +-0.05); r ** 0.072 fits them. A half quota
-#   gives 0.48-0.49 of the full rate.
-# * migration_downtime: SIGTERM until the job trains again on the target, a one-core worker
-#   where one other job runs: 7.9-8.9 s (median of 4 moves, three sessions); 3.7-3.9 s onto
-#   an idle worker, 16-18 s onto a busy half-core worker. Restoring is mostly interpreter,
-#   torch and data set-up (2.0-2.8 CPU-s), shared with the target's jobs.
-# * thread_overhead, thread_exponent (the law of job_threads > 1; inert at the default one
-#   thread): ``python -m bench bench_threads``, the same machine, k = 1-4 jobs of vae and of
-#   gru with 2 torch threads (every core) on a quota of 1 and of 2 CPUs, medians of 3
-#   windows, two sessions. CPU per step of k jobs over one alone on the same budget: vae
-#   2.0-2.3 at k = 2, 2.1-3.6 at 3, 2.8-3.8 at 4; gru 1.8-3.2, 1.6-4.6, 3.9-9.2 (spin-waits
-#   for descheduled siblings). Alike on both budgets, so r counts threads per core the
-#   threads run on, k * 2 / 2 (a quota does not confine them to fewer cores): r ** 1.06
-#   (pooled fits 1.00 and 1.12; vae 0.93-0.98, gru 1.07-1.26). All k jobs together do
-#   0.32-0.56 of one job's steps/s at k = 2, 0.11-0.36 at 4. Alone on 2 CPUs a 2-thread job
-#   steps in 1.47 / 2 times a thread's CPU per step (1.51, 1.44; vae 1.08-1.19, gru
-#   1.69-1.94). One thread: r ** 0.06-0.12 in the same runs (the 0.072 above).
-#
-# Which setting the scenarios use: A1-A5 (and scenario files) run this default, one thread
-# per job. The paper's jobs were TensorFlow jobs that used every core of their node; ours
-# (the traces the scenarios replay, the jobs the local runtime and the demo run) are
-# single-threaded torch jobs, and the scenarios' job sizes were fitted to the paper's DS
-# figures under the one-thread law. The measured 2-thread law does not reproduce those:
-# with ``job_threads: 2, job_cores: 1, thread_overhead: 1`` (a job spans its one-node
-# worker, whose sizes already are a job alone on it) A3's DS makespan is 4.5 x the
-# paper's, so the paper's jobs did not lose throughput to sharing as 2-thread torch jobs do
-# here. The thread law is for what-if runs (``specon sim --params``; docs/simulator.md, "The
-# contention model").
-# * migration_downtime, downtime_spread: the log-normal fit (``fit_downtime``) of the set of
-#   measured moves that specon/data/move_costs.json names for the simulator (warm interpreter,
-#   SIGTERM until training again on the target, busy 0.5-CPU workers, a quiet machine; the
-#   file names the machine and the command); a test keeps the two in step.
-DEFAULT_PARAMS = SimParams(
-    interference_exponent=0.072,
-    migration_downtime=3.1,
-    downtime_spread=0.13,
-    thread_overhead=1.47,
-    thread_exponent=1.06,
-)
-
-
-def measured_moves() -> dict[str, Any]:
-    """The committed table of measured move costs (``specon/data/move_costs.json``)."""
-    text = (Path(__file__).parent.parent / "data" / "move_costs.json").read_text(encoding="utf-8")
-    data: dict[str, Any] = json.loads(text)
-    return data
-
-
-# Expected range of n standard normal samples (Tippett), n = 2..10: a spread from a range.
-_RANGE_OF_NORMALS = (1.128, 1.693, 2.059, 2.326, 2.534, 2.704, 2.847, 2.970, 3.078)
-
-
-def fit_downtime(measured: Mapping[str, Any]) -> tuple[float, float]:
-    """(median, log-spread) of a log-normal law fitted to one set of measured downtimes, rounded
-    as ``DEFAULT_PARAMS`` holds them: from ``samples``, their median and the standard deviation
-    of their logs; from a benchmark's summary (``median``, ``min``, ``max``, ``n``), its median
-    and the log of its range over the expected range of n normals."""
-    samples = measured.get("samples")
-    if samples is not None:
-        logs = [math.log(x) for x in samples if x > 0]
-        if len(logs) < 2:
-            raise ValueError(f"need at least two positive downtimes to fit, got {len(logs)}")
-        return round(math.exp(statistics.median(logs)), 2), round(statistics.stdev(logs), 2)
-    n, low, high = int(measured["n"]), float(measured["min"]), float(measured["max"])
-    if not (2 <= n <= len(_RANGE_OF_NORMALS) + 1 and 0 < low <= high):
-        raise ValueError(f"a summary needs 2-10 moves and 0 < min <= max, got n={n} {low}-{high}")
-    return round(float(measured["median"]), 2), round(math.log(high / low) / _RANGE_OF_NORMALS[n - 2], 2)
-
-
-def draw_downtime(params: SimParams, job: str, submit: float, move: int) -> float:
-    """The downtime of ``job``'s ``move``-th move: deterministic, from the fitted law."""
-    if params.downtime_spread == 0:
-        return params.migration_downtime
-    z = random.Random(f"{job}:{submit!r}:{move}").gauss(0.0, 1.0)
-    return params.migration_downtime * math.exp(params.downtime_spread * z)
-
-
-@dataclass(frozen=True, slots=True)
 class WorkerSpec:
     id: WorkerId
     cpu: float = 1.0  # cores
+    gpus: int = 0  # GPU devices
+    gpu_memory: int = 0  # bytes on each device
+    gpu_product: str | None = None  # the GPU_PRODUCT_LABEL value (gpu_product_label's form)
+    # GPU jobs one device may hold (the device plugin's time-slicing replicas): the worker
+    # advertises gpus * gpu_share ``nvidia.com/gpu``.
+    gpu_share: int = 1
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.cpu) and self.cpu > 0):
             raise ValueError(f"worker {self.id}: cpu must be > 0, got {self.cpu}")
+        if self.gpus < 0 or self.gpu_share < 1 or self.gpu_memory < 0 or (self.gpus and not self.gpu_memory):
+            raise ValueError(
+                f"worker {self.id}: need gpus >= 0, gpu_share >= 1 and gpu_memory > 0 with gpus, "
+                f"got {self.gpus}, {self.gpu_share}, {self.gpu_memory}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,8 +112,21 @@ class JobPlan:
     step_cost: float  # CPU-seconds per step on one full core
     # Initial placement; None = the workload's round-robin by submission order.
     worker: WorkerId | None = None
+    # A GPU job (1; the simulator models one-device jobs): ``step_cost`` is then seconds
+    # per step alone on one GPU. ``gpu_memory``: bytes it holds on the device (0: not
+    # checked); ``gpu_product``: the product it must run on (a selector); ``checkpoint``:
+    # bytes a save writes (0: ``GpuParams.checkpoint_ratio`` of its memory).
+    gpu: int = 0
+    gpu_memory: int = 0
+    gpu_product: str | None = None
+    checkpoint: int = 0
 
     def __post_init__(self) -> None:
+        if self.gpu not in (0, 1) or self.gpu_memory < 0 or self.checkpoint < 0:
+            raise ValueError(
+                f"job {self.id}: gpu must be 0 or 1, gpu_memory and checkpoint >= 0, "
+                f"got {self.gpu}, {self.gpu_memory}, {self.checkpoint}"
+            )
         if self.steps < 1:
             raise ValueError(f"job {self.id}: steps must be >= 1, got {self.steps}")
         if not (math.isfinite(self.step_cost) and self.step_cost > 0):
@@ -224,7 +136,7 @@ class JobPlan:
 
     @property
     def work(self) -> float:
-        """CPU-seconds of the whole job on one full core."""
+        """Seconds of the whole job alone on one full core (a GPU job: on one GPU)."""
         return self.steps * self.step_cost
 
 
@@ -247,6 +159,12 @@ class Workload:
         unknown = {j.worker for j in self.jobs if j.worker is not None} - set(wids)
         if unknown:
             raise ValueError(f"jobs placed on unknown workers: {sorted(unknown)}")
+        by_id = {w.id: w for w in self.workers}
+        for j in self.jobs:
+            hosts = [by_id[j.worker]] if j.worker is not None else self.workers
+            if j.gpu and not any(gpu_fits(w, memory=j.gpu_memory, product=j.gpu_product) for w in hosts):
+                where = "no worker" if j.worker is None else f"worker {j.worker}"
+                raise ValueError(f"job {j.id}: {where} can host its GPU (devices, memory, product)")
         object.__setattr__(self, "jobs", tuple(sorted(self.jobs, key=lambda j: (j.submit, j.id))))
 
     def placement(self) -> dict[str, WorkerId]:
@@ -254,9 +172,25 @@ class Workload:
         (SPEC §8: the paper's fixed initial placement, the same for every policy)."""
         out: dict[str, WorkerId] = {}
         n = len(self.workers)
+        gpu_jobs = 0  # a GPU job: round-robin over the workers that can host it
         for i, job in enumerate(self.jobs):
-            out[job.id] = job.worker if job.worker is not None else self.workers[i % n].id
+            if job.worker is not None:
+                out[job.id] = job.worker
+            elif job.gpu:
+                hosts = [
+                    w for w in self.workers if gpu_fits(w, memory=job.gpu_memory, product=job.gpu_product)
+                ]
+                out[job.id] = hosts[gpu_jobs % len(hosts)].id
+                gpu_jobs += 1
+            else:
+                out[job.id] = self.workers[i % n].id
         return out
+
+
+def gpu_fits(worker: WorkerSpec, *, memory: int, product: str | None) -> bool:
+    """Whether ``worker`` could ever host a one-GPU job needing ``memory`` bytes of a GPU of
+    ``product`` (None: any): what ``specon.policy.placement.fits`` checks of its labels."""
+    return worker.gpus >= 1 and memory <= worker.gpu_memory and product in (None, worker.gpu_product)
 
 
 class Phase(enum.Enum):
@@ -298,6 +232,7 @@ class SimJob:
     fair: float = 0.0  # CPU-seconds an equal share of its workers gave it (virtual service)
     weight: float = 1.0  # its CPU weight on the worker
     quality_time: float | None = None  # when it reached 95 % of its final loss reduction
+    gpu: GpuSlot | None = None  # a GPU job's state on its device
     state: MonitorState | None = None
     started: float | None = None
     finish: float | None = None
@@ -313,6 +248,12 @@ class SimWorker:
     spec: WorkerSpec
     jobs: dict[str, SimJob] = field(default_factory=dict)  # insertion order: deterministic
     event: Handle | None = None
+    devices: list[Device] = field(default_factory=list)  # its GPUs, each with its GPU jobs
+
+    @property
+    def cpu_jobs(self) -> int:
+        """Jobs sharing its CPU (a GPU job's share is its device's)."""
+        return len(self.jobs) - sum(len(d.jobs) for d in self.devices)
 
     @property
     def id(self) -> WorkerId:
@@ -331,6 +272,7 @@ class Cluster:
         on_finish: Callable[[SimJob], None] | None = None,
         on_change: Callable[[WorkerId], None] | None = None,
         weigh: Callable[[Sequence[SimJob]], Mapping[str, float]] | None = None,
+        gpu_share: GpuShareConfig | None = None,
     ) -> None:
         self.engine = engine
         self.params = params
@@ -340,7 +282,9 @@ class Cluster:
         self.weigh = weigh
         # Called whenever a worker's set of running jobs changes (its usage may change).
         self.on_change = on_change
-        self.workers = {w.id: SimWorker(w) for w in workload.workers}
+        self.workers = {w.id: SimWorker(w, devices=devices_of(w)) for w in workload.workers}
+        # The agents' GPU sharing (``gpu_share``: the policy's ``gpu`` section; None: no agent).
+        self.gpu = GpuModel(params.gpu, gpu_share)
         cache: dict[int, _TraceData] = {}
         self.jobs: dict[str, SimJob] = {}
         for plan in workload.jobs:
@@ -348,7 +292,10 @@ class Cluster:
             if data is None:
                 data = cache[id(plan.trace)] = _TraceData(plan.trace)
             log_every = plan.trace.stride * plan.steps / plan.trace.steps
-            self.jobs[plan.id] = SimJob(plan, data, log_every)
+            job = self.jobs[plan.id] = SimJob(plan, data, log_every)
+            if plan.gpu:
+                ckpt = plan.checkpoint or round(plan.gpu_memory * params.gpu.checkpoint_ratio)
+                job.gpu = GpuSlot(plan.gpu_memory, ckpt)
         self.unfinished = len(self.jobs)
         self._live: dict[str, SimJob] = {}  # running or moving
 
@@ -356,10 +303,11 @@ class Cluster:
     def _settle(self, w: SimWorker) -> None:
         """Bring every job on ``w`` up to now at its current rate."""
         now = self.engine.now
-        fair = min(self.params.job_cores, w.spec.cpu / len(w.jobs)) if w.jobs else 0.0
+        n = w.cpu_jobs
+        fair = min(self.params.job_cores, w.spec.cpu / n) if n else 0.0
         for job in w.jobs.values():
             dt = now - job.updated
-            job.fair += fair * dt
+            job.fair += (fair if job.gpu is None else job.gpu.fair) * dt
             before = job.done
             job.done = min(job.plan.steps, before + job.rate * dt)
             if job.quality_time is None and job.done >= (q := job.data.quality_at * job.plan.steps):
@@ -380,27 +328,69 @@ class Cluster:
             return
         p = self.params
         jobs = list(w.jobs.values())
+        first = math.inf
+        if w.devices:
+            first = self._rerate_gpus(w)
+            jobs = [j for j in jobs if j.gpu is None]
+            n = len(jobs)
+        if n == 0:
+            self._schedule(w, first)
+            return
         if self.weigh is not None:
             weights = self.weigh(jobs)
             for job in jobs:
                 job.weight = weights[job.id]
         shares = water_fill(w.spec.cpu, [j.weight for j in jobs], p.job_cores)
         slowdown = p.slowdown(n * p.job_cores / w.spec.cpu)
-        first = math.inf
         for job, cores in zip(jobs, shares, strict=True):
             job.cores = cores
             job.rate = cores / (job.plan.step_cost * slowdown)
             if job.rate > 0:
                 first = min(first, (job.plan.steps - job.done) / job.rate)
+        self._schedule(w, first)
+
+    def _schedule(self, w: SimWorker, first: float) -> None:
+        """``w``'s next event ``first`` seconds from now: a finish, or a GPU job's restore."""
         if math.isinf(first):
             return
         w.event = self.engine.at(
             self.engine.now + max(first, 0.0), lambda: self._complete(w), priority=COMPLETE
         )
 
+    def _gpu_weights(self, w: SimWorker, dev: Device) -> dict[str, int]:
+        """The agent's priority rule over the jobs sharing ``dev`` (equal without one)."""
+        if self.weigh is None:
+            return dict.fromkeys(dev.jobs, WEIGHT_DEFAULT)
+        got = self.weigh([w.jobs[j] for j in dev.jobs])
+        return {j: round(got[j]) for j in dev.jobs}
+
+    def _rerate_gpus(self, w: SimWorker) -> float:
+        """Apply the sharing decision on each of ``w``'s devices and rate its GPU jobs;
+        seconds until the first of them finishes or a restoring one starts to run."""
+        now, first = self.engine.now, math.inf
+        for dev in w.devices:
+            if not dev.jobs:
+                continue
+            weights = self._gpu_weights(w, dev)
+            self.gpu.replan(dev, weights, now)
+            first = min(first, self.gpu.rate(dev, now) - now)
+            for jid, slot in dev.jobs.items():
+                job = w.jobs[jid]
+                job.weight = weights[jid]
+                job.cores = slot.share  # its attained service counts GPU-seconds
+                job.rate = slot.share / job.plan.step_cost
+                if job.rate > 0:
+                    first = min(first, (job.plan.steps - job.done) / job.rate)
+        return first
+
     def reweigh(self, worker: WorkerId) -> None:
         """Ask the priority rule again (its inputs moved on: steps, CPU used, losses)."""
         w = self.workers[worker]
+        if w.jobs and any(d.jobs for d in w.devices) and (self.weigh is not None or self.gpu.planned):
+            # The sharing decision moves with time too (its quantum): planned every tick.
+            self._settle(w)
+            self._rerate(w)
+            return
         if self.weigh is None or not w.jobs:
             return
         weights = self.weigh(list(w.jobs.values()))
@@ -416,6 +406,8 @@ class Cluster:
         finished = [j for j in w.jobs.values() if (j.plan.steps - j.done) <= j.rate * _FINISH_EPS]
         for job in finished:
             del w.jobs[job.id]
+            if job.gpu is not None:
+                self.gpu.detach(w.devices, job.id, job.gpu)
             job.done = job.plan.steps
             job.rate = job.cores = 0.0
             if job.quality_time is None:
@@ -444,6 +436,9 @@ class Cluster:
             self._live[job.id] = job
         job.history.append((now, worker))
         w.jobs[job.id] = job
+        if job.gpu is not None:
+            dev = self.gpu.attach(w.devices, job.id, job.gpu, now)
+            self.gpu.started(dev, job.id, self._gpu_weights(w, dev))
         self._rerate(w)
 
     def suspend(self, job: SimJob) -> None:
@@ -453,6 +448,8 @@ class Cluster:
         w = self.workers[job.worker]
         self._settle(w)
         del w.jobs[job.id]
+        if job.gpu is not None:
+            self.gpu.detach(w.devices, job.id, job.gpu)
         job.rate = job.cores = 0.0
         job.phase = Phase.MOVING
         self._rerate(w)
@@ -460,6 +457,8 @@ class Cluster:
     def downtime(self, job: SimJob) -> float:
         """The downtime of ``job``'s next move (``draw_downtime``)."""
         job.moves += 1
+        if job.gpu is not None:
+            return self.params.gpu.move_downtime(job.gpu.checkpoint)
         return draw_downtime(self.params, job.id, job.plan.submit, job.moves)
 
     def move(self, job: SimJob, target: WorkerId, on_arrived: Callable[[SimJob], None]) -> None:
@@ -509,9 +508,13 @@ class Cluster:
         return job.cpu + job.cores * (self.engine.now - job.updated)
 
     def usage(self, worker: WorkerId) -> float:
-        """R(w, t): the share of the worker's CPU its running jobs use, in [0, 1]."""
+        """R(w, t): the share of the worker's CPU its running jobs use, in [0, 1]; on a GPU
+        worker, the share of its devices in use where that is more."""
         w = self.workers[worker]
-        return min(1.0, len(w.jobs) * self.params.job_cores / w.spec.cpu)
+        cpu = min(1.0, w.cpu_jobs * self.params.job_cores / w.spec.cpu)
+        if not w.devices:
+            return cpu
+        return max(cpu, sum(1 for d in w.devices if d.jobs) / len(w.devices))
 
     def live(self) -> list[SimJob]:
         """Running or moving jobs, in the order they first started."""

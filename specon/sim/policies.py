@@ -29,6 +29,7 @@ from specon.config import (
     policy_from_dict,
     policy_to_dict,
 )
+from specon.config.sections import GpuShareConfig
 from specon.policy.experiments import NAMES, Experiment, experiment, moves
 from specon.policy.priority.rules import NEEDS_GAIN
 from specon.sim.cluster import DEFAULT_PARAMS, SimParams, Workload
@@ -57,6 +58,9 @@ class SimPolicy:
     declared: bool = True
     # Agents detect convergence by the trace's ground truth (``specon.sim.oracle``).
     oracle: bool = False
+    # How agents share each GPU (the policy's ``gpu`` section); None: no agent (DS), every
+    # job on a GPU runs, time-sliced.
+    gpu: GpuShareConfig | None = None
 
 
 def sim_policy(exp: Experiment, daemons: Policy | None) -> SimPolicy:
@@ -65,7 +69,9 @@ def sim_policy(exp: Experiment, daemons: Policy | None) -> SimPolicy:
         return SimPolicy(exp.name, None, None, False, EQUAL_SHARES, exp.declared)
     manager = daemons if moves(daemons) else None
     classify = manager is not None or daemons.priority.rule in NEEDS_GAIN
-    return SimPolicy(exp.name, daemons, manager, classify, daemons.priority, exp.declared, exp.oracle)
+    return SimPolicy(
+        exp.name, daemons, manager, classify, daemons.priority, exp.declared, exp.oracle, daemons.gpu
+    )
 
 
 def with_overrides(
@@ -131,7 +137,9 @@ def lower_bound(workload: Workload, params: SimParams = DEFAULT_PARAMS) -> Bound
     """Lower bounds on average JCT and makespan that no placement or migration policy
     can beat on ``workload`` under the simulator's model.
 
-    Let w_j be job j's work (CPU-seconds on one core), a_j its submit time,
+    Let w_j be job j's work (CPU-seconds on one core; a GPU job's: GPU-seconds alone on one
+    GPU, bounded the same way over the GPUs instead, r = 1 and C = the number of GPUs, and
+    its time-slicing taken as lossless), a_j its submit time,
     r = min(job_cores, largest worker capacity) the fastest any single job can run and
     C = the sum of all worker capacities. Relaxations: migrations are free and instant,
     sharing is perfect (interference 1; the simulator only allows >= 1), any job may be
@@ -151,20 +159,35 @@ def lower_bound(workload: Workload, params: SimParams = DEFAULT_PARAMS) -> Bound
     jobs = workload.jobs
     if not jobs:
         return Bound(0.0, 0.0, {})
-    r = min(params.job_cores, max(w.cpu for w in workload.workers))
-    capacity = sum(w.cpu for w in workload.workers)
     first = min(j.submit for j in jobs)
-    job_min = {j.id: j.work / r for j in jobs}
-    alone = max(j.submit + j.work / r for j in jobs)
-    # Work submitted at or after each submit time (jobs are in submit order).
-    tail = 0.0
-    pooled = -math.inf
-    for j in reversed(jobs):
-        tail += j.work
-        pooled = max(pooled, j.submit + tail / capacity)
-    makespan = max(alone, pooled) - first
-    avg = max(sum(job_min.values()) / len(jobs), _srpt_total_flow(jobs, capacity) / len(jobs))
-    return Bound(avg, makespan, job_min)
+    job_min: dict[str, float] = {}
+    end, flow = -math.inf, 0.0
+    # CPU jobs share the cores, GPU jobs the GPUs (a GPU job's work is GPU-seconds alone,
+    # at most one GPU each): two independent pools, each bounded as above.
+    cpu = [j for j in jobs if not j.gpu]
+    gpu = [j for j in jobs if j.gpu]
+    pools = [
+        (
+            cpu,
+            min(params.job_cores, max(w.cpu for w in workload.workers)),
+            sum(w.cpu for w in workload.workers),
+        )
+    ]
+    if gpu:
+        pools.append((gpu, 1.0, float(sum(w.gpus for w in workload.workers))))
+    for pool, r, capacity in pools:
+        if not pool:
+            continue
+        job_min.update((j.id, j.work / r) for j in pool)
+        end = max(end, *(j.submit + j.work / r for j in pool))
+        # Work submitted at or after each submit time (jobs are in submit order).
+        tail = 0.0
+        for j in reversed(pool):
+            tail += j.work
+            end = max(end, j.submit + tail / capacity)
+        flow += _srpt_total_flow(pool, capacity)
+    avg = max(sum(job_min.values()) / len(jobs), flow / len(jobs))
+    return Bound(avg, end - first, job_min)
 
 
 def _srpt_total_flow(jobs: Sequence[Any], speed: float) -> float:

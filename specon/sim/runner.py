@@ -28,6 +28,7 @@ converged at its trace's true convergence point instead (``specon.sim.oracle``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from specon.policy.priority.base import JobProgress
 from specon.policy.priority.rules import weighs
 from specon.policy.priority.rules import weights as priority_weights
 from specon.policy.remaining import Fit, refit
-from specon.sim import oracle
+from specon.sim import gpu_placement, oracle
 from specon.sim.cluster import DEFAULT_PARAMS, Cluster, Phase, SimJob, SimParams, Workload
 from specon.sim.engine import ARRIVE, COMPLETE, PASS, TICK, Engine
 from specon.sim.policies import SimPolicy
@@ -119,6 +120,7 @@ _Seen = tuple[ReportPhase, Category, float | None, bool, bool, float | None]
 
 def _report_of(job: SimJob, seen: _Seen) -> ContainerReport:
     phase, category, t_cc, migrated, pending, remaining = seen
+    plan = job.plan
     return ContainerReport(
         id=ContainerId(job.id),
         category=category,
@@ -127,6 +129,10 @@ def _report_of(job: SimJob, seen: _Seen) -> ContainerReport:
         migrated=migrated,
         pending_request=pending,
         remaining_work=remaining,
+        # A GPU job's request, as its pod or recipe gives it (a CPU job's: none).
+        requests=gpu_placement.requests(plan) if plan.gpu else Resources(),
+        selector=gpu_placement.selector(plan),
+        gpu_memory=plan.gpu_memory,
     )
 
 
@@ -156,8 +162,14 @@ class _Run:
             on_finish=self._finished,
             on_change=self._worker_changed,
             weigh=self._weigh if self.prioritised else None,
+            gpu_share=policy.gpu,
         )
+        # Agents re-plan every Δ: their priority rule's weights, and each GPU's sharing.
+        gpu_jobs = any(j.gpu for j in workload.jobs)
+        self.reweighs = self.prioritised or (gpu_jobs and self.cluster.gpu.planned)
         self.placement = workload.placement()
+        # GPU jobs that arrived where no GPU was free, in arrival order.
+        self._waiting: list[SimJob] = []
         monitor = (policy.daemons or default_policy()).monitor
         self.interval = monitor.interval  # Δ, the agents' tick
         self.classifier: Classifier | None = classifier_for(monitor) if policy.classify else None
@@ -189,7 +201,7 @@ class _Run:
         t0 = jobs[0].submit
         if self.classifier is not None:
             self._every(t0, self.classifier.cfg.interval, self._tick, TICK)
-        elif self.prioritised:
+        elif self.reweighs:
             self._every(t0, self.interval, self._reweigh, TICK)
         if self.coord is not None:
             self._every(t0, self.coord.policy.messaging.heartbeat_interval, self._heartbeat, PASS)
@@ -216,8 +228,9 @@ class _Run:
                 address=f"{wid}:0",
                 seq=1,
                 sent_at=0.0,
-                capacity=Resources(cpu=spec.cpu),
+                capacity=gpu_placement.capacity(spec),
                 usage=0.0,
+                labels=gpu_placement.labels(spec),
             )
             self.coord.on_heartbeat(hb)
 
@@ -275,14 +288,47 @@ class _Run:
     def _arrive(self, job: SimJob) -> None:
         if self.classifier is not None:
             job.state = self.classifier.initial()
-        self.cluster.start(job, self.placement[job.id])
-        assert job.worker is not None
-        self._report(job, job.worker)
+        worker = self._host(job)
+        if worker is None:
+            self._waiting.append(job)
+            return
+        self.cluster.start(job, worker)
+        self._report(job, worker)
+
+    def _host(self, job: SimJob) -> WorkerId | None:
+        """Where an arriving job starts: its initial worker; a GPU job the first worker from
+        there (round-robin; only its own where the file pins it) with a GPU free for it by
+        ``placement.fits``, the rule the manager's moves follow; None: none is free."""
+        preferred = self.placement[job.id]
+        if not job.plan.gpu:
+            return preferred
+        specs = [w.spec for w in self.cluster.workers.values()]
+        if job.plan.worker is not None:
+            order = [self.cluster.workers[preferred].spec]
+        else:
+            at = next(i for i, s in enumerate(specs) if s.id == preferred)
+            order = specs[at:] + specs[:at]
+        used: dict[WorkerId, Resources] = {}
+        for other in self.cluster.live():  # running, or moving to its target
+            if other.plan.gpu and other.worker is not None:
+                used[other.worker] = used.get(other.worker, Resources()) + gpu_placement.requests(other.plan)
+        return gpu_placement.first_fit(job.plan, order, used)
+
+    def _place_waiting(self) -> None:
+        """A GPU was freed: start the waiting jobs that fit now, first come first."""
+        for job in list(self._waiting):
+            worker = self._host(job)
+            if worker is not None:
+                self._waiting.remove(job)
+                self.cluster.start(job, worker)
+                self._report(job, worker)
 
     def _finished(self, job: SimJob) -> None:
         self._pending.discard(job.id)
         if job.worker is not None:
             self._report(job, job.worker)
+        if self._waiting and job.plan.gpu:
+            self._place_waiting()
 
     def _worker_changed(self, worker: str) -> None:
         self._stale_workers.add(WorkerId(worker))
@@ -353,7 +399,7 @@ class _Run:
                     self._pending.discard(job.id)
                 self._report(job, w.id)
             raised += (w.jobs[cid] for cid in result.requests)
-            if self.prioritised:
+            if self.reweighs:
                 self.cluster.reweigh(w.id)
         if raised and self.coord is not None:
             for job in raised:
@@ -442,6 +488,8 @@ class _Run:
             else:
                 done = CommandResult(command=cmd.id, ok=False, error="not running here", finished_at=now)
             self._report(job, worker, result=done, drive=True)
+            if self._waiting and job.plan.gpu and job.phase is Phase.MOVING:
+                self._place_waiting()  # its GPU on the source is free
         elif cmd.action is Action.START:
             self.engine.after(
                 self.cluster.downtime(job), partial(self._started, worker, cmd), priority=COMPLETE
@@ -500,4 +548,6 @@ class _Run:
             "rolled_back": sum(m.state is State.ROLLED_BACK for m in journaled),
             "in_flight": sum(m.in_flight for m in journaled),
         }
+        if any(j.gpu is not None for j in self.cluster.jobs.values()):
+            meta["gpu"] = dataclasses.asdict(self.cluster.gpu.stats)
         return RunResult(jobs=jobs, migrations=moves, meta=meta)

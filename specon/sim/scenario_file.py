@@ -13,6 +13,12 @@
     # ... or a generator, drawn anew for every seed:
     # jobs: {count: 30, models: [vae, gru], arrivals: {uniform: [0, 600]}, steps: [4000, 20000]}
 
+GPU workers and jobs (``specon.sim.gpu``): a worker may have ``gpus`` (devices),
+``gpu_memory`` (GiB per device, required with gpus), ``gpu_product`` and ``gpu_share`` (GPU
+jobs per device, default 1); a job in a list may be a GPU job: ``gpu: 1``, ``gpu_step``
+(seconds per step alone on one GPU, required), ``gpu_memory`` (GiB), ``gpu_product`` and
+``checkpoint`` (GiB). Its loss curve is still its model's trace.
+
 A job's ``model`` is the name of a recorded trace (``--traces``) or the path of a trace
 JSON file, relative to the scenario file's directory. A job costs ``steps`` times its
 trace's measured ``step_cost``: the paper's calibrated job sizes (``PaperWorkload``) are
@@ -38,6 +44,7 @@ from specon.config import API_VERSION
 from specon.config.yaml12 import YamlError, load_yaml
 from specon.model import WorkerId
 from specon.sim.cluster import JobPlan, WorkerSpec, Workload
+from specon.sim.scenario_gpu import GPU_JOB_KEYS, WORKER_GPU_KEYS, GpuChecks, GpuNeeds
 from specon.sim.scenarios import (
     FixedInterval,
     Poisson,
@@ -52,8 +59,8 @@ from specon.wire import codec
 
 KIND = "Scenario"
 TOP_KEYS = ("apiVersion", "kind", "name", "description", "workers", "jobs")
-WORKER_KEYS = ("name", "cpu")
-JOB_KEYS = ("submit", "model", "steps", "id", "worker")
+WORKER_KEYS = ("name", "cpu", *WORKER_GPU_KEYS)
+JOB_KEYS = ("submit", "model", "steps", "id", "worker", *GPU_JOB_KEYS)
 GENERATOR_KEYS = ("count", "models", "arrivals", "steps")
 ARRIVAL_KINDS = ("uniform", "fixed", "poisson")
 
@@ -85,6 +92,7 @@ class JobSpec:
     model: str
     steps: int
     worker: WorkerId | None = None
+    gpu: GpuNeeds | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +125,7 @@ class FileWorkload:
         jobs = []
         for i, spec in enumerate(specs):
             trace = pick_trace(rng, pool, spec.model, where=where, index=i)
+            g = spec.gpu
             jobs.append(
                 JobPlan(
                     id=spec.id,
@@ -124,8 +133,12 @@ class FileWorkload:
                     submit=spec.submit,
                     trace=trace,
                     steps=spec.steps,
-                    step_cost=trace.step_cost,
+                    step_cost=trace.step_cost if g is None else g.step,
                     worker=spec.worker,
+                    gpu=0 if g is None else 1,
+                    gpu_memory=0 if g is None else g.memory,
+                    gpu_product=None if g is None else g.product,
+                    checkpoint=0 if g is None else g.checkpoint,
                 )
             )
         return Workload(self.workers, tuple(jobs))
@@ -223,7 +236,7 @@ def _shown(value: object) -> str:
     return codec.describe(value)
 
 
-class _Reader:
+class _Reader(GpuChecks):
     """One pass over the file: every check appends its problems and returns the value, or
     None when it is unusable, so later checks still run and everything is reported once."""
 
@@ -236,6 +249,8 @@ class _Reader:
         # The names a job's ``worker:`` may give; None when a worker's name is unreadable
         # (a job naming it would be reported as unknown for a problem already reported).
         self.worker_names: list[str] | None = None
+        # The workers, where all are readable: where a GPU job could run.
+        self.worker_specs: tuple[WorkerSpec, ...] | None = None
 
     def add(self, path: Where, message: str) -> None:
         self.problems.append(codec.Problem(path, message))
@@ -338,18 +353,21 @@ class _Reader:
                 continue
             name = self.name(entry["name"], (*path, "name")) if "name" in entry else None
             cpu = self.number(entry.get("cpu", 1.0), (*path, "cpu"), low=0.0, strict=True)
+            gpus = self.gpus_of(entry, path)
             readable += name is not None
             if name is not None and name in names:
                 self.add((*path, "name"), f"duplicate worker name {name!r}")
                 name = None
             elif name is not None:
                 names.append(name)
-            if name is None or cpu is None:
+            if name is None or cpu is None or gpus is None:
                 ok = False
                 continue
-            out.append(WorkerSpec(WorkerId(name), cpu))
+            out.append(WorkerSpec(WorkerId(name), cpu, *gpus))
         if readable == len(items):
             self.worker_names = names
+        if ok:
+            self.worker_specs = tuple(out)
         return tuple(out) if ok else None
 
     def jobs(self, value: object) -> tuple[JobSpec, ...] | JobGenerator | None:
@@ -387,9 +405,12 @@ class _Reader:
                 worker = None
             if worker is None:
                 return None
-        if submit is None or model is None or steps is None or jid is None:
+        gpu_ok, gpu = self.gpu_job(entry, path)
+        if submit is None or model is None or steps is None or jid is None or not gpu_ok:
             return None
-        return JobSpec(jid, submit, model, steps, None if worker is None else WorkerId(worker))
+        if gpu is not None and not self.gpu_host(worker, gpu, path):
+            return None
+        return JobSpec(jid, submit, model, steps, None if worker is None else WorkerId(worker), gpu)
 
     def generator(self, value: dict[Any, Any]) -> JobGenerator | None:
         path: Where = ("jobs",)

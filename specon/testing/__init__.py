@@ -2,6 +2,7 @@
 
 - ``builders``: concise builders for snapshots and simulated workloads;
 - ``fake_runtime``: an in-memory runtime backend;
+- ``fake_nvml``: NVML (the ``pynvml`` functions) replaced in-process, for tests without a GPU;
 - ``certs``: a throwaway certificate authority and the server certificates it signs (TLS tests);
 - ``net_hosts``: separate network hosts on one machine (a namespace each on a test bridge).
 

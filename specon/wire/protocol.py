@@ -43,9 +43,10 @@ from typing import Any, Literal, TypeVar, overload
 
 from specon.config import Mode
 from specon.coordinator.migration import Migration, Reason, State
-from specon.model import WEIGHT_MAX, WEIGHT_MIN, Category, ContainerId, GpuState, Resources, WorkerId
+from specon.model import WEIGHT_MAX, WEIGHT_MIN, Category, ContainerId, Resources, WorkerId
 from specon.wire import codec, fastpath
 from specon.wire.checks import check
+from specon.wire.gpu import GpuDevice, GpuUse
 from specon.wire.limits import (
     BYTES,
     COUNT,
@@ -125,31 +126,6 @@ class LossWindow:
     loss: tuple[float, ...] = field(default=(), metadata=limit(Items(MAX_WINDOW_POINTS)))
     steps_per_second: float | None = field(default=None, metadata=limit(Range(0, MAX_STEP_RATE)))
     metric: str = field(default="loss", metadata=limit(SHORT_TEXT))
-
-
-@dataclass(frozen=True, slots=True)
-class GpuDevice:
-    """One GPU of a worker, from NVML (protocol 1.4)."""
-
-    index: int = field(metadata=limit(COUNT))
-    uuid: str = field(metadata=limit(SHORT_TEXT))
-    name: str = field(metadata=limit(SHORT_TEXT))
-    memory_total: int = field(metadata=limit(BYTES))
-    memory_used: int = field(default=0, metadata=limit(BYTES))
-    # SM utilisation over NVML's last sample period, percent (None: NVML could not say).
-    utilisation: float | None = field(default=None, metadata=limit(Range(0, 100)))
-
-
-@dataclass(frozen=True, slots=True)
-class GpuUse:
-    """One container's GPUs (protocol 1.4): the devices its processes use, the GPU memory they
-    hold, their SM utilisation (None: not sampled, e.g. under MPS) and what the agent's GPU
-    sharing does with it."""
-
-    devices: tuple[int, ...] = field(default=(), metadata=limit(Items(MAX_GPU_DEVICES)))
-    memory: int = field(default=0, metadata=limit(BYTES))
-    utilisation: float | None = field(default=None, metadata=limit(Range(0, 100)))
-    state: GpuState = "running"
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +301,8 @@ class WorkerStatus:
     containers: tuple[ContainerId, ...] = ()
     labels: dict[str, str] = field(default_factory=dict, hash=False)
     taints: tuple[str, ...] = ()
+    # Protocol 1.4: its GPUs as its agent last reported them (empty: none, or no NVML).
+    gpus: tuple[GpuDevice, ...] = field(default=(), metadata=limit(Items(MAX_GPU_DEVICES, unique="index")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,6 +329,9 @@ class ContainerStatus:
     window: LossWindow | None = None
     total_steps: int | None = None
     eta: float | None = None
+    # Protocol 1.4: its GPU use as its agent last reported it while it ran (None: no GPU
+    # process seen), or its state under the GPU sharing (frozen, suspended).
+    gpu: GpuUse | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,8 @@ Batch = tuple[torch.Tensor, ...]
 BatchFn = Callable[[torch.Generator], Batch]  # draws the next mini-batch from the data RNG
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 Parts = tuple[nn.Module, BatchFn, LossFn]
+# Mini-batches are drawn by the CPU generator ``data_rng`` whatever the device, so a job moved
+# between a GPU and a CPU trains on the same mini-batches; the data sets live on the device.
 
 
 @functools.cache
@@ -90,7 +92,7 @@ class WorkloadSpec:
     steps: int
     batch_size: int
     lr: float
-    make: Callable[[int], Parts]  # batch size -> model, batch and loss functions
+    make: Callable[[int, torch.device], Parts]  # batch size, device -> model, batch and loss functions
 
 
 def _rows(n: int, batch_size: int) -> Callable[[torch.Generator], torch.Tensor]:
@@ -100,8 +102,8 @@ def _rows(n: int, batch_size: int) -> Callable[[torch.Generator], torch.Tensor]:
     return pick
 
 
-def _make_vae(batch_size: int) -> Parts:
-    images = _digits().x.reshape(N_IMAGES, -1)
+def _make_vae(batch_size: int, device: torch.device) -> Parts:
+    images = _digits().x.reshape(N_IMAGES, -1).to(device)
     pick = _rows(N_IMAGES, batch_size)
 
     def batch(gen: torch.Generator) -> Batch:
@@ -114,14 +116,14 @@ def _make_vae(batch_size: int) -> Parts:
     return VAE(inputs=IMAGE_SIZE * IMAGE_SIZE, hidden=400, latent=20), batch, loss
 
 
-def _make_classifier(*, bidirectional: bool, hidden: int) -> Callable[[int], Parts]:
-    def make(batch_size: int) -> Parts:
-        digits = _digits()
+def _make_classifier(*, bidirectional: bool, hidden: int) -> Callable[[int, torch.device], Parts]:
+    def make(batch_size: int, device: torch.device) -> Parts:
+        x, y = _digits().x.to(device), _digits().y.to(device)
         pick = _rows(N_IMAGES, batch_size)
 
         def batch(gen: torch.Generator) -> Batch:
             idx = pick(gen)
-            return digits.x[idx], digits.y[idx]  # rows of the image are the time steps
+            return x[idx], y[idx]  # rows of the image are the time steps
 
         def loss(model: nn.Module, b: Batch) -> torch.Tensor:
             return functional.cross_entropy(model(b[0]), b[1])
@@ -132,8 +134,8 @@ def _make_classifier(*, bidirectional: bool, hidden: int) -> Callable[[int], Par
     return make
 
 
-def _make_gru(batch_size: int) -> Parts:
-    series = _waves()
+def _make_gru(batch_size: int, device: torch.device) -> Parts:
+    series = _waves().to(device)
     pick = _rows(N_WAVES, batch_size)
 
     def batch(gen: torch.Generator) -> Batch:
@@ -146,13 +148,14 @@ def _make_gru(batch_size: int) -> Parts:
     return GRURegressor(hidden=64), batch, loss
 
 
-def _make_dynrnn(batch_size: int) -> Parts:
+def _make_dynrnn(batch_size: int, device: torch.device) -> Parts:
     seqs = _shapes()
+    x, y = seqs.x.to(device), seqs.y.to(device)  # the lengths stay on the CPU, as packing wants
     pick = _rows(N_SHAPES, batch_size)
 
     def batch(gen: torch.Generator) -> Batch:
         idx = pick(gen)
-        return seqs.x[idx], seqs.lengths[idx], seqs.y[idx]
+        return x[idx], seqs.lengths[idx], y[idx]
 
     def loss(model: nn.Module, b: Batch) -> torch.Tensor:
         return functional.cross_entropy(model(b[0], b[1]), b[2])
@@ -213,10 +216,19 @@ WORKLOADS: dict[str, WorkloadSpec] = {
 }
 
 
-def build(name: str, *, seed: int, batch_size: int | None = None, lr: float | None = None) -> Workload:
-    """A fresh ``Workload`` of model ``name`` (see ``WORKLOADS``), seeded for repeatability.
+def build(
+    name: str,
+    *,
+    seed: int,
+    batch_size: int | None = None,
+    lr: float | None = None,
+    device: str | torch.device = "cpu",
+) -> Workload:
+    """A fresh ``Workload`` of model ``name`` (see ``WORKLOADS``) on ``device``, seeded for
+    repeatability.
 
-    Seeds torch's global RNG (initialisation and the VAE's sampling noise draw from it).
+    Seeds torch's global RNG (initialisation and the VAE's sampling noise draw from it; on a
+    GPU the noise draws from CUDA's generator, which ``torch.manual_seed`` seeds too).
     """
     try:
         spec = WORKLOADS[name]
@@ -227,7 +239,8 @@ def build(name: str, *, seed: int, batch_size: int | None = None, lr: float | No
     if batch_size < 1 or lr <= 0:
         raise ValueError(f"batch size must be >= 1 and lr > 0, got {batch_size} and {lr}")
     torch.manual_seed(seed)
-    model, batch_fn, loss_fn = spec.make(batch_size)
+    model, batch_fn, loss_fn = spec.make(batch_size, torch.device(device))
+    model.to(device)  # before the optimizer: its state follows the parameters
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     data_rng = torch.Generator().manual_seed(seed + 1)
     return Workload(name, model, optimizer, batch_fn, loss_fn, data_rng)

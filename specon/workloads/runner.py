@@ -4,6 +4,7 @@ The job follows the contract of ``specon.jobkit`` (progress records to
 ``$SPECON_PROGRESS_FILE``, checkpoints in ``$SPECON_CHECKPOINT_DIR``, checkpoint and exit
 with ``jobkit.EXIT_CHECKPOINTED`` on SIGTERM, resume on start, ``done.json`` when finished).
 Each progress record's ``loss`` is the mean mini-batch loss since the previous record.
+``--device auto|cpu|cuda`` picks where it trains; its checkpoints load on any device.
 """
 
 from __future__ import annotations
@@ -90,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-dir", type=Path, help=f"default ${jobkit.ENV_CHECKPOINT_DIR}")
     parser.add_argument("--job-id", help=f"default ${jobkit.ENV_JOB_ID}")
     parser.add_argument("--threads", type=_positive_int, default=1, help="torch threads (default 1)")
+    parser.add_argument(
+        "--device",
+        default="auto",
+        metavar="{auto,cpu,cuda,cuda:N}",
+        help="where to train: auto = cuda where torch sees a GPU, else cpu (default auto); a checkpoint"
+        " resumes on any device",
+    )
     return parser
 
 
@@ -102,11 +110,16 @@ def _set_threads(threads: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Train the job; returns 0 when finished (a stop request exits with EXIT_CHECKPOINTED)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        device = jobkit.torch_device(args.device)
+    except ValueError as exc:
+        parser.error(str(exc))  # exits 2 saying why: before any step, nothing is lost
     _set_threads(args.threads)
     spec = WORKLOADS[args.model]
     steps = spec.steps if args.steps is None else args.steps
-    workload = build(args.model, seed=args.seed, batch_size=args.batch_size, lr=args.lr)
+    workload = build(args.model, seed=args.seed, batch_size=args.batch_size, lr=args.lr, device=device)
     job = jobkit.Job(
         steps=steps,
         save=workload.state,

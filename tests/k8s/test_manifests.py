@@ -580,6 +580,30 @@ def test_the_cpu_weights_component_mounts_only_the_node_cgroups_into_the_agent(t
     assert all("hostPath" not in v for v in spec["volumes"] if v["name"] != "node-cgroups")
 
 
+def test_the_gpu_component_gives_the_agent_host_pids_and_nvml_but_no_gpu(tmp_path: Path) -> None:
+    """components/gpu (with cpu-weights, for the freezer): hostPID for NVML's PIDs, the NVIDIA
+    toolkit's variables for NVML, the GPU taint tolerated; no GPU requested, no privilege. The
+    base stays without host PIDs."""
+    (base,) = by_kind(render(MANIFESTS))["DaemonSet"]
+    assert not base["spec"]["template"]["spec"].get("hostPID")
+    rel = os.path.relpath(MANIFESTS, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        f"resources: [{rel}]\ncomponents: [{rel}/components/cpu-weights, {rel}/components/gpu]\n"
+    )
+    (agent,) = by_kind(render(tmp_path))["DaemonSet"]
+    spec = agent["spec"]["template"]["spec"]
+    assert spec["hostPID"] is True and "runtimeClassName" not in spec
+    assert {"key": "nvidia.com/gpu", "operator": "Exists"} in spec["tolerations"]
+    c = container(agent)
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert all("nvidia.com/gpu" not in (c["resources"].get(k) or {}) for k in ("requests", "limits"))
+    sc = c["securityContext"]
+    assert not sc.get("privileged") and sc["capabilities"] == {"drop": ["ALL"], "add": ["DAC_OVERRIDE"]}
+    assert [v["name"] for v in spec["volumes"] if "hostPath" in v] == ["node-cgroups"]  # cpu-weights'
+    agent_parser().parse_args(c["args"])  # still arguments the agent knows
+
+
 # -- TLS --------------------------------------------------------------------------------------
 
 

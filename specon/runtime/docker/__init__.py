@@ -3,8 +3,10 @@
 - ``backend``: ``DockerRuntime`` (its owner records: ``specon.runtime.owners``);
 - ``engine``: the engine calls it makes: connecting, images, what a container says about
   itself, a recipe's create arguments;
-- ``recipe``: how a job's container is made, as plain data;
-- ``cgroup``: CPU weights and usage from the containers' cgroups;
+- ``recipe``: how a job's container is made, as plain data, GPU device requests included;
+- ``gpu``: a GPU job's count, memory and product in its spec, for placement;
+- ``freezer``: freezing a job (``docker pause``) and its processes' host PIDs (for NVML);
+- ``cgroup``: CPU usage and processes from the containers' cgroups;
 - ``criu``: checkpoint/restore of a whole container with CRIU (the engine's API);
 - ``criu_store``: the jobs' CRIU images on the volume, from a save to the next start.
 

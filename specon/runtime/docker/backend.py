@@ -21,7 +21,10 @@ this subpackage imports ``docker`` (an import contract keeps it so).
   against this host's rules, with the job's own directory as its only writable mount and the
   job contract's environment; a write-ahead owner record names the run before it exists.
 - **R(w, t)**: the engine's per-container CPU counters (``stats``, one shot).
-- **priority**: ``cpu_shares`` of the container (``docker update``).
+- **priority**: ``cpu_shares`` of the container (``docker update``); on a GPU, freezing it
+  (``docker pause``: the cgroup freezer) and its host PIDs for NVML (``freezer``).
+- **GPUs**: a job's device requests run where this host's rules allow them (``recipe``); its
+  spec carries their count, memory and product for placement (``gpu``).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from docker.models.containers import Container
 
 from specon import checkpoint as ckpt
 from specon.config import MigrationMode
-from specon.model import RUNTIME_LABEL, ContainerId, Resources, WorkerId
+from specon.model import GPU_PRODUCT_LABEL, RUNTIME_LABEL, ContainerId, Resources, WorkerId
 from specon.runtime.base import (
     AlreadyFinished,
     AlreadyRunning,
@@ -53,13 +56,14 @@ from specon.runtime.base import (
     NoSuchContainer,
     Runtime,
     RuntimeFailure,
+    SaveFailed,
     SaveResult,
     StartFailed,
     WorkerUsage,
     cpu_shares,
     valid_job_id,
 )
-from specon.runtime.docker.cgroup import ContainerCounters
+from specon.runtime.docker.cgroup import ContainerCounters, CpuTotals
 from specon.runtime.docker.criu_store import CriuStore
 from specon.runtime.docker.engine import (
     connect,
@@ -70,9 +74,11 @@ from specon.runtime.docker.engine import (
     engine_labels,
     import_image,
     init_pid,
-    job_of,
+    live,
     started_at,
 )
+from specon.runtime.docker.freezer import LIVE, RUNNING, Freezer
+from specon.runtime.docker.gpu import with_gpu_needs
 from specon.runtime.docker.recipe import (
     LABEL_MANAGED,
     LABEL_MIGRATION,
@@ -118,7 +124,10 @@ class DockerRuntime(OwnerRecords[Container]):
         rules: HostRules | None = None,
         migration_mode: MigrationMode = "checkpoint",
         cpus: float | None = None,
+        gpu_product: str | None = None,
     ) -> None:
+        """``gpu_product``: this host's GPU product (NVML's name, or its label value) that a GPU
+        job first started here keeps to (default: the engine's ``nvidia.com/gpu.product`` label)."""
         try:
             valid_job_id(worker)
         except ValueError as exc:
@@ -132,13 +141,16 @@ class DockerRuntime(OwnerRecords[Container]):
         self._host = engine_id(info)
         self._labels = engine_labels(info.get("Labels") or [])
         cores = float(cpus or info.get("NCPU") or 1)
-        self.capacity = Resources(cpu=cores, memory=int(info.get("MemTotal") or 0))
+        # GPUs: what this host's rules let a job request (a host that allows none offers none).
+        memory = int(info.get("MemTotal") or 0)
+        self.capacity = Resources(cpu=cores, memory=memory, gpu=self.rules.gpus)
+        self.gpu_product = gpu_product or self._labels.get(GPU_PRODUCT_LABEL) or None
         data_root = Path(str(info.get("DockerRootDir") or "/var/lib/docker"))
         self._criu = CriuStore(self._agent_dir / "criu", client.api, info, data_root)
         self._busy: dict[ContainerId, ContainerState] = {}
-        self._cpu_last: dict[str, float] = {}
+        self._freezer = Freezer(client, self._busy)
         self._counters = ContainerCounters()
-        self._last: tuple[float, float] | None = None
+        self._cpu = CpuTotals()
         self.skipped_records = 0
         (root / "jobs").mkdir(parents=True, exist_ok=True)
         self._agent_dir.mkdir(parents=True, exist_ok=True)
@@ -150,6 +162,7 @@ class DockerRuntime(OwnerRecords[Container]):
             cpus=self.capacity.cpu,
             adopted=adopted,
             migration_mode=migration_mode,
+            gpus=self.rules.gpus,
             criu="possible" if info.get("ExperimentalBuild") is True else "off (engine not --experimental)",
         )
 
@@ -196,47 +209,35 @@ class DockerRuntime(OwnerRecords[Container]):
 
     async def usage(self) -> WorkerUsage:
         """CPU use since the previous call from the engine's per-container counters."""
-        running = await asyncio.to_thread(self._running)
+        running = await asyncio.to_thread(live, self.client, RUNNING)
         from_cgroups = await asyncio.to_thread(self._cgroup_seconds, running)
         # Only where the cgroup cannot be read: the engine's stats, a second per call.
         others = [job for job in running if job not in from_cgroups]
         sampled = await asyncio.gather(*(asyncio.to_thread(cpu_seconds, running[j]) for j in others))
         per_job = {**from_cgroups, **{j: s for j, s in zip(others, sampled, strict=True) if s is not None}}
-        # Counters restart with each container: sum increments per container id, never negative.
-        ids = {job: running[job].id for job in per_job}
-        total_inc = 0.0
-        for job, s in per_job.items():
-            cid = str(ids[job])
-            total_inc += max(0.0, s - self._cpu_last.get(cid, s if self._last is None else 0.0))
-            self._cpu_last[cid] = s
-        for cid in set(self._cpu_last) - {str(i) for i in ids.values()}:
-            del self._cpu_last[cid]
-        now = time.monotonic()
-        last_t, cumulative = self._last or (now, 0.0)
-        cumulative += total_inc
-        self._last = (now, cumulative)
-        elapsed = now - last_t
-        share = total_inc / (elapsed * self.capacity.cpu) if elapsed > 0 else 0.0
+        used, elapsed = self._cpu.add({str(running[j].id): s for j, s in per_job.items()}, time.monotonic())
+        share = used / (elapsed * self.capacity.cpu) if elapsed > 0 else 0.0
         return WorkerUsage(
             worker=self._worker,
             capacity=self.capacity,
             cpu_utilisation=min(1.0, max(0.0, share)),
-            cpu_seconds=cumulative,
+            cpu_seconds=self._cpu.cumulative,
             per_container=tuple(sorted(per_job.items())),
             enforcement="docker",
         )
 
     async def freeze(self, container_id: ContainerId) -> bool:
-        return False  # GPU-SHARE: replaced by this backend's freezer
+        """``docker pause``: the cgroup freezer stops every process of the container."""
+        return await self._freezer.set(container_id, frozen=True)
 
     async def thaw(self, container_id: ContainerId) -> bool:
-        return False  # GPU-SHARE: replaced by this backend's freezer
+        return await self._freezer.set(container_id, frozen=False)
 
     async def pids(self) -> dict[ContainerId, frozenset[int]]:
-        return {}  # GPU-SHARE: replaced by this backend's PID map
+        return await self._freezer.pids()
 
     async def set_cpu_weight(self, container_id: ContainerId, weight: int) -> bool:
-        c = (await asyncio.to_thread(self._running)).get(container_id)
+        c = (await asyncio.to_thread(live, self.client, RUNNING)).get(container_id)
         if c is None:
             log.info("specon.docker.weight_skipped", container=container_id, reason="not running here")
             return False
@@ -261,6 +262,10 @@ class DockerRuntime(OwnerRecords[Container]):
         why = problems(recipe, self.rules)
         if why:
             raise StartFailed(spec.id, "this host refuses its recorded container config: " + "; ".join(why))
+        try:
+            spec = with_gpu_needs(spec, recipe, product=self.gpu_product)
+        except ValueError as exc:
+            raise StartFailed(spec.id, str(exc)) from exc
         try:
             paths.create()
         except OSError as exc:
@@ -295,6 +300,9 @@ class DockerRuntime(OwnerRecords[Container]):
 
     async def save(self, container_id: ContainerId, *, grace: float) -> SaveResult:
         paths, owner, c = await self._require(container_id)
+        self._savable(container_id)
+        if c.status == "paused":  # frozen: neither SIGTERM nor CRIU would reach it
+            await self._unpause(c)
         criu_why = await asyncio.to_thread(self._criu.refusal, c, self.migration_mode_of(c))
         use_criu = criu_why is None
 
@@ -327,6 +335,27 @@ class DockerRuntime(OwnerRecords[Container]):
             context={"worker": self._worker, "mode": "criu" if use_criu else "checkpoint"},
             corrupt="it exited without a verifiable checkpoint and every earlier one is corrupt",
         )
+
+    def _savable(self, job: ContainerId) -> None:
+        """``SaveFailed`` (the job keeps running) where this host would refuse to re-create it
+        from its recipe: saved, it could come back nowhere that shares these rules."""
+        spec = self.job_spec(job)
+        if spec is None or not spec.template:
+            return  # nothing to judge (a target refuses it with its reason)
+        try:
+            why = problems(self._recipe_of(spec), self.rules)
+        except StartFailed as exc:
+            why = [str(exc)]
+        if why:
+            refused = "; ".join(why)
+            raise SaveFailed(job, f"not saved, it keeps running: this host refuses its recipe: {refused}")
+
+    async def _unpause(self, c: Container) -> None:
+        with contextlib.suppress(docker.errors.APIError):  # not paused (any more), or gone
+            await asyncio.to_thread(self.client.api.unpause, c.id)
+            log.info("specon.docker.thawed", container=container_job(c), reason="saving or stopping")
+        with contextlib.suppress(docker.errors.NotFound):
+            await asyncio.to_thread(c.reload)
 
     # -- housekeeping ------------------------------------------------------------------------
     def close(self) -> bool:
@@ -383,20 +412,6 @@ class DockerRuntime(OwnerRecords[Container]):
                 out[job] = c
         return out
 
-    def _running(self) -> dict[ContainerId, Container]:
-        """This engine's running managed containers by job id, from one list call: the
-        engine's summaries carry labels and state, so no container is inspected (``_managed``
-        inspects each, for the details a listing reports). Called every agent tick."""
-        found = self.client.containers.list(
-            sparse=True, filters={"label": f"{LABEL_MANAGED}=true", "status": "running"}
-        )
-        out: dict[ContainerId, Container] = {}
-        for c in found:
-            job = job_of(c.attrs.get("Labels") or {}, (c.attrs.get("Names") or [""])[0].lstrip("/"))
-            if job is not None:
-                out[job] = c
-        return out
-
     def _cgroup_seconds(self, running: Mapping[ContainerId, Container]) -> dict[ContainerId, float]:
         self._counters.keep(str(c.id) for c in running.values())
         out = {}
@@ -421,7 +436,7 @@ class DockerRuntime(OwnerRecords[Container]):
                 if self._read_owner(paths) is not None:
                     adopted += 1
                     continue
-            recipe = from_inspect(c.attrs, volume=self.rules.volume)
+            recipe = from_inspect(c.attrs, volume=self.rules.volume, all_gpus=self.rules.gpus)
             spec = JobSpec(
                 id=job,
                 command=recipe.command or ("true",),
@@ -429,6 +444,12 @@ class DockerRuntime(OwnerRecords[Container]):
                 labels=tuple((k, v) for k, v in recipe.labels if not k.startswith("specon.io/")),
                 template=recipe.to_json(),
             )
+            try:
+                spec = with_gpu_needs(spec, recipe, product=self.gpu_product)
+            except ValueError as exc:  # adopted all the same; placement sees no memory need
+                self.skipped_records += 1
+                log.warning("specon.docker.gpu_label_skipped", container=job, error=str(exc))
+                spec = replace(spec, requests=replace(spec.requests, gpu=recipe.gpus))
             paths.create()
             self._write_spec(spec)
             paths.write_owner(
@@ -526,7 +547,7 @@ class DockerRuntime(OwnerRecords[Container]):
         return c
 
     async def _stoppable(self, run: Container) -> bool:
-        return bool(run.status == "running")
+        return run.status in LIVE
 
     async def _still_running(self, run: Container) -> bool:
         await asyncio.to_thread(run.reload)
@@ -540,9 +561,11 @@ class DockerRuntime(OwnerRecords[Container]):
         return await asyncio.to_thread(self._info, paths.job, run)
 
     async def _live_jobs(self) -> list[ContainerId]:
-        return [job for job, c in (await asyncio.to_thread(self._managed)).items() if c.status == "running"]
+        return [job for job, c in (await asyncio.to_thread(self._managed)).items() if c.status in LIVE]
 
     async def _send_term(self, run: Container) -> None:
+        if run.status == "paused":  # frozen, it would get SIGTERM only once thawed
+            await self._unpause(run)
         await asyncio.to_thread(run.kill, signal="SIGTERM")
 
     async def _wait_ended(self, run: Container, timeout: float) -> bool:
@@ -554,6 +577,8 @@ class DockerRuntime(OwnerRecords[Container]):
                 return True
             if run.status not in ("running", "restarting", "paused"):
                 return True
+            if run.status == "paused":  # frozen by a race with the busy mark: it must see SIGTERM
+                await self._unpause(run)
             if time.monotonic() >= deadline:
                 return False
             await self.sleep(_POLL_S)

@@ -2,8 +2,9 @@
 
 Connecting (``connect``), images (``import_image``), what identifies an engine
 (``engine_id``, ``engine_labels``), what a container says about itself (``job_of``,
-``container_job``, ``started_at``, ``init_pid``, ``cpu_seconds``) and the SDK's create
-arguments of a checked recipe (``create_kwargs``). The SDK's calls block: callers on the event
+``container_job``, ``started_at``, ``init_pid``, ``cpu_seconds``, ``top_pids``), the live
+containers of a listing (``live``) and the SDK's create arguments of a checked recipe
+(``create_kwargs``, GPUs as ``docker.types.DeviceRequest``). The SDK's calls block: callers on the event
 loop run them in a thread.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import docker.types
 from docker.models.containers import Container
 
 from specon.model import ContainerId, WorkerId
@@ -43,7 +45,9 @@ __all__ = [
     "import_image",
     "init_pid",
     "job_of",
+    "live",
     "started_at",
+    "top_pids",
 ]
 
 
@@ -111,6 +115,36 @@ def init_pid(client: docker.DockerClient, c: Container) -> int | None:
     return None
 
 
+def live(client: docker.DockerClient, statuses: tuple[str, ...]) -> dict[ContainerId, Container]:
+    """The managed containers in one of ``statuses`` by job id, from one list call: the
+    engine's summaries carry labels and state, so no container is inspected."""
+    found = client.containers.list(
+        sparse=True, filters={"label": f"{LABEL_MANAGED}=true", "status": list(statuses)}
+    )
+    out: dict[ContainerId, Container] = {}
+    for c in found:
+        job = job_of(c.attrs.get("Labels") or {}, (c.attrs.get("Names") or [""])[0].lstrip("/"))
+        if job is not None:
+            out[job] = c
+    return out
+
+
+def top_pids(c: Container) -> frozenset[int] | None:
+    """Host PIDs of a running (or paused) container's processes, by the engine's ``top`` (it
+    runs ``ps`` on the engine's host); None where the engine cannot say."""
+    try:
+        top = c.top(ps_args="-o pid")
+    except (docker.errors.APIError, docker.errors.NotFound):
+        return None
+    titles = top.get("Titles") or []
+    if "PID" not in titles:
+        return None
+    col = titles.index("PID")
+    with contextlib.suppress(ValueError, IndexError, TypeError):
+        return frozenset(int(row[col]) for row in top.get("Processes") or [])
+    return None
+
+
 def cpu_seconds(c: Container) -> float | None:
     """Cumulative CPU seconds of a running container, from one stats sample."""
     try:
@@ -162,4 +196,11 @@ def create_kwargs(
         value = getattr(recipe, key)
         if value is not None:
             kwargs[key] = value
+    if recipe.device_requests:  # checked by ``problems``: GPUs in normal form, allowed here
+        kwargs["device_requests"] = [
+            docker.types.DeviceRequest(
+                driver=r.driver, count=r.count, capabilities=[list(c) for c in r.capabilities]
+            )
+            for r in recipe.device_requests
+        ]
     return kwargs

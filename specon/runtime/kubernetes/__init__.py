@@ -4,8 +4,11 @@
 - ``api``, ``calls``: the client, and the API calls with their retries;
 - ``pods``: a job's pod, made and read;
 - ``restore``: a restored pod's spec from the saved one;
+- ``copying``: the pod a start creates from it, checked;
 - ``nodes``: nodes as placement candidates;
+- ``gpu``: GPU requests, memory and the product a GPU job keeps to;
 - ``usage``, ``cgroup``: CPU usage and weights of a node's pods;
+- ``freezer``: freezing a node's pods and their host PIDs (for NVML);
 - ``watch``: the pod watch.
 
 Only this subpackage (and the manager's Kubernetes journal and TokenReview) imports

@@ -3,9 +3,11 @@
 The backend, one concern a module: ``k8s_api`` the REST client (plain JSON manifests over
 the official client's connection, and why it stays on threads), ``k8s_watch`` the list+watch
 cache, ``k8s_calls`` the REST calls on a job's pods and restore record, ``k8s_usage`` the
-usage readings, ``k8s_pods``/``k8s_nodes``/``k8s_restore`` the pure rules (applied to exactly
-what the API server sends), and this module the runtime; the save skeleton it shares with
-the other backends is ``specon.runtime.saving``. The client names stay importable from here.
+usage readings, ``k8s_pods``/``k8s_nodes``/``k8s_restore``/``k8s_gpu`` the pure rules (applied
+to exactly what the API server sends), ``k8s_copying`` the pod a start creates,
+``k8s_freezer`` the pods' freezer and PIDs, and this module the runtime; the save skeleton it
+shares with the other backends is ``specon.runtime.saving``. The client names stay importable
+from here.
 
 One ``KubernetesRuntime`` per agent, for the agent's node. Pods on the node that match the
 label selector are its containers (kept current by a watch on the node's pods, relisting
@@ -31,6 +33,11 @@ restore record), in the job's own namespace, pinned with ``spec.nodeName`` (see
 terminated exists anywhere (``AlreadyRunning``); pod names are unique per generation, so two
 racing starts cannot both create one. ``job_spec`` answers from the same trusted sources.
 
+GPUs (``k8s_gpu``): a pod's ``nvidia.com/gpu`` limits are its GPU request; a GPU job keeps
+to its node's ``nvidia.com/gpu.product`` (in its spec's selector, its restore record and so its
+copy) unless it allows any. ``freeze``/``thaw`` use the pod's cgroup freezer and ``pids`` its
+cgroup's host PIDs (``k8s_freezer``); a save or stop thaws a frozen pod before its SIGTERM.
+
 Deviations from the local runtime, inherent to pods: a saved or stopped pod is deleted, so
 it is no longer listed afterwards; ``forget`` deletes an ended pod (and a finished job's
 restore record).
@@ -44,18 +51,14 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import structlog
 from kubernetes import client as k8s_client
 
-from specon import checkpoint as ckpt
-from specon import jobkit
 from specon.model import RUNTIME_LABEL, ContainerId, WorkerId
-from specon.progress.last import last_event
 from specon.runtime.base import (
-    AlreadyFinished,
     AlreadyRunning,
     ContainerInfo,
     ContainerState,
@@ -70,10 +73,11 @@ from specon.runtime.base import (
     WorkerUsage,
     valid_job_id,
 )
-from specon.runtime.kubernetes import pods, restore
+from specon.runtime.kubernetes import copying, gpu, pods
 from specon.runtime.kubernetes.api import KubeApi, KubeError, load_api_client, pods_path
 from specon.runtime.kubernetes.calls import PodCalls, record_path
 from specon.runtime.kubernetes.cgroup import CGROUP_ROOT, PodCgroups, pod_cpu_limit
+from specon.runtime.kubernetes.freezer import PodProcesses
 from specon.runtime.kubernetes.pods import DEFAULT_CLAIM, DEFAULT_SELECTOR, Manifest, PodError, SharedVolume
 from specon.runtime.kubernetes.usage import NodeUsage
 from specon.runtime.kubernetes.watch import Informer
@@ -170,6 +174,7 @@ class KubernetesRuntime:
         self._calls = PodCalls(self.api, selector)
         self._usage = NodeUsage(self.api, node, metrics=metrics, proc=proc)
         self._cgroups = PodCgroups(cgroup_root)  # the pods' cgroups, where the node's are mounted
+        self._procs = PodProcesses(self._cgroups, proc)  # their freezer and host PIDs
 
     # -- the Runtime interface -------------------------------------------------------------
     @property
@@ -213,13 +218,19 @@ class KubernetesRuntime:
         return replace(u, per_container=tuple(sorted(seconds.items())))
 
     async def freeze(self, container_id: ContainerId) -> bool:
-        return False  # GPU-SHARE: replaced by this backend's freezer
+        """Its pod's cgroup freezer on this node (``k8s_freezer``, which logs why where it cannot)."""
+        if container_id in self._busy:
+            return False  # a save or stop needs it running
+        pod = next((m for job, m in await self._live() if job == container_id), None)
+        return await asyncio.to_thread(self._procs.set_frozen, container_id, pod, True)
 
     async def thaw(self, container_id: ContainerId) -> bool:
-        return False  # GPU-SHARE: replaced by this backend's freezer
+        pod = next((m for job, m in await self._live() if job == container_id), None)
+        return await asyncio.to_thread(self._procs.set_frozen, container_id, pod, False)
 
     async def pids(self) -> dict[ContainerId, frozenset[int]]:
-        return {}  # GPU-SHARE: replaced by this backend's PID map
+        """Host PIDs from each live pod's cgroup (``k8s_freezer``: empty without ``hostPID``)."""
+        return await asyncio.to_thread(self._procs.pids, await self._live())
 
     async def set_cpu_weight(self, container_id: ContainerId, weight: int) -> bool:
         """Its pod's cgroup on this node (``k8s_cgroup``, which logs why where it cannot)."""
@@ -246,8 +257,10 @@ class KubernetesRuntime:
             raise SaveFailed(container_id, f"pod {p.name} is owned by {', '.join(owners)}; left alone")
 
         async def halt(t0: float) -> bool:
-            # The recipe for the restore, from the API server, before the pod goes.
-            await asyncio.to_thread(self._calls.write_record, p.job, p.manifest)
+            # The recipe for the restore, from the API server, before the pod goes (a GPU job
+            # keeps to this node's product: the record says so).
+            await asyncio.to_thread(self._calls.write_record, p.job, p.manifest, self.node_labels)
+            await self._thaw_for_signal(p)
             await asyncio.to_thread(self._calls.evict, p.job, p.manifest, grace)
             if await self._wait_gone(p, grace + self.kill_slack) is not None:
                 raise SaveFailed(
@@ -290,60 +303,25 @@ class KubernetesRuntime:
             raise StartFailed(job, f"cannot read the job's pods or restore record: {exc}") from exc
         except PodError as exc:
             raise StartFailed(job, f"refused: {exc}") from exc
-        running = [o for o in existing if pods.alive(o)]
-        if running:
-            where = ", ".join(
-                f"{'/'.join(pods.key_of(o))} on {pods.node_of(o) or 'no node'}" for o in running
-            )
-            raise AlreadyRunning(job, f"a pod of the job has not terminated: {where}")
-        if original is None:
-            raise StartFailed(
-                job,
-                f"no pod of the job and no restore record in namespace {namespace} "
-                "(a save writes it): nothing trusted to restore from",
-            )
-        template = pods.template_of(original)
-        try:
-            probe = pods.restored_pod(
-                template, job=job, node=self.node, gen=1, restored_from=None, restore_checkpoint=None
-            )
-            files = pods.job_files(probe, self.volume)
-        except PodError as exc:
-            raise StartFailed(job, str(exc)) from exc
-        ckpt_dir = self.volume_root / files.checkpoints
-        restore_in_pod = None
-        if checkpoint is not None:
-            manifest = checkpoint.with_suffix(".json")
-            if manifest.parent.resolve() != ckpt_dir.resolve():
-                raise StartFailed(job, f"{checkpoint} is not in the job's checkpoint directory {ckpt_dir}")
-            try:
-                ckpt.verify(manifest)
-            except ckpt.CheckpointError as exc:
-                raise StartFailed(job, f"checkpoint does not verify: {exc}") from exc
-            with contextlib.suppress(ValueError, PodError):
-                relative = PurePosixPath(manifest.relative_to(self.volume_root).as_posix())
-                restore_in_pod = pods.to_pod(probe, relative, self.volume)
-        if _finished(self.volume_root / files.progress, ckpt_dir):
-            raise AlreadyFinished(job, "already finished (done marker or final progress record)")
-        gen = max([pods.generation(original), *(pods.generation(o) for o in existing)]) + 1
-        try:
-            body = pods.restored_pod(
-                template,
-                job=job,
-                node=self.node,
-                gen=gen,
-                restored_from=str(pods.meta(original).get("name") or "") or None,
-                restore_checkpoint=restore_in_pod,
-            )
-        except PodError as exc:
-            raise StartFailed(job, str(exc)) from exc
-        gains = restore.privilege_gains(original, body)
-        if gains:
-            raise StartFailed(
-                job,
-                f"refused: the copy would gain what pod {'/'.join(pods.key_of(original))} lacked: "
-                + "; ".join(gains),
-            )
+        trusted = copying.restorable(job, original, existing)
+        here = await self._node_object()
+        # A GPU job keeps to the product it ran on: a record holds its pin already; an ended
+        # pod's is its node's.
+        source = pods.node_of(trusted)
+        labels = {} if source is None else await self._labels_of(source)
+        body = await asyncio.to_thread(
+            copying.restored_copy,
+            trusted,
+            existing,
+            job=job,
+            node=self.node,
+            volume=self.volume,
+            volume_root=self.volume_root,
+            checkpoint=checkpoint,
+            source_labels=labels,
+            node_labels=pods.labels_of(here) if here else None,
+        )
+        restore_in_pod = pods.env_of(pods.job_container(body)).get(pods.ENV_RESTORE_CHECKPOINT)
         name = pods.key_of(body)[1]
         try:
             created = await self._call("POST", pods_path(namespace), body=body)
@@ -362,7 +340,7 @@ class KubernetesRuntime:
             node=self.node,
             container=job,
             pod=p.name,
-            generation=gen,
+            generation=pods.generation(body),
             restore_checkpoint=restore_in_pod,
         )
         return self._info(p)
@@ -373,6 +351,7 @@ class KubernetesRuntime:
             raise RuntimeFailure(container_id, f"a {self._busy[container_id].value} is in progress")
         self._busy[container_id] = ContainerState.STOPPING
         try:
+            await self._thaw_for_signal(p)
             await self._delete(p.manifest, grace=math.ceil(grace))
             if await self._wait_gone(p, grace + self.kill_slack) is not None:
                 raise RuntimeFailure(container_id, f"pod {p.name} is still terminating")
@@ -423,18 +402,7 @@ class KubernetesRuntime:
         it has none here or the patch failed (best effort: the agent's state file rules)."""
         for p in await self._managed():
             if p.job == container_id and pods.alive(p.manifest):
-                ns, name = p.key
-                try:
-                    await self._call(
-                        "PATCH",
-                        f"{pods_path(ns)}/{name}",
-                        body={"metadata": {"annotations": dict(annotations)}},
-                        content_type="application/merge-patch+json",
-                    )
-                    return True
-                except KubeError as exc:
-                    log.warning("specon.k8s.annotate_failed", pod=p.name, error=str(exc))
-                    return False
+                return await asyncio.to_thread(self._calls.annotate, p.manifest, annotations)
         return False
 
     def close(self) -> bool:
@@ -470,6 +438,8 @@ class KubernetesRuntime:
             while not self._pods.synced and time.monotonic() < deadline:
                 await asyncio.sleep(_POLL_S)
             if self._pods.synced:
+                if self._node_watch is not None and self._node_watch.synced:  # for GPU pins
+                    self._node = next(iter(self._node_watch.items()), self._node)
                 return self._pods.items()
         data = await self._call("GET", pods_path(self.namespace), query=self._pod_query)
         return [o for o in data.get("items") or [] if isinstance(o, dict) and self._ours(o)]
@@ -488,7 +458,9 @@ class KubernetesRuntime:
 
     def _understand(self, manifest: Manifest) -> _Pod | None:
         try:
-            spec = pods.job_spec(manifest)
+            # A GPU job on this node keeps to its product: placement must see the pin.
+            labels = pods.labels_of(self._node) if self._node and pods.node_of(manifest) == self.node else {}
+            spec = pods.job_spec(gpu.pin_product(manifest, labels))
             files = pods.job_files(manifest, self.volume)
         except (PodError, ValueError) as exc:
             self._skip(manifest, "unmanageable", exc)
@@ -547,7 +519,7 @@ class KubernetesRuntime:
 
     @staticmethod
     def _finished(p: _Pod) -> bool:
-        return _finished(p.progress, p.checkpoints)
+        return copying.finished(p.progress, p.checkpoints)
 
     async def _delete(self, manifest: Manifest, *, grace: int) -> None:
         await asyncio.to_thread(self._calls.delete, manifest, grace=grace)
@@ -597,10 +569,22 @@ class KubernetesRuntime:
             log.warning("specon.k8s.node_unreadable", node=self.node, error=str(exc))
         return self._node
 
+    async def _labels_of(self, node: str) -> dict[str, str]:
+        """A node's labels (where an ended pod of a job ran); none when unreadable."""
+        if node == self.node and self._node is not None:
+            return pods.labels_of(self._node)
+        try:
+            return pods.labels_of(await self._call("GET", f"/api/v1/nodes/{node}"))
+        except KubeError as exc:
+            log.warning("specon.k8s.node_unreadable", node=node, error=str(exc))
+            return {}
 
-def _finished(progress: Path, checkpoints: Path) -> bool:
-    """The job completed its work: jobkit's done marker, or a final ``finished`` record."""
-    return jobkit.read_done(checkpoints) is not None or last_event(progress) == "finished"
+    async def _thaw_for_signal(self, p: _Pod) -> None:
+        """A frozen pod takes no SIGTERM (it would be killed at the grace deadline, without a
+        checkpoint): thaw it first, whoever froze it."""
+        frozen = p.job in self._procs.frozen or await asyncio.to_thread(self._procs.is_frozen, p.manifest)
+        if frozen and not await asyncio.to_thread(self._procs.set_frozen, p.job, p.manifest, False):
+            log.warning("specon.k8s.thaw_failed", container=p.job, pod=p.name)
 
 
 def _implements_runtime(rt: KubernetesRuntime) -> Runtime:

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Mapping
 from typing import Any
+
+import structlog
 
 from specon.model import ContainerId
 from specon.runtime.base import NoSuchContainer, SaveFailed
-from specon.runtime.kubernetes import pods, restore
+from specon.runtime.kubernetes import gpu, pods, restore
 from specon.runtime.kubernetes.api import KubeApi, KubeError, pods_path
 from specon.runtime.kubernetes.pods import Manifest, PodError
+
+log = structlog.get_logger()
 
 
 def record_path(job: ContainerId) -> str:
@@ -61,9 +66,12 @@ class PodCalls:
             raise
         return restore.original_from_record(record, job), existing
 
-    def write_record(self, job: ContainerId, manifest: Manifest) -> None:
+    def write_record(
+        self, job: ContainerId, manifest: Manifest, node_labels: Mapping[str, str] | None = None
+    ) -> None:
         """Write the job's restore record from its pod (``manifest``, as last seen) as the
-        API server holds it now; ``SaveFailed`` (the pod keeps running) when that cannot be
+        API server holds it now, a GPU job pinned to the product in ``node_labels`` (its node's:
+        ``k8s_gpu.pin_product``); ``SaveFailed`` (the pod keeps running) when that cannot be
         done, ``NoSuchContainer`` when the pod is gone or was replaced."""
         ns, name = pods.key_of(manifest)
         label = f"{ns}/{name}"
@@ -76,7 +84,7 @@ class PodCalls:
         if pods.meta(pod).get("uid") != pods.meta(manifest).get("uid"):
             raise NoSuchContainer(job, f"pod {label} was replaced meanwhile")
         try:
-            record = restore.record_of(pod)
+            record = restore.record_of(gpu.pin_product(pod, node_labels or {}))
         except PodError as exc:
             raise SaveFailed(job, f"cannot record pod {label}: {exc}; it keeps running") from exc
         path = record_path(job)
@@ -144,3 +152,18 @@ class PodCalls:
         except KubeError as exc:
             if exc.status != 404:
                 raise
+
+    def annotate(self, manifest: Manifest, annotations: Mapping[str, str]) -> bool:
+        """Merge ``annotations`` into the pod; False, logged, when the patch fails."""
+        ns, name = pods.key_of(manifest)
+        try:
+            self.api.request(
+                "PATCH",
+                f"{pods_path(ns)}/{name}",
+                body={"metadata": {"annotations": dict(annotations)}},
+                content_type="application/merge-patch+json",
+            )
+        except KubeError as exc:
+            log.warning("specon.k8s.annotate_failed", pod=f"{ns}/{name}", error=str(exc))
+            return False
+        return True

@@ -49,6 +49,7 @@ from specon.runtime.base import (
     JobSpec,
     valid_job_id,
 )
+from specon.runtime.kubernetes.gpu import pod_gpu_memory
 from specon.runtime.kubernetes.nodes import (
     PLACEMENT_EFFECTS,
     TAINT_NOT_READY,
@@ -488,7 +489,9 @@ def loads_template(text: str) -> Manifest:
 
 
 def job_spec(pod: Mapping[str, Any]) -> JobSpec:
-    """The runtime-neutral spec of a managed pod, with its template for a restore."""
+    """The runtime-neutral spec of a managed pod, with its template for a restore (its GPU
+    product pin, where it keeps to one, is added by the caller that knows its node:
+    ``k8s_gpu.pin_product``)."""
     job = job_id(pod)
     c = job_container(pod)
     command = tuple(str(a) for a in [*(c.get("command") or []), *(c.get("args") or [])] if str(a))
@@ -508,6 +511,7 @@ def job_spec(pod: Mapping[str, Any]) -> JobSpec:
         template=dumps_template(template_of(pod)),
         selector=pod_node_selector(pod),
         tolerations=pod_tolerations(pod),
+        gpu_memory=pod_gpu_memory(pod),
     )
 
 

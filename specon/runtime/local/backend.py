@@ -36,7 +36,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
@@ -68,7 +68,9 @@ from specon.runtime.local.cgroups import (
     process_alive,
     read_stat,
 )
+from specon.runtime.local.freezer import report, report_refusal
 from specon.runtime.local.launcher import REASON_KILLED, REASON_LOST, ExitRecord, find_launcher, launcher_argv
+from specon.runtime.local.standby_pool import StandbyPool, StandbySpec
 from specon.runtime.local.warm import WarmInterpreter, WarmLaunchError, WarmNoAnswerError, WarmSpec
 from specon.runtime.local.zygote import Request
 from specon.runtime.owners import OwnerRecords
@@ -117,6 +119,8 @@ class LocalRuntime(OwnerRecords[Owner]):
         affinity_offset: int = 0,
         per_container_usage: bool = True,
         warm: bool | WarmSpec = False,
+        standby_gpus: Sequence[int] = (),
+        standby: StandbySpec | None = None,
     ) -> None:
         try:
             valid_job_id(worker)
@@ -147,6 +151,8 @@ class LocalRuntime(OwnerRecords[Owner]):
         # Built-in workloads fork from a pre-imported interpreter (``specon.runtime.local.warm``).
         spec = WarmSpec() if warm is True else warm or None
         self.warm = WarmInterpreter(worker, spec) if spec is not None else None
+        # GPU jobs become a primed standby of their GPU (``specon.runtime.local.standby_pool``).
+        self.standby = StandbyPool(worker, standby_gpus, standby) if standby_gpus else None
         (root / "jobs").mkdir(parents=True, exist_ok=True)
         running = {p.job: o for p, o in self._owned() if self._alive(o)}
         for job, owner in running.items():
@@ -226,13 +232,34 @@ class LocalRuntime(OwnerRecords[Owner]):
         )
 
     async def freeze(self, container_id: ContainerId) -> bool:
-        return False  # GPU-SHARE: replaced by this backend's freezer
+        """Freeze every process of the running job (``specon.runtime.local.freezer``); False,
+        logged, where it cannot be (not running here, a save or stop under way)."""
+        try:
+            _paths, owner, _ = await self._require(container_id)
+            busy = self._busy.get(container_id)
+            why = f"a {busy.value} is in progress" if busy else None if self._alive(owner) else "not running"
+        except RuntimeFailure as exc:
+            why, owner = str(exc), None
+        if why is not None or owner is None or owner.pid is None:
+            return report_refusal("freeze", why, worker=self._worker, container=container_id)
+        result = await self._budget.freezer.freeze(container_id, owner.pid)
+        return report("freeze", result, worker=self._worker, container=container_id)
 
     async def thaw(self, container_id: ContainerId) -> bool:
-        return False  # GPU-SHARE: replaced by this backend's freezer
+        """Let a frozen job run again; True also where it was not frozen or no longer runs
+        (its group is thawed all the same, for the next start)."""
+        try:
+            _paths, owner, _ = await self._require(container_id)
+        except RuntimeFailure as exc:
+            return report_refusal("thaw", str(exc), worker=self._worker, container=container_id)
+        result = await self._budget.freezer.thaw(container_id, owner.pid if self._alive(owner) else None)
+        return report("thaw", result, worker=self._worker, container=container_id)
 
     async def pids(self) -> dict[ContainerId, frozenset[int]]:
-        return {}  # GPU-SHARE: replaced by this backend's PID map
+        """Each running job's pids: its process group's and its own cgroups' (this process's
+        PID namespace: the host's, as NVML reports them, unless the agent has its own)."""
+        running = {p.job: o for p, o in self._owned() if self._alive(o)}
+        return self._budget.job_pids(self._groups(running))
 
     async def set_cpu_weight(self, container_id: ContainerId, weight: int) -> bool:
         """The job's own cgroup's ``cpu.shares``; the first weight pins the worker to whole
@@ -282,6 +309,8 @@ class LocalRuntime(OwnerRecords[Owner]):
         paths, owner, _ = await self._require(container_id)
 
         async def halt(_t0: float) -> bool:
+            # A frozen job would not see its SIGTERM (saving marks it busy: no new freeze).
+            await self._budget.freezer.thaw(container_id, owner.pid if self._alive(owner) else None)
             return await self._terminate(paths, owner, grace, saving=True)
 
         async def release() -> None:
@@ -303,6 +332,14 @@ class LocalRuntime(OwnerRecords[Owner]):
             " it stays listed (failed) for inspection",
         )
 
+    async def stop(self, container_id: ContainerId, *, grace: float) -> ContainerInfo:
+        """``OwnerRecords.stop``, thawing a frozen job first: it would not see its SIGTERM."""
+        with contextlib.suppress(RuntimeFailure):  # the shared stop reports those
+            _paths, owner, _ = await self._require(container_id)
+            if container_id not in self._busy and self._alive(owner):
+                await self._budget.freezer.thaw(container_id, owner.pid)
+        return await super().stop(container_id, grace=grace)
+
     # -- housekeeping ------------------------------------------------------------------------
     def set_cpus(self, cpus: float) -> None:
         """Change the worker's CPU budget; with cgroups it applies to running jobs at once."""
@@ -317,6 +354,8 @@ class LocalRuntime(OwnerRecords[Owner]):
         self._closed = True
         if self.warm is not None:
             self.warm.close()
+        if self.standby is not None:
+            self.standby.close()
         clean = self._budget.close()
         if not clean:
             log.info("specon.runtime.cgroup_kept", worker=self._worker, reason="jobs still running")
@@ -423,15 +462,18 @@ class LocalRuntime(OwnerRecords[Owner]):
         return owner
 
     def _launch_warm(self, spec: JobSpec, paths: JobPaths, run_id: str) -> int | None:
-        """Fork the job from the warm interpreter; None where it cannot run it (start cold)."""
-        args = None if self.warm is None else self.warm.runs(spec.command)
-        if self.warm is None or args is None:
+        """Hand the job to its GPU's primed standby, else fork it from the warm interpreter;
+        None where neither can run it (start cold)."""
+        standby = None if self.standby is None else self.standby.take(spec)
+        server = standby or self.warm
+        args = None if server is None else server.runs(spec.command)
+        if server is None or args is None:
             return None
         req = Request(
-            module=self.warm.module,
+            module=server.module,
             args=args,
             cwd=str(paths.dir),
-            env=paths.env(spec, self._worker),
+            env=paths.env(spec, self._worker) | ({} if standby is None else standby.env),
             stdout=str(paths.stdout),
             stderr=str(paths.stderr),
             exits=str(paths.exits),
@@ -440,7 +482,7 @@ class LocalRuntime(OwnerRecords[Owner]):
             entry=self._budget.entry(spec.id),
         )
         try:
-            return self.warm.launch(req)
+            return server.launch(req)
         except WarmLaunchError as exc:
             paths.clear_owner()
             raise StartFailed(spec.id, f"cannot launch it warm: {exc}") from exc

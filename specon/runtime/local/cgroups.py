@@ -1,23 +1,25 @@
-"""A local worker's CPU budget and CPU accounting: cgroup v1, else CPU affinity, else none.
+"""A local worker's CPU budget, its jobs' CPU weights, CPU accounting and freezing: cgroup v2,
+else cgroup v1, else CPU affinity, else none.
 
-Each worker is a cgroup-v1 CPU budget, ``<cpu>/<own>/<parent>/<cluster>/<worker>`` with
-``cpu.cfs_quota_us = cpus * cpu.cfs_period_us``, and the same path in the ``cpuacct``
-hierarchy for ``cpuacct.usage`` (cpu and cpuacct may be separate mounts, as on the project
-machines, or one joint mount). ``<own>`` is the agent's own cgroup, so nesting works inside
-a container too. Jobs join the group race-free: the forked child writes ``0`` into each
-``cgroup.procs`` before it execs (``CpuBudget.preexec``).
+Each worker is a CPU budget, ``<own>/<parent>/<cluster>/<worker>`` below the agent's own group
+(so nesting works inside a container too): on cgroup v2 one group (``cgroup_v2``: ``cpu.max``,
+``cpu.weight``, ``cpu.stat``, controllers delegated level by level), on cgroup v1 the same
+path in the ``cpu`` and ``cpuacct`` hierarchies (``cgroup_v1``: ``cpu.cfs_quota_us``,
+``cpu.shares``, ``cpuacct.usage``). Jobs join race-free: the forked child writes ``0`` into
+each ``cgroup.procs`` before it execs (``CpuBudget.preexec``).
 
-Each job has a group of its own below its worker's (``<worker>/job-<id>``, both hierarchies):
-its ``cpu.shares`` is its CPU weight among the worker's jobs and its ``cpuacct.usage`` its
-CPU seconds. Shares decide only among tasks that wait for the same CPU (INFRA.md measured
-0.247/0.253 CPU for 1024 vs 2 shares on two unpinned CPUs, 0.499/0.001 pinned to one), so
-the first weight set also pins the worker to ``ceil(cpus)`` CPUs (``specon.runtime.local.cpuset``).
+Each job has a group of its own below its worker's (``<worker>/job-<id>``): its CPU weight
+among the worker's jobs, its CPU seconds, and where it is frozen (``freezer``; on v1 the
+``freezer`` hierarchy holds a group of the same path). Weights decide only among tasks that
+wait for the same CPU (INFRA.md measured 0.247/0.253 CPU for 1024 vs 2 shares on two unpinned
+CPUs, 0.499/0.001 pinned to one), so the first weight set also pins the worker to
+``ceil(cpus)`` CPUs (``specon.runtime.local.cpuset``).
 
-Where cgroups are not usable (not root, not mounted, cgroup v2 only) the budget falls back
-to CPU affinity (a subset of ``ceil(cpus)`` CPUs) or to no limit, with a
-``specon.runtime.cgroups_unavailable`` warning, and CPU use is summed from
-``/proc/<pid>/stat`` of the worker's process groups. Every path root is a parameter, so
-detection and the group files can be exercised against a temporary directory tree.
+Where cgroups are not usable (not root, not mounted, a controller not delegated) the budget
+falls back to CPU affinity (a subset of ``ceil(cpus)`` CPUs) or to no limit, with a
+``specon.runtime.cgroups_unavailable`` warning that says what is missing, and CPU use is
+summed from ``/proc/<pid>/stat`` of the worker's process groups. Every path root is a
+parameter, so detection and the group files can be exercised against a temporary tree.
 """
 
 from __future__ import annotations
@@ -28,31 +30,75 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import structlog
 
 from specon.model import ContainerId
-from specon.runtime.base import cpu_shares
 from specon.runtime.local.cgroup_entry import Entry, enter, make_entry
+from specon.runtime.local.cgroup_files import (
+    CGROUP_ROOT,
+    JOB_PREFIX,
+    MIN_QUOTA_US,
+    PERIOD_US,
+    BudgetGroup,
+    quota_us,
+)
+from specon.runtime.local.cgroup_v1 import CpuGroup, Detection, detect
+from specon.runtime.local.cgroup_v2 import UnifiedGroup, delegate, detect_unified, is_unified
 from specon.runtime.local.cpuset import CpusetGroup, detect_cpuset, least_loaded, pin_tasks
+from specon.runtime.local.freezer import FreezeMode, Freezer, detect_v1_freezer
+from specon.runtime.local.procfs import (
+    CLK_TCK,
+    PROC,
+    GroupCpuMeter,
+    ProcStat,
+    all_stats,
+    boot_id,
+    group_alive,
+    group_members,
+    own_cgroups,
+    parse_stat,
+    process_alive,
+    read_stat,
+)
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-PROC = Path("/proc")
-PERIOD_US = 100_000
-MIN_QUOTA_US = 1_000  # the kernel refuses quotas under 1 ms
-# A job's group is ``job-<id>``: a prefix no cgroup control file (cgroup.*, cpu.*, tasks) has.
-JOB_PREFIX = "job-"
+__all__ = [  # the names other modules import from here, wherever they are defined now
+    "CGROUP_ROOT",
+    "CLK_TCK",
+    "JOB_PREFIX",
+    "MIN_QUOTA_US",
+    "PERIOD_US",
+    "PROC",
+    "PRUNE_GRACE",
+    "CpuBudget",
+    "CpuGroup",
+    "Detection",
+    "Enforcement",
+    "GroupCpuMeter",
+    "Mode",
+    "ProcStat",
+    "all_stats",
+    "boot_id",
+    "detect",
+    "group_alive",
+    "own_cgroups",
+    "parse_stat",
+    "pick_cpus",
+    "process_alive",
+    "quota_us",
+    "read_stat",
+]
+
 # Seconds a job's group is kept before an agent may prune it as unused (a launch by another
 # process takes well under a second between making the group and joining it).
 PRUNE_GRACE = 60.0
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 log = structlog.get_logger()
 
 Mode = Literal["auto", "cgroup", "affinity", "none"]
+Group = CpuGroup | UnifiedGroup
 
 
 class Enforcement(enum.StrEnum):
@@ -61,274 +107,26 @@ class Enforcement(enum.StrEnum):
     NONE = "none"
 
 
-# -- /proc ------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class ProcStat:
-    """The fields of ``/proc/<pid>/stat`` the runtime uses."""
-
-    pid: int
-    state: str
-    ppid: int
-    pgrp: int
-    # utime + stime + cutime + cstime: own CPU plus that of reaped children, so a process
-    # group's total survives its members reaping each other.
-    cpu_ticks: int
-    # Start time in clock ticks after boot: with the pid, it names one process for good.
-    start_ticks: int
-
-    @property
-    def zombie(self) -> bool:
-        return self.state in {"Z", "X", "x"}
+_HINT = "run the agent as root, or in a delegated systemd scope (systemd-run --scope -p Delegate=yes)"
 
 
-def parse_stat(text: str) -> ProcStat:
-    """Parse one ``/proc/<pid>/stat`` line; ``ValueError`` if malformed.
-
-    The command name (field 2) may contain spaces and parentheses, so fields are counted
-    from the *last* ``)``.
-    """
-    head, sep, rest = text.rpartition(")")
-    fields = rest.split()
-    if not sep or len(fields) < 20:
-        raise ValueError(f"malformed /proc stat line: {text[:80]!r}")
-    pid = int(head.split("(", 1)[0])
-    # fields[0] is field 3 (state); field n is fields[n - 3].
-    ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))
-    return ProcStat(pid, fields[0], int(fields[1]), int(fields[2]), ticks, int(fields[19]))
-
-
-def read_stat(pid: int, *, proc: Path = PROC) -> ProcStat | None:
-    """The process's stat, or None when it does not exist (or its stat is unreadable)."""
-    try:
-        return parse_stat((proc / str(pid) / "stat").read_text())
-    except (OSError, ValueError):
+def _v1_freezer(path: Sequence[str], root: Path, proc: Path, freezing: FreezeMode) -> CpuGroup | None:
+    """The worker's group in a writable cgroup-v1 ``freezer`` hierarchy, made here; None
+    without one (or with ``freezing`` signal): its jobs are frozen by signals."""
+    base = None if freezing == "signal" else detect_v1_freezer(root=root, proc=proc)
+    if base is None:
         return None
-
-
-def process_alive(pid: int | None, start_ticks: int | None, *, proc: Path = PROC) -> bool:
-    """True when ``pid`` is a live (non-zombie) process that started at ``start_ticks``."""
-    if pid is None or pid <= 0:
-        return False
-    st = read_stat(pid, proc=proc)
-    if st is None or st.zombie:
-        return False
-    return start_ticks is None or st.start_ticks == start_ticks
-
-
-def all_stats(*, proc: Path = PROC) -> list[ProcStat]:
-    """Every readable process (processes vanishing mid-scan are skipped)."""
-    out = []
-    with contextlib.suppress(OSError):
-        for name in os.listdir(proc):
-            if name.isdigit() and (st := read_stat(int(name), proc=proc)) is not None:
-                out.append(st)
-    return out
-
-
-def group_alive(pgid: int, *, proc: Path = PROC) -> bool:
-    """True while any non-zombie process is left in process group ``pgid``."""
+    group = CpuGroup(base.joinpath(*path), base.joinpath(*path), len(path))
     try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    return any(st.pgrp == pgid and not st.zombie for st in all_stats(proc=proc))
+        group.cpu_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.warning("specon.runtime.freezer_unavailable", group=str(group.cpu_dir), error=str(exc))
+        return None
+    return group
 
 
-def boot_id(*, proc: Path = PROC) -> str:
-    """This boot of this host: pids and start times mean something only within it."""
-    try:
-        return (proc / "sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return f"host:{os.uname().nodename}"
-
-
-def own_cgroups(*, proc: Path = PROC) -> dict[str, str]:
-    """This process's cgroup-v1 path per controller, from ``/proc/self/cgroup``."""
-    out: dict[str, str] = {}
-    try:
-        lines = (proc / "self/cgroup").read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) == 3 and parts[1]:
-            for controller in parts[1].split(","):
-                out[controller] = parts[2]
-    return out
-
-
-class GroupCpuMeter:
-    """Cumulative CPU seconds per process group (job), from ``/proc``, kept monotone.
-
-    A group's /proc total drops when a member exits unreaped-by-the-group or the group
-    ends, so each job keeps the largest total seen; jobs that ended still count in ``total``.
-    """
-
-    def __init__(self, *, proc: Path = PROC) -> None:
-        self._proc = proc
-        self._seen: dict[ContainerId, float] = {}
-
-    def sample(self, groups: Mapping[ContainerId, int]) -> dict[ContainerId, float]:
-        """Cumulative CPU seconds of each running job, given its process group id."""
-        ticks: dict[int, int] = {}
-        wanted = set(groups.values())
-        for st in all_stats(proc=self._proc):
-            if st.pgrp in wanted:
-                ticks[st.pgrp] = ticks.get(st.pgrp, 0) + st.cpu_ticks
-        out = {}
-        for job, pgid in groups.items():
-            seconds = max(self._seen.get(job, 0.0), ticks.get(pgid, 0) / CLK_TCK)
-            self._seen[job] = out[job] = seconds
-        return out
-
-    @property
-    def total(self) -> float:
-        return sum(self._seen.values())
-
-
-# -- cgroup v1 ----------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Detection:
-    """Whether cgroup-v1 CPU budgets are usable, why (not), and where groups go."""
-
-    available: bool
-    reason: str
-    cpu_base: Path | None = None
-    cpuacct_base: Path | None = None
-
-
-def detect(*, root: Path = CGROUP_ROOT, proc: Path = PROC) -> Detection:
-    """Look for writable cgroup-v1 ``cpu`` and ``cpuacct`` hierarchies under ``root``."""
-    if (root / "cgroup.controllers").exists():
-        return Detection(False, f"{root} is a cgroup v2 (unified) mount; v1 cpu/cpuacct are needed")
-    cpu, acct = root / "cpu", root / "cpuacct"
-    if not (cpu / "cpu.cfs_quota_us").exists():
-        return Detection(False, f"no cgroup-v1 cpu controller with CFS quota at {cpu}")
-    if not (acct / "cpuacct.usage").exists():
-        return Detection(False, f"no cgroup-v1 cpuacct controller at {acct}")
-    if not (os.access(cpu, os.W_OK) and os.access(acct, os.W_OK)):
-        return Detection(False, f"{cpu} / {acct} not writable (needs root or a delegated cgroup)")
-    own = own_cgroups(proc=proc)
-    # Nest under our own groups (as INFRA requires for memory): correct inside containers.
-    cpu_base = cpu / own.get("cpu", "/").lstrip("/")
-    acct_base = acct / own.get("cpuacct", "/").lstrip("/")
-    return Detection(True, "cgroup v1", cpu_base, acct_base)
-
-
-def quota_us(cpus: float) -> int:
-    """``cpu.cfs_quota_us`` for a budget of ``cpus`` cores at the fixed period."""
-    if not math.isfinite(cpus) or cpus <= 0:
-        raise ValueError(f"cpus must be a positive number, got {cpus}")
-    return max(MIN_QUOTA_US, round(cpus * PERIOD_US))
-
-
-def _write(path: Path, value: object) -> None:
-    with open(path, "w") as fh:
-        fh.write(str(value))
-
-
-@dataclass(frozen=True, slots=True)
-class CpuGroup:
-    """One worker's group in the cpu and cpuacct hierarchies (the same dir if co-mounted)."""
-
-    cpu_dir: Path
-    cpuacct_dir: Path
-    # The first directory this group's path created below the detection base; ``remove``
-    # stops there, so pre-existing ancestors are never touched.
-    levels: int
-
-    @classmethod
-    def at(cls, detection: Detection, *parts: str) -> CpuGroup:
-        if detection.cpu_base is None or detection.cpuacct_base is None:
-            raise ValueError(f"cgroups unavailable: {detection.reason}")
-        for part in parts:
-            if not part or "/" in part or part in {".", ".."}:
-                raise ValueError(f"invalid cgroup path component {part!r}")
-        rel = Path(*parts)
-        return cls(detection.cpu_base / rel, detection.cpuacct_base / rel, len(parts))
-
-    def _dirs(self) -> list[Path]:
-        return (
-            [self.cpu_dir]
-            if self.cpu_dir.resolve() == self.cpuacct_dir.resolve()
-            else [
-                self.cpu_dir,
-                self.cpuacct_dir,
-            ]
-        )
-
-    def create(self, cpus: float) -> None:
-        """Make the group (and its parents) and set its quota; ``OSError`` if refused."""
-        for d in self._dirs():
-            d.mkdir(parents=True, exist_ok=True)
-        self.set_cpus(cpus)
-
-    def set_cpus(self, cpus: float) -> None:
-        """Change the budget; takes effect at once, also for running jobs."""
-        _write(self.cpu_dir / "cpu.cfs_period_us", PERIOD_US)
-        _write(self.cpu_dir / "cpu.cfs_quota_us", quota_us(cpus))
-
-    def child(self, name: str) -> CpuGroup:
-        """The group ``name`` directly below this one (a job's, inside its worker's budget)."""
-        if not name or "/" in name or name in {".", ".."}:
-            raise ValueError(f"invalid cgroup path component {name!r}")
-        return CpuGroup(self.cpu_dir / name, self.cpuacct_dir / name, 1)
-
-    def make(self) -> None:
-        """Create this group below an existing parent (no quota: it shares the parent's)."""
-        for d in self._dirs():
-            d.mkdir(exist_ok=True)
-
-    def set_shares(self, shares: int) -> None:
-        _write(self.cpu_dir / "cpu.shares", shares)
-
-    def children(self) -> list[str]:
-        """Names of the groups directly below this one (cpu hierarchy)."""
-        with contextlib.suppress(OSError):
-            return sorted(e.name for e in os.scandir(self.cpu_dir) if e.is_dir(follow_symlinks=False))
-        return []
-
-    @property
-    def procs_files(self) -> tuple[Path, ...]:
-        return tuple(d / "cgroup.procs" for d in self._dirs())
-
-    def usage_ns(self) -> int:
-        """Cumulative CPU time of every task that ever ran in the group, in nanoseconds."""
-        return int((self.cpuacct_dir / "cpuacct.usage").read_text().split()[0])
-
-    def pids(self) -> set[int]:
-        """Processes in the group now (cpu hierarchy)."""
-        try:
-            return {int(x) for x in (self.cpu_dir / "cgroup.procs").read_text().split()}
-        except FileNotFoundError:
-            return set()
-
-    def exists(self) -> bool:
-        return any(d.is_dir() for d in self._dirs())
-
-    def remove(self) -> bool:
-        """rmdir the group, then its empty created parents; True when the group is gone.
-
-        Never kills anything: a group with tasks (EBUSY) is left in place.
-        """
-        gone = True
-        for d in self._dirs():
-            for name in CpuGroup(d, d, 1).children():  # the jobs' groups, once empty
-                with contextlib.suppress(OSError):
-                    (d / name).rmdir()
-            for level, path in enumerate([d, *d.parents][: self.levels]):
-                try:
-                    path.rmdir()
-                except FileNotFoundError:
-                    continue
-                except OSError:
-                    # The worker group itself still busy is a real leftover; a busy parent
-                    # only means another worker or cluster still uses it.
-                    gone = gone and level > 0
-                    break
-        return gone
+def _budget_group(_: Group) -> BudgetGroup:
+    return _  # mypy proves both group kinds satisfy the one interface
 
 
 # -- affinity -----------------------------------------------------------------------------
@@ -345,19 +143,20 @@ def pick_cpus(cpus: float, available: Sequence[int], *, offset: int = 0) -> froz
 
 
 class CpuBudget:
-    """A worker's CPU budget as enforced on this machine, its jobs' CPU weights, and its CPU
-    accounting."""
+    """A worker's CPU budget as enforced on this machine, its jobs' CPU weights, its CPU
+    accounting, and the freezer of its jobs."""
 
     def __init__(
         self,
         *,
         cpus: float,
         enforcement: Enforcement,
-        group: CpuGroup | None = None,
+        group: Group | None = None,
         affinity: frozenset[int] | None = None,
         proc: Path = PROC,
         cpuset: CpusetGroup | None = None,
         affinity_offset: int = 0,
+        freezer: Freezer | None = None,
     ) -> None:
         quota_us(cpus)  # validates
         self.cpus = cpus
@@ -369,8 +168,16 @@ class CpuBudget:
         self.cpuset = cpuset
         self.affinity_offset = affinity_offset
         self.pinned: frozenset[int] | None = None  # the CPUs, once pinned
+        self.freezer = freezer if freezer is not None else Freezer(proc=proc)
         self._proc = proc
         self._weight_warned: set[str] = set()
+
+    @property
+    def version(self) -> int | None:
+        """The cgroup version enforcing the budget (2 or 1); None without cgroups."""
+        if self.group is None:
+            return None
+        return 2 if isinstance(self.group, UnifiedGroup) else 1
 
     @classmethod
     def establish(
@@ -382,32 +189,21 @@ class CpuBudget:
         cgroup_root: Path = CGROUP_ROOT,
         proc: Path = PROC,
         affinity_offset: int = 0,
+        freezing: FreezeMode = "auto",
     ) -> CpuBudget:
-        """Create the budget: a cgroup when possible (``mode`` auto/cgroup), else fall back.
+        """Create the budget: a cgroup v2 or v1 group when possible (``mode`` auto/cgroup),
+        else fall back; and the freezer of its jobs (``freezing``: ``signal`` never uses a
+        cgroup freezer, ``cgroup`` never signals).
 
         ``mode="cgroup"`` raises ``OSError`` instead of falling back.
         """
         reason = f"mode {mode!r} requested"
         if mode in {"auto", "cgroup"}:
-            det = detect(root=cgroup_root, proc=proc)
-            reason = det.reason
-            if det.available:
-                group = CpuGroup.at(det, *path)
-                try:
-                    group.create(cpus)
-                    base = detect_cpuset(root=cgroup_root, own=own_cgroups(proc=proc).get("cpuset", "/"))
-                    return cls(
-                        cpus=cpus,
-                        enforcement=Enforcement.CGROUP,
-                        group=group,
-                        proc=proc,
-                        cpuset=None if base is None else CpusetGroup(base, path),
-                        affinity_offset=affinity_offset,
-                    )
-                except OSError as exc:
-                    reason = f"cannot create {group.cpu_dir}: {exc}"
-                    with contextlib.suppress(OSError):
-                        group.remove()
+            make = cls._unified if is_unified(cgroup_root) else cls._v1
+            made = make(cpus, path, root=cgroup_root, proc=proc, offset=affinity_offset, freezing=freezing)
+            if isinstance(made, CpuBudget):
+                return made
+            reason = made
             if mode == "cgroup":
                 raise OSError(f"cgroup CPU budget unavailable: {reason}")
         available = sorted(os.sched_getaffinity(0))
@@ -424,17 +220,78 @@ class CpuBudget:
                 cpus=cpus,
                 affinity=sorted(affinity) if affinity else None,
             )
-        return cls(cpus=cpus, enforcement=enforcement, affinity=affinity, proc=proc)
+        freezer = Freezer(v1_worker=_v1_freezer(path, cgroup_root, proc, freezing), mode=freezing, proc=proc)
+        return cls(cpus=cpus, enforcement=enforcement, affinity=affinity, proc=proc, freezer=freezer)
 
-    def job_group(self, job: ContainerId) -> CpuGroup:
+    @classmethod
+    def _unified(
+        cls, cpus: float, path: Sequence[str], *, root: Path, proc: Path, offset: int, freezing: FreezeMode
+    ) -> CpuBudget | str:
+        """The budget as a cgroup-v2 group, or why not."""
+        det = detect_unified(root=root, proc=proc)
+        if not det.available or det.own is None:
+            return det.reason
+        try:
+            controllers = delegate(det)
+        except OSError as exc:
+            return str(exc)
+        group = UnifiedGroup.at(det.own, *path, controllers=controllers)
+        try:
+            group.create(cpus)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                group.remove()
+            return f"cannot create {group.dir} (controllers {sorted(controllers)}): {exc}; {_HINT}"
+        cpuset = CpusetGroup(det.own, path, unified=True) if "cpuset" in controllers else None
+        log.info("specon.runtime.cgroup_v2", group=str(group.dir), controllers=sorted(controllers))
+        freezer = Freezer(v2_worker=group.dir, mode=freezing, proc=proc)
+        return cls(
+            cpus=cpus,
+            enforcement=Enforcement.CGROUP,
+            group=group,
+            proc=proc,
+            cpuset=cpuset,
+            affinity_offset=offset,
+            freezer=freezer,
+        )
+
+    @classmethod
+    def _v1(
+        cls, cpus: float, path: Sequence[str], *, root: Path, proc: Path, offset: int, freezing: FreezeMode
+    ) -> CpuBudget | str:
+        """The budget as a cgroup-v1 group (cpu, cpuacct), or why not."""
+        det = detect(root=root, proc=proc)
+        if not det.available:
+            return det.reason
+        group = CpuGroup.at(det, *path)
+        try:
+            group.create(cpus)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                group.remove()
+            return f"cannot create {group.cpu_dir}: {exc}"
+        base = detect_cpuset(root=root, own=own_cgroups(proc=proc).get("cpuset", "/"))
+        freezer = Freezer(v1_worker=_v1_freezer(path, root, proc, freezing), mode=freezing, proc=proc)
+        return cls(
+            cpus=cpus,
+            enforcement=Enforcement.CGROUP,
+            group=group,
+            proc=proc,
+            cpuset=None if base is None else CpusetGroup(base, path),
+            affinity_offset=offset,
+            freezer=freezer,
+        )
+
+    def job_group(self, job: ContainerId) -> Group:
         """``job``'s own group inside the worker's (``ValueError`` without cgroups)."""
         if self.group is None:
             raise ValueError(f"no cgroup CPU budget (enforcement {self.enforcement.value})")
         return self.group.child(JOB_PREFIX + job)
 
     def entry(self, job: ContainerId | None = None) -> Entry:
-        """Where a new process of the worker goes: into ``job``'s own group (made here; the
-        worker's group if that fails), and into the worker's cpuset once pinned."""
+        """Where a new process of the worker goes: into ``job``'s own group (made here, and
+        thawed; the worker's group if that fails), its v1 freezer group likewise, and into
+        the worker's v1 cpuset once pinned (a v2 cpuset is the worker's group itself)."""
         files = list(self.group.procs_files) if self.group else []
         fallback: dict[Path, Path] = {}
         if self.group is not None and job is not None:
@@ -445,7 +302,21 @@ class CpuBudget:
                 files = list(own.procs_files)
             except OSError as exc:  # it still runs in the budget, without a weight of its own
                 log.warning("specon.runtime.job_cgroup_unavailable", container=job, error=str(exc))
-        if self.pinned is not None and self.cpuset is not None and self.cpuset.made:
+        if job is not None:
+            try:
+                frozen = self.freezer.v1_entry(job)
+                if frozen is not None:
+                    files.append(frozen[0])
+                    fallback[frozen[0]] = frozen[1]
+                self.freezer.reset(job)
+            except OSError as exc:  # it runs, frozen by signals instead
+                log.warning("specon.runtime.freezer_group_unavailable", container=job, error=str(exc))
+        if (
+            self.pinned is not None
+            and self.cpuset is not None
+            and self.cpuset.made
+            and not self.cpuset.unified
+        ):
             files.append(self.cpuset.procs_file)
         return make_entry(files, self.affinity, fallback)
 
@@ -467,10 +338,9 @@ class CpuBudget:
     # -- CPU weights ----------------------------------------------------------------------
     def set_weight(self, job: ContainerId, weight: int) -> bool:
         """Give ``job`` CPU weight ``weight`` (cgroup-v2 units) among the worker's jobs: its
-        group's ``cpu.shares``, after pinning the worker (``pin``). False, logged once per
-        job and reason, where it cannot be applied."""
+        group's ``cpu.weight`` (v2) or ``cpu.shares`` (v1, converted), after pinning the
+        worker (``pin``). False, logged once per job and reason, where it cannot be applied."""
         try:
-            shares = cpu_shares(weight)
             own = self.job_group(job)
             if not own.cpu_dir.is_dir():
                 raise OSError(f"it has no cgroup of its own here ({own.cpu_dir})")
@@ -480,7 +350,7 @@ class CpuBudget:
                 self.cpuset.adopt(sorted(own.pids()))
             else:
                 pin_tasks(sorted(own.pids()), cpus, proc=self._proc)
-            own.set_shares(shares)
+            own.set_weight(weight)
         except (OSError, ValueError) as exc:
             # Without cgroups every job fails alike: one warning for the worker.
             key = "" if self.group is None else f"{job}: {exc}"
@@ -550,6 +420,15 @@ class CpuBudget:
                     if now - group.cpu_dir.stat().st_ctime < PRUNE_GRACE:
                         continue
                 group.remove()  # one with tasks left stays (EBUSY)
+        frozen = self.freezer.v1_worker
+        if frozen is not None:  # its job groups in the v1 freezer hierarchy, as above
+            for name in frozen.children():
+                path = frozen.cpu_dir / name
+                if not name.startswith(JOB_PREFIX) or name in keep:
+                    continue
+                with contextlib.suppress(OSError):
+                    if now - path.stat().st_ctime >= PRUNE_GRACE:
+                        path.rmdir()
 
     # -- accounting -----------------------------------------------------------------------
     def cpu_seconds(
@@ -571,6 +450,20 @@ class CpuBudget:
         per_job_seconds = self.meter.sample(groups)
         return self.meter.total, per_job_seconds
 
+    def job_pids(self, groups: Mapping[ContainerId, int]) -> dict[ContainerId, frozenset[int]]:
+        """The pids of each running job (``groups``: pgids): its process group's members and
+        whatever is in its own cgroups (processes that left the group), from one scan."""
+        members = group_members(groups.values(), proc=self._proc)
+        out = {}
+        for job, pgid in groups.items():
+            pids = set(members.get(pgid, ()))
+            if self.group is not None:
+                pids |= self.job_group(job).pids()
+            if self.freezer.v1_worker is not None:
+                pids |= self.freezer.v1_worker.child(JOB_PREFIX + job).pids()
+            out[job] = frozenset(pids)
+        return out
+
     def _job_seconds(self, jobs: Iterable[ContainerId]) -> dict[ContainerId, float]:
         out = {}
         for job in jobs:
@@ -579,9 +472,11 @@ class CpuBudget:
         return out
 
     def close(self) -> bool:
-        """Remove the cgroups (the jobs', the worker's, its cpuset) when empty; True when
-        nothing is left behind."""
+        """Remove the cgroups (the jobs', the worker's, its cpuset, its freezer) when empty;
+        True when nothing is left behind."""
         clean = self.group.remove() if self.group is not None else True
+        if self.freezer.v1_worker is not None:
+            clean = self.freezer.v1_worker.remove() and clean
         if self.cpuset is not None:  # also one a previous agent of this worker pinned
             clean = self.cpuset.remove() and clean
         return clean

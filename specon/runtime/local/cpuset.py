@@ -1,4 +1,5 @@
-"""Pinning a local worker to whole CPUs: a cgroup-v1 cpuset, else every task's CPU affinity.
+"""Pinning a local worker to whole CPUs: a cgroup cpuset (v1, or v2's in the worker's own
+group), else every task's CPU affinity.
 
 Why: ``cpu.shares`` decide only among tasks that wait for the same CPU. INFRA.md measured
 1024 vs 2 shares under a 0.5-CPU quota: 0.247 / 0.253 CPU on two unpinned CPUs (each job
@@ -75,15 +76,19 @@ def _write(path: Path, value: object) -> None:
 
 
 class CpusetGroup:
-    """One worker's cpuset: the path ``parts`` below ``base`` (made by ``create``)."""
+    """One worker's cpuset: the path ``parts`` below ``base`` (made by ``create``). On cgroup
+    v2 (``unified``) it is the worker's own group, made with its budget: ``create`` only
+    writes its ``cpuset.cpus`` (within the parent's effective CPUs), and its processes, all
+    in groups below it, need no moving."""
 
-    def __init__(self, base: Path, parts: Sequence[str]) -> None:
+    def __init__(self, base: Path, parts: Sequence[str], *, unified: bool = False) -> None:
         for part in parts:
             if not part or "/" in part or part in {".", ".."}:
                 raise ValueError(f"invalid cgroup path component {part!r}")
         self.base = base
         self.dir = base.joinpath(*parts)
         self.levels = len(parts)
+        self.unified = unified
         self.made = False
 
     @property
@@ -129,6 +134,9 @@ class CpusetGroup:
 
         ``OSError`` when refused or when none of ``cpus`` is in the parent's set.
         """
+        if self.unified:
+            allowed = parse_cpulist(_read(self.dir.parent / "cpuset.cpus.effective"))
+            return self._confine(cpus, allowed)
         path = self.base
         for part in self.dir.relative_to(self.base).parts:
             parent, path = path, path / part
@@ -136,7 +144,9 @@ class CpusetGroup:
             for name in ("cpuset.cpus", "cpuset.mems"):  # both, before any task joins
                 if not _read(path / name):
                     _write(path / name, _read(parent / name))
-        allowed = parse_cpulist(_read(self.dir.parent / "cpuset.cpus"))
+        return self._confine(cpus, parse_cpulist(_read(self.dir.parent / "cpuset.cpus")))
+
+    def _confine(self, cpus: frozenset[int], allowed: frozenset[int]) -> frozenset[int]:
         got = cpus & allowed
         if not got:
             raise OSError(f"none of CPUs {format_cpulist(cpus)} is in {self.dir.parent}'s cpuset")
@@ -145,7 +155,10 @@ class CpusetGroup:
         return got
 
     def adopt(self, pids: Iterable[int]) -> None:
-        """Move processes (each with all its threads) into the group; gone ones are skipped."""
+        """Move processes (each with all its threads) into the group; gone ones are skipped.
+        Nothing to do on v2: the worker's processes are all in groups below it."""
+        if self.unified:
+            return
         for pid in pids:
             if pid <= 0:
                 continue  # "0" would move the writer itself
@@ -154,7 +167,10 @@ class CpusetGroup:
 
     def remove(self) -> bool:
         """rmdir the group, then its empty created parents; True when the group is gone.
-        A group with tasks (EBUSY) is left in place; nothing is killed."""
+        A group with tasks (EBUSY) is left in place; nothing is killed. On v2 the worker's
+        group is its CPU group's to remove."""
+        if self.unified:
+            return True
         for level, path in enumerate([self.dir, *self.dir.parents][: self.levels]):
             try:
                 path.rmdir()

@@ -111,7 +111,9 @@ class Request:
             raise ValueError(f"bad request: {exc!r}") from exc
 
 
-def _set_comm(name: str) -> None:
+def set_comm(name: str) -> None:
+    """This process's name (``/proc/PID/comm``, 15 bytes kept); silently unchanged where
+    ``prctl`` is missing."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
@@ -121,17 +123,19 @@ def _ignore(_signum: int, _frame: FrameType | None) -> None:
     """The launcher outlives the job's SIGTERM so it can record the exit (as the cold one)."""
 
 
-def _open_append(path: str) -> int:
+def open_append(path: str) -> int:
+    """A descriptor appending to the job's output file ``path``."""
     # Never through a symlink or into a FIFO planted in the job's directory (as the runtime).
     return ckpt.open_regular(path, ckpt.APPEND_FLAGS)
 
 
-def _run_job(req: Request) -> int:
-    """In the job's process: ``python -m module args`` with the imports already done."""
+def run_job(req: Request) -> int:
+    """In the job's process: ``python -m module args`` with the imports already done (here
+    after a fork, in the GPU standby in place); the exit status."""
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    _set_comm(os.path.basename(sys.executable)[:15])
+    set_comm(os.path.basename(sys.executable)[:15])
     os.environ.clear()
     os.environ.update(req.env)
     random.seed()  # a fresh interpreter's generators are seeded from the OS, not shared
@@ -165,10 +169,17 @@ def _setup(req: Request) -> None:
     os.setsid()
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _ignore)
-    _set_comm(warm_comm(req.run_id))
+    take_place(req)
+
+
+def take_place(req: Request) -> None:
+    """Become ``req``'s launcher where it stands: the run's name (``warm_comm``, which
+    ``find_launcher`` looks for), the worker's cgroups and CPUs, the job's files and
+    directory (also the GPU standby's keeper, ``specon.runtime.local.standby``)."""
+    set_comm(warm_comm(req.run_id))
     enter(req.entry)
     null = os.open(os.devnull, os.O_RDONLY)
-    out, err = _open_append(req.stdout), _open_append(req.stderr)
+    out, err = open_append(req.stdout), open_append(req.stderr)
     os.chdir(req.cwd)
     os.dup2(null, 0)
     os.dup2(out, 1)
@@ -189,7 +200,7 @@ def _launcher(req: Request, ready: int) -> int:
     os.closerange(3, 1 << 16)  # the server's socket, the pipe: nothing leaks into the job
     child = os.fork()
     if child == 0:
-        os._exit(_run_job(req))
+        os._exit(run_job(req))
     return wait_and_record(child, req.exits, req.run_id, req.worker)
 
 

@@ -1,0 +1,74 @@
+"""What a heartbeat says of each container: a running one as its agent watches it, an ended one
+as it last was. Pure: the agent (``specon_agent.core``) hands in what it keeps."""
+
+from __future__ import annotations
+
+import math
+
+from specon.model import Category
+from specon.policy.monitor import MonitorState
+from specon.runtime.base import ContainerInfo, JobSpec
+from specon.wire.gpu import GpuUse
+from specon.wire.protocol import STEPS_LABEL, ContainerReport, LossWindow, Phase
+from specon_agent.watched import Watched
+
+
+def running_report(
+    w: Watched,
+    *,
+    cpu_weight: int | None,
+    remaining_work: float | None,
+    window: LossWindow | None,
+    gpu: GpuUse | None,
+) -> ContainerReport:
+    """A watched container: its category, Algorithm 1's figures, its step and placement facts."""
+    st, spec = w.state, w.info.spec
+    return ContainerReport(
+        id=w.info.id,
+        category=st.display,
+        phase="running",
+        last_g=st.last_g if st.last_g is not None and math.isfinite(st.last_g) else None,
+        t_cc=st.t_cc,
+        migrated=st.migrated,
+        stalled=st.stalled,
+        pending_request=st.pending_request,
+        step=w.step,
+        requests=spec.requests,
+        job=job_labels(spec),
+        selector=dict(spec.selector),
+        tolerations=spec.tolerations,
+        cpu_weight=cpu_weight,
+        remaining_work=remaining_work,
+        window=window,
+        gpu_memory=spec.gpu_memory,
+        gpu=gpu,
+    )
+
+
+def ended_report(
+    info: ContainerInfo, phase: Phase, state: MonitorState | None, initial: Category, gpu: GpuUse | None
+) -> ContainerReport:
+    """A container that ended here (finished, stopped or failed), in its last category."""
+    spec = info.spec
+    return ContainerReport(
+        id=info.id,
+        category=state.display if state else initial,
+        phase=phase,
+        migrated=bool(state and state.migrated),
+        requests=spec.requests,
+        job=job_labels(spec),
+        selector=dict(spec.selector),
+        tolerations=spec.tolerations,
+        gpu_memory=spec.gpu_memory,
+        gpu=gpu,
+    )
+
+
+def job_labels(spec: JobSpec) -> dict[str, str]:
+    """Its job labels, with its model and declared steps where the spec has them."""
+    out = {k: v for k, v in spec.labels}
+    if spec.model:
+        out.setdefault("model", spec.model)
+    if spec.steps is not None:
+        out.setdefault(STEPS_LABEL, str(spec.steps))
+    return out

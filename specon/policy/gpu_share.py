@@ -1,0 +1,208 @@
+"""Priority on a GPU: which of the jobs sharing one GPU run, freeze, or are suspended.
+
+A pure decision (no clock, no I/O): the jobs on one GPU with their weights under the node's
+priority rule in, a ``GpuPlan`` out. The agent (``specon_agent.gpu_share``) applies it
+through the runtime and the simulator runs the same function.
+
+The rule, under ``mechanism`` ``freeze`` and ``both``:
+
+- **Rank.** Jobs by weight, highest first. Among equal weights: a job that has waited
+  longer than a quantum (longest first), then the running ones (the one switched in most
+  recently first), then those that have waited a quantum or less. So equal weights take
+  turns a quantum each, and a job frozen now never outranks, at the same instant, the job
+  that displaced it (the plan is idempotent). Then the id, so the order is total.
+- **Due.** The top ``concurrency`` jobs are due to run.
+- **Quanta.** A running job that has run ``quantum`` seconds or less keeps running in place
+  of the lowest-ranked due job that is not running (the switch waits for the quantum), but
+  never in place of a due job that already runs: freezing a running due job to keep another
+  would be a switch of its own.
+- **Memory.** Running and frozen jobs hold their GPU memory; the plan keeps them within
+  ``memory_total * (1 - memory_headroom)``. A suspended due job resumes only when its
+  memory fits beside the jobs that will run (its slot goes to the next job otherwise); then
+  while the running and frozen jobs' memory is over the budget, the frozen (or to-be-frozen)
+  job of lowest rank is suspended (checkpoint and exit: Hermes's answer). A running job is
+  never suspended to make room: where the runners alone exceed the budget, the plan
+  suspends every other job and goes on.
+- **Exempt** jobs (one spanning several GPUs, one being saved, or one whose peers elsewhere
+  would time out in their collectives) always run: never frozen nor suspended. They take no
+  slot (the GPU is time-sliced between them and the jobs that run); their memory counts.
+
+Under ``none`` (plain time-slicing, the DS baseline) and ``mps`` (percentages fixed at each
+start, ``mps_percentage``) every job runs: frozen ones are thawed, nothing is frozen or
+suspended, and a job left suspended (by an earlier policy) resumes as soon as its memory
+fits, highest rank first. A suspended job is never forgotten: under every mechanism it is
+resumed once it is due (or, without freezing, once it fits).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from specon.config.sections import GpuShareConfig
+from specon.model import WEIGHT_MAX, WEIGHT_MIN, ContainerId, GpuState
+
+
+@dataclass(frozen=True, slots=True)
+class GpuJob:
+    """One job on one GPU, as the plan needs it."""
+
+    id: ContainerId
+    # Its weight under the node's priority rule (1..10,000, as for CPU).
+    weight: int
+    # GPU bytes it holds now (running, frozen) or needs to come back (suspended).
+    memory: int
+    state: GpuState
+    # When it entered its state (the caller's clock).
+    since: float
+    # Always runs: never frozen nor suspended (see the module's docstring).
+    exempt: bool = False
+
+    def __post_init__(self) -> None:
+        if not WEIGHT_MIN <= self.weight <= WEIGHT_MAX:
+            raise ValueError(f"{self.id}: weight must be in [{WEIGHT_MIN}, {WEIGHT_MAX}], got {self.weight}")
+        if self.memory < 0:
+            raise ValueError(f"{self.id}: memory must be >= 0, got {self.memory}")
+        if self.state not in ("running", "frozen", "suspended"):
+            raise ValueError(f"{self.id}: unknown state {self.state!r}")
+        if not math.isfinite(self.since):
+            raise ValueError(f"{self.id}: since must be finite, got {self.since}")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPlan:
+    """What to do on one GPU now. ``run`` in rank order; the other tuples name only the jobs
+    whose state changes."""
+
+    run: tuple[ContainerId, ...] = ()  # the jobs that run after this step
+    freeze: tuple[ContainerId, ...] = ()  # running -> frozen
+    thaw: tuple[ContainerId, ...] = ()  # frozen -> running
+    suspend: tuple[ContainerId, ...] = ()  # -> suspended, lowest rank first
+    resume: tuple[ContainerId, ...] = ()  # suspended -> running (restored on this worker)
+
+    @property
+    def changes(self) -> int:
+        """How many jobs change state."""
+        return len(self.freeze) + len(self.thaw) + len(self.suspend) + len(self.resume)
+
+
+def freezes(cfg: GpuShareConfig) -> bool:
+    """Whether ``cfg``'s mechanism freezes jobs (``freeze``, ``both``)."""
+    return cfg.mechanism in ("freeze", "both")
+
+
+def budget(memory_total: int, cfg: GpuShareConfig) -> float:
+    """GPU bytes the running and frozen jobs may hold together (unbounded when the total is
+    unknown: 0 or less)."""
+    return math.inf if memory_total <= 0 else memory_total * (1.0 - cfg.memory_headroom)
+
+
+def ranked(jobs: Iterable[GpuJob], cfg: GpuShareConfig, now: float) -> list[GpuJob]:
+    """``jobs`` in priority order (the module's docstring: "Rank")."""
+
+    def key(j: GpuJob) -> tuple[int, int, float, str]:
+        if j.state == "running":
+            tier, order = 1, -j.since  # switched in most recently first
+        else:
+            tier = 0 if now - j.since > cfg.quantum else 2
+            order = j.since  # waiting longest first
+        return -j.weight, tier, order, str(j.id)
+
+    return sorted(jobs, key=key)
+
+
+def plan(jobs: Sequence[GpuJob], memory_total: int, cfg: GpuShareConfig, now: float) -> GpuPlan:
+    """The plan for the jobs on one GPU of ``memory_total`` bytes at ``now``.
+
+    Raises ``ValueError`` for a job listed twice.
+    """
+    ids = [j.id for j in jobs]
+    if len(set(ids)) != len(ids):
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        raise ValueError(f"jobs listed twice: {', '.join(dup)}")
+    order = ranked(jobs, cfg, now)
+    limit = budget(memory_total, cfg)
+    # Without freezing: every resident job runs, and the suspended ones that fit.
+    run = _run_set(order, cfg, now, limit) if freezes(cfg) else _fitting(order, order, limit)
+    chosen = {j.id for j in run}
+    rest = [j for j in order if j.id not in chosen]
+    held = sum(j.memory for j in run) + sum(j.memory for j in rest if j.state != "suspended")
+    suspend: list[GpuJob] = []
+    for j in reversed(rest):  # lowest rank first
+        if held <= limit:
+            break
+        if j.state != "suspended":
+            suspend.append(j)
+            held -= j.memory
+    gone = {j.id for j in suspend}
+    return GpuPlan(
+        run=tuple(j.id for j in run),
+        freeze=tuple(j.id for j in rest if j.state == "running" and j.id not in gone),
+        thaw=tuple(j.id for j in run if j.state == "frozen"),
+        suspend=tuple(j.id for j in suspend),
+        resume=tuple(j.id for j in run if j.state == "suspended"),
+    )
+
+
+def _run_set(order: list[GpuJob], cfg: GpuShareConfig, now: float, limit: float) -> list[GpuJob]:
+    """Under freezing: the jobs that run, in rank order (Due, Quanta, Memory)."""
+    unfit: set[ContainerId] = set()  # suspended jobs whose memory does not fit now
+    while True:
+        candidates = [j for j in order if j.id not in unfit]
+        exempt = [j for j in candidates if j.exempt]
+        others = [j for j in candidates if not j.exempt]
+        run = exempt + others[: cfg.concurrency]
+        chosen = {j.id for j in run}
+        for j in others:
+            if j.id in chosen or j.state != "running" or now - j.since > cfg.quantum:
+                continue
+            waiting = [d for d in run if d.state != "running" and not d.exempt]
+            if not waiting:
+                break
+            run.remove(waiting[-1])  # the lowest-ranked due job not running waits its turn
+            run.append(j)
+            chosen = {d.id for d in run}
+        rank = {j.id: i for i, j in enumerate(order)}
+        run.sort(key=lambda j: rank[j.id])
+        fitted = _fitting(order, run, limit)
+        if len(fitted) == len(run):
+            return run
+        unfit |= {j.id for j in run} - {j.id for j in fitted}
+
+
+def _fitting(order: list[GpuJob], run: list[GpuJob], limit: float) -> list[GpuJob]:
+    """``run`` (in rank order) less the suspended jobs whose memory does not fit beside its
+    resident jobs and the suspended ones of higher rank that do; in rank order."""
+    keep = [j for j in run if j.state != "suspended"]
+    used = sum(j.memory for j in keep)
+    for j in run:
+        if j.state == "suspended" and used + j.memory <= limit:
+            keep.append(j)
+            used += j.memory
+    rank = {j.id: i for i, j in enumerate(order)}
+    return sorted(keep, key=lambda j: rank[j.id])
+
+
+def after(jobs: Sequence[GpuJob], p: GpuPlan, now: float) -> list[GpuJob]:
+    """``jobs`` once ``p`` is carried out at ``now`` (each changed job's ``since`` is now)."""
+    new: dict[ContainerId, GpuState] = {}
+    for cid in (*p.thaw, *p.resume):
+        new[cid] = "running"
+    for cid in p.freeze:
+        new[cid] = "frozen"
+    for cid in p.suspend:
+        new[cid] = "suspended"
+    return [replace(j, state=new[j.id], since=now) if j.id in new else j for j in jobs]
+
+
+def mps_percentage(weight: int, others: Sequence[int], cfg: GpuShareConfig) -> int:
+    """``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` for a job starting with ``weight`` beside running
+    jobs of weights ``others``: its share of the weights, at least ``mps_min_percentage``
+    (100 alone, or where the mechanism uses no MPS). Fixed for the process's life (MPS reads
+    it at the client's start), so it is decided at each start and restore."""
+    if cfg.mechanism not in ("mps", "both"):
+        return 100
+    total = weight + sum(others)
+    share = 100 if total <= 0 else math.floor(100 * weight / total + 0.5)
+    return max(cfg.mps_min_percentage, min(100, share))
