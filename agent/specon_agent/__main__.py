@@ -249,6 +249,7 @@ async def run(args: argparse.Namespace) -> int:
         return 2
     token = token or first
     host, port = args.listen
+    gpus = NvmlReader() if args.gpu == "auto" else None
     runtime: Runtime
     if args.runtime == "kubernetes":
         if not args.node:
@@ -285,6 +286,8 @@ async def run(args: argparse.Namespace) -> int:
         from specon.runtime.docker.backend import DockerRuntime, connect  # noqa: PLC0415
         from specon.runtime.docker.recipe import HostRules  # noqa: PLC0415
 
+        # The product a GPU job first started here keeps to (unless it allows any): NVML's.
+        seen = gpus.read() if gpus is not None else None
         try:
             runtime = DockerRuntime(
                 args.volume,
@@ -298,6 +301,7 @@ async def run(args: argparse.Namespace) -> int:
                     gpus=args.docker_allow_gpus,
                 ),
                 migration_mode=policy.migration.mode,
+                gpu_product=seen.devices[0].name if seen and seen.devices else None,
             )
         except Exception as exc:  # the SDK raises several types for an engine it cannot reach
             print(f"specon-agent: cannot use the Docker engine: {exc}", file=sys.stderr)
@@ -323,7 +327,7 @@ async def run(args: argparse.Namespace) -> int:
         address=f"{host}:{port}",
         state_file=state_dir / "monitor.json",
         settings=settings,
-        gpus=NvmlReader() if args.gpu == "auto" else None,
+        gpus=gpus,
     )
     client = ManagerClient(
         args.manager,

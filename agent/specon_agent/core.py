@@ -26,7 +26,7 @@ from specon.config import Policy, ProgressConfig
 from specon.coordinator.retention import expired
 from specon.daemon.settings import AgentSettings
 from specon.jobkit import EXIT_CHECKPOINTED
-from specon.model import ContainerId, Direction, GpuState, Resources, WorkerId
+from specon.model import RUNTIME_LABEL, ContainerId, Direction, GpuState, Resources, WorkerId
 from specon.policy.classifier import classifier_for, horizon
 from specon.policy.monitor import MonitorState, StateError
 from specon.progress import SkipReason, Tailer
@@ -233,7 +233,12 @@ class Agent:
                 w.last_sample_at = now
                 self.counters.samples += len(got)
         self.windows.tick(now, samples, self.watched)
-        states = {cid: w.state for cid, w in self.watched.items()}
+        # A job the GPU sharing has frozen logs nothing by design: such a tick is not a stale one.
+        states = {
+            cid: w.state
+            for cid, w in self.watched.items()
+            if cid in samples or self.gpu_states.get(cid) != "frozen"
+        }
         # A job that declared its steps is judged against the rest of its run (robust classifier).
         horizons = {
             cid: h for cid, w in self.watched.items() if (h := horizon(w.info.spec.steps, w.step)) is not None
@@ -277,7 +282,8 @@ class Agent:
         self.usage = min(1.0, max(0.0, u.cpu_utilisation)) if math.isfinite(u.cpu_utilisation) else 0.0
         self.cpu_seconds = dict(u.per_container)
         self.gpu_sample = await self.gpus.refresh(self.runtime)  # NVML in a thread
-        self.capacity = gpu_capacity(u.capacity, self.gpu_sample.devices if self.gpu_sample else ())
+        devices = self.gpu_sample.devices if self.gpu_sample else ()
+        self.capacity = gpu_capacity(u.capacity, devices, runtime=self.runtime.node_labels.get(RUNTIME_LABEL))
 
     # -- priority on the node ----------------------------------------------------------
     def running_jobs(self) -> list[Running]:

@@ -134,6 +134,8 @@ class _Job:
     finished: bool = False
     cpu_seconds: float = 0.0
     accounted_until: float = 0.0
+    # Frozen (``FakeRuntime.freeze``): it makes no progress and burns no CPU until thawed.
+    frozen: bool = False
 
     @property
     def running(self) -> bool:
@@ -177,7 +179,7 @@ class FakeVolume:
     def materialise(self, now: float) -> None:
         """Bring every running job up to ``now``: steps, records, checkpoints, CPU, finish."""
         for job in self.jobs.values():
-            if job.running:
+            if job.running and not job.frozen:
                 self._advance(job, now)
         if self.root is not None:
             for job in self.jobs.values():
@@ -252,6 +254,9 @@ class FakeRuntime:
         # ``weights_supported`` off to play a backend that cannot apply them.
         self.weights: dict[ContainerId, int] = {}
         self.weights_supported = True
+        # Freezing (``freeze``/``thaw``); host PIDs per container, as NVML would see them.
+        self.freezing_supported = True
+        self.host_pids: dict[ContainerId, frozenset[int]] = {}
         self._save_faults: list[SaveFault] = []
         self._start_faults: list[str] = []
         self._last_usage = (self.clock.now(), volume.worker_cpu.get(self._worker, 0.0))
@@ -321,13 +326,38 @@ class FakeRuntime:
         return job.spec if job is not None else None
 
     async def freeze(self, container_id: ContainerId) -> bool:
-        return False  # GPU-SHARE: replaced by this backend's freezer
+        """The job stops where it stands (no steps, no CPU) until ``thaw``; False for a
+        container not running here or while ``freezing_supported`` is off."""
+        self.calls.append(("freeze", container_id))
+        job = self.volume.jobs.get(container_id)
+        if not (self.freezing_supported and job is not None and job.owner == self._worker and job.running):
+            return False
+        self.volume.materialise(self.clock.now())
+        job.frozen = job.running  # it may have finished meanwhile
+        return job.frozen
 
     async def thaw(self, container_id: ContainerId) -> bool:
-        return False  # GPU-SHARE: replaced by this backend's freezer
+        self.calls.append(("thaw", container_id))
+        job = self.volume.jobs.get(container_id)
+        if job is None or job.owner != self._worker:
+            return False
+        self._thaw(job)
+        return True
+
+    def _thaw(self, job: _Job) -> None:
+        if job.frozen:  # it goes on from its step as if started now
+            now = self.clock.now()
+            job.frozen, job.run_started_at, job.run_start_step, job.accounted_until = (
+                False,
+                now,
+                job.step,
+                now,
+            )
 
     async def pids(self) -> dict[ContainerId, frozenset[int]]:
-        return {}  # GPU-SHARE: replaced by this backend's PID map
+        """``host_pids`` of the containers running here (set by tests)."""
+        running = {j.spec.id for j in self.volume.jobs.values() if j.owner == self._worker and j.running}
+        return {cid: pids for cid, pids in self.host_pids.items() if cid in running}
 
     async def set_cpu_weight(self, container_id: ContainerId, weight: int) -> bool:
         """Records the weight (``weights``); False for a container not running here, a weight
@@ -357,7 +387,7 @@ class FakeRuntime:
             await self.clock.sleep(self.start_seconds)
         now = self.clock.now()
         job.spec, job.script = spec, self.volume.scripts.get(spec.id, job.script)
-        job.owner, job.state, job.exit_code = self._worker, ContainerState.RUNNING, None
+        job.owner, job.state, job.exit_code, job.frozen = self._worker, ContainerState.RUNNING, None, False
         job.step = job.run_start_step = job.checkpoints[-1] if job.checkpoints else 0
         job.run_started_at = job.accounted_until = now
         job.records.append({"event": "resumed", "step": job.step, "worker": self._worker, "time": now})
@@ -367,6 +397,7 @@ class FakeRuntime:
         self.calls.append(("save", container_id))
         job = self._mine(container_id)
         self.volume.materialise(self.clock.now())
+        self._thaw(job)  # a frozen job sees no SIGTERM: every backend thaws before it saves
         fault = self._save_faults.pop(0) if self._save_faults and job.running else None
         if fault == "error":
             raise SaveFailed(container_id, "injected: no checkpoint could be made; left running")
@@ -397,6 +428,7 @@ class FakeRuntime:
         self.calls.append(("stop", container_id))
         job = self._mine(container_id)
         self.volume.materialise(self.clock.now())
+        self._thaw(job)
         if job.running:
             job.checkpoints.append(job.step)  # the job contract: checkpoint on SIGTERM
             job.state, job.exit_code = ContainerState.EXITED, 0

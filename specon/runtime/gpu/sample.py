@@ -139,9 +139,18 @@ def gpu_labels(devices: Sequence[GpuDeviceLike]) -> dict[str, str]:
     return labels
 
 
-def gpu_capacity(capacity: Resources, devices: Sequence[GpuDeviceLike]) -> Resources:
+# The backends whose own count of GPUs jobs may use stands even at 0: a Docker host's rule
+# (``--docker-allow-gpus``: none unless allowed) and a Kubernetes node's allocatable
+# ``nvidia.com/gpu`` (the device plugin decides). A local worker has every GPU NVML finds.
+GPU_COUNTING_RUNTIMES = frozenset({"docker", "kubernetes"})
+
+
+def gpu_capacity(
+    capacity: Resources, devices: Sequence[GpuDeviceLike], *, runtime: str | None = None
+) -> Resources:
     """``capacity`` counting the GPUs NVML found, where the runtime gave no count of its own
-    (a Kubernetes node's allocatable ``nvidia.com/gpu`` wins: the device plugin decides)."""
-    if capacity.gpu or not devices:
+    and is not one that counts them itself (``GPU_COUNTING_RUNTIMES``; ``runtime``: its
+    ``specon.model.RUNTIME_LABEL``)."""
+    if capacity.gpu or not devices or runtime in GPU_COUNTING_RUNTIMES:
         return capacity
     return replace(capacity, gpu=len(devices))

@@ -291,3 +291,26 @@ async def test_metrics_use_dcgm_names_per_device_and_specon_names_per_container(
 async def test_healthz_counts_the_gpus(client: Client) -> None:
     body = await (await client.get("/healthz")).json()
     assert body["gpus"] == 2
+
+
+async def test_a_frozen_job_neither_trains_nor_goes_stale(world: World) -> None:
+    # The fake runtime freezes for real (no steps while frozen); the agent does not count a
+    # tick of a job the GPU sharing froze as a stale one, so it never turns "stalled".
+    agent = world.agent()
+    await world.start("a")
+    await world.sample(agent)
+
+    def last_step() -> int:
+        return max(int(r["step"]) for r in world.volume.records("a") if "step" in r)
+
+    assert await world.runtime.freeze(A)
+    agent.gpu_states[A] = "frozen"
+    step, stale = last_step(), agent.watched[A].state.stale_run
+    for _ in range(agent.policy.monitor.stale_ticks + 2):
+        await world.sample(agent)
+    assert last_step() == step
+    assert agent.watched[A].state.stale_run == stale and not agent.watched[A].state.stalled
+    assert await world.runtime.thaw(A)
+    agent.gpu_states.pop(A)
+    await world.sample(agent)
+    assert last_step() == step + 10

@@ -73,3 +73,8 @@ def test_capacity_counts_devices_unless_the_node_said() -> None:
     assert gpu_capacity(Resources(cpu=4), [H100, A100]) == Resources(cpu=4, gpu=2)
     assert gpu_capacity(Resources(cpu=4, gpu=1), [H100, A100]) == Resources(cpu=4, gpu=1)
     assert gpu_capacity(Resources(cpu=4), []) == Resources(cpu=4)
+    # A local worker has every GPU NVML finds; a Docker host only those its rule allows
+    # (none by default) and a Kubernetes node its allocatable ones, also when that is 0.
+    assert gpu_capacity(Resources(cpu=4), [H100], runtime="local") == Resources(cpu=4, gpu=1)
+    assert gpu_capacity(Resources(cpu=4), [H100], runtime="docker") == Resources(cpu=4)
+    assert gpu_capacity(Resources(cpu=4), [H100], runtime="kubernetes") == Resources(cpu=4)
