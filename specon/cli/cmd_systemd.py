@@ -232,6 +232,10 @@ def agent_unit(args: argparse.Namespace) -> AgentUnit:
         raise UnitError("--docker-host and --allow-bind go with --runtime docker")
     if args.warm and args.runtime != "local":
         raise UnitError("--warm goes with --runtime local")
+    if args.docker_allow_gpus and args.runtime != "docker":
+        raise UnitError("--docker-allow-gpus goes with --runtime docker")
+    if args.docker_allow_gpus < 0:
+        raise UnitError(f"--docker-allow-gpus must be >= 0, got {args.docker_allow_gpus}")
     if args.cpus is not None and not 0 < args.cpus < 1e6:
         raise UnitError(f"--cpus must be a positive number of cores, got {args.cpus}")
     if args.token_via == "environment" and args.runtime == "local":
@@ -269,6 +273,8 @@ def agent_unit(args: argparse.Namespace) -> AgentUnit:
         ca_file=_ca_file(args.ca_file, manager),
         insecure_http=args.insecure_http,
         source_address=_source_address(args.source_address),
+        gpu=args.gpu,
+        docker_allow_gpus=args.docker_allow_gpus,
     )
 
 
@@ -497,6 +503,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--listen", default="127.0.0.1:7701", metavar="HOST:PORT", help="where /healthz and /metrics listen"
     )
     agent.add_argument("--cpus", type=float, help="this worker's CPU budget in cores (local runtime)")
+    agent.add_argument(
+        "--gpu",
+        action="store_true",
+        help="read this host's NVIDIA GPUs through NVML (agent --gpu auto; the unit opens the NVIDIA "
+        "device nodes for it, and no other device)",
+    )
+    agent.add_argument(
+        "--docker-allow-gpus",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --runtime docker: GPUs one job's container may request (default 0: none)",
+    )
     agent.add_argument(
         "--warm",
         action="store_true",

@@ -50,6 +50,14 @@ class AgentUnit:
     ca_file: Path | None = None
     insecure_http: bool = False
     source_address: str | None = None
+    # GPUs: the agent reads them through NVML (the NVIDIA device nodes opened for it), and a
+    # Docker host lets its jobs request up to ``docker_allow_gpus`` of them.
+    gpu: bool = False
+    docker_allow_gpus: int = 0
+
+
+# What NVML opens (``/proc/devices`` names): the control node and the GPUs. Nothing else of /dev.
+NVML_DEVICES = ("char-nvidiactl", "char-nvidia-frontend")
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,8 @@ def render_agent(unit: AgentUnit) -> str:
         argv.append(["--docker-host", exec_arg(unit.docker_host)])
     for prefix in unit.allow_bind:
         argv.append(["--allow-bind", exec_arg(str(prefix))])
+    if unit.docker_allow_gpus:
+        argv.append(["--docker-allow-gpus", str(unit.docker_allow_gpus)])
     if unit.cpus is not None:
         argv.append(["--cpus", f"{unit.cpus:g}"])
     if unit.warm:
@@ -155,8 +165,16 @@ def render_agent(unit: AgentUnit) -> str:
             "TOKEN": token,
             "PROTECT_HOME": unit.protect_home,
             "READ_WRITE": " ".join(escape(p) for p in read_write),
-            "RUNTIME": _template(f"agent-{unit.runtime}.in"),
+            "RUNTIME": _template(f"agent-{unit.runtime}.in") + (_gpu_devices() if unit.gpu else ""),
         },
+    )
+
+
+def _gpu_devices() -> str:
+    lines = "\n".join(f"DeviceAllow={name} rw" for name in NVML_DEVICES)
+    return (
+        "\n# --gpu: NVML opens the NVIDIA control and GPU nodes read-write; every other device stays"
+        f"\n# closed.\nPrivateDevices=no\nDevicePolicy=closed\n{lines}\n"
     )
 
 

@@ -116,7 +116,9 @@ class EmbeddedCluster:
         warm: bool = False,
         hosts: Sequence[Host] | None = None,
         tls: TlsFiles | None = None,
+        agent_args: Sequence[str] = (),
     ) -> None:
+        """``agent_args``: more arguments for every agent (e.g. ``--gpu-standby auto``)."""
         if hosts is not None and len(hosts) != workers + 1:
             raise ValueError(f"{workers} workers need {workers + 1} hosts: the manager's first")
         self.root = root
@@ -142,6 +144,7 @@ class EmbeddedCluster:
         self.cluster: LocalCluster | None = None
         self.hosts = list(hosts) if hosts is not None else None
         self.tls = tls
+        self.agent_args = tuple(agent_args)
         # The driver's own requests (health, status) verify the manager like the agents do.
         self.ssl: ssl.SSLContext | bool = ssl.create_default_context(cafile=tls.ca) if tls else True
 
@@ -239,6 +242,7 @@ class EmbeddedCluster:
         ]  # fmt: skip
         if self.policy is not None:
             argv += ["--policy", str(self.policy)]
+        argv += self.agent_args
         if self.tls is not None:
             argv += ["--tls-cert", str(self.tls.cert), "--tls-key", str(self.tls.key)]
         scheme = "https" if self.tls else "http"

@@ -90,6 +90,18 @@ def test_agent_docker_unit() -> None:
     assert "KillMode" not in d  # its jobs are dockerd's children, not its own
 
 
+def test_agent_gpu_docker_unit() -> None:
+    unit = dataclasses.replace(AGENT, runtime="docker", gpu=True, docker_allow_gpus=2)
+    text = render_agent(unit)
+    d = _directives(text)
+    argv = " ".join(_exec_start(text))
+    assert "--docker-allow-gpus 2" in argv
+    # NVML's device nodes only: the later PrivateDevices=no wins, every other device is closed.
+    assert d["PrivateDevices"] == ["yes", "no"] and d["DevicePolicy"] == ["closed"]
+    assert d["DeviceAllow"] == ["char-nvidiactl rw", "char-nvidia-frontend rw"]
+    assert "DeviceAllow" not in _directives(render_agent(AGENT))
+
+
 def test_agent_environment_token() -> None:
     unit = dataclasses.replace(AGENT, runtime="docker", token_via="environment")
     d = _directives(render_agent(unit))
@@ -199,6 +211,10 @@ VERIFY = shutil.which("systemd-analyze")
         ("specon-agent.service", render_agent(dataclasses.replace(AGENT, runtime="docker"))),
         (
             "specon-agent.service",
+            render_agent(dataclasses.replace(AGENT, runtime="docker", gpu=True, docker_allow_gpus=1)),
+        ),
+        (
+            "specon-agent.service",
             render_agent(dataclasses.replace(AGENT, runtime="docker", token_via="environment")),
         ),
         ("specon-manager.service", render_manager(MANAGER)),
@@ -226,6 +242,7 @@ VERIFY = shutil.which("systemd-analyze")
     ids=[
         "agent-local",
         "agent-docker",
+        "agent-docker-gpu",
         "agent-env",
         "manager",
         "manager-port-443",
