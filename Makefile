@@ -13,7 +13,7 @@ PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/specon
 export SPECON_CACHE := $(CACHE)
 
-.PHONY: install install-dev run test check fast lint typecheck imports unit bench chaos clean help
+.PHONY: install install-dev run test check fast lint typecheck imports unit bench chaos clean help gpu-wheels
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -59,6 +59,19 @@ test: install lint typecheck imports unit ## Lint, type check, import contracts 
 
 bench: install ## Benchmarks: print figures, write bench/results/*.json, flag regressions against bench/baseline.json (BENCH_ARGS="--strict bench_sim")
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# What `python -m bench bench_gpu` needs beyond PyTorch, aiohttp, pyyaml, numpy and
+# prometheus-client, for a GPU machine that reaches no package registry (bench/bench_gpu.py).
+GPU_WHEELS := build/gpu-wheels
+GPU_WHEEL_PACKAGES := msgspec structlog tenacity nvidia-ml-py
+gpu-wheels: $(DEV_STAMP) ## Download the wheels bench_gpu needs on a GPU machine without registries (build/gpu-wheels)
+	@mkdir -p $(GPU_WHEELS)
+	for v in 3.10 3.11 3.12 3.13; do \
+		$(BIN)/pip download --quiet --disable-pip-version-check --only-binary=:all: --python-version $$v \
+			--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d $(GPU_WHEELS) \
+			$(GPU_WHEEL_PACKAGES) || exit 1; \
+	done
+	@ls $(GPU_WHEELS)
 
 CHAOS_SEED ?= 1
 CHAOS_MIGRATIONS ?= 100

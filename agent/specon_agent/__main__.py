@@ -227,6 +227,16 @@ def manager_link(args: argparse.Namespace) -> ssl.SSLContext | None:
         raise TLSConfigError(f"--ca-file: {exc}") from exc
 
 
+def standby_gpus(gpus: NvmlReader | None) -> tuple[int, ...]:
+    """The GPUs to keep a standby interpreter for: every one NVML finds (their indexes are CUDA's
+    in PCI bus order, which the standby sets); none without NVML (logged)."""
+    reading = gpus.read() if gpus is not None else None
+    if reading is None or not reading.devices:
+        log.info("specon.agent.gpu_standby_off", reason="no GPU found through NVML")
+        return ()
+    return tuple(sorted(d.index for d in reading.devices))
+
+
 async def run(args: argparse.Namespace) -> int:
     try:
         link = manager_link(args)
@@ -387,13 +397,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def standby_gpus(gpus: NvmlReader | None) -> tuple[int, ...]:
-    """The GPUs to keep a standby interpreter for: every one NVML finds (their indexes are CUDA's
-    in PCI bus order, which the standby sets); none without NVML (logged)."""
-    reading = gpus.read() if gpus is not None else None
-    if reading is None or not reading.devices:
-        log.info("specon.agent.gpu_standby_off", reason="no GPU found through NVML")
-        return ()
-    return tuple(sorted(d.index for d in reading.devices))

@@ -242,7 +242,6 @@ class EmbeddedCluster:
         ]  # fmt: skip
         if self.policy is not None:
             argv += ["--policy", str(self.policy)]
-        argv += self.agent_args
         if self.tls is not None:
             argv += ["--tls-cert", str(self.tls.cert), "--tls-key", str(self.tls.key)]
         scheme = "https" if self.tls else "http"
@@ -275,6 +274,7 @@ class EmbeddedCluster:
                 argv.append("--warm")
         if self.policy is not None:
             argv += ["--policy", str(self.policy)]
+        argv += self.agent_args
         if self.tls is not None:
             argv += ["--ca-file", str(self.tls.ca)]
         elif self.hosts:

@@ -219,10 +219,13 @@ async def run_once(
     runtime: RuntimeName = "local",
     warm: bool = True,
     page: PageKeeper | None = None,
+    spec_of: Callable[[DemoJob], JobSpec] = job_spec,
+    agent_args: Sequence[str] = (),
 ) -> RunResult:
     """One run: submit at the arrival times, watch until every job finished (or the deadline).
     ``warm``: jobs start and restore from a warm interpreter per worker (local runtime);
-    ``page``: where the specon run keeps its status page."""
+    ``page``: where the specon run keeps its status page; ``spec_of``: each job's spec (the
+    built-in workloads on the CPU by default); ``agent_args``: more for every agent."""
     wids = [WorkerId(f"w{i}") for i in range(workers)]
     async with EmbeddedCluster(
         root,
@@ -232,6 +235,7 @@ async def run_once(
         with_specon=with_specon,
         runtime=runtime,
         warm=warm,
+        agent_args=agent_args,
     ) as cluster:
         if with_specon and cluster.manager is not None:
             url, token = cluster.manager.url, cluster.tokens_dir / "read"
@@ -258,7 +262,7 @@ async def run_once(
                 job = pending.pop(0)
                 i = jobs.index(job)
                 worker = wids[i % workers]  # the paper's fixed round-robin placement
-                info = await cluster.submit(job_spec(job), worker)
+                info = await cluster.submit(spec_of(job), worker)
                 infos[job.id] = info
                 where[job.id] = [(round(job.submit, 3), worker)]
                 say(f"[{label} {now:6.1f}s] submit {job.id} ({job.model}, {job.steps} steps) -> {worker}")

@@ -314,3 +314,12 @@ async def test_a_frozen_job_neither_trains_nor_goes_stale(world: World) -> None:
     agent.gpu_states.pop(A)
     await world.sample(agent)
     assert last_step() == step + 10
+
+
+def test_gpu_standby_auto_keeps_one_per_gpu_nvml_finds(world: World) -> None:
+    from specon_agent.__main__ import standby_gpus  # noqa: PLC0415
+
+    assert standby_gpus(NvmlReader()) == (0, 1)
+    assert standby_gpus(None) == ()
+    with FakeNvml.absent():
+        assert standby_gpus(NvmlReader()) == ()
