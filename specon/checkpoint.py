@@ -334,3 +334,15 @@ def key(info: CheckpointInfo | None) -> tuple[int, float] | None:
 def never_written(directory: Path) -> bool:
     """No checkpoint manifest at all, complete or not: the job never checkpointed."""
     return next(iter_complete(directory), None) is None
+
+
+def stand_in(named: Path) -> Path | None:
+    """The newest complete checkpoint beside ``named`` (its manifest) if ``named`` fails
+    verification: what a restore falls back to when a checkpoint rotted after the save. None
+    if ``named`` verifies (a start failed for another reason) or nothing beside it does."""
+    try:
+        verify(named.with_suffix(".json"))
+    except CheckpointError:
+        info = latest_complete(named.parent)
+        return None if info is None else info.manifest
+    return None

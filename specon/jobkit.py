@@ -505,19 +505,14 @@ def torch_device(name: str = "auto") -> torch.device:
         device = torch.device(name)
     except RuntimeError as exc:
         raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N") from exc
-    if device.type == "cpu":
-        return device
-    if device.type != "cuda":
+    if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device {name!r}: only auto, cpu, cuda and cuda:N are supported")
-    if not torch.cuda.is_available():
+    if device.type == "cuda" and not torch.cuda.is_available():
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        why = (
-            f"this torch ({torch.__version__}) is built without CUDA"
-            if torch.version.cuda is None
-            else "no GPU is visible" + ("" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible!r})")
-        )
+        why = f"this torch ({torch.__version__}) is built without CUDA" if torch.version.cuda is None else ""
+        why = why or "no GPU is visible" + ("" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible!r})")
         raise ValueError(f"device {name!r}: CUDA is not available: {why}")
-    if device.index is not None and device.index >= torch.cuda.device_count():
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} GPU(s) visible")
     return device
 
@@ -587,6 +582,11 @@ def torch_restore(
         raise ValueError("not a specon.jobkit torch payload")
     model.load_state_dict(state["model"])
     if optimizer is not None and state["optimizer"] is not None:
+        for per_param in state["optimizer"].get("state", {}).values():
+            # On the CPU, where a fresh optimizer keeps its step count (no GPU sync per step);
+            # a fused or capturable one moves it to its parameter itself.
+            if isinstance(step := per_param.get("step"), torch.Tensor):
+                per_param["step"] = step.cpu()
         optimizer.load_state_dict(state["optimizer"])
     set_rng_state(state["rng"])
     cuda_rng = state.get("cuda_rng")

@@ -51,6 +51,7 @@ from specon.wire.protocol import (
     Heartbeat,
     Phase,
 )
+from specon_agent.gpu_share import GpuShare, gpu_state_path
 from specon_agent.gpus import GpuUsage, device_reports, gpu_use
 from specon_agent.priority import Running, running_of
 from specon_agent.reports import ended_report, running_report
@@ -115,6 +116,14 @@ class Agent:
         self.gpus = GpuUsage(gpus)
         self.gpu_sample: GpuSample | None = None
         self.gpu_states: dict[ContainerId, GpuState] = {}
+        # Priority on the GPUs (``specon_agent.gpu_share``): it keeps ``gpu_states``.
+        self.gpu_share = GpuShare(
+            runtime,
+            policy.gpu,
+            state_file=None if state_file is None else gpu_state_path(state_file),
+            grace=policy.migration.grace_period,
+            states=self.gpu_states,
+        )
         # The priority action: CPU weights among this worker's containers (``specon_agent.weights``).
         self._remaining: dict[ContainerId, float] = {}  # CPU-seconds left, per running job
         self.cpu_weights = CpuWeights(
@@ -277,11 +286,15 @@ class Agent:
             await self.runtime.publish_state(cid, notes)
         self.changed.clear()
 
+    async def sample_gpus(self) -> None:
+        """The newest GPU sample (NVML in a thread; the runtime's PIDs where a GPU has processes)."""
+        self.gpu_sample = await self.gpus.refresh(self.runtime)
+
     async def sample_usage(self) -> None:
         u = await self.runtime.usage()
         self.usage = min(1.0, max(0.0, u.cpu_utilisation)) if math.isfinite(u.cpu_utilisation) else 0.0
         self.cpu_seconds = dict(u.per_container)
-        self.gpu_sample = await self.gpus.refresh(self.runtime)  # NVML in a thread
+        await self.sample_gpus()
         devices = self.gpu_sample.devices if self.gpu_sample else ()
         self.capacity = gpu_capacity(u.capacity, devices, runtime=self.runtime.node_labels.get(RUNTIME_LABEL))
 
@@ -422,6 +435,7 @@ class Agent:
         self.leaving.add(cmd.container)
         began = self.runtime.now()  # the job stops training at the SIGTERM: downtime starts here
         try:
+            await self.gpu_share.before_save(cmd.container)  # thawed, and left alone from now on
             res = await self.runtime.save(cmd.container, grace=grace)
         except RuntimeFailure as exc:
             # Not saved: the job keeps running here (or was never here) and is watched again.
@@ -520,12 +534,13 @@ class Agent:
         newest complete checkpoint anyway (SPEC §6), so starting from the previous one only
         redoes the steps after it, where refusing would leave the job running nowhere.
         """
+        spec = self.gpu_share.start_spec(spec)  # its MPS percentage, under mps and both
         try:
             return await self.runtime.start(spec, checkpoint=checkpoint)
         except AlreadyRunning:
             raise
         except StartFailed:
-            fallback = None if checkpoint is None else _fallback_checkpoint(checkpoint)
+            fallback = None if checkpoint is None else ckpt.stand_in(checkpoint)
             if fallback is None:
                 raise
             log.warning(
@@ -575,14 +590,3 @@ class Agent:
             # Classification and commands go on; only a restart would lose the latest states.
             self.counters.state_write_failures += 1
             log.warning("specon.agent.state_unwritable", path=str(self.state_file), error=str(exc))
-
-
-def _fallback_checkpoint(named: Path) -> Path | None:
-    """The newest complete checkpoint beside ``named`` if ``named`` fails verification;
-    None if it verifies (a start failed for another reason) or nothing there verifies."""
-    try:
-        ckpt.verify(named.with_suffix(".json"))
-    except ckpt.CheckpointError:
-        info = ckpt.latest_complete(named.parent)
-        return None if info is None else info.manifest
-    return None

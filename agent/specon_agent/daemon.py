@@ -29,7 +29,6 @@ from specon.wire import protocol
 from specon.wire.protocol import CommandBatch, Goodbye, Poll, ReallocationRequest
 from specon_agent.client import ManagerClient, ManagerRejected, ManagerUnavailable
 from specon_agent.core import Agent
-from specon_agent.gpu_share import GpuShare, gpu_state_path
 
 log = structlog.get_logger()
 
@@ -56,6 +55,10 @@ def _gave_up(_state: RetryCallState) -> bool:
     return False  # the daemon is stopping: the exchange did not go through
 
 
+# Seconds between GPU-sharing passes at the least (an NVML read and a plan take milliseconds).
+GPU_MIN_PERIOD = 0.5
+
+
 @dataclass(slots=True)
 class LinkState:
     """What the agent knows about its manager link (for /healthz and /metrics)."""
@@ -80,21 +83,26 @@ class AgentDaemon:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        # Priority on the GPUs (``specon_agent.gpu_share``); the heartbeat reports its states.
-        self.gpu_share = GpuShare(
-            agent.runtime,
-            agent.policy.gpu,
-            state_file=None if agent.state_file is None else gpu_state_path(agent.state_file),
-            grace=agent.policy.migration.grace_period,
-            states=agent.gpu_states,
-        )
+        # Priority on the GPUs (``specon_agent.gpu_share``), the agent's; one pass at a time.
+        self.gpu_share = agent.gpu_share
+        self._gpu_lock = asyncio.Lock()
 
     @property
     def policy_interval(self) -> float:
         return self.agent.policy.monitor.interval
 
+    @property
+    def gpu_period(self) -> float:
+        """Seconds between two GPU-sharing passes between monitor ticks: half a quantum (a switch
+        is due at most half a quantum late), never under ``GPU_MIN_PERIOD``."""
+        return max(GPU_MIN_PERIOD, self.agent.policy.gpu.quantum / 2)
+
     def start(self) -> None:
-        for name, fn in (("monitor", self._monitor), ("heartbeat", self._heartbeat), ("poll", self._poll)):
+        loops = [("monitor", self._monitor), ("heartbeat", self._heartbeat), ("poll", self._poll)]
+        # Freezing in quanta needs passes more often than Δ (30 s by default), on the GPUs only.
+        if self.agent.gpus.reader is not None and self.agent.policy.gpu.mechanism in ("freeze", "both"):
+            loops.append(("gpu", self._gpus))
+        for name, fn in loops:
             self._tasks.append(asyncio.create_task(self._supervised(name, fn), name=f"specon-agent-{name}"))
 
     async def stop(self, *, goodbye: bool = True) -> None:
@@ -168,19 +176,31 @@ class AgentDaemon:
                 next_tick = rt.now()  # fell behind (or the clock jumped): skip, don't burst
             await rt.sleep(max(0.0, min(interval, next_tick - rt.now())))
 
+    async def _gpus(self) -> None:
+        """Between monitor ticks, every ``gpu_period``: a fresh GPU sample and a sharing pass,
+        so a quantum ends on time (the weights are the last tick's)."""
+        rt = self.agent.runtime
+        while not self._stopping.is_set():
+            await rt.sleep(self.gpu_period)
+            if self.agent.gpu_sample is None or not self.agent.gpu_sample.devices:
+                continue  # no GPU seen (yet): the monitor tick samples again
+            await self.agent.sample_gpus()
+            await self.share_gpus()
+
     async def share_gpus(self) -> None:
-        """The GPU sharing's tick (``specon_agent.gpu_share``): the same priority rule among
-        the jobs of each GPU. A failure is logged; the monitor loop goes on."""
+        """The GPU sharing's pass (``specon_agent.gpu_share``): the same priority rule among
+        the jobs of each GPU. A failure is logged; the loop goes on."""
         agent = self.agent
         try:
-            await self.gpu_share.step(
-                agent.runtime.now(),
-                sample=agent.gpu_sample,
-                running=agent.running_jobs(),
-                fair=agent.cpu_weights.fair,
-                priority=agent.policy.priority,
-                specs={cid: w.info.spec for cid, w in agent.watched.items()},
-            )
+            async with self._gpu_lock:
+                await self.gpu_share.step(
+                    agent.runtime.now(),
+                    sample=agent.gpu_sample,
+                    running=agent.running_jobs(),
+                    fair=agent.cpu_weights.fair,
+                    priority=agent.policy.priority,
+                    specs={cid: w.info.spec for cid, w in agent.watched.items()},
+                )
         except Exception:
             log.exception("specon.agent.gpu_share_crashed")
 

@@ -5,7 +5,8 @@ Per device, the DCGM exporter's names and labels (``gpu``, ``UUID``, ``modelName
 ``DCGM_FI_DEV_GPU_UTIL`` (%), ``DCGM_FI_DEV_FB_USED`` and ``DCGM_FI_DEV_FB_FREE`` (MiB). Per
 container, specon's own: its GPU memory in bytes and its SM utilisation (%; no series while
 NVML has no sample of it). Only the devices and containers of the newest sample have series:
-one that went has none to remove.
+one that went has none to remove. The GPU sharing's counters (``specon_agent.gpu_share``):
+switches, freezes, thaws, suspends, resumes and refusals, and its jobs by state.
 """
 
 from __future__ import annotations
@@ -66,6 +67,22 @@ class GpuCollector(Collector):
             "GPU processes in no container of this worker (another tenant's, an MPS server, or no host PIDs)",
             value=sample.unmapped if sample else 0,
         )
+        share = a.gpu_share.counters
+        for name, value, doc in (
+            ("switches", share.switches, "GPU-sharing plans that changed which jobs run"),
+            ("freezes", share.freezes, "jobs frozen on their GPU (specon.agent.gpu_freeze)"),
+            ("thaws", share.thaws, "frozen jobs thawed"),
+            ("suspends", share.suspends, "jobs suspended to their checkpoint to free GPU memory"),
+            ("resumes", share.resumes, "suspended jobs restored on this worker"),
+            ("share_failures", share.failures, "freezes, thaws, suspends and resumes the runtime refused"),
+        ):
+            yield CounterMetricFamily(f"specon_agent_gpu_{name}", doc, value=value)
+        states = GaugeMetricFamily(
+            "specon_agent_gpu_jobs", "Jobs the GPU sharing holds, by state", labels=["state"]
+        )
+        for state in ("running", "frozen", "suspended"):
+            states.add_metric([state], sum(1 for s in a.gpu_states.values() if s == state))
+        yield states
         yield CounterMetricFamily(
             "specon_agent_gpu_read_failures",
             "NVML calls that failed, and runtime PID lookups that failed (see specon.agent.gpu_read_failed)",

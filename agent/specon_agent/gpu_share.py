@@ -29,7 +29,7 @@ import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
@@ -39,6 +39,7 @@ from specon.model import WEIGHT_DEFAULT, WEIGHT_MAX, WEIGHT_MIN, ContainerId, Gp
 from specon.policy.gpu_share import GpuJob, GpuPlan, mps_percentage, plan
 from specon.policy.priority.rules import Settings, weights
 from specon.runtime.base import AlreadyFinished, AlreadyRunning, JobSpec, Runtime, RuntimeFailure, StartFailed
+from specon.runtime.gpu.sample import GpuSample
 from specon.wire import codec
 from specon_agent.priority import Running, progress
 
@@ -70,29 +71,6 @@ def with_mps(spec: JobSpec, percentage: int) -> JobSpec:
     """``spec`` starting as an MPS client limited to ``percentage`` of the GPU's SMs."""
     env = tuple((k, v) for k, v in spec.env if k != MPS_ENV)
     return replace(spec, env=(*env, (MPS_ENV, str(percentage))))
-
-
-class DeviceLike(Protocol):
-    @property
-    def index(self) -> int: ...
-    @property
-    def memory_total(self) -> int: ...
-
-
-class UseLike(Protocol):
-    @property
-    def devices(self) -> tuple[int, ...]: ...
-    @property
-    def memory(self) -> int: ...
-
-
-class SampleLike(Protocol):
-    """What is read of ``specon.runtime.gpu.sample.GpuSample``."""
-
-    @property
-    def devices(self) -> Sequence[DeviceLike]: ...
-    @property
-    def containers(self) -> Mapping[ContainerId, UseLike]: ...
 
 
 @dataclass(slots=True)
@@ -151,7 +129,7 @@ class GpuShare:
         self,
         now: float,
         *,
-        sample: SampleLike | None,
+        sample: GpuSample | None,
         running: Sequence[Running],
         fair: Mapping[ContainerId, float],
         priority: Settings,
@@ -185,7 +163,7 @@ class GpuShare:
 
     def _groups(
         self,
-        sample: SampleLike | None,
+        sample: GpuSample | None,
         live: Mapping[ContainerId, Running],
         specs: Mapping[ContainerId, JobSpec],
     ) -> dict[int, tuple[list[tuple[Running, Tracked, bool]], int]]:
@@ -268,6 +246,15 @@ class GpuShare:
         return p
 
     # -- hooks and shutdown --------------------------------------------------------------
+    def start_spec(self, spec: JobSpec) -> JobSpec:
+        """``spec`` as a start here runs it: under ``mps`` and ``both`` a GPU job starts as an MPS
+        client with the share a job of the default weight has beside those running now."""
+        if self.cfg.mechanism not in ("mps", "both") or spec.requests.gpu < 1 or exempt(spec):
+            return spec
+        running = [t for c, t in self.jobs.items() if t.state == "running" and c != spec.id]
+        others = [WEIGHT_DEFAULT] * len(running)
+        return with_mps(spec, mps_percentage(WEIGHT_DEFAULT, others, self.cfg))
+
     async def before_save(self, cid: ContainerId) -> None:
         """Call before a save command's ``Runtime.save`` of ``cid``: a frozen job is thawed
         (it must run to checkpoint) and is left alone until it is gone."""

@@ -61,20 +61,9 @@ class GpuUsage:
 
 
 def device_reports(sample: GpuSample | None) -> tuple[GpuDevice, ...]:
-    """``Heartbeat.gpus``."""
-    if sample is None:
-        return ()
-    return tuple(
-        GpuDevice(
-            index=d.index,
-            uuid=d.uuid,
-            name=d.name,
-            memory_total=min(d.memory_total, MAX_BYTES),
-            memory_used=min(d.memory_used, MAX_BYTES),
-            utilisation=d.utilisation,
-        )
-        for d in sample.devices[:MAX_GPU_DEVICES]
-    )
+    """``Heartbeat.gpus``: the reader's devices as they are (it keeps them within the protocol's
+    limits), at most as many as a heartbeat carries."""
+    return () if sample is None else tuple(sample.devices[:MAX_GPU_DEVICES])
 
 
 def gpu_use(cid: ContainerId, sample: GpuSample | None, states: dict[ContainerId, GpuState]) -> GpuUse | None:

@@ -11,18 +11,19 @@ The rule, under ``mechanism`` ``freeze`` and ``both``:
   recently first), then those that have waited a quantum or less. So equal weights take
   turns a quantum each, and a job frozen now never outranks, at the same instant, the job
   that displaced it (the plan is idempotent). Then the id, so the order is total.
-- **Due.** The top ``concurrency`` jobs are due to run.
+- **Due.** Jobs are chosen in rank order while ``concurrency`` slots are left, each only
+  where the chosen jobs' GPU memory stays within ``memory_total * (1 - memory_headroom)``
+  (the first one chosen excepted if it already holds its memory: it holds it either way).
+  So a suspended job resumes only when its memory fits, and a job that does not fit lets
+  the next one run meanwhile.
 - **Quanta.** A running job that has run ``quantum`` seconds or less keeps running in place
-  of the lowest-ranked due job that is not running (the switch waits for the quantum), but
-  never in place of a due job that already runs: freezing a running due job to keep another
-  would be a switch of its own.
-- **Memory.** Running and frozen jobs hold their GPU memory; the plan keeps them within
-  ``memory_total * (1 - memory_headroom)``. A suspended due job resumes only when its
-  memory fits beside the jobs that will run (its slot goes to the next job otherwise); then
-  while the running and frozen jobs' memory is over the budget, the frozen (or to-be-frozen)
-  job of lowest rank is suspended (checkpoint and exit: Hermes's answer). A running job is
-  never suspended to make room: where the runners alone exceed the budget, the plan
-  suspends every other job and goes on.
+  of chosen jobs that do not run yet (the switch waits for the quantum), the lowest-ranked
+  first, as many as its slot and memory need; never in place of a chosen job that already
+  runs (freezing it to keep another would be a switch of its own). Slots left are filled
+  again.
+- **Memory.** Frozen jobs keep their GPU memory. While the running and frozen jobs' memory
+  is over the budget, the frozen (or to-be-frozen) job of lowest rank is suspended
+  (checkpoint and exit: Hermes's answer). A running job is never suspended to make room.
 - **Exempt** jobs (one spanning several GPUs, one being saved, or one whose peers elsewhere
   would time out in their collectives) always run: never frozen nor suspended. They take no
   slot (the GPU is time-sliced between them and the jobs that run); their memory counts.
@@ -132,7 +133,7 @@ def plan(jobs: Sequence[GpuJob], memory_total: int, cfg: GpuShareConfig, now: fl
     for j in reversed(rest):  # lowest rank first
         if held <= limit:
             break
-        if j.state != "suspended":
+        if j.state != "suspended" and j.memory > 0:  # suspending frees its memory, or nothing
             suspend.append(j)
             held -= j.memory
     gone = {j.id for j in suspend}
@@ -146,29 +147,58 @@ def plan(jobs: Sequence[GpuJob], memory_total: int, cfg: GpuShareConfig, now: fl
 
 
 def _run_set(order: list[GpuJob], cfg: GpuShareConfig, now: float, limit: float) -> list[GpuJob]:
-    """Under freezing: the jobs that run, in rank order (Due, Quanta, Memory)."""
-    unfit: set[ContainerId] = set()  # suspended jobs whose memory does not fit now
-    while True:
-        candidates = [j for j in order if j.id not in unfit]
-        exempt = [j for j in candidates if j.exempt]
-        others = [j for j in candidates if not j.exempt]
-        run = exempt + others[: cfg.concurrency]
-        chosen = {j.id for j in run}
-        for j in others:
-            if j.id in chosen or j.state != "running" or now - j.since > cfg.quantum:
-                continue
-            waiting = [d for d in run if d.state != "running" and not d.exempt]
-            if not waiting:
-                break
-            run.remove(waiting[-1])  # the lowest-ranked due job not running waits its turn
+    """Under freezing: the jobs that run, in rank order (Due, Quanta, Memory).
+
+    Greedy in rank order: every exempt job, then the others while slots are left, each only
+    where the run set's memory stays within ``limit`` (a resident job that would not fit is
+    frozen like any other, except when it is the first to run: it holds that memory either
+    way). Then each running job within its quantum takes the place of chosen jobs that do
+    not run yet, the lowest-ranked first, as many as its slot and memory take; slots left
+    are filled again; last the exempt jobs left suspended that fit.
+    """
+    run = [j for j in order if j.exempt and j.state != "suspended"]
+    exempt = len(run)
+    _fill(run, order, cfg, limit, exempt)
+    for j in order:
+        if not j.exempt and j not in run and j.state == "running" and now - j.since <= cfg.quantum:
+            _hold(run, j, cfg, limit, exempt)
+    _fill(run, order, cfg, limit, exempt)  # slots and memory a swap left
+    for j in order:  # an exempt job left suspended (by an earlier policy) where it fits
+        if j.exempt and j.state == "suspended" and _sum(run) + j.memory <= limit:
             run.append(j)
-            chosen = {d.id for d in run}
-        rank = {j.id: i for i, j in enumerate(order)}
-        run.sort(key=lambda j: rank[j.id])
-        fitted = _fitting(order, run, limit)
-        if len(fitted) == len(run):
-            return run
-        unfit |= {j.id for j in run} - {j.id for j in fitted}
+    rank = {j.id: i for i, j in enumerate(order)}
+    return sorted(run, key=lambda j: rank[j.id])
+
+
+def _fits(run: list[GpuJob], j: GpuJob, cfg: GpuShareConfig, limit: float, exempt: int) -> bool:
+    """Whether ``j`` may join ``run`` (whose first ``exempt`` jobs take no slot): a slot is
+    free and its memory fits, or it is resident and the first to run (it holds that memory
+    whether it runs or not)."""
+    if len(run) - exempt >= cfg.concurrency:
+        return False
+    return _sum(run) + j.memory <= limit or (j.state != "suspended" and len(run) == exempt)
+
+
+def _fill(run: list[GpuJob], order: list[GpuJob], cfg: GpuShareConfig, limit: float, exempt: int) -> None:
+    """Add the jobs that may join ``run``, in rank order."""
+    for j in order:
+        if not j.exempt and j not in run and _fits(run, j, cfg, limit, exempt):
+            run.append(j)
+
+
+def _hold(run: list[GpuJob], j: GpuJob, cfg: GpuShareConfig, limit: float, exempt: int) -> None:
+    """``j``, running within its quantum, takes the place of chosen jobs that do not run yet,
+    the lowest-ranked first, as many as its slot and memory take; never of a running one."""
+    trial = list(run)
+    waiting = [d for d in run if d.state != "running" and not d.exempt]
+    while waiting and not _fits(trial, j, cfg, limit, exempt):
+        trial.remove(waiting.pop())
+    if _fits(trial, j, cfg, limit, exempt):
+        run[:] = [*trial, j]
+
+
+def _sum(jobs: Iterable[GpuJob]) -> int:
+    return sum(j.memory for j in jobs)
 
 
 def _fitting(order: list[GpuJob], run: list[GpuJob], limit: float) -> list[GpuJob]:

@@ -26,8 +26,8 @@ from specon.config import PriorityConfig
 from specon.config.sections import GpuShareConfig
 from specon.model import ContainerId
 from specon.runtime import JobPaths, JobSpec, LocalCluster, LocalRuntime
-from specon.runtime.gpu.sample import ContainerGpu, GpuSample
-from specon.wire.gpu import GpuDevice
+from specon.runtime.gpu.sample import GpuSample
+from specon.wire.gpu import GpuDevice, GpuUse
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -129,7 +129,7 @@ class Worker:
             total = self.totals[cid]
             running.append(Running(id=cid, started=c.started_at, step=total - self.left[cid], total=total))
         device = GpuDevice(index=0, uuid="GPU-0", name="NVIDIA H100 80GB HBM3", memory_total=80 * GB)
-        uses = {cid: ContainerGpu(devices=(0,), memory=self.memory[cid]) for cid in alive}
+        uses = {cid: GpuUse(devices=(0,), memory=self.memory[cid]) for cid in alive}
         await self.share.step(
             self.rt.now(),
             sample=GpuSample(devices=(device,), containers=uses),

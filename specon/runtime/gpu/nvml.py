@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import structlog
 
+from specon.wire.gpu import GpuDevice
 from specon.wire.limits import MAX_BYTES, MAX_GPU_DEVICES, MAX_SHORT_TEXT
 
 log = structlog.get_logger()
@@ -46,31 +47,18 @@ State = Literal["unopened", "open", "unavailable", "closed"]
 
 
 @dataclass(frozen=True, slots=True)
-class NvmlDevice:
-    """One GPU: the fields of ``specon.wire.protocol.GpuDevice`` (memory in bytes)."""
-
-    index: int
-    uuid: str
-    name: str
-    memory_total: int
-    memory_used: int = 0
-    # Percent of the last sample period in which a kernel ran (``nvmlDeviceGetUtilizationRates``).
-    utilisation: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class NvmlProcess:
     """One process holding a context on one GPU, by its host PID."""
 
     pid: int
-    device: int  # NvmlDevice.index
+    device: int  # GpuDevice.index
     memory: int | None  # bytes it holds on that device; None: NVML could not say
     utilisation: float | None = None  # its SM percent since the previous read; None: no sample
 
 
 @dataclass(frozen=True, slots=True)
 class NvmlReading:
-    devices: tuple[NvmlDevice, ...] = ()
+    devices: tuple[GpuDevice, ...] = ()
     processes: tuple[NvmlProcess, ...] = ()
 
 
@@ -116,7 +104,7 @@ class NvmlReader:
             except Exception as exc:  # NVMLError or anything a broken binding raises
                 self._failed("nvmlDeviceGetCount", -1, exc)
                 return None
-            devices: list[NvmlDevice] = []
+            devices: list[GpuDevice] = []
             processes: list[NvmlProcess] = []
             for index in range(max(0, min(count, MAX_GPU_DEVICES))):
                 got = self._device(nvml, index)
@@ -166,7 +154,7 @@ class NvmlReader:
             self._logged.add(key)
             log.warning("specon.agent.gpu_read_failed", call=call, device=index, error=_text(exc))
 
-    def _device(self, nvml: Any, index: int) -> tuple[NvmlDevice, list[NvmlProcess]] | None:
+    def _device(self, nvml: Any, index: int) -> tuple[GpuDevice, list[NvmlProcess]] | None:
         """Device ``index`` and its processes; None when its identity or memory cannot be read."""
         call = "nvmlDeviceGetHandleByIndex"
         try:
@@ -186,7 +174,7 @@ class NvmlReader:
             utilisation = _percent(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
         except Exception as exc:
             self._failed("nvmlDeviceGetUtilizationRates", index, exc)
-        device = NvmlDevice(index, uuid, name, total or 0, min(used or 0, total or 0), utilisation)
+        device = GpuDevice(index, uuid, name, total or 0, min(used or 0, total or 0), utilisation)
         held = self._memory_by_pid(nvml, handle, index)
         sm = self._utilisation_by_pid(nvml, handle, index)
         processes = [NvmlProcess(pid, index, mem, sm.get(pid)) for pid, mem in sorted(held.items())]

@@ -11,79 +11,35 @@ processes' newest samples (at most 100), averaged over the devices where one of 
 sampled. None where none was: no kernel of it ran since the previous read (a frozen job,
 an idle one) or it runs under MPS, where NVML samples only the MPS server's PID.
 
-``GpuSample`` types its entries by their fields (``GpuDeviceLike``, ``GpuUseLike``), which the
-protocol's ``GpuDevice`` and ``GpuUse`` have: the runtimes may not import the wire protocol
-(it imports the coordinator), while the agent and its tests build samples from either.
+Its values are the wire's own (``specon.wire.gpu``): a heartbeat carries them as they are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 from specon.model import (
     GPU_COUNT_LABEL,
     GPU_MEMORY_LABEL,
     GPU_PRODUCT_LABEL,
     ContainerId,
-    GpuState,
     Resources,
     gpu_product_label,
 )
 from specon.runtime.gpu.nvml import NvmlReading
+from specon.wire.gpu import GpuDevice, GpuUse
 
 MIB = 2**20
-
-
-class GpuDeviceLike(Protocol):
-    """One GPU of the worker (``protocol.GpuDevice``'s fields; memory in bytes)."""
-
-    @property
-    def index(self) -> int: ...
-    @property
-    def uuid(self) -> str: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def memory_total(self) -> int: ...
-    @property
-    def memory_used(self) -> int: ...
-    @property
-    def utilisation(self) -> float | None: ...
-
-
-class GpuUseLike(Protocol):
-    """One container's GPU use (``protocol.GpuUse``'s fields)."""
-
-    @property
-    def devices(self) -> tuple[int, ...]: ...
-    @property
-    def memory(self) -> int: ...
-    @property
-    def utilisation(self) -> float | None: ...
-    @property
-    def state(self) -> GpuState: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerGpu:
-    """A container's use as ``sample_of`` finds it (``state``: always "running" here; the GPU
-    sharing knows better and the heartbeat takes its word)."""
-
-    devices: tuple[int, ...] = ()
-    memory: int = 0
-    utilisation: float | None = None
-    state: GpuState = "running"
 
 
 @dataclass(frozen=True, slots=True)
 class GpuSample:
     """The worker's GPUs and each container's use of them, at one read."""
 
-    devices: tuple[GpuDeviceLike, ...] = ()
+    devices: tuple[GpuDevice, ...] = ()
     # Only containers with a process on a GPU: the others use none (as far as NVML sees).
-    containers: Mapping[ContainerId, GpuUseLike] = field(default_factory=dict)
+    containers: Mapping[ContainerId, GpuUse] = field(default_factory=dict)
     # GPU processes in no container of this worker.
     unmapped: int = 0
 
@@ -108,10 +64,10 @@ def sample_of(reading: NvmlReading, pids: Mapping[ContainerId, Iterable[int]]) -
         if proc.utilisation is not None:
             per_device = sm.setdefault(cid, {})
             per_device[proc.device] = min(100.0, per_device.get(proc.device, 0.0) + proc.utilisation)
-    containers: dict[ContainerId, GpuUseLike] = {}
+    containers: dict[ContainerId, GpuUse] = {}
     for cid in sorted(devices):
         sampled = sm.get(cid)
-        containers[cid] = ContainerGpu(
+        containers[cid] = GpuUse(
             devices=tuple(sorted(devices[cid])),
             memory=memory[cid],
             utilisation=round(sum(sampled.values()) / len(sampled), 1) if sampled else None,
@@ -119,7 +75,7 @@ def sample_of(reading: NvmlReading, pids: Mapping[ContainerId, Iterable[int]]) -
     return GpuSample(devices=reading.devices, containers=containers, unmapped=unmapped)
 
 
-def gpu_labels(devices: Sequence[GpuDeviceLike]) -> dict[str, str]:
+def gpu_labels(devices: Sequence[GpuDevice]) -> dict[str, str]:
     """The placement labels of a worker with these GPUs (none without GPUs).
 
     ``GPU_PRODUCT_LABEL``: the product of its first device (NVML's lowest index): a worker
@@ -146,7 +102,7 @@ GPU_COUNTING_RUNTIMES = frozenset({"docker", "kubernetes"})
 
 
 def gpu_capacity(
-    capacity: Resources, devices: Sequence[GpuDeviceLike], *, runtime: str | None = None
+    capacity: Resources, devices: Sequence[GpuDevice], *, runtime: str | None = None
 ) -> Resources:
     """``capacity`` counting the GPUs NVML found, where the runtime gave no count of its own
     and is not one that counts them itself (``GPU_COUNTING_RUNTIMES``; ``runtime``: its

@@ -269,10 +269,12 @@ def _keep(args: argparse.Namespace, standby: int, parent: int, ctl: int, ack: in
         req = Request.decode(line)
         take_place(req)
     except (OSError, ValueError) as exc:
-        _write_all(ack, f"the keeper cannot become the launcher: {exc}".encode())
+        with contextlib.suppress(OSError):  # the standby gone meanwhile: it ends either way
+            _write_all(ack, f"the keeper cannot become the launcher: {exc}".encode())
         os.waitpid(standby, 0)
         return 1
-    _write_all(ack, b"ok")
+    with contextlib.suppress(OSError):  # the standby gone meanwhile: its end is recorded below
+        _write_all(ack, b"ok")
     os.close(ack)
     return wait_and_record(standby, req.exits, req.run_id, req.worker)
 

@@ -21,9 +21,9 @@ from specon.config import PriorityConfig
 from specon.config.sections import GpuShareConfig
 from specon.model import ContainerId, Resources
 from specon.runtime import JobSpec
-from specon.runtime.gpu.sample import ContainerGpu, GpuSample
+from specon.runtime.gpu.sample import GpuSample
 from specon.testing.fake_runtime import FakeClock, FakeRuntime, FakeVolume
-from specon.wire.gpu import GpuDevice
+from specon.wire.gpu import GpuDevice, GpuUse
 from tests.unit.manager_fakes import policy as make_policy
 
 GB = 1 << 30
@@ -80,7 +80,7 @@ def running(*left: tuple[ContainerId, int]) -> list[Running]:
 def sample(memory: Mapping[ContainerId, int], *, total: int = 80 * GB) -> GpuSample:
     device = GpuDevice(index=0, uuid="GPU-0", name="NVIDIA H100 80GB HBM3", memory_total=total)
     return GpuSample(
-        devices=(device,), containers={c: ContainerGpu(devices=(0,), memory=m) for c, m in memory.items()}
+        devices=(device,), containers={c: GpuUse(devices=(0,), memory=m) for c, m in memory.items()}
     )
 
 
@@ -228,9 +228,7 @@ async def test_a_job_on_several_gpus_is_never_frozen(rt: GpuRuntime) -> None:
     share = GpuShare(rt, FREEZE)
     devices = tuple(GpuDevice(index=i, uuid=f"GPU-{i}", name="H100", memory_total=80 * GB) for i in (0, 1))
     on = {A: (0,), B: (0, 1), C: (1,)}
-    got = GpuSample(
-        devices=devices, containers={c: ContainerGpu(devices=d, memory=GB) for c, d in on.items()}
-    )
+    got = GpuSample(devices=devices, containers={c: GpuUse(devices=d, memory=GB) for c, d in on.items()})
     jobs = running((A, 10), (B, 900), (C, 500))
     await share.step(rt.now(), sample=got, running=jobs, fair={}, priority=SRPT, specs={})
     assert actions(rt) == []  # A leads on GPU 0, C on GPU 1; B runs on both
@@ -278,5 +276,31 @@ async def test_the_daemon_shares_the_gpus_each_tick_and_thaws_when_it_stops(
     assert (tmp_path / "monitor.gpu.json").exists()
     await daemon.stop(goodbye=False)
     assert rt.frozen == set()
+    for w in agent.watched.values():
+        w.tailer.close()
+
+
+async def test_a_save_command_thaws_first_and_a_gpu_loop_runs_only_where_it_can_freeze(
+    rt: GpuRuntime, tmp_path: Path
+) -> None:
+    agent = Agent(runtime=rt, policy=make_policy(priority={"rule": "srpt"}), state_file=tmp_path / "m.json")
+    await agent.refresh()
+    agent.gpu_sample = sample({A: GB, B: GB, C: GB})
+    await agent.gpu_share.step(
+        rt.now(),
+        sample=agent.gpu_sample,
+        running=agent.running_jobs(),
+        fair={},
+        priority=agent.policy.priority,
+        specs={},
+    )
+    frozen = sorted(rt.frozen)
+    assert frozen and agent.gpu_states[frozen[0]] == "frozen"
+    # The agent's save path thaws a frozen job before the runtime's save (it must see SIGTERM).
+    await agent.gpu_share.before_save(frozen[0])
+    assert frozen[0] not in rt.frozen and agent.gpu_states[frozen[0]] == "running"
+    # Without NVML no GPU loop is started; with it and a freezing mechanism, half a quantum apart.
+    daemon = AgentDaemon(agent, ManagerClient("http://127.0.0.1:9", "token"))
+    assert daemon.gpu_period == max(0.5, agent.policy.gpu.quantum / 2)
     for w in agent.watched.values():
         w.tailer.close()

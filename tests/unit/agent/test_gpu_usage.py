@@ -4,6 +4,8 @@ codec, and its /metrics and /healthz."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -286,6 +288,8 @@ async def test_metrics_use_dcgm_names_per_device_and_specon_names_per_container(
     assert got["specon_agent_gpu_available", ()] == 1.0
     assert got["specon_agent_gpu_unmapped_processes", ()] == 2.0  # b's 200 (b not here) and 999
     assert got["specon_agent_gpu_read_failures_total", ()] == 0.0
+    assert got["specon_agent_gpu_freezes_total", ()] == 0.0  # the GPU sharing's counters
+    assert got["specon_agent_gpu_jobs", (("state", "frozen"),)] == 0.0
 
 
 async def test_healthz_counts_the_gpus(client: Client) -> None:
@@ -323,3 +327,34 @@ def test_gpu_standby_auto_keeps_one_per_gpu_nvml_finds(world: World) -> None:
     assert standby_gpus(None) == ()
     with FakeNvml.absent():
         assert standby_gpus(NvmlReader()) == ()
+
+
+async def test_between_monitor_ticks_the_gpu_loop_samples_and_shares(world: World) -> None:
+    # srpt: a has less work left than b, so a runs and b is frozen, by the GPU loop alone (no
+    # monitor tick), half a quantum after its start; the sample it acts on is its own.
+    await world.start("a", steps=1000, requests=Resources(gpu=1))
+    await world.start("b", steps=5000, requests=Resources(gpu=1))
+    world.runtime.pid_map = {A: frozenset({100, 101}), B: frozenset({200})}
+    agent = Agent(runtime=world.runtime, policy=make_policy(priority={"rule": "srpt"}), gpus=NvmlReader())
+    world.agents.append(agent)
+    await world.sample(agent)
+    assert not world.volume.jobs[B].frozen
+    daemon = AgentDaemon(agent, ManagerClient("http://127.0.0.1:9", "token"))
+    loop = asyncio.create_task(daemon._gpus())
+    await asyncio.sleep(0)  # it is asleep on the fake clock
+    try:
+        before = world.runtime.pid_calls
+        await world.clock.advance(daemon.gpu_period)
+        for _ in range(200):  # the NVML read runs in a thread
+            if world.volume.jobs[B].frozen:
+                break
+            await asyncio.sleep(0.01)
+        assert world.volume.jobs[B].frozen and not world.volume.jobs[A].frozen
+        assert agent.gpu_states == {A: "running", B: "frozen"}
+        assert world.runtime.pid_calls > before  # sampled afresh, not the tick's sample
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
+        await agent.gpu_share.close()
+    assert not world.volume.jobs[B].frozen  # closing thaws what it froze

@@ -25,6 +25,7 @@ def test_auto_is_cuda_where_torch_sees_a_gpu_else_the_cpu() -> None:
     assert jobkit.torch_device("auto").type == expected
     assert jobkit.torch_device().type == expected
     assert jobkit.torch_device("cpu") == torch.device("cpu")
+    assert jobkit.torch_device("cpu:0") == torch.device("cpu", 0)
 
 
 def test_cuda_without_cuda_is_an_error_that_says_why(monkeypatch: pytest.MonkeyPatch) -> None:

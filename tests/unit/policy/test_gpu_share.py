@@ -236,8 +236,10 @@ def _never_more_than_concurrency_run_under_freezing_and_no_slot_idles(
     assert not exempt & {*p.freeze, *p.suspend}
     running = [c for c in p.run if c not in exempt]
     assert len(running) <= cfg.concurrency
-    if len(running) < cfg.concurrency:  # a free slot: only suspended jobs that cannot fit wait
-        assert all(s == "suspended" for c, s in _states(after(jobs, p, now)).items() if c not in p.run)
+    if len(running) < cfg.concurrency:  # a free slot: only jobs that cannot fit beside the runners wait
+        memory = {j.id: j.memory for j in jobs}
+        used = sum(memory[c] for c in p.run)
+        assert all(used + memory[c] > budget(total, cfg) for c in _states(jobs) if c not in p.run)
 
 
 def _memory_stays_within_the_budget_whenever_the_runners_fit(

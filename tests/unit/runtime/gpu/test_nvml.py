@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import structlog
 
-from specon.runtime.gpu.nvml import NvmlDevice, NvmlProcess, NvmlReader
+from specon.runtime.gpu.nvml import NvmlProcess, NvmlReader
 from specon.testing.fake_nvml import (
     GIB,
     NVML_ERROR_DRIVER_NOT_LOADED,
@@ -25,6 +25,7 @@ from specon.testing.fake_nvml import (
     FakeNvml,
     FakeProcess,
 )
+from specon.wire.gpu import GpuDevice
 
 Reader = Callable[[FakeNvml], NvmlReader]
 
@@ -57,8 +58,8 @@ def test_reads_devices_processes_and_their_utilisation(reader_for: Reader) -> No
     reading = reader_for(fake).read()
     assert reading is not None
     assert reading.devices == (
-        NvmlDevice(0, "GPU-fake-0", "NVIDIA H100 80GB HBM3", 80 * GIB, 5 * GIB, 97.0),
-        NvmlDevice(1, "GPU-a100", "NVIDIA A100-SXM4-40GB", 40 * GIB, 0, 0.0),
+        GpuDevice(0, "GPU-fake-0", "NVIDIA H100 80GB HBM3", 80 * GIB, 5 * GIB, 97.0),
+        GpuDevice(1, "GPU-a100", "NVIDIA A100-SXM4-40GB", 40 * GIB, 0, 0.0),
     )
     assert reading.processes == (NvmlProcess(101, 0, 4 * GIB, 80.0), NvmlProcess(102, 0, GIB, 20.0))
 

@@ -9,13 +9,14 @@ from specon.model import (
     ContainerId,
     Resources,
 )
-from specon.runtime.gpu.nvml import NvmlDevice, NvmlProcess, NvmlReading
-from specon.runtime.gpu.sample import ContainerGpu, gpu_capacity, gpu_labels, sample_of
+from specon.runtime.gpu.nvml import NvmlProcess, NvmlReading
+from specon.runtime.gpu.sample import gpu_capacity, gpu_labels, sample_of
+from specon.wire.gpu import GpuDevice, GpuUse
 
 GIB = 2**30
 A, B = ContainerId("a"), ContainerId("b")
-H100 = NvmlDevice(0, "GPU-0", "NVIDIA H100 80GB HBM3", 80 * GIB, 6 * GIB, 97.0)
-A100 = NvmlDevice(1, "GPU-1", "NVIDIA A100-SXM4-40GB", 40 * GIB, 0, 0.0)
+H100 = GpuDevice(0, "GPU-0", "NVIDIA H100 80GB HBM3", 80 * GIB, 6 * GIB, 97.0)
+A100 = GpuDevice(1, "GPU-1", "NVIDIA A100-SXM4-40GB", 40 * GIB, 0, 0.0)
 
 
 def test_processes_map_to_their_containers() -> None:
@@ -32,8 +33,8 @@ def test_processes_map_to_their_containers() -> None:
     sample = sample_of(reading, {A: frozenset({10, 11, 12}), B: frozenset({20, 21})})
     assert sample.devices == (H100, A100)
     assert sample.containers == {
-        A: ContainerGpu(devices=(0, 1), memory=6 * GIB, utilisation=72.5),  # (95 + 50) / 2
-        B: ContainerGpu(devices=(0,), memory=GIB, utilisation=None),
+        A: GpuUse(devices=(0, 1), memory=6 * GIB, utilisation=72.5),  # (95 + 50) / 2
+        B: GpuUse(devices=(0,), memory=GIB, utilisation=None),
     }
     assert sample.unmapped == 1
 
@@ -41,7 +42,7 @@ def test_processes_map_to_their_containers() -> None:
 def test_utilisation_of_one_device_is_at_most_100_and_unknown_memory_counts_nothing() -> None:
     reading = NvmlReading((H100,), (NvmlProcess(1, 0, None, 70.0), NvmlProcess(2, 0, GIB, 60.0)))
     sample = sample_of(reading, {A: [1, 2]})
-    assert sample.containers[A] == ContainerGpu(devices=(0,), memory=GIB, utilisation=100.0)
+    assert sample.containers[A] == GpuUse(devices=(0,), memory=GIB, utilisation=100.0)
 
 
 def test_without_pids_every_process_is_unmapped() -> None:
@@ -65,7 +66,7 @@ def test_labels_name_device_0s_product_and_the_smallest_memory() -> None:
         GPU_COUNT_LABEL: "2",
     }
     assert gpu_labels([]) == {}
-    nameless = NvmlDevice(0, "GPU-0", "", GIB)
+    nameless = GpuDevice(0, "GPU-0", "", GIB)
     assert GPU_PRODUCT_LABEL not in gpu_labels([nameless])
 
 
