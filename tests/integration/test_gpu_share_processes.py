@@ -13,14 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from specon_agent.gpu_share import GpuShare
 from specon_agent.priority import Running
+from test_runtime_local import last_step, records, wait_for
 
 from specon.config import PriorityConfig
 from specon.config.sections import GpuShareConfig
@@ -88,29 +88,11 @@ def spec(tmp_path: Path, job: ContainerId, steps: int, pause: float = 0.02) -> J
     return JobSpec(id=job, command=(sys.executable, str(script), str(steps), str(pause)), steps=steps)
 
 
-def records(rt: LocalRuntime, job: str) -> list[dict[str, object]]:
-    path = JobPaths.of(rt.root, job).progress
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def steps(rt: LocalRuntime, job: str) -> int:
-    return max((int(str(r["step"])) for r in records(rt, job) if "loss" in r), default=0)
-
-
-async def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def counts(rt: LocalRuntime, *jobs: str, over: float = 0.6) -> dict[str, int]:
     """How many steps each job made in ``over`` seconds."""
-    before = {j: steps(rt, j) for j in jobs}
+    before = {j: last_step(rt, j) for j in jobs}
     await asyncio.sleep(over)
-    return {j: steps(rt, j) - before[j] for j in jobs}
+    return {j: last_step(rt, j) - before[j] for j in jobs}
 
 
 class Worker:
@@ -145,7 +127,7 @@ async def test_the_job_of_higher_priority_runs_the_other_is_frozen_and_they_swit
 ) -> None:
     for job in (A, B):
         await rt.start(spec(tmp_path, job, 100_000))
-    await wait_for(lambda: steps(rt, A) > 3 and steps(rt, B) > 3, "both jobs to count")
+    await wait_for(lambda: last_step(rt, A) > 3 and last_step(rt, B) > 3, "both jobs to count")
     quantum = 3.0
     share = GpuShare(rt, GpuShareConfig(quantum=quantum), grace=10.0)
     worker = Worker(rt, share, {A: 100_000, B: 100_000})
@@ -180,7 +162,7 @@ async def test_a_job_suspended_for_memory_resumes_with_exactly_its_steps(
     total = 80
     await rt.start(spec(tmp_path, A, 100_000))
     await rt.start(spec(tmp_path, B, total))
-    await wait_for(lambda: steps(rt, B) >= 10, "B to make ten steps")
+    await wait_for(lambda: last_step(rt, B) >= 10, "B to make ten steps")
     state_file = tmp_path / "agent" / "monitor.gpu.json"
     state_file.parent.mkdir()
     share = GpuShare(rt, replace(GpuShareConfig(), quantum=0.0), state_file=state_file, grace=10.0)
@@ -191,7 +173,7 @@ async def test_a_job_suspended_for_memory_resumes_with_exactly_its_steps(
     await worker.tick()
     assert share.states[B] == "suspended" and share.counters.suspends == 1
     assert B not in {c.id for c in await rt.list_containers() if c.alive}  # it exited
-    suspended_at = steps(rt, B)
+    suspended_at = last_step(rt, B)
     kept = json.loads(state_file.read_text())["jobs"]["b"]
     assert kept["state"] == "suspended" and kept["checkpoint"].endswith(".json")
     made = await counts(rt, A, B)

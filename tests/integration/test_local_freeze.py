@@ -11,15 +11,14 @@ must hold every process of the job at once.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from test_runtime_local import last_step, records, wait_for
 
 from specon import checkpoint
 from specon.model import ContainerId, WorkerId
@@ -81,22 +80,6 @@ def spec(tmp_path: Path, job: str, *, busy: bool = True, steps: int = 10**6) -> 
         script.write_text(JOB)
     argv = (sys.executable, str(script), str(steps), "busy" if busy else "sleep")
     return JobSpec(id=ContainerId(job), command=argv, steps=steps, model="loop")
-
-
-def records(rt: LocalRuntime, job: str) -> list[dict[str, Any]]:
-    path = JobPaths.of(rt.root, job).progress
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-
-
-def last_step(rt: LocalRuntime, job: str) -> int:
-    return max((int(r["step"]) for r in records(rt, job) if "loss" in r), default=0)
-
-
-async def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 async def cpu_seconds(rt: LocalRuntime, job: str) -> tuple[float, frozenset[int]]:
