@@ -157,6 +157,16 @@ def build_parser() -> argparse.ArgumentParser:
         "container toolkit needed), and what this host offers placement. Default 0: every GPU device "
         "request is refused",
     )
+    dock.add_argument(
+        "--docker-standby-image",
+        action="append",
+        default=[],
+        metavar="IMAGE[=PYTHON]",
+        help="keep a primed standby container of IMAGE per GPU NVML finds (--gpu auto, --docker-allow-gpus "
+        ">= 1; IMAGE subject to --allow-image) that becomes the next one-GPU job of the built-in workloads "
+        "run as 'PYTHON -m specon.workloads' (default PYTHON python3): a restore in a fraction of a second "
+        "instead of 10-15 s. Repeatable; one PYTHON for all",
+    )
     k8s = p.add_argument_group("kubernetes runtime")
     k8s.add_argument(
         "--node", default=os.environ.get("NODE_NAME"), help="this node's name (default $NODE_NAME)"
@@ -303,6 +313,20 @@ async def run(args: argparse.Namespace) -> int:
             return 2
         from specon.runtime.docker.backend import DockerRuntime, connect  # noqa: PLC0415
         from specon.runtime.docker.recipe import HostRules  # noqa: PLC0415
+        from specon.runtime.docker.standby import StandbyConfig  # noqa: PLC0415
+
+        standby = None
+        if args.docker_standby_image:
+            images = tuple(i.partition("=")[0] for i in args.docker_standby_image)
+            pythons = {i.partition("=")[2] or "python3" for i in args.docker_standby_image}
+            if len(pythons) != 1 or not all(images):
+                print(
+                    "specon-agent: --docker-standby-image: IMAGE[=PYTHON], one PYTHON for all",
+                    file=sys.stderr,
+                )
+                return 2
+            gpu_indexes = standby_gpus(gpus) if args.docker_allow_gpus >= 1 else ()
+            standby = StandbyConfig(images=images, gpus=gpu_indexes, python=pythons.pop())
 
         # The product a GPU job first started here keeps to (unless it allows any): NVML's.
         seen = gpus.read() if gpus is not None else None
@@ -320,6 +344,7 @@ async def run(args: argparse.Namespace) -> int:
                 ),
                 migration_mode=policy.migration.mode,
                 gpu_product=seen.devices[0].name if seen and seen.devices else None,
+                standby=standby,
             )
         except Exception as exc:  # the SDK raises several types for an engine it cannot reach
             print(f"specon-agent: cannot use the Docker engine: {exc}", file=sys.stderr)

@@ -54,7 +54,7 @@ from specon.wire.protocol import (
 from specon_agent.gpu_share import GpuShare, gpu_state_path
 from specon_agent.gpus import GpuUsage, device_reports, gpu_use
 from specon_agent.priority import Running, running_of
-from specon_agent.reports import ended_report, running_report
+from specon_agent.reports import ended_report, running_report, suspended_reports
 from specon_agent.resumed import first_record_time, log_size
 from specon_agent.watched import AgentCounters, Watched, append_curve, declare_steps, predicted_steps
 from specon_agent.weights import CpuWeights, state_path
@@ -235,8 +235,8 @@ class Agent:
                 steps = [s.step for s in got if s.step is not None and COUNT.lo <= s.step <= COUNT.hi]
                 if steps:
                     w.step = steps[-1]
-                    if w.first_step is None:
-                        w.first_step = steps[0]
+                    if w.first_step is None:  # with the CPU it has used by now: a pair
+                        w.first_step, w.first_cpu = steps[-1], self.cpu_seconds.get(cid, 0.0)
                     if w.info.spec.steps is None:
                         append_curve(w, steps[-1], [s.value for s in got])
                 w.last_sample_at = now
@@ -308,6 +308,7 @@ class Agent:
                 w.state,
                 self.cpu_seconds.get(cid, 0.0),
                 first_step=w.first_step,
+                first_cpu=w.first_cpu,
                 predicted_steps=predicted_steps(w),
             )
             for cid, w in self.watched.items()
@@ -346,6 +347,11 @@ class Agent:
         for info, phase in self.ended.values():
             gpu = gpu_use(info.id, sample, states)  # a job the GPU sharing suspended says so
             reports.append(ended_report(info, phase, self.saved_states.get(info.id), initial, gpu))
+        # Suspended jobs the runtime no longer lists (its save ended their run here).
+        gone = {
+            k: t for k, t in self.gpu_share.suspended().items() if k not in self.watched.keys() | self.ended
+        }
+        reports += suspended_reports(gone, self.saved_states, initial)
         gpus = device_reports(sample)
         results = []
         for cid, (sent_in, res) in self.unacked.items():

@@ -84,6 +84,8 @@ class Tracked:
     checkpoint: str | None = None  # suspended: the checkpoint it saved
     # What the priority rule saw of it last (a suspended job is still weighed).
     progress: Running | None = None
+    # Its spec as this worker ran it: a suspended job's heartbeat report is built from it.
+    spec: JobSpec | None = None
 
 
 @dataclass(slots=True)
@@ -185,6 +187,7 @@ class GpuShare:
             elif t.state == "suspended":  # it runs (a save that failed, a command's start)
                 t.state, t.since = "running", r.started
             t.device, t.memory, t.progress = device, memory, r
+            t.spec = specs.get(cid, t.spec)
             devices = use.devices if use is not None and many else (device,)
             for d in devices:
                 out.setdefault(d, ([], totals.get(d, 0)))[0].append((r, t, many or exempt(specs.get(cid))))
@@ -244,6 +247,10 @@ class GpuShare:
             await self._resume(cid, now, mps_percentage(weight[cid], others, self.cfg))
         self._publish()
         return p
+
+    def suspended(self) -> dict[ContainerId, Tracked]:
+        """The jobs it holds suspended: they run nowhere now and come back here when due."""
+        return {cid: t for cid, t in self.jobs.items() if t.state == "suspended"}
 
     # -- hooks and shutdown --------------------------------------------------------------
     def start_spec(self, spec: JobSpec) -> JobSpec:
@@ -436,6 +443,7 @@ def _tracked_data(t: Tracked) -> dict[str, Any]:
         "since": t.since,
         "checkpoint": t.checkpoint,
         "progress": None if t.progress is None else codec.to_data(t.progress),
+        "spec": None if t.spec is None else t.spec.to_json(),
     }
 
 
@@ -454,4 +462,5 @@ def _tracked(v: Any) -> Tracked:
         since=since,
         checkpoint=None if checkpoint is None else str(checkpoint),
         progress=None if prog is None else codec.from_data(Running, prog),
+        spec=None if v.get("spec") is None else JobSpec.from_json(v["spec"]),
     )

@@ -38,18 +38,22 @@ class Running:
     gain: float | None = None
     cpu_limit: float | None = None
     cpu_seconds: float = 0.0
-    # The first step this agent saw it log (a restored job starts at its checkpoint's), so
-    # the CPU per step is measured over the steps trained on this worker only.
+    # The first step this agent saw it log (a restored job starts at its checkpoint's) and its
+    # CPU seconds then, so the CPU per step is measured over the steps trained on this worker
+    # only, without what it spent before its first step (start-up: imports, set-up, CUDA).
     first_step: int | None = None
+    first_cpu: float = 0.0
     # Steps left to convergence predicted from its loss curve (None: no fit, or not needed).
     predicted_steps: float | None = None
 
     @property
     def cpu_per_step(self) -> float | None:
-        """CPU-seconds per step on this worker (None before it trained a step here)."""
+        """CPU-seconds per step on this worker since its first step here (None before it
+        trained a step after that one)."""
         if self.step is None or self.first_step is None or self.step <= self.first_step:
             return None
-        return self.cpu_seconds / (self.step - self.first_step) if self.cpu_seconds > 0 else None
+        used = self.cpu_seconds - self.first_cpu
+        return used / (self.step - self.first_step) if used > 0 else None
 
     @property
     def remaining_work(self) -> float | None:
@@ -70,6 +74,7 @@ def running_of(
     cpu_seconds: float,
     *,
     first_step: int | None = None,
+    first_cpu: float = 0.0,
     predicted_steps: float | None = None,
 ) -> Running:
     """``info``'s container with its last logged step, its monitor state and its CPU seconds."""
@@ -83,6 +88,7 @@ def running_of(
         cpu_limit=info.cpu_limit,
         cpu_seconds=cpu_seconds if math.isfinite(cpu_seconds) else 0.0,
         first_step=first_step,
+        first_cpu=first_cpu if math.isfinite(first_cpu) else 0.0,
         predicted_steps=predicted_steps,
     )
 
@@ -130,6 +136,7 @@ def progress(running: Sequence[Running], fair: Mapping[ContainerId, float]) -> l
             fair_seconds=fair.get(r.id, 0.0),
             gain=r.gain,
             predicted_steps=r.predicted_steps,
+            cost=r.cpu_per_step,
         )
         for r in running
     ]

@@ -4,12 +4,14 @@ as it last was. Pure: the agent (``specon_agent.core``) hands in what it keeps."
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
-from specon.model import Category
+from specon.model import Category, ContainerId
 from specon.policy.monitor import MonitorState
 from specon.runtime.base import ContainerInfo, JobSpec
 from specon.wire.gpu import GpuUse
 from specon.wire.protocol import STEPS_LABEL, ContainerReport, LossWindow, Phase
+from specon_agent.gpu_share import Tracked
 from specon_agent.watched import Watched
 
 
@@ -49,10 +51,26 @@ def ended_report(
     info: ContainerInfo, phase: Phase, state: MonitorState | None, initial: Category, gpu: GpuUse | None
 ) -> ContainerReport:
     """A container that ended here (finished, stopped or failed), in its last category."""
-    spec = info.spec
+    return stopped_report(info.id, info.spec, phase, state, initial=initial, gpu=gpu)
+
+
+def stopped_report(
+    cid: ContainerId,
+    spec: JobSpec | None,
+    phase: Phase,
+    state: MonitorState | None,
+    *,
+    initial: Category,
+    gpu: GpuUse | None,
+) -> ContainerReport:
+    """A job not running here, in its last category: one that ended, or one the GPU sharing
+    suspended (it comes back here when due); with its spec's placement facts where known."""
+    category = state.display if state else initial
+    if spec is None:
+        return ContainerReport(id=cid, category=category, phase=phase, gpu=gpu)
     return ContainerReport(
-        id=info.id,
-        category=state.display if state else initial,
+        id=cid,
+        category=category,
         phase=phase,
         migrated=bool(state and state.migrated),
         requests=spec.requests,
@@ -62,6 +80,23 @@ def ended_report(
         gpu_memory=spec.gpu_memory,
         gpu=gpu,
     )
+
+
+def suspended_reports(
+    jobs: Mapping[ContainerId, Tracked], states: Mapping[ContainerId, MonitorState], initial: Category
+) -> list[ContainerReport]:
+    """Jobs the GPU sharing holds suspended (``GpuShare.suspended``), stopped and saying so."""
+    return [
+        stopped_report(
+            cid,
+            t.spec,
+            "stopped",
+            states.get(cid),
+            initial=initial,
+            gpu=GpuUse(devices=(t.device,), memory=t.memory, state="suspended"),
+        )
+        for cid, t in sorted(jobs.items())
+    ]
 
 
 def job_labels(spec: JobSpec) -> dict[str, str]:

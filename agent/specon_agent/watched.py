@@ -28,6 +28,9 @@ class Watched:
     state: MonitorState
     step: int | None = None
     first_step: int | None = None  # the first step this agent saw it log
+    # Its CPU seconds when it logged ``first_step``: what it spent before (imports, model and
+    # optimizer set-up, a CUDA context) is not a cost of its steps.
+    first_cpu: float = 0.0
     # (step, mean loss) per tick, for the loss-curve prediction of a job with no declared
     # total (``specon.policy.remaining``); thinned to every other point when full.
     curve: list[tuple[float, float]] = field(default_factory=list)

@@ -31,10 +31,15 @@ class JobProgress:
     fair_seconds: float = 0.0
     gain: float | None = None
     predicted_steps: float | None = None
+    # CPU-seconds per step measured over its steps alone, without its start-up (the agent
+    # knows it: ``specon_agent.priority.Running.cpu_per_step``); None: ``cpu_seconds / step``.
+    cost: float | None = None
 
     @property
     def cpu_per_step(self) -> float | None:
         """Measured CPU-seconds per step (None before the first step)."""
+        if self.cost is not None:
+            return self.cost
         return self.cpu_seconds / self.step if self.step > 0 and self.cpu_seconds > 0 else None
 
     @property

@@ -25,6 +25,8 @@ this subpackage imports ``docker`` (an import contract keeps it so).
   (``docker pause``: the cgroup freezer) and its host PIDs for NVML (``freezer``).
 - **GPUs**: a job's device requests run where this host's rules allow them (``recipe``); its
   spec carries their count, memory and product for placement (``gpu``).
+- **standbys** (``standby``, ``standby_pool``): a primed container per GPU and image this host
+  names; a start that may use one is handed to it (renamed to the job), not created anew.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from specon.runtime.docker.cgroup import ContainerCounters, CpuTotals
 from specon.runtime.docker.criu_store import CriuStore
 from specon.runtime.docker.engine import (
     connect,
+    container_info,
     container_job,
     cpu_seconds,
     create_kwargs,
@@ -89,6 +92,8 @@ from specon.runtime.docker.recipe import (
     problems,
     unsafe_host_config,
 )
+from specon.runtime.docker.standby import LABEL_STANDBY, StandbyConfig, idle_standby
+from specon.runtime.docker.standby_pool import StandbyContainers
 from specon.runtime.owners import OwnerRecords
 from specon.runtime.saving import run_save
 from specon.runtime.volume import CorruptRecordError, JobPaths, Owner, read_spec, write_spec
@@ -125,9 +130,11 @@ class DockerRuntime(OwnerRecords[Container]):
         migration_mode: MigrationMode = "checkpoint",
         cpus: float | None = None,
         gpu_product: str | None = None,
+        standby: StandbyConfig | None = None,
     ) -> None:
         """``gpu_product``: this host's GPU product (NVML's name, or its label value) that a GPU
-        job first started here keeps to (default: the engine's ``nvidia.com/gpu.product`` label)."""
+        job first started here keeps to (default: the engine's ``nvidia.com/gpu.product`` label);
+        ``standby``: the standby containers to keep (``standby``; ``ValueError`` if refused here)."""
         try:
             valid_job_id(worker)
         except ValueError as exc:
@@ -155,6 +162,12 @@ class DockerRuntime(OwnerRecords[Container]):
         (root / "jobs").mkdir(parents=True, exist_ok=True)
         self._agent_dir.mkdir(parents=True, exist_ok=True)
         adopted = self._adopt()
+        self.standbys: StandbyContainers | None = None
+        if standby is not None and standby.images and standby.gpus:
+            where = standby.socket_dir or self._agent_dir / "standby" / worker
+            self.standbys = StandbyContainers(
+                client, worker, standby, self.rules, socket_dir=where, migration_mode=migration_mode
+            )
         log.info(
             "specon.docker.ready",
             worker=worker,
@@ -359,6 +372,8 @@ class DockerRuntime(OwnerRecords[Container]):
 
     # -- housekeeping ------------------------------------------------------------------------
     def close(self) -> bool:
+        if self.standbys is not None:
+            self.standbys.close()
         self.client.close()
         return True
 
@@ -405,8 +420,9 @@ class DockerRuntime(OwnerRecords[Container]):
         for c in found:
             job = container_job(c)
             if job is None:
-                self.skipped_records += 1
-                log.warning("specon.docker.container_skipped", container=c.name, reason="no valid job id")
+                if not idle_standby(c.labels or {}, c.name or ""):  # an idle standby is no job
+                    self.skipped_records += 1
+                    log.warning("specon.docker.container_skipped", container=c.name, reason="no valid job id")
                 continue
             if job not in out or c.attrs.get("Created", "") > out[job].attrs.get("Created", ""):
                 out[job] = c
@@ -436,6 +452,9 @@ class DockerRuntime(OwnerRecords[Container]):
                 if self._read_owner(paths) is not None:
                     adopted += 1
                     continue
+            if LABEL_STANDBY in (c.labels or {}):  # its config is a standby's, no recipe of the job
+                log.warning("specon.docker.container_refused", container=job, reason="standby, no owner")
+                continue
             recipe = from_inspect(c.attrs, volume=self.rules.volume, all_gpus=self.rules.gpus)
             spec = JobSpec(
                 id=job,
@@ -473,35 +492,21 @@ class DockerRuntime(OwnerRecords[Container]):
             self.skipped_records += 1
             log.warning("specon.docker.record_skipped", container=job, error=str(exc))
             return None
-        state_raw = c.attrs.get("State") or {}
-        exit_code: int | None = None
-        if job in self._busy:
-            state = self._busy[job]
-        elif c.status in ("running", "restarting", "paused", "created"):
-            state = ContainerState.RUNNING
-        else:
-            exit_code = int(state_raw.get("ExitCode", -1))
-            state = ContainerState.EXITED if exit_code == 0 else ContainerState.FAILED
-        nano = (c.attrs.get("HostConfig") or {}).get("NanoCpus") or 0
-        return ContainerInfo(
-            id=job,
-            worker=self._worker,
-            spec=spec,
-            state=state,
-            progress_path=paths.progress,
-            checkpoint_dir=paths.checkpoints,
-            started_at=started_at(c.attrs),
-            pid=None,
-            handle=c.id,
-            exit_code=exit_code,
-            finished=state in (ContainerState.EXITED, ContainerState.FAILED) and paths.finished(),
-            cpu_limit=nano / 1e9 if nano else None,
-        )
+        owner = None  # a standby handed the job started before it: the run, when its record says
+        with contextlib.suppress(CorruptRecordError):
+            owner = paths.read_owner() if LABEL_STANDBY in (c.labels or {}) else None
+        started = owner.started_at if owner is not None and owner.handle == c.id else None
+        busy = self._busy.get(job)
+        return container_info(job, c, worker=self._worker, spec=spec, paths=paths, busy=busy, started=started)
 
     async def _launch(self, spec: JobSpec, recipe: Recipe, paths: JobPaths) -> tuple[Owner, bool]:
         """Create and start the job's container (restoring a CRIU image of its last run, if
         one is on record); the owner record is written ahead and completed after."""
         provisional = self._write_ahead(spec.id, paths)
+        if self.standbys is not None:
+            handed = await asyncio.to_thread(self.standbys.launch, recipe, spec.id, paths, provisional)
+            if handed is not None:
+                return handed, False
         kwargs = create_kwargs(
             spec, recipe, run_id=provisional.run_id, worker=self._worker, job_dir=paths.dir
         )

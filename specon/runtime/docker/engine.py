@@ -4,8 +4,9 @@ Connecting (``connect``), images (``import_image``), what identifies an engine
 (``engine_id``, ``engine_labels``), what a container says about itself (``job_of``,
 ``container_job``, ``started_at``, ``init_pid``, ``cpu_seconds``, ``top_pids``), the live
 containers of a listing (``live``) and the SDK's create arguments of a checked recipe
-(``create_kwargs``, GPUs as ``docker.types.DeviceRequest``). The SDK's calls block: callers on the event
-loop run them in a thread.
+(``create_kwargs``, GPUs as ``docker.types.DeviceRequest``), a standby container's
+(``standby_kwargs``) and what a listing reports of a job's container (``container_info``). The
+SDK's calls block: callers on the event loop run them in a thread.
 """
 
 from __future__ import annotations
@@ -30,13 +31,32 @@ from specon.runtime.base import (
     ENV_JOB_ID,
     ENV_PROGRESS_FILE,
     ENV_WORKER,
+    ContainerInfo,
+    ContainerState,
     JobSpec,
     valid_job_id,
 )
-from specon.runtime.docker.recipe import LABEL_JOB, LABEL_MANAGED, LABEL_MIGRATION, LABEL_RUN, Recipe
+from specon.runtime.docker.recipe import (
+    GPU_CAPABILITIES,
+    GPU_DRIVER,
+    LABEL_JOB,
+    LABEL_MANAGED,
+    LABEL_MIGRATION,
+    LABEL_RUN,
+    Recipe,
+)
+from specon.runtime.docker.standby import (
+    LABEL_STANDBY,
+    SOCKET_DIR_INSIDE,
+    StandbyConfig,
+    idle_standby,
+    server_command,
+)
+from specon.runtime.volume import JobPaths
 
 __all__ = [
     "connect",
+    "container_info",
     "container_job",
     "cpu_seconds",
     "create_kwargs",
@@ -46,6 +66,7 @@ __all__ = [
     "init_pid",
     "job_of",
     "live",
+    "standby_kwargs",
     "started_at",
     "top_pids",
 ]
@@ -89,7 +110,10 @@ def engine_labels(labels: list[str]) -> dict[str, str]:
 
 
 def job_of(labels: Mapping[str, str], name: str) -> ContainerId | None:
-    """The job id of a managed container (label, else name); None if it is not a valid id."""
+    """The job id of a managed container (label, else name); None if it is not a valid id or
+    the container is an idle standby."""
+    if idle_standby(labels, name):
+        return None
     with contextlib.suppress(ValueError):
         return valid_job_id(labels.get(LABEL_JOB) or name)
     return None
@@ -204,3 +228,70 @@ def create_kwargs(
             for r in recipe.device_requests
         ]
     return kwargs
+
+
+def standby_kwargs(
+    config: StandbyConfig, image: str, gpu: int, *, name: str, socket_dir: Path
+) -> dict[str, Any]:
+    """``containers.create`` arguments of a standby for ``gpu`` running ``image``: what every job
+    container of that image has (network none, no privileges, the host's read-only binds), its
+    one GPU by index where ``config.gpu_devices``, and the agent's socket directory read-only."""
+    volumes = {b.source: {"bind": b.target, "mode": "ro"} for b in config.binds}
+    volumes[str(socket_dir)] = {"bind": SOCKET_DIR_INSIDE, "mode": "ro"}
+    kwargs: dict[str, Any] = {
+        "image": image,
+        "command": server_command(config, gpu),
+        "name": name,
+        "environment": {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+        "volumes": volumes,
+        "labels": {LABEL_MANAGED: "true", LABEL_STANDBY: str(gpu)},
+        "network_mode": "none",
+        "detach": True,
+    }
+    if config.gpu_devices:
+        caps = [list(c) for c in GPU_CAPABILITIES]
+        kwargs["device_requests"] = [
+            docker.types.DeviceRequest(driver=GPU_DRIVER, device_ids=[str(gpu)], capabilities=caps)
+        ]
+    return kwargs
+
+
+def container_info(
+    job: ContainerId,
+    c: Container,
+    *,
+    worker: WorkerId,
+    spec: JobSpec,
+    paths: JobPaths,
+    busy: ContainerState | None,
+    started: float | None = None,
+) -> ContainerInfo:
+    """What a listing reports of ``job``'s container ``c`` (``busy``: a save or stop of it in
+    progress; ``started``: when its run started, if not when the container did)."""
+    state_raw = c.attrs.get("State") or {}
+    exit_code: int | None = None
+    if busy is not None:
+        state = busy
+    elif c.status in ("running", "restarting", "paused", "created"):
+        state = ContainerState.RUNNING
+    else:
+        exit_code = int(state_raw.get("ExitCode", -1))
+        state = ContainerState.EXITED if exit_code == 0 else ContainerState.FAILED
+    host = c.attrs.get("HostConfig") or {}
+    # A standby's limit is set as a quota (``docker update`` takes no NanoCpus): either counts.
+    quota, period = host.get("CpuQuota") or 0, host.get("CpuPeriod") or 0
+    nano = host.get("NanoCpus") or (quota * 10**9 // period if quota > 0 and period > 0 else 0)
+    return ContainerInfo(
+        id=job,
+        worker=worker,
+        spec=spec,
+        state=state,
+        progress_path=paths.progress,
+        checkpoint_dir=paths.checkpoints,
+        started_at=started_at(c.attrs) if started is None else started,
+        pid=None,
+        handle=c.id,
+        exit_code=exit_code,
+        finished=state in (ContainerState.EXITED, ContainerState.FAILED) and paths.finished(),
+        cpu_limit=nano / 1e9 if nano else None,
+    )
