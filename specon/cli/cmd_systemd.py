@@ -234,6 +234,8 @@ def agent_unit(args: argparse.Namespace) -> AgentUnit:
         raise UnitError("--warm goes with --runtime local")
     if args.docker_allow_gpus and args.runtime != "docker":
         raise UnitError("--docker-allow-gpus goes with --runtime docker")
+    if args.docker_standby_image and args.runtime != "docker":
+        raise UnitError("--docker-standby-image goes with --runtime docker")
     if args.docker_allow_gpus < 0:
         raise UnitError(f"--docker-allow-gpus must be >= 0, got {args.docker_allow_gpus}")
     if args.cpus is not None and not 0 < args.cpus < 1e6:
@@ -275,6 +277,7 @@ def agent_unit(args: argparse.Namespace) -> AgentUnit:
         source_address=_source_address(args.source_address),
         gpu=args.gpu,
         docker_allow_gpus=args.docker_allow_gpus,
+        docker_standby_images=tuple(args.docker_standby_image),
     )
 
 
@@ -515,6 +518,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=0,
         metavar="N",
         help="with --runtime docker: GPUs one job's container may request (default 0: none)",
+    )
+    agent.add_argument(
+        "--docker-standby-image",
+        action="append",
+        default=[],
+        metavar="IMAGE[=PYTHON]",
+        help="with --runtime docker: keep primed standby containers of IMAGE (agent "
+        "--docker-standby-image; the unit then keeps CAP_SYS_ADMIN and the mount calls for it)",
     )
     agent.add_argument(
         "--warm",

@@ -54,6 +54,8 @@ class AgentUnit:
     # Docker host lets its jobs request up to ``docker_allow_gpus`` of them.
     gpu: bool = False
     docker_allow_gpus: int = 0
+    # --runtime docker: images to keep standby containers of (agent --docker-standby-image).
+    docker_standby_images: tuple[str, ...] = ()
 
 
 # What NVML opens (``/proc/devices`` names): the control node and the GPUs. Nothing else of /dev.
@@ -125,6 +127,8 @@ def render_agent(unit: AgentUnit) -> str:
         argv.append(["--allow-bind", exec_arg(str(prefix))])
     if unit.docker_allow_gpus:
         argv.append(["--docker-allow-gpus", str(unit.docker_allow_gpus)])
+    for image in unit.docker_standby_images:
+        argv.append(["--docker-standby-image", exec_arg(image)])
     if unit.cpus is not None:
         argv.append(["--cpus", f"{unit.cpus:g}"])
     if unit.warm:
@@ -165,9 +169,20 @@ def render_agent(unit: AgentUnit) -> str:
             "TOKEN": token,
             "PROTECT_HOME": unit.protect_home,
             "READ_WRITE": " ".join(escape(p) for p in read_write),
-            "RUNTIME": _template(f"agent-{unit.runtime}.in") + (_gpu_devices() if unit.gpu else ""),
+            "RUNTIME": _template(f"agent-{unit.runtime}.in")
+            + (_gpu_devices() if unit.gpu else "")
+            + (_STANDBY_MOUNTS if unit.docker_standby_images else ""),
         },
     )
+
+
+# A standby container gets its job's directory as a detached mount clone (open_tree), which
+# needs CAP_SYS_ADMIN and the mount system calls (docs/docker-hosts.md, "Standby containers").
+_STANDBY_MOUNTS = (
+    "\n# --docker-standby-image: a job's directory reaches its standby container as a detached\n"
+    "# mount clone (open_tree): CAP_SYS_ADMIN and the mount calls, for this only.\n"
+    "CapabilityBoundingSet=CAP_SYS_ADMIN\nSystemCallFilter=@mount\n"
+)
 
 
 def _gpu_devices() -> str:

@@ -8,7 +8,10 @@
 - ``freezer``: freezing a job (``docker pause``) and its processes' host PIDs (for NVML);
 - ``cgroup``: CPU usage and processes from the containers' cgroups;
 - ``criu``: checkpoint/restore of a whole container with CRIU (the engine's API);
-- ``criu_store``: the jobs' CRIU images on the volume, from a save to the next start.
+- ``criu_store``: the jobs' CRIU images on the volume, from a save to the next start;
+- ``standby``: standby containers as plain data: their config, which jobs may use one, the
+  hand-over request; ``standby_pool``: the agent's standby containers and the hand-over;
+  ``standby_server``: a standby container's main process.
 
 Only this subpackage imports ``docker`` (import contract ``docker-backend``).
 """

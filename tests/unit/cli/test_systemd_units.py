@@ -102,6 +102,17 @@ def test_agent_gpu_docker_unit() -> None:
     assert "DeviceAllow" not in _directives(render_agent(AGENT))
 
 
+def test_agent_docker_standby_unit_keeps_what_open_tree_needs() -> None:
+    unit = dataclasses.replace(AGENT, runtime="docker", docker_standby_images=("trainer:1=python3",))
+    text = render_agent(unit)
+    d = _directives(text)
+    assert "--docker-standby-image trainer:1=python3" in " ".join(_exec_start(text))
+    # systemd merges repeated bounding sets and allow-lists by OR: CAP_SYS_ADMIN and @mount are added.
+    assert "CAP_SYS_ADMIN" in d["CapabilityBoundingSet"] and "@mount" in d["SystemCallFilter"]
+    plain = _directives(render_agent(dataclasses.replace(AGENT, runtime="docker")))
+    assert "CAP_SYS_ADMIN" not in " ".join(plain["CapabilityBoundingSet"])
+
+
 def test_agent_environment_token() -> None:
     unit = dataclasses.replace(AGENT, runtime="docker", token_via="environment")
     d = _directives(render_agent(unit))
@@ -215,6 +226,10 @@ VERIFY = shutil.which("systemd-analyze")
         ),
         (
             "specon-agent.service",
+            render_agent(dataclasses.replace(AGENT, runtime="docker", docker_standby_images=("t:1",))),
+        ),
+        (
+            "specon-agent.service",
             render_agent(dataclasses.replace(AGENT, runtime="docker", token_via="environment")),
         ),
         ("specon-manager.service", render_manager(MANAGER)),
@@ -243,6 +258,7 @@ VERIFY = shutil.which("systemd-analyze")
         "agent-local",
         "agent-docker",
         "agent-docker-gpu",
+        "agent-docker-standby",
         "agent-env",
         "manager",
         "manager-port-443",
