@@ -36,10 +36,9 @@ from types import FrameType
 
 from specon.runtime.docker.standby import HandOver
 from specon.runtime.local.cgroup_entry import Entry
+from specon.runtime.local.standby import add_standby_arguments, with_standby_defaults
 from specon.runtime.local.zygote import (
     MAX_REQUEST,
-    WORKLOADS_MODULE,
-    WORKLOADS_PRELOAD,
     Request,
     run_job,
     set_comm,
@@ -174,13 +173,8 @@ def main(argv: list[str]) -> int:
         description="A standby container: primes torch, then becomes the job a Docker agent hands it.",
     )
     p.add_argument("socket", help="the agent's unix socket, to connect to once primed")
-    p.add_argument("--gpu", type=int, default=0, help="the GPU it stands by for (names and logs only)")
-    p.add_argument("--module", action="append", help=f"a module it may run (default {WORKLOADS_MODULE})")
-    p.add_argument("--preload", action="append", help="a module to import ahead (default: the workloads')")
-    p.add_argument("--no-prime", dest="prime", action="store_false", help="import only: no torch warm-up")
-    args = p.parse_args(argv)
-    args.module = tuple(args.module or (WORKLOADS_MODULE,))
-    args.preload = tuple(args.preload or (WORKLOADS_PRELOAD if args.module == (WORKLOADS_MODULE,) else ()))
+    add_standby_arguments(p)
+    args = with_standby_defaults(p.parse_args(argv))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sys.stdout.flush()
     sys.stderr.flush()

@@ -279,23 +279,33 @@ def _keep(args: argparse.Namespace, standby: int, parent: int, ctl: int, ack: in
     return wait_and_record(standby, req.exits, req.run_id, req.worker)
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m specon.runtime.local.standby",
-        description="A GPU standby: primes torch on one GPU, then becomes the job a local runtime hands it.",
-    )
-    p.add_argument("socket", help="unix socket to serve (its directory only its user can enter)")
+def add_standby_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of every standby server (this one, and a Docker standby container's)."""
     p.add_argument("--gpu", type=int, default=0, help="the GPU it stands by for (names and logs only)")
     p.add_argument(
         "--module", action="append", help=f"a module requests may run (default {WORKLOADS_MODULE})"
     )
     p.add_argument("--preload", action="append", help="a module to import ahead (default: the workloads')")
     p.add_argument("--no-prime", dest="prime", action="store_false", help="import only: no torch warm-up")
-    p.add_argument("--parent", type=int, help="exit when this process is no longer our parent")
-    args = p.parse_args(argv)
+
+
+def with_standby_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with the allowed modules and the preloads defaulted (the built-in workloads')."""
     args.module = tuple(args.module or (WORKLOADS_MODULE,))
     default = WORKLOADS_PRELOAD if args.module == (WORKLOADS_MODULE,) else ()
     args.preload = tuple(args.preload or default)
+    return args
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m specon.runtime.local.standby",
+        description="A GPU standby: primes torch on one GPU, then becomes the job a local runtime hands it.",
+    )
+    p.add_argument("socket", help="unix socket to serve (its directory only its user can enter)")
+    add_standby_arguments(p)
+    p.add_argument("--parent", type=int, help="exit when this process is no longer our parent")
+    args = with_standby_defaults(p.parse_args(argv))
     parent = os.getppid() if args.parent is None else args.parent
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _ignore)
