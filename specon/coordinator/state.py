@@ -347,7 +347,14 @@ class ClusterState:
         placed: Mapping[ContainerId, WorkerId],
     ) -> ContainerSnapshot | None:
         m = moving.get(rec.id)
-        if rec.report.phase != "running" and m is None:
+        # A job its worker's GPU sharing suspended runs nowhere for now but comes back there:
+        # it keeps its place (its requests count on that worker) and is not moved meanwhile.
+        suspended = (
+            rec.report.phase == "stopped"
+            and rec.report.gpu is not None
+            and (rec.report.gpu.state == "suspended")
+        )
+        if rec.report.phase != "running" and m is None and not suspended:
             return None
         mk = marks.get(rec.id, UNMARKED)
         migrated = rec.report.migrated or mk.migrations > 0
@@ -362,7 +369,7 @@ class ClusterState:
             migrations=mk.migrations,
             rebalances=mk.rebalances,
             requests=rec.report.requests,
-            movable=rec.report.job.get(MIGRATABLE_LABEL, "true") != "false",
+            movable=rec.report.job.get(MIGRATABLE_LABEL, "true") != "false" and not suspended,
             selector=tuple(sorted(selector.items())) if selector else (),
             tolerations=rec.report.tolerations,
             remaining_work=rec.report.remaining_work,
@@ -454,6 +461,8 @@ def _view_changed(old: ContainerReport, new: ContainerReport) -> bool:
         or old.selector != new.selector
         or old.tolerations != new.tolerations
         or old.gpu_memory != new.gpu_memory
+        or (old.gpu is None) != (new.gpu is None)
+        or (old.gpu is not None and new.gpu is not None and old.gpu.state != new.gpu.state)
         or (old.remaining_work != new.remaining_work and _work_moved(old.remaining_work, new.remaining_work))
     )
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specon.coordinator.migration import Mark, Migration, State
 from specon.coordinator.state import ClusterState
-from specon.model import Category, ContainerId, WorkerId
+from specon.model import Category, ContainerId, Resources, WorkerId
+from specon.wire.gpu import GpuUse
 from tests.unit.manager_fakes import START, FakeAgent, FakeClock, report
 
 CC, PC, WC = Category.CONVERGED, Category.PROGRESSING, Category.WATCHING
@@ -107,6 +110,19 @@ def test_the_old_hosts_stale_stopped_entry_does_not_hide_the_new_running_copy() 
     # And a leaves it out altogether later: still running on b.
     s.ingest(a.heartbeat(), clock())
     assert s.running_on(C1) == B
+
+
+def test_a_job_its_gpu_sharing_suspended_keeps_its_place_and_stays() -> None:
+    clock = FakeClock()
+    a = FakeAgent("a", clock)
+    s = ClusterState()
+    gone = dataclasses.replace(report("c1", phase="stopped"), requests=Resources(gpu=1))
+    suspended = dataclasses.replace(gone, gpu=GpuUse(devices=(0,), memory=2**30, state="suspended"))
+    s.ingest(a.heartbeat(suspended), clock())
+    (view,) = s.snapshot(clock(), timeout=TIMEOUT, marks={}).containers
+    assert (view.id, view.worker, view.requests.gpu, view.movable) == (C1, A, 1, False)
+    s.ingest(a.heartbeat(gone), clock())  # resumed elsewhere or ended: no longer held here
+    assert s.snapshot(clock(), timeout=TIMEOUT, marks={}).containers == ()
 
 
 def test_finished_containers_leave_the_snapshot() -> None:
