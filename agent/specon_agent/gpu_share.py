@@ -5,8 +5,9 @@ The jobs sharing a GPU are those NVML shows on it (``GpuSample``), weighed by th
 priority rule among themselves, plus the jobs this agent suspended from it. A plan is carried
 out in the order that frees the GPU first: freeze, suspend, thaw, resume. Freezing is
 ``Runtime.freeze`` (the whole job at once: its cgroup, or its process group, data-loader
-workers included); suspending is ``Runtime.save`` (the job checkpoints and exits; it stays
-listed, ended, not finished); resuming is ``Runtime.start`` of this runtime's own record of
+workers included); suspending is ``Runtime.save`` (the job checkpoints and exits; the agent's
+heartbeat reports it from this sharing's record, ``suspended``, the runtime listing it or not);
+resuming is ``Runtime.start`` of this runtime's own record of
 the job (``Runtime.job_spec``, never a spec from the wire) from the checkpoint it saved.
 
 Never frozen nor suspended (they always run): a job on several GPUs, one being saved by a
