@@ -113,15 +113,57 @@ def ranked(jobs: Iterable[GpuJob], cfg: GpuShareConfig, now: float) -> list[GpuJ
     return sorted(jobs, key=key)
 
 
+# Passes of ``plan`` at one instant: a suspension frees memory a waiting job may then take.
+_PASSES = 4
+
+
 def plan(jobs: Sequence[GpuJob], memory_total: int, cfg: GpuShareConfig, now: float) -> GpuPlan:
     """The plan for the jobs on one GPU of ``memory_total`` bytes at ``now``.
 
-    Raises ``ValueError`` for a job listed twice.
+    Planned again on its own outcome until nothing changes (a suspension frees memory that a
+    waiting job may take at once), so that the plan carried out is one the next pass at the same
+    instant leaves alone. Raises ``ValueError`` for a job listed twice.
     """
     ids = [j.id for j in jobs]
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         raise ValueError(f"jobs listed twice: {', '.join(dup)}")
+    final = list(jobs)
+    p = _plan_once(final, memory_total, cfg, now)
+    for _ in range(_PASSES):
+        if not p.changes:
+            break
+        final = after(final, p, now)
+        p = _plan_once(final, memory_total, cfg, now)
+    order = [j.id for j in ranked(jobs, cfg, now)]
+    return _between(
+        jobs, order, {j.id: j.state for j in final}, _plan_once(final, memory_total, cfg, now).run
+    )
+
+
+def _between(
+    jobs: Sequence[GpuJob],
+    order: list[ContainerId],
+    end: dict[ContainerId, GpuState],
+    run: tuple[ContainerId, ...],
+) -> GpuPlan:
+    """The plan that takes ``jobs`` (``order``: their rank) to the states ``end`` (a job
+    suspended and due again within the passes is simply left running or resumed)."""
+    start = {j.id: j.state for j in jobs}
+
+    def moved(a: GpuState, b: GpuState) -> tuple[ContainerId, ...]:
+        return tuple(c for c in order if start[c] == a and end[c] == b)
+
+    return GpuPlan(
+        run=tuple(c for c in run if end[c] == "running"),
+        freeze=moved("running", "frozen"),
+        thaw=moved("frozen", "running"),
+        suspend=tuple(c for c in reversed(order) if start[c] != "suspended" and end[c] == "suspended"),
+        resume=moved("suspended", "running"),
+    )
+
+
+def _plan_once(jobs: Sequence[GpuJob], memory_total: int, cfg: GpuShareConfig, now: float) -> GpuPlan:
     order = ranked(jobs, cfg, now)
     limit = budget(memory_total, cfg)
     # Without freezing: every resident job runs, and the suspended ones that fit.
