@@ -176,7 +176,8 @@ class GpuShare:
         out: dict[int, tuple[list[tuple[Running, Tracked, bool]], int]] = {}
         for cid, r in live.items():
             use, t = uses.get(cid), self.jobs.get(cid)
-            if use is not None and use.devices:
+            seen = use is not None and bool(use.devices)
+            if use is not None and seen:
                 device, many = use.devices[0], len(use.devices) > 1
                 memory = use.memory
             elif t is not None:  # ours, not (yet) seen by NVML: a job resuming
@@ -185,7 +186,10 @@ class GpuShare:
                 continue  # no GPU process: not ours to share
             if t is None:
                 t = self.jobs[cid] = Tracked(device, memory, "running", r.started)
-            elif t.state == "suspended":  # it runs (a save that failed, a command's start)
+            elif t.state == "suspended" and (seen or r.started > t.since):
+                # It runs again (a command's start): NVML sees it, or it started after its
+                # suspension. Listed without either, it is the monitor's view from before the
+                # save (a tick old), and it stays suspended: flipped, it would be forgotten.
                 t.state, t.since = "running", r.started
             t.device, t.memory, t.progress = device, memory, r
             t.spec = specs.get(cid, t.spec)

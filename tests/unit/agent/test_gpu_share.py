@@ -175,6 +175,23 @@ async def test_a_suspended_job_a_command_restarted_is_let_be(rt: GpuRuntime, vol
     assert share.states[B] == "frozen"
 
 
+async def test_a_job_just_suspended_that_the_monitor_still_lists_stays_suspended(
+    rt: GpuRuntime, volume: FakeVolume
+) -> None:
+    # The GPU loop passes between monitor ticks: right after the save the monitor's view
+    # still lists the job as running (started before its suspension), NVML no longer sees it.
+    share = GpuShare(rt, FREEZE)
+    await volume.clock.advance(30.0)
+    await step(share, rt, running((A, 10), (B, 900)), {A: 50 * GB, B: 30 * GB})
+    assert actions(rt) == [("save", B)]
+    await step(share, rt, running((A, 10), (B, 900)), {A: 50 * GB})  # a tick old
+    assert actions(rt) == [] and share.states[B] == "suspended"
+    await step(share, rt, running((A, 10)), {A: 50 * GB})  # the monitor caught up
+    assert actions(rt) == [] and share.states[B] == "suspended"  # not forgotten
+    await step(share, rt, [], {})
+    assert actions(rt) == [("start", B)] and share.counters.resumes == 1
+
+
 async def test_close_thaws_every_frozen_job(rt: GpuRuntime) -> None:
     share = GpuShare(rt, FREEZE)
     await step(share, rt, running((A, 10), (B, 900), (C, 500)), {A: GB, B: GB, C: GB})
