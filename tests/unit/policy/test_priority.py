@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from specon.config import PolicyError, PriorityConfig, default_policy, policy_from_dict, policy_to_dict
 from specon.model import WEIGHT_DEFAULT, WEIGHT_MAX, WEIGHT_MIN, ContainerId
-from specon.policy.priority import hermes, optimus, phased, slaq, srpt, tiresias
+from specon.policy.priority import hermes, mbasgd, optimus, phased, slaq, srpt, tiresias
 from specon.policy.priority.base import JobProgress, ranked_weights
 from specon.policy.priority.rules import weights
 from specon.sim.cluster import SimParams, water_fill
@@ -75,6 +75,31 @@ def test_slaq_weights_follow_the_improvement_and_keep_a_floor() -> None:
     assert len(set(slaq.weights([_job("a"), _job("b", gain=0.0)], slaq.Args()).values())) == 1  # even
 
 
+def test_mbasgd_weighs_remaining_work_by_the_fraction_trained() -> None:
+    # Equal CPU per step: "fresh" has 900 steps left of 1000, "late" 450 of 4500 (90 % done).
+    jobs = [
+        _job("fresh", step=100, total=1000, cpu_seconds=100),
+        _job("late", step=4050, total=4500, cpu_seconds=4050),
+    ]
+    assert srpt.order(jobs) == _ids("late", "fresh")
+    # gamma 0 is srpt; gamma 1 orders by whole size (1000 against 4500): the fresh job first.
+    assert mbasgd.weights(jobs, mbasgd.Args(gamma=0.0)) == srpt.weights(jobs, srpt.Args())
+    assert list(mbasgd.weights(jobs, mbasgd.Args(gamma=1.0))) == _ids("fresh", "late")
+    values = mbasgd.priority_values(jobs, 1.0)
+    assert values["fresh"] == pytest.approx(1000.0) and values["late"] == pytest.approx(4500.0)
+    # Without a declared total it is srpt's value (the predicted steps), unknown ones last.
+    loose = [_job("p", step=10, predicted_steps=50, cpu_seconds=10), _job("u", cpu_seconds=1)]
+    assert mbasgd.priority_values(loose, 1.05) == {"p": 50.0, "u": None}
+
+
+def test_the_early_termination_factor_is_the_papers_and_stays_finite() -> None:
+    assert mbasgd.early_termination_factor(0.0, 1.05) == 1.0
+    assert mbasgd.early_termination_factor(0.5, 1.0) == pytest.approx(2.0)
+    assert mbasgd.early_termination_factor(0.4, 1.05) == pytest.approx((1 / 0.6) ** 1.05)
+    assert math.isfinite(mbasgd.early_termination_factor(1.0, 1.05))
+    assert mbasgd.early_termination_factor(-3.0, 2.0) == 1.0  # clamped
+
+
 def test_optimus_shares_grow_with_the_square_root_of_remaining_work() -> None:
     jobs = [_job("a", step=1, total=401, cpu_seconds=1), _job("b", step=1, total=101, cpu_seconds=1)]
     got = optimus.weights(jobs, optimus.Args())
@@ -96,6 +121,7 @@ def test_each_rule_validates_its_own_arguments_in_the_policy_file() -> None:
             "srpt": {"ratio": 0.5},
             "slaq": {"floor": 0},
             "optimus": {"exponent": -1},
+            "mbasgd": {"gamma": -0.5},
         },
     }
     with pytest.raises(PolicyError) as err:
@@ -105,6 +131,7 @@ def test_each_rule_validates_its_own_arguments_in_the_policy_file() -> None:
         "priority.optimus.exponent: must be in [0, 2], got -1.0",
         "priority.tiresias.thresholds: must be strictly ascending, got [50.0, 10.0]",
         "priority.slaq.floor: must be in (0, 1], got 0.0",
+        "priority.mbasgd.gamma: must be in [0, 10], got -0.5",
     }
 
 
