@@ -14,5 +14,7 @@ It drives the manager's own coordinator (``specon.coordinator.inline``) and the 
 - ``trace``: loss-curve traces; ``curves``: synthetic ones; ``record``: recording real ones;
 - ``calibration``: the simulator against the local runtime; ``detection``: the detection benchmark;
   ``oracle``: detection by the ground truth (``specon-oracle``);
-- ``report``, ``summary``: tables beside the paper's numbers, JSON and PNGs.
+- ``report``, ``summary``: tables beside the paper's numbers, JSON and PNGs;
+- ``asgd``: MB-ASGD's distributed async-SGD jobs (the MVA throughput model, KNEE/HELL node
+  allocation, its 100-node scheduling simulation), apart from the cluster above.
 """

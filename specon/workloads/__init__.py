@@ -7,5 +7,7 @@
 - ``models``: the five model families as small PyTorch modules;
 - ``data``: their synthetic data sets, generated from a seed;
 - ``registry``: each model with its data, defaults and one training step (``build()``);
-- ``runner``: one workload run as a migratable job (``__main__``).
+- ``runner``: one workload run as a migratable job (``__main__``);
+- ``asgd/``: a real asynchronous-SGD job (a parameter server and workers over TCP, numpy only,
+  no torch), whose one-worker profile the MVA model of ``specon.sim.asgd`` is checked against.
 """
