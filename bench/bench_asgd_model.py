@@ -2,7 +2,12 @@
 
 A parameter server and up to four workers, each a ``python -m specon.workloads.asgd`` process
 in a network namespace of its own (``specon.testing.net_hosts``), exchange real float32 tensors
-over TCP; the PS host's link is rate-limited with ``tc`` both ways (``workloads.asgd.link``).
+over TCP; the PS host's link is rate-limited with ``tc`` both ways (``workloads.asgd.link``),
+a token bucket with a switch port's shallow queue (5 ms at the rate). TCP runs as a PS's
+long-lived connections do: cubic, Linux's default (set per socket: the namespaces would
+inherit this machine's BBR, which ignores loss and dropped a fifth of the packets through the
+shallow queue), and no slow start after idle (a sysctl of each host's namespace), so the link
+is the work-conserving station the model assumes.
 Per case: a **one-worker** run is profiled into the four service times (worker, uplink, server,
 downlink: ``workloads.asgd.profile``), ``specon.sim.asgd.mva`` predicts 1..4 workers from them
 alone (exact, approximate and hybrid MVA), then 2..4 workers run for real and the PS's
@@ -14,8 +19,9 @@ Cases, like the paper's batch sizes 8/16/32 (a-c) and its network-heavier Incept
 1.6 MB MLP on a 200 Mbit/s PS link (about 65 ms per transfer each way) with mini-batches of
 64, 256 and 512 (worker compute about 8, 20 and 45 ms), and (d) a 5.3 MB model on 400 Mbit/s.
 On this two-core machine the PS and four workers share the CPUs, so worker compute is kept
-below the transfer times: the shared link, not the CPU, is the contended resource (the
-workers' mean compute per worker count is printed: where it grows, CPU contention shows).
+below the transfer times: the shared link, not the CPU, is the contended resource (printed
+per worker count: the workers' mean compute, the PS's CPU seconds per second and the load
+average; where compute grows or the PS nears one core, CPU contention shows).
 ``--quick``: cases (a) and (c), 1..3 workers, shorter windows. Needs root (namespaces, ``tc``).
 Per-run logs stay in a temporary directory; the plot goes to bench/results/bench_asgd_model.png.
 """
@@ -132,7 +138,8 @@ def run(quick: bool) -> list[Figure]:
         )
         per_w = ", ".join(
             f"w={w}: {r.measured[w].throughput:.2f} vs exact {r.predicted['exact'][w - 1]:.2f} / hybrid "
-            f"{r.predicted['hybrid'][w - 1]:.2f} (compute {r.compute[w] * 1e3:.0f} ms)"
+            f"{r.predicted['hybrid'][w - 1]:.2f} (compute {r.compute[w] * 1e3:.0f} ms, "
+            f"PS CPU {r.ps_cpu[w]:.0%}, load {r.load[w]:.1f})"
             for w in sorted(r.measured)
         )
         for method in ("exact", "hybrid", "approx"):

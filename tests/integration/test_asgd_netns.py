@@ -30,6 +30,7 @@ def test_a_ps_and_two_workers_train_across_hosts_through_a_limited_link(
     link.shape(hosts[0], CASE.shaping)
     down, up = link.limits(hosts[0])
     assert "tbf" in down and "rate 50Mbit" in down and "tbf" in up and "rate 50Mbit" in up
+    assert "lat 5ms" in down and "lat 5ms" in up
     outer = link.outer_end(hosts[0])
     assert outer in links()
 
@@ -63,17 +64,33 @@ def test_a_one_worker_profile_gives_four_positive_service_times(net_hosts: Hosts
     assert prof.samples >= 5
 
 
-def test_the_harness_removes_the_limited_link_with_its_hosts(tmp_path: Path) -> None:
-    from specon.testing.net_hosts import available  # noqa: PLC0415
+def _own_sysctl(name: str) -> str:
+    return Path("/proc/sys", *name.split(".")).read_text().strip()
+
+
+def test_the_harness_removes_the_limited_link_and_the_tcp_settings_with_its_hosts(tmp_path: Path) -> None:
+    from specon.testing.net_hosts import available, namespaces  # noqa: PLC0415
 
     if why := available():
         pytest.skip(f"separate network hosts need namespaces: {why}")
+    ours = {k: _own_sysctl(k) for k in link.TCP_SETTINGS}
     with NetHosts(2) as hosts:
         link.shape(hosts[0], CASE.shaping)
         outer = link.outer_end(hosts[0])
+        for host in hosts:
+            link.tune_tcp(host)
+            link.tune_tcp(host, {"net.ipv4.tcp_slow_start_after_idle": "1"})  # a value that differs
+            link.tune_tcp(host)
+            assert all(link.sysctl(host, k) == v for k, v in link.TCP_SETTINGS.items())
+        # Set in the hosts' namespaces only: this one's stay as they were.
+        assert {k: _own_sysctl(k) for k in link.TCP_SETTINGS} == ours
+        with pytest.raises(link.LinkError, match="no_such_sysctl"):
+            link.tune_tcp(hosts[0], {"net.ipv4.no_such_sysctl": "1"})
+        ns = [h.ns for h in hosts]
         ps = hosts[0].popen([sys.executable, "-c", "import time; time.sleep(60)"])
     assert ps.poll() is not None  # killed on close
     assert outer not in links()
+    assert not set(ns) & set(namespaces())  # and the namespaces, their sysctls with them
     assert (
         subprocess.run(["tc", "qdisc", "show", "dev", outer], check=False, capture_output=True).returncode
         != 0

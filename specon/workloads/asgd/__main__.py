@@ -24,6 +24,11 @@ def _shape_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--outputs", type=int, default=10, help="classes (default 10)")
     g.add_argument("--seed", type=int, default=0, help="initial parameters and data (default 0)")
     g.add_argument("--timeout", type=float, default=30.0, help="seconds one frame may take (default 30)")
+    g.add_argument(
+        "--congestion",
+        metavar="NAME",
+        help="TCP congestion control of the connections, e.g. cubic (default: the system's)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -125,6 +130,7 @@ def _run(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             max_updates=args.max_updates,
             wait_workers=args.wait_workers,
+            congestion=args.congestion,
         )
         summary = ParameterServer(cfg).serve()
         return 0 if summary["updates"] and not summary["errors"] else 1
@@ -144,6 +150,7 @@ def _run(args: argparse.Namespace) -> int:
             seed=args.seed,
             timeout=args.timeout,
             connect_timeout=args.connect_timeout,
+            congestion=args.congestion,
         )
     )
     return 0

@@ -13,11 +13,13 @@ Every process is waited for; one that outlives its run's deadline is killed and 
 from __future__ import annotations
 
 import json
+import math
+import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,8 @@ class CaseResult:
     measured: dict[int, Rate] = field(default_factory=dict)
     predicted: dict[str, tuple[float, ...]] = field(default_factory=dict)
     compute: dict[int, float] = field(default_factory=dict)  # mean worker compute, s, per w
+    ps_cpu: dict[int, float] = field(default_factory=dict)  # the PS's CPU seconds per second, per w
+    load: dict[int, float] = field(default_factory=dict)  # the machine's 1-min load average after w
 
     def error(self, method: str, w: int) -> float:
         return relative_error(self.predicted[method][w - 1], self.measured[w].throughput)
@@ -104,6 +108,8 @@ class CaseResult:
             "updates": {str(w): r.updates for w, r in sorted(self.measured.items())},
             "predicted": {m: list(v) for m, v in self.predicted.items()},
             "worker_compute": {str(w): c for w, c in sorted(self.compute.items())},
+            "ps_cpu": {str(w): c for w, c in sorted(self.ps_cpu.items())},
+            "load": {str(w): c for w, c in sorted(self.load.items())},
             "errors": {m: {str(w): self.error(m, w) for w in sorted(self.measured)} for m in self.predicted},
         }
 
@@ -119,15 +125,24 @@ def _tail(path: Path, lines: int = 5) -> str:
 
 
 def run_job(
-    hosts: Sequence[NetHost], case: Case, workers: int, *, duration: float, logdir: Path, port: int = PORT
+    hosts: Sequence[NetHost],
+    case: Case,
+    workers: int,
+    *,
+    duration: float,
+    logdir: Path,
+    port: int = PORT,
+    congestion: str | None = link.CONGESTION,
 ) -> Run:
     """The PS on ``hosts[0]``, ``workers`` workers on the next hosts, for ``duration`` s after
-    all joined; every process is gone when this returns."""
+    all joined, their sockets on TCP ``congestion`` control (None: the system's); every
+    process is gone when this returns."""
     if not 1 <= workers < len(hosts):
         raise ValueError(f"{workers} workers need {workers + 1} hosts, there are {len(hosts)}")
     logdir.mkdir(parents=True, exist_ok=True)
     ps_host = hosts[0]
     base = [sys.executable, "-m", "specon.workloads.asgd"]
+    tcp = ["--congestion", congestion] if congestion else []
     ps_log = logdir / "ps.jsonl"
     procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
     with open(logdir / "ps.err", "wb") as err:
@@ -146,6 +161,7 @@ def run_job(
             case.optimizer,
             "--log",
             str(ps_log),
+            *tcp,
             *case.model_args(),
         ]
         procs.append(("ps", ps_host.popen(argv, stdout=err, stderr=subprocess.STDOUT), logdir / "ps.err"))
@@ -162,6 +178,7 @@ def run_job(
                 str(case.batch),
                 "--log",
                 str(logdir / f"w{i}.jsonl"),
+                *tcp,
                 *case.model_args(),
             ]
             procs.append(
@@ -202,12 +219,19 @@ def measure_case(
     warmup: float,
     logdir: Path,
     progress: Callable[[str], None] = print,
+    congestion: str | None = link.CONGESTION,
+    tcp: Mapping[str, str] = link.TCP_SETTINGS,
 ) -> CaseResult:
-    """Profile ``case`` with one worker, predict 1..max_workers, measure 1..max_workers."""
+    """Profile ``case`` with one worker, predict 1..max_workers, measure 1..max_workers; the
+    hosts' TCP set to ``tcp`` (sysctls of their namespaces) and ``congestion`` control."""
     link.shape(hosts[0], case.shaping)
+    for host in hosts[: max_workers + 1]:
+        link.tune_tcp(host, tcp)
     result: CaseResult | None = None
     for w in range(1, max_workers + 1):
-        run = run_job(hosts, case, w, duration=duration, logdir=logdir / case.name / f"w{w}")
+        run = run_job(
+            hosts, case, w, duration=duration, logdir=logdir / case.name / f"w{w}", congestion=congestion
+        )
         summary = run.summary
         if summary.get("errors"):
             raise MeasureError(f"{case.name}, {w} worker(s): the PS reported {summary['errors']}")
@@ -224,11 +248,14 @@ def measure_case(
         rate = measured_throughput(run.ps, warmup=warmup)
         result.measured[w] = rate
         result.compute[w] = _compute(run, clock + warmup)
+        result.ps_cpu[w] = summary.get("cpu_s", math.nan) / summary.get("wall_s", math.nan)
+        result.load[w] = os.getloadavg()[0]
         pred = {m: result.predicted[m][w - 1] for m in METHODS}
         progress(
             f"  ... {case.name}, {w} worker(s): measured {rate.throughput:.2f}/s ({rate.updates} updates), "
             f"exact {pred['exact']:.2f}, hybrid {pred['hybrid']:.2f}, approx {pred['approx']:.2f}; "
-            f"worker compute {result.compute[w] * 1e3:.1f} ms; loss {summary.get('first_loss', 0):.2f}"
+            f"worker compute {result.compute[w] * 1e3:.1f} ms, PS CPU {result.ps_cpu[w]:.0%}, "
+            f"load {result.load[w]:.1f}; loss {summary.get('first_loss', 0):.2f}"
             f" -> {summary.get('last_loss', 0):.2f}"
         )
     assert result is not None

@@ -51,6 +51,7 @@ class ServerConfig:
     timeout: float = 30.0  # per frame
     max_updates: int = 0  # 0: no limit
     wait_workers: int = 1  # the ``duration`` clock starts once this many workers have joined
+    congestion: str | None = None  # TCP congestion control of its connections (None: the system's)
     idle_timeout: float = 60.0  # give up when they have not by then
 
 
@@ -127,11 +128,13 @@ class ParameterServer:
 
     def serve(self) -> dict[str, Any]:
         cfg = self.cfg
+        wall0, cpu0 = time.monotonic(), time.process_time()
         with (
             socket.create_server((cfg.host, cfg.port), backlog=64) as listener,
             open(cfg.log_path, "w", buffering=1) as self._out,
         ):
             listener.settimeout(0.2)
+            tune(listener, cfg.congestion)  # refused here, before any worker joins
             acceptor = threading.Thread(target=self._accept, args=(listener,), daemon=True)
             acceptor.start()
             log.info(
@@ -157,6 +160,9 @@ class ParameterServer:
                 "first_loss": self.losses[0] if self.losses else None,
                 "last_loss": float(np.mean(self.losses[-10:])) if self.losses else None,
                 "errors": self.errors,
+                # The PS's own CPU use (all its threads): near one core, it is the bottleneck.
+                "cpu_s": time.process_time() - cpu0,
+                "wall_s": time.monotonic() - wall0,
             }
             self._record(summary)
         log.info("specon.asgd.ps_done", **{k: v for k, v in summary.items() if k != "event"})
@@ -170,7 +176,12 @@ class ParameterServer:
                 continue
             except OSError:
                 return
-            tune(sock)
+            try:
+                tune(sock, self.cfg.congestion)
+            except WireError as exc:
+                self.errors.append(f"{peer[0]}:{peer[1]}: {exc}")
+                sock.close()
+                continue
             self._socks.append(sock)
             t = threading.Thread(target=self._connection, args=(sock, f"{peer[0]}:{peer[1]}"), daemon=True)
             self._conns.append(t)

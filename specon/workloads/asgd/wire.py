@@ -156,6 +156,15 @@ def send_frame(sock: socket.socket, frame: Frame, *, timeout: float) -> None:
         raise WireError(f"send failed: {exc}") from exc
 
 
-def tune(sock: socket.socket) -> None:
-    """No Nagle delay: a frame's last segment must not wait for the previous one's ACK."""
+def tune(sock: socket.socket, congestion: str | None = None) -> None:
+    """No Nagle delay: a frame's last segment must not wait for the previous one's ACK. With
+    ``congestion``, that TCP congestion control on this socket (``WireError`` if refused)."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if congestion:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, congestion.encode())
+        except OSError as exc:
+            raise WireError(
+                f"TCP congestion control {congestion!r} refused: {exc} (not loaded, or not root and "
+                "not in net.ipv4.tcp_allowed_congestion_control)"
+            ) from None

@@ -40,9 +40,10 @@ class WorkerConfig:
     seed: int = 0
     timeout: float = 30.0  # per frame
     connect_timeout: float = 20.0  # the PS may start after its workers
+    congestion: str | None = None  # TCP congestion control of its connection (None: the system's)
 
 
-def connect(host: str, port: int, timeout: float) -> socket.socket:
+def connect(host: str, port: int, timeout: float, congestion: str | None = None) -> socket.socket:
     """A connection to the PS, retried until ``timeout`` (it may not listen yet)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -53,7 +54,11 @@ def connect(host: str, port: int, timeout: float) -> socket.socket:
                 raise WireError(f"cannot reach the parameter server at {host}:{port}: {exc}") from None
             time.sleep(0.05)
             continue
-        tune(sock)
+        try:
+            tune(sock, congestion)
+        except WireError:
+            sock.close()
+            raise
         return sock
 
 
@@ -66,7 +71,7 @@ def run(cfg: WorkerConfig) -> int:
     buf = bytearray(cfg.shape.nbytes)
     seq = 0
     with (
-        connect(cfg.host, cfg.port, cfg.connect_timeout) as sock,
+        connect(cfg.host, cfg.port, cfg.connect_timeout, cfg.congestion) as sock,
         open(cfg.log_path, "w", buffering=1) as out,
     ):
         log.info(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -52,6 +53,13 @@ def test_bad_input_is_one_clear_line(args: list[str], message: str) -> None:
     out = subprocess.run([*CLI, *args], capture_output=True, text=True, check=False, timeout=30)
     assert out.returncode == 2, out.stderr
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_unknown_congestion_control_stops_the_ps_before_anyone_joins(tmp_path: Path) -> None:
+    argv = [*CLI, "ps", "--port", str(_port()), "--log", str(tmp_path / "ps"), "--congestion", "no-such-cc"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+    assert out.returncode == 1 and "'no-such-cc' refused" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_an_unreachable_ps_is_a_clear_error_in_bounded_time(tmp_path: Path) -> None:
@@ -112,6 +120,8 @@ def test_two_workers_train_and_a_stray_client_is_turned_away(tmp_path: Path) -> 
     # Every gradient a worker pushed was applied once, but its last: that one got the BYE.
     pushed = sum(len(_records(tmp_path / f"w{i}.jsonl")) for i in range(2))
     assert done["updates"] == pushed - 2
+    # Its CPU use is reported: some, never more than its wall time on this machine's cores.
+    assert 0 < done["cpu_s"] <= done["wall_s"] * (os.cpu_count() or 1)
 
 
 def test_a_one_worker_run_profiles_into_four_service_times(tmp_path: Path) -> None:

@@ -18,11 +18,13 @@ from specon.workloads.asgd.wire import (
     FrameError,
     Kind,
     PeerClosedError,
+    WireError,
     WireTimeoutError,
     decode_header,
     encode_header,
     recv_frame,
     send_frame,
+    tune,
 )
 
 
@@ -151,3 +153,15 @@ def test_the_header_is_32_bytes_network_order() -> None:
     raw = encode_header(Frame(Kind.GRAD, seq=1, version=2, value=0.5, payload=b"abcd"))
     assert len(raw) == 32 and raw[:2] == b"AS" and raw[2] == 3
     assert struct.unpack("!Q", raw[-8:]) == (4,)
+
+
+def test_tune_turns_nagle_off_and_sets_the_congestion_control_asked_for() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        tune(s)
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        system = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0")
+        # The system's own choice is always allowed on a socket; an unknown name is refused.
+        tune(s, system.decode())
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0") == system
+        with pytest.raises(WireError, match="'no-such-cc' refused"):
+            tune(s, "no-such-cc")
