@@ -30,9 +30,16 @@ def in_our_mounts(pid: int) -> bool:
 
 
 def children(pid: int) -> list[int]:
-    """The direct children of ``pid`` (the engine's containerd)."""
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(p) for p in path.read_text().split()] if path.exists() else []
+    """The direct children of ``pid`` (the engine's containerd). Each thread's ``children``
+    file lists only what that thread forked, and Go forks from whichever thread runs the
+    goroutine, so every thread's file is read."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:  # the thread ended meanwhile
+            continue
+    return sorted(set(found))
 
 
 def mounts_under(base: Path) -> list[str]:
