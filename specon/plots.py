@@ -196,3 +196,49 @@ def plot_jct_cdfs(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.savefig(out, format="png", dpi=dpi)
+
+
+def plot_learning_curve(
+    imitation: Sequence[tuple[int, float, float]],
+    rl: Sequence[tuple[int, float | None, float | None]],
+    teacher: float,
+    out: Path,
+    *,
+    dpi: int = 100,
+) -> None:
+    """``specon learn``'s curve: imitation's loss and agreement per epoch (left), and the
+    average JCT against DS of the sampled episodes and of the greedy order on the validation
+    set per actor-critic iteration, beside the teacher's (right)."""
+    fig = Figure(figsize=(10.0, 3.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(1, 2)
+    if imitation:
+        epochs = [e for e, _, _ in imitation]
+        left.plot(epochs, [loss for _, loss, _ in imitation], color="#1565c0", label="cross-entropy")
+        left.set_ylabel("cross-entropy of the teacher's order")
+        agree = left.twinx()
+        agree.plot(epochs, [100 * a for _, _, a in imitation], color="#ef6c00", label="agreement")
+        agree.set_ylabel("first job as the teacher's (%)")
+        left.legend(
+            handles=[
+                Line2D([], [], color="#1565c0", label="cross-entropy"),
+                Line2D([], [], color="#ef6c00", label="agreement"),
+            ],
+            fontsize=8,
+            loc="center right",
+        )
+    left.set_xlabel("imitation epoch")
+    left.set_title("1. imitation of the default", fontsize=10, loc="left")
+    train = [(i, 100 * t) for i, t, _ in rl if t is not None]
+    val = [(i, 100 * v) for i, _, v in rl if v is not None]
+    if train:
+        right.plot(*zip(*train, strict=True), color="#9e9e9e", lw=0.8, label="sampled episodes")
+    if val:
+        right.plot(*zip(*val, strict=True), color="#1565c0", marker="o", ms=3, label="greedy, validation")
+    right.axhline(100 * teacher, color="#ef6c00", ls="--", label="teacher (default), validation")
+    right.set_xlabel("actor-critic iteration (0: after imitation)")
+    right.set_ylabel("average JCT vs DS (%)")
+    right.set_title("2. actor-critic with replay", fontsize=10, loc="left")
+    right.legend(fontsize=8)
+    right.grid(alpha=0.3)
+    fig.savefig(out, format="png", dpi=dpi)

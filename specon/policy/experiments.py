@@ -18,6 +18,8 @@ work that cannot change a thing (``moves``: no manager where nothing can move):
   converged at its trace's true convergence point (``specon.sim.oracle``) instead of by the
   classifier; simulator only (live jobs have no ground truth), to measure what better
   detection could be worth;
+* ``dl2`` — ``specon`` with the ``dl2`` priority rule: the order of each worker's jobs
+  learned by ``specon learn`` (imitating ``specon``, then reinforcement learning);
 * ``balancer`` — convergence-blind, descheduler-style: no requests, no priority, and while
   the most and least loaded workers differ by 2 or more jobs, the most recently placed job
   on a most-loaded worker moves to a least-loaded one (Algorithm 3's ``balanced`` mode with
@@ -140,6 +142,13 @@ def _catalogue() -> Mapping[str, Experiment]:
             oracle=True,
         ),
         Experiment(
+            "dl2",
+            "specon with the learned order of jobs on each worker (DL2's policy network)",
+            {"priority": {"rule": "dl2"}},
+            tuned=True,
+            replaceable=True,
+        ),
+        Experiment(
             "balancer",
             "convergence-blind: while the most and least loaded workers differ by 2 or more "
             "jobs, move the most recently placed job",
@@ -157,7 +166,7 @@ def _catalogue() -> Mapping[str, Experiment]:
             },
         ),
     ]
-    weighing = [r for r in RULES.values() if r.weights is not None]
+    weighing = [r for r in RULES.values() if r.weights is not None and r.peer]
     rank = {name: i for i, name in enumerate(_PEER_ORDER)}
     peers = sorted(weighing, key=lambda r: rank.get(r.name, len(rank)))  # stable: registry order
     out: dict[str, Experiment] = {}

@@ -62,6 +62,8 @@ class Rule(Plugin[A]):
     weights: Callable[[Sequence[JobProgress], A], dict[ContainerId, int]] | None
     # It reads Algorithm 1's gain: its agents classify even under a policy that never moves.
     needs_gain: bool = False
+    # The catalogue has a peer policy of it (DS's placement, no moves, its weights).
+    peer: bool = True
 
 
 class TickFn(Protocol):

@@ -38,9 +38,15 @@ class SimParams:
     downtime_spread: float = 0.0
     # The GPU law (``specon.sim.gpu``); inert where no job uses a GPU.
     gpu: GpuParams = field(default_factory=GpuParams)
+    # Each job declares its total steps off by up to this fraction (drawn once per job,
+    # uniformly, from its id): what its agent believes, while it trains its true steps
+    # (DL2's error in the epoch estimates). 0: declared exactly.
+    declared_error: float = 0.0
 
     def __post_init__(self) -> None:
         problems = []
+        if not (math.isfinite(self.declared_error) and 0 <= self.declared_error < 1):
+            problems.append(f"declared_error must be in [0, 1), got {self.declared_error}")
         if not (math.isfinite(self.downtime_spread) and self.downtime_spread >= 0):
             problems.append(f"downtime_spread must be >= 0, got {self.downtime_spread}")
         if self.job_threads < 1:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -152,6 +153,7 @@ class _Run:
         self.engine = Engine()
         self.prioritised = weighs(policy.priority)
         self._fits: dict[str, Fit] = {}  # job -> its last loss-curve fit
+        self._declarations: dict[str, int] = {}  # job -> the steps it declared (``_declared``)
         # Agents report remaining work where the manager's policy uses it.
         m = policy.manager
         self.reports_work = m is not None and (m.rebalance.mode == "work" or m.placement.require_gain)
@@ -344,12 +346,24 @@ class _Run:
             id=ContainerId(j.id),
             started=j.started if j.started is not None else self.engine.now,
             step=self.cluster.steps_now(j),
-            total=j.plan.steps if self.policy.declared else None,
+            total=self._declared(j) if self.policy.declared else None,
             cpu_seconds=self.cluster.cpu_now(j),
             fair_seconds=j.fair,
             gain=j.state.last_g if j.state is not None else None,
             predicted_steps=None if self.policy.declared else self._predicted(j),
+            now=self.engine.now,
         )
+
+    def _declared(self, j: SimJob) -> int:
+        """The steps ``j`` declared: its true steps, off by up to ``params.declared_error``."""
+        error = self.params.declared_error
+        if error <= 0:
+            return j.plan.steps
+        got = self._declarations.get(j.id)
+        if got is None:
+            factor = random.Random(f"declared/{j.id}").uniform(1.0 - error, 1.0 + error)
+            got = self._declarations[j.id] = max(1, round(j.plan.steps * factor))
+        return got
 
     def _predicted(self, j: SimJob) -> float | None:
         """Steps left to convergence from the losses ``j`` logged so far (Optimus's fit,
@@ -383,7 +397,7 @@ class _Run:
                 got = take(job)
                 if got:
                     samples[cid] = got
-                if declared and (h := horizon(job.plan.steps, self.cluster.steps_now(job))) is not None:
+                if declared and (h := horizon(self._declared(job), self.cluster.steps_now(job))) is not None:
                     horizons[cid] = h
             if self.policy.oracle:
                 converged = {ContainerId(j.id): self._past_truth(j) for j in w.jobs.values()}

@@ -34,6 +34,9 @@ class JobProgress:
     # CPU-seconds per step measured over its steps alone, without its start-up (the agent
     # knows it: ``specon_agent.priority.Running.cpu_per_step``); None: ``cpu_seconds / step``.
     cost: float | None = None
+    # The agent's clock when this was read (the clock of ``started``); None: not given (the
+    # learned rule's trainer reads it, no rule's decision depends on it).
+    now: float | None = None
 
     @property
     def cpu_per_step(self) -> float | None:
@@ -55,7 +58,10 @@ def ranked_weights(order: Sequence[ContainerId], ratio: float) -> dict[Container
     times less, never under ``WEIGHT_MIN``. Ratio 1 is plain fair sharing."""
     out: dict[ContainerId, int] = {}
     w = float(WEIGHT_MAX)
-    for cid in order:
+    for k, cid in enumerate(order):
+        if w < WEIGHT_MIN and ratio >= 1:  # the rest all get the floor (a worker of 1,000 jobs)
+            out.update(dict.fromkeys(order[k:], WEIGHT_MIN))
+            break
         out[cid] = max(WEIGHT_MIN, round(w))
         w /= ratio
     return out

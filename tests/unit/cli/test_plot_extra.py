@@ -71,3 +71,13 @@ def test_the_daemons_never_load_matplotlib() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.usefixtures("no_matplotlib")
+def test_learn_plot_names_the_extra_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["learn", "--out", str(tmp_path / "w.npz"), "--plot", str(tmp_path / "curve.png"), "--quiet"]
+    assert main(argv) == 2
+    assert HINT in capsys.readouterr().err
+    assert not (tmp_path / "w.npz").exists()

@@ -23,13 +23,15 @@ def test_sim_and_demo_draw_their_names_from_the_catalogue() -> None:
     assert tuple(name for name, exp in CATALOGUE.items() if exp.live) == live_policies.NAMES
     assert cmd_demo.NAMES is live_policies.NAMES
     assert live_policies.WITHOUT_DAEMONS == ("ds",)
-    peers = [name for name, rule in RULES.items() if rule.weights is not None]
+    peers = [name for name, rule in RULES.items() if rule.weights is not None and rule.peer]
+    assert "dl2" not in peers
     assert set(experiments.NAMES) == {
         "ds",
         "specon-paper",
         "specon",
         "specon-predicted",
         "specon-oracle",
+        "dl2",
         "balancer",
         *peers,
     }
@@ -81,6 +83,7 @@ def test_the_simulator_skips_only_what_cannot_change_a_thing() -> None:
         "specon",
         "specon-predicted",
         "specon-oracle",
+        "dl2",
         "balancer",
     ]
 
@@ -93,6 +96,9 @@ def test_only_the_specon_policies_take_a_users_file_and_the_run_s_knobs() -> Non
     assert sim.make_policy("specon-oracle", base=mine).daemons == mine
     assert sim.make_policy("specon-paper", base=mine).daemons == default_policy("paper")
     assert sim.make_policy("balancer", base=mine).daemons == sim.make_policy("balancer").daemons
+    # dl2 is the user's file with the learned order.
+    learned = sim.make_policy("dl2", base=mine).daemons
+    assert learned is not None and learned.monitor.alpha == 0.02 and learned.priority.rule == "dl2"
     tuned = sim.make_policy("specon-paper", alpha=0.05, interval=20.0).daemons
     assert tuned is not None
     assert (tuned.mode, tuned.monitor.alpha, tuned.monitor.interval) == ("paper", 0.05, 20.0)

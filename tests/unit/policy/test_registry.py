@@ -145,7 +145,7 @@ def test_a_new_rule_is_a_choice_with_its_own_section_defaults_and_help(
     assert section_doc == "lifo: the most recently started job first (a throwaway rule)"
     assert knob_doc == "weight of one rank over the next, >= 1"
     defaults = got["defaults"]
-    assert "| mbasgd | lifo]" in defaults  # the choices of priority.rule
+    assert "| dl2 | lifo]" in defaults  # the choices of priority.rule
     assert "  # lifo: the most recently started job first (a throwaway rule)\n  lifo:\n" in defaults
     assert "    spread: 3.0  # weight of one rank over the next, >= 1\n" in defaults
 
@@ -167,7 +167,18 @@ def test_a_new_rule_is_checked_and_drives_the_agents_and_the_peer_policies(
 
 
 def test_the_shipped_rules_and_classifiers_are_the_choices_in_their_order() -> None:
-    assert rules.NAMES == ("none", "fsp", "phased", "srpt", "optimus", "tiresias", "hermes", "slaq", "mbasgd")
+    assert rules.NAMES == (
+        "none",
+        "fsp",
+        "phased",
+        "srpt",
+        "optimus",
+        "tiresias",
+        "hermes",
+        "slaq",
+        "mbasgd",
+        "dl2",
+    )
     assert typing.get_args(PriorityRule) == rules.NAMES
     assert {"hermes", "slaq"} == rules.NEEDS_GAIN
     assert classifier.NAMES == ("specon", "robust")
