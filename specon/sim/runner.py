@@ -154,6 +154,7 @@ class _Run:
         self.prioritised = weighs(policy.priority)
         self._fits: dict[str, Fit] = {}  # job -> its last loss-curve fit
         self._declarations: dict[str, int] = {}  # job -> the steps it declared (``_declared``)
+        self._misdeclared = params.declared_error > 0
         # Agents report remaining work where the manager's policy uses it.
         m = policy.manager
         self.reports_work = m is not None and (m.rebalance.mode == "work" or m.placement.require_gain)
@@ -346,7 +347,11 @@ class _Run:
             id=ContainerId(j.id),
             started=j.started if j.started is not None else self.engine.now,
             step=self.cluster.steps_now(j),
-            total=self._declared(j) if self.policy.declared else None,
+            total=None
+            if not self.policy.declared
+            else self._declared(j)
+            if self._misdeclared
+            else j.plan.steps,
             cpu_seconds=self.cluster.cpu_now(j),
             fair_seconds=j.fair,
             gain=j.state.last_g if j.state is not None else None,
@@ -397,7 +402,8 @@ class _Run:
                 got = take(job)
                 if got:
                     samples[cid] = got
-                if declared and (h := horizon(self._declared(job), self.cluster.steps_now(job))) is not None:
+                steps = self._declared(job) if self._misdeclared else job.plan.steps
+                if declared and (h := horizon(steps, self.cluster.steps_now(job))) is not None:
                     horizons[cid] = h
             if self.policy.oracle:
                 converged = {ContainerId(j.id): self._past_truth(j) for j in w.jobs.values()}
