@@ -96,7 +96,8 @@ class Network:
         f = np.float32
         h1 = np.tanh(np.einsum("ij,jk->ik", x.astype(f), self.w1.astype(f)) + self.b1.astype(f))
         h2 = np.tanh(np.einsum("ij,jk->ik", h1, self.w2.astype(f)) + self.b2.astype(f))
-        return (np.einsum("ij,j->i", h2, self.w3[:, 0].astype(f)) + f(self.b3[0])).astype(np.float64)
+        out: Matrix = (np.einsum("ij,j->i", h2, self.w3[:, 0].astype(f)) + f(self.b3[0])).astype(np.float64)
+        return out
 
     def actor_grads(self, x: Matrix, d_scores: Matrix) -> dict[str, Matrix]:
         """The gradient of ``sum(d_scores * scores(x))`` with respect to the actor's weights."""
