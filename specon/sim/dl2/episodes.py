@@ -56,8 +56,9 @@ class Teacher:
 @dataclass(slots=True)
 class Sampler:
     """Draws an order from ``net``'s Plackett-Luce policy (Gumbel keys); with probability
-    ``epsilon`` a job drawn uniformly goes first instead (DL2's exploration, which keeps
-    trying jobs the policy has stopped choosing); records every decision."""
+    ``epsilon`` a job drawn uniformly goes first instead (epsilon-greedy, which keeps
+    trying jobs the policy has stopped choosing; DL2's own epsilon step is job-aware, a fixed
+    corrective action in states it knows to be poor); records every decision."""
 
     net: Network
     rng: np.random.Generator
