@@ -11,6 +11,8 @@ daemons, the simulator and the demo.
 - ``remaining``: steps left predicted from the loss curve; ``loss_curve``: Optimus' curve fit;
 - ``replay``: a recorded progress log through a classifier (``specon classify``);
 - ``priority/``: priority on the node, one module per rule, and their registry;
+- ``dl2/``: the learned rule's features, numpy networks and weights files, and the hook its
+  trainer decides through;
 - ``gpu_share``: which jobs on one GPU run, freeze, suspend or resume (the priority on a GPU);
 - ``plugin``: what a pluggable thing (a priority rule, a classifier) declares about itself;
 - ``experiments``: the named experiment policies, one catalogue for ``specon sim`` and

@@ -16,5 +16,6 @@ It drives the manager's own coordinator (``specon.coordinator.inline``) and the 
   ``oracle``: detection by the ground truth (``specon-oracle``);
 - ``report``, ``summary``: tables beside the paper's numbers, JSON and PNGs;
 - ``asgd``: MB-ASGD's distributed async-SGD jobs (the MVA throughput model, KNEE/HELL node
-  allocation, its 100-node scheduling simulation), apart from the cluster above.
+  allocation, its 100-node scheduling simulation), apart from the cluster above;
+- ``dl2``: ``specon learn``, training the learned priority rule on simulated runs.
 """

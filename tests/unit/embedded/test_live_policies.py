@@ -26,14 +26,18 @@ def test_every_live_policy_keeps_the_demo_clock_and_is_what_its_name_says() -> N
     assert (paper.mode, paper.rebalance.mode, paper.priority.rule) == ("paper", "paper", "none")
     balancer = live_policy("balancer")
     assert (balancer.priority.rule, balancer.rebalance.duration_from) == ("none", "placed")
-    peers = [name for name, rule in RULES.items() if rule.weights is not None]
+    peers = [name for name, rule in RULES.items() if rule.weights is not None and rule.peer]
     for rule in peers:  # every rule's peer runs live
         peer = live_policy(rule)
         assert (peer.priority.rule, peer.rebalance.mode) == (rule, "off")
+    # The learned rule's policy is the default with its order, moves and all.
+    learned = live_policy("dl2")
+    assert learned.priority.rule == "dl2"
+    assert learned.rebalance == live_policy("specon").rebalance
     # Every policy of the catalogue runs live but the one whose jobs declare no steps and
     # the one that detects by the ground truth (live jobs have none).
     assert set(NAMES) == set(CATALOGUE) - {"specon-predicted", "specon-oracle"}
-    assert {*peers, "ds", "specon", "specon-paper", "balancer"} == set(NAMES)
+    assert {*peers, "ds", "specon", "specon-paper", "dl2", "balancer"} == set(NAMES)
 
 
 @pytest.mark.slow
