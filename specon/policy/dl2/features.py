@@ -71,15 +71,17 @@ def features(jobs: Sequence[JobProgress]) -> Matrix:
                 nan if j.gain is None else j.gain,
                 j.started,
                 nan if j.cost is None else j.cost,
+                j.measured,
             )
             for j in jobs
         ],
         dtype=np.float64,
     )
-    step, total, predicted, cpu, fair, gain, started, cost = raw.T
-    # ``JobProgress.cpu_per_step``: the measured cost, else CPU over steps once both exist.
+    step, total, predicted, cpu, fair, gain, started, cost, measured = raw.T
+    # ``JobProgress.cpu_per_step``: the cost, else (where the agent does not measure it) CPU
+    # over steps once both exist.
     with np.errstate(divide="ignore", invalid="ignore"):
-        cost = np.where(np.isnan(cost) & (step > 0) & (cpu > 0), cpu / step, cost)
+        cost = np.where(np.isnan(cost) & (measured == 0) & (step > 0) & (cpu > 0), cpu / step, cost)
     has_total = ~np.isnan(total)
     left = np.where(has_total, np.maximum(0.0, total - step), predicted)
     work = _work(left, cost)

@@ -34,6 +34,12 @@ class JobProgress:
     # CPU-seconds per step measured over its steps alone, without its start-up (the agent
     # knows it: ``specon_agent.priority.Running.cpu_per_step``); None: ``cpu_seconds / step``.
     cost: float | None = None
+    # ``cost`` is measured by the agent, without the job's start-up: None then means "not yet"
+    # (it has trained no step past the first it was seen at), and ``cpu_seconds / step``, which
+    # counts the start-up's CPU (imports, set-up) as training, is not used instead. A job just
+    # started would otherwise look many times longer than it is, be put last and, frozen on a
+    # GPU, never train the step that measures it.
+    measured: bool = False
     # The agent's clock when this was read (the clock of ``started``); None: not given (the
     # learned rule's trainer reads it, no rule's decision depends on it).
     now: float | None = None
@@ -41,7 +47,7 @@ class JobProgress:
     @property
     def cpu_per_step(self) -> float | None:
         """Measured CPU-seconds per step (None before the first step)."""
-        if self.cost is not None:
+        if self.cost is not None or self.measured:
             return self.cost
         return self.cpu_seconds / self.step if self.step > 0 and self.cpu_seconds > 0 else None
 

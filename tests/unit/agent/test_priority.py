@@ -374,3 +374,21 @@ async def test_the_agent_reports_each_jobs_remaining_work(tmp_path: Path) -> Non
     finally:
         for w in agent.watched.values():
             w.tailer.close()
+
+
+def test_a_job_seen_at_its_first_step_is_not_weighed_by_its_start_up() -> None:
+    """Its CPU so far is mostly imports and set-up: until it trains a step past the first one
+    seen, its cost is unknown (its neighbours' median stands in), never CPU over steps. Else
+    it looks 100x longer, goes last and, frozen on a GPU, never trains the step that would
+    measure it."""
+    long = Running(
+        id=ContainerId("long"), started=0.0, step=60, total=320, cpu_seconds=1.6, first_step=10, first_cpu=1.5
+    )
+    new = Running(
+        id=ContainerId("new"), started=5.0, step=5, total=160, cpu_seconds=1.2, first_step=5, first_cpu=1.2
+    )
+    assert new.cpu_per_step is None
+    jobs = progress([long, new], {})
+    assert [j.cpu_per_step for j in jobs] == [pytest.approx(0.002), None]
+    got = decide([long, new], {}, PriorityConfig(rule="srpt"))
+    assert got[ContainerId("new")] > got[ContainerId("long")]  # 160 steps left against 260

@@ -221,6 +221,7 @@ def test_the_remaining_work_feature_is_srpts() -> None:
             cpu_seconds=0.0 if i % 3 == 0 else float(rng.uniform(0, 50)),
             predicted_steps=None if i % 8 == 0 else float(rng.uniform(0, 900)),
             cost=None if i % 2 else float(rng.uniform(0.01, 0.1)),
+            measured=i % 5 == 0,
         )
         for i in range(40)
     ]
