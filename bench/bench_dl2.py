@@ -17,6 +17,7 @@ writes bench/results/bench_dl2.md (``_quick`` for ``--quick``).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 import time
@@ -24,16 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.figures import Figure
-from specon.evaluation import RunResult
 from specon.model import ContainerId
 from specon.policy.priority.base import JobProgress
 from specon.policy.priority.dl2 import Args, weights
 from specon.sim.cluster import DEFAULT_PARAMS, SimParams
 from specon.sim.dl2.episodes import slowdowns
+from specon.sim.dl2.train import change
 from specon.sim.policies import make_policy
 from specon.sim.runner import simulate
 from specon.sim.scenario_file import load_scenario
-from specon.sim.scenarios import Scenario, scenario
+from specon.sim.scenarios import Scenario, Traces, scenario
 from specon.sim.trace import load_traces
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,24 +71,19 @@ def _log(msg: str, t0: float) -> None:
     print(f"  {time.monotonic() - t0:6.1f}s {msg}", file=sys.stderr, flush=True)
 
 
-def _change(run: RunResult, ds: RunResult) -> float:
-    assert run.avg_jct is not None and ds.avg_jct is not None
-    return run.avg_jct / ds.avg_jct - 1.0
-
-
-def compare(sc: Scenario, seeds: int, traces: dict[str, list[object]], params: SimParams, label: str) -> Row:
+def compare(sc: Scenario, seeds: int, traces: Traces, params: SimParams, label: str) -> Row:
     """The teacher and dl2 on ``seeds`` workloads of ``sc`` (seeds 0..), DS the reference."""
     ds_p = make_policy("ds")
     teacher_p = make_policy("specon", alpha=sc.alpha, interval=sc.interval)
     dl2_p = make_policy("dl2", alpha=sc.alpha, interval=sc.interval)
     t, d, ts, dsl = [], [], [], []
     for seed in range(seeds):
-        w = sc.workload(seed, traces)  # type: ignore[arg-type]
+        w = sc.workload(seed, traces)
         ds = simulate(w, ds_p, params=params)
         teacher = simulate(w, teacher_p, params=params)
         dl2 = simulate(w, dl2_p, params=params)
-        t.append(_change(teacher, ds))
-        d.append(_change(dl2, ds))
+        t.append(change(teacher, ds))
+        d.append(change(dl2, ds))
         ts.append(max(slowdowns(teacher, ds).values()))
         dsl.append(max(slowdowns(dl2, ds).values()))
     return Row(label, statistics.fmean(t), statistics.fmean(d), max(ts), max(dsl))
@@ -140,17 +136,17 @@ def run(quick: bool) -> list[Figure]:
     seeds, file_seeds = SEEDS[quick], FILE_SEEDS[quick]
     built_in = []
     for name in BUILT_IN:
-        built_in.append(compare(scenario(name), seeds, traces, DEFAULT_PARAMS, name))  # type: ignore[arg-type]
+        built_in.append(compare(scenario(name), seeds, traces, DEFAULT_PARAMS, name))
         _log(f"{name}: dl2 {built_in[-1].ahead:+.1f} points vs the teacher", t0)
     files = []
     for path in FILES:
         sc = load_scenario(path, traces)
-        files.append(compare(sc, file_seeds, traces, DEFAULT_PARAMS, path.name))  # type: ignore[arg-type]
+        files.append(compare(sc, file_seeds, traces, DEFAULT_PARAMS, path.name))
         _log(f"{path.name}: dl2 {files[-1].ahead:+.1f} points vs the teacher", t0)
-    noisy_params = SimParams(**{**_params_dict(DEFAULT_PARAMS), "declared_error": STEP_ERROR})
+    noisy_params = dataclasses.replace(DEFAULT_PARAMS, declared_error=STEP_ERROR)
     noisy = []
     for name in BUILT_IN:
-        noisy.append(compare(scenario(name), seeds, traces, noisy_params, name))  # type: ignore[arg-type]
+        noisy.append(compare(scenario(name), seeds, traces, noisy_params, name))
         _log(f"{name} with {STEP_ERROR:.0%} step error: dl2 {noisy[-1].ahead:+.1f} points", t0)
     ms = decision_ms()
     _log(f"decision for {DECISION_JOBS} jobs: {ms:.2f} ms CPU", t0)
@@ -212,7 +208,3 @@ def run(quick: bool) -> list[Figure]:
         ),
         Figure("simulation CPU time", time.process_time() - cpu0, "s", clock="cpu"),
     ]
-
-
-def _params_dict(p: SimParams) -> dict[str, object]:
-    return {f: getattr(p, f) for f in p.__dataclass_fields__}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -42,12 +43,7 @@ def test_agents_see_steps_off_by_the_error_while_jobs_train_their_own() -> None:
     seen: dict[float, _Seen] = {}
     for error in (0.0, 0.2):
         seen[error] = _Seen()
-        params = SimParams(
-            **{
-                **{f: getattr(DEFAULT_PARAMS, f) for f in DEFAULT_PARAMS.__dataclass_fields__},
-                "declared_error": error,
-            }
-        )
+        params = dataclasses.replace(DEFAULT_PARAMS, declared_error=error)
         with exploring(seen[error]):
             result = simulate(workload, policy, params=params)
         assert all(j.steps_done == j.steps == truth[j.id] for j in result.jobs)
