@@ -30,6 +30,7 @@ from specon.config import Policy
 from specon.coordinator.deadlines import deadline_passed, parked
 from specon.coordinator.effects import CommandQueued, Effect, Event, Log, PutMark, PutMigration, Recovered
 from specon.coordinator.migration import (
+    FINISHED_DURING,
     Advance,
     IssueSave,
     IssueStart,
@@ -557,7 +558,7 @@ class Coordinator:
             # The runtime says the job has completed (e.g. during a save cut short): there is
             # nothing to start, and retrying would hold the budget for ever.
             if m.state is not State.FAILED:
-                self._advance(m, State.FAILED, at, error="job finished during the migration")
+                self._advance(m, State.FAILED, at, error=FINISHED_DURING)
             self._advance(self.migrations[m.id], State.ROLLED_BACK, at)
             return
         if not res.ok:
@@ -573,7 +574,8 @@ class Coordinator:
                 self.migrations[m.id] = new
             return
         if cmd.action is Action.SAVE and m.state is State.SAVING and res.detail.get("finished"):
-            self._advance(m, State.FAILED, at)  # the job completed meanwhile: nothing to move
+            # The job completed meanwhile: nothing to move (the heartbeats may not say so yet).
+            self._advance(m, State.FAILED, at, error=FINISHED_DURING)
             return
         if cmd.action is Action.SAVE and m.state is State.SAVING:
             # The job stopped training at the SIGTERM, before the checkpoint was written.

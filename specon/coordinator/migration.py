@@ -190,10 +190,14 @@ def next_step(
     return IssueStart(home, m.checkpoint, rollback=True)
 
 
+# The journal's reason for a migration whose job completed while it was being moved.
+FINISHED_DURING = "job finished during the migration"
+
+
 def why_failed(m: Migration, running_on: WorkerId | None, finished: bool) -> str:
     """The journal's reason for a migration the facts turned to ``failed``."""
     if finished:
-        return "job finished during the migration"
+        return FINISHED_DURING
     if running_on is not None and running_on not in (m.source, m.target):
         return f"container seen running on {running_on}"
     return f"gave up in state {m.state.value} (worker unreachable or container moved)"

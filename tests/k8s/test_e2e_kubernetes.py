@@ -306,6 +306,15 @@ def steady(name: str, steps: int) -> dict[str, Any]:
     return pod
 
 
+def both_agents(d: Deployment) -> Callable[[], Any]:
+    """A probe for ``until``: true once both nodes' agents heartbeat to the manager."""
+
+    async def probe() -> bool | None:
+        return len((await d.status()).workers) >= 2 or None
+
+    return probe
+
+
 def migration_of(d: Deployment, job: str, pred: Callable[[Any], bool]) -> Callable[[], Any]:
     """A probe for ``until``: the job's migration in the manager's status once ``pred`` holds."""
 
@@ -337,13 +346,10 @@ async def converged_pod_moves(d: Deployment, steps: int = 600) -> Downtime:
     """A converged pod is moved by eviction + restore and finishes with exactly its steps,
     while a steady one is never moved."""
 
-    async def both_agents() -> bool | None:
-        return len((await d.status()).workers) >= 2 or None
-
     # Submit once both agents heartbeat, and give the job room to be called converged: in a
     # full run on a loaded machine a 400-step job (20 s) ended while its agent still called
     # it watching, and the migration the test waits for never began.
-    await until(both_agents, "both agents heartbeating", timeout=120)
+    await until(both_agents(d), "both agents heartbeating", timeout=120)
     await submit(d, converging("fast", steps))
     await submit(d, steady("steady", 600))
     fast, steady_id = f"{d.namespace}.fast", f"{d.namespace}.steady"  # jobs are (namespace, job)
@@ -377,9 +383,13 @@ async def manager_restart_recovers(d: Deployment) -> None:
     # The checkpoint on SIGTERM is held until the test opens the gate (25 s at most, within
     # the grace period): the migration is still `saving` when the new manager is asked,
     # however long its restart takes (a fixed 4 s save raced the restart on a busy machine).
+    # 800 steps (40 s): in a full run on a loaded machine a 500-step job was first called
+    # converged 23 s in and completed before its SIGTERM arrived, so there was no save to recover.
     gate = d.volume / "jobs" / "slow" / "save-gate"
     hold = ("--save-seconds", "25", "--save-gate", "/data/jobs/slow/save-gate")
-    await submit(d, converging("slow", 500, extra=hold))
+    steps = 800
+    await until(both_agents(d), "both agents heartbeating", timeout=120)
+    await submit(d, converging("slow", steps, extra=hold))
     await submit(d, steady("steady", 800))
     await until(
         lambda: any(m.state is State.SAVING for m in d.journal().in_flight()),
@@ -397,7 +407,7 @@ async def manager_restart_recovers(d: Deployment) -> None:
     m = await until(probe, "the recovered migration to end", timeout=120)
     assert (m.state.value, m.target) == ("done", "node-2")
     await until(lambda: finished(d.volume, "slow"), "the job to finish", timeout=120)
-    assert sorted(trained(d.volume, "slow")) == list(range(1, 501))
+    assert sorted(trained(d.volume, "slow")) == list(range(1, steps + 1))
     events = [r.get("event") for r in records(d.volume, "slow") if "event" in r]
     assert events.count("checkpointed") == 1  # saved once, despite the crash
 

@@ -26,7 +26,14 @@ from tests.integration.test_frameworks import (
     unmoved_run,
 )
 from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
-from tests.k8s.test_e2e_kubernetes import Deployment, finished, migration_of, steady, submit
+from tests.k8s.test_e2e_kubernetes import (
+    Deployment,
+    both_agents,
+    finished,
+    migration_of,
+    steady,
+    submit,
+)
 from tests.k8s.test_real_nodes import real_deployment  # noqa: F401  (the fixture)
 from tests.k8s.test_runtime_kubernetes import records, trained, training_pod, until
 
@@ -54,10 +61,7 @@ async def test_a_framework_pod_moves_between_real_nodes_exactly(
         pytest.skip(f"{fw.module} is not installed (the {name} extra)")
     d = real_deployment
 
-    async def both_agents() -> bool | None:
-        return len((await d.status()).workers) >= 2 or None
-
-    await until(both_agents, "both agents heartbeating", timeout=120)
+    await until(both_agents(d), "both agents heartbeating", timeout=120)
     unmoved = unmoved_run(fw, tmp_path / "unmoved")
     try:
         await submit(d, framework_pod(fw, "fw"))

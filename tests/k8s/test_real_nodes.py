@@ -25,6 +25,7 @@ from tests.k8s.nodes import RealNodes, on_real_node
 from tests.k8s.test_e2e_kubernetes import (
     POLICY,
     Deployment,
+    both_agents,
     converged_pod_moves,
     deployed,
     manager_restart_recovers,
@@ -223,13 +224,10 @@ async def test_the_agent_as_its_daemonset_runs_it_restores_a_job_on_its_node(
     ServiceAccount) and its /data mount: the converged job moves from node-1 to node-2."""
     d = daemonset_deployment
 
-    async def both_agents() -> bool | None:
-        return len((await d.status()).workers) >= 2 or None
-
     # The kubelets start the agents' pods at their own pace: under a loaded machine an agent
     # came up after the job had trained most of its 400 steps, and the job finished before
     # its agent's ticks could call it converged. Submit once both agents heartbeat.
-    await until(both_agents, "both DaemonSet agents heartbeating", timeout=180)
+    await until(both_agents(d), "both DaemonSet agents heartbeating", timeout=180)
     # The default length: at 300 steps a loaded machine let the job finish before its agent's
     # ticks called it converged.
     down = await converged_pod_moves(d)

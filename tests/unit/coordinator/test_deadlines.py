@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specon.coordinator.inline import InlineCoordinator
-from specon.coordinator.migration import State
+from specon.coordinator.migration import FINISHED_DURING, State
 from specon.model import Category, ContainerId
 from specon.wire.protocol import Action, Command, CommandResult, ContainerReport
 from tests.unit.manager_fakes import (
@@ -170,3 +170,18 @@ def test_a_start_refused_because_the_job_finished_ends_the_migration(
     clock.advance(1.0)
     coord.on_heartbeat(a.heartbeat(report("c2"), report("c3"), results=(refused,)))
     assert _states(coord)["c1"] is State.ROLLED_BACK and not coord.migrations
+
+
+def test_a_save_whose_job_completed_ends_the_migration_and_says_why(tmp_path: Path, clock: FakeClock) -> None:
+    """Seen in CI: the job trained its last step before its SIGTERM arrived. The save result
+    says so before any heartbeat does; the journal names that reason, not an unreachable worker."""
+    coord = coordinator(tmp_path, clock)
+    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
+    coord.on_heartbeat(b.heartbeat())
+    save = only(coord.on_heartbeat(a.heartbeat(*_asks("c1", "c2", "c3"))), Action.SAVE)
+    done = CommandResult(save.id, ok=True, finished_at=a.now(), detail={"finished": True})
+    clock.advance(1.0)
+    coord.on_heartbeat(a.heartbeat(report("c2"), report("c3"), results=(done,)))
+    (m,) = [m for m in coord.journal.all() if m.container == "c1"]  # type: ignore[attr-defined]
+    assert m.state in (State.FAILED, State.ROLLED_BACK)
+    assert m.error == FINISHED_DURING
