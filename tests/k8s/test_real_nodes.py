@@ -152,7 +152,9 @@ async def real_deployment(
 async def test_a_converged_pod_moves_between_real_nodes_and_finishes_exactly(
     real_deployment: Deployment,
 ) -> None:
-    down = await converged_pod_moves(real_deployment, steps=300)
+    # The default length (600 steps): 300 left a loaded machine too little room to call the
+    # job converged before it completed, as it did in the DaemonSet test below.
+    down = await converged_pod_moves(real_deployment)
     assert down.gap < 30  # through real kubelets: eviction, teardown, a new container
 
 
