@@ -383,11 +383,12 @@ async def manager_restart_recovers(d: Deployment) -> None:
     # The checkpoint on SIGTERM is held until the test opens the gate (25 s at most, within
     # the grace period): the migration is still `saving` when the new manager is asked,
     # however long its restart takes (a fixed 4 s save raced the restart on a busy machine).
-    # 800 steps (40 s): in a full run on a loaded machine a 500-step job was first called
-    # converged 23 s in and completed before its SIGTERM arrived, so there was no save to recover.
+    # 1,000 steps (50 s): in a full run on a loaded machine a 500-step job was first called
+    # converged 23 s in and completed before its SIGTERM arrived, so there was no save to
+    # recover; a real kubelet has taken up to 18 s to deliver a SIGTERM there.
     gate = d.volume / "jobs" / "slow" / "save-gate"
     hold = ("--save-seconds", "25", "--save-gate", "/data/jobs/slow/save-gate")
-    steps = 800
+    steps = 1000
     await until(both_agents(d), "both agents heartbeating", timeout=120)
     await submit(d, converging("slow", steps, extra=hold))
     await submit(d, steady("steady", 800))
