@@ -49,12 +49,16 @@ def spec(
     restore_seconds: float = 0.0,
     save_gate: Path | None = None,
     ignore_sigterm: bool = False,
+    until_released: Path | None = None,
 ) -> JobSpec:
+    """The curve job ``jid`` as the embedded cluster runs it; ``until_released``: trains past
+    ``steps`` until that file exists (:func:`release`), so a test decides when it ends."""
     argv = [sys.executable, str(JOB), "--steps", str(steps), "--curve", curve]
     argv += ["--step-seconds", str(step_seconds), "--checkpoint-every", str(CHECKPOINT_EVERY)]
     argv += ["--save-seconds", str(save_seconds), "--restore-seconds", str(restore_seconds)]
     argv += ["--ignore-sigterm"] if ignore_sigterm else []
     argv += ["--save-gate", str(save_gate)] if save_gate is not None else []
+    argv += ["--until-released", str(until_released)] if until_released is not None else []
     return JobSpec(id=ContainerId(jid), command=tuple(argv), steps=steps, model=curve)
 
 
@@ -89,6 +93,20 @@ def has_event(c: EmbeddedCluster, jid: str, event: str) -> bool:
 
 def finished(c: EmbeddedCluster, jid: str) -> bool:
     return has_event(c, jid, "finished")
+
+
+def release(gate: Path) -> None:
+    """Let a job started with ``until_released=gate`` finish (at its next step past its steps)."""
+    gate.parent.mkdir(parents=True, exist_ok=True)
+    gate.touch()
+
+
+def final_steps(c: EmbeddedCluster, jid: str) -> int:
+    """How many steps the job trained in all, from its ``finished`` record (a held job trains
+    as many as it had when released)."""
+    done = [r for r in records(c, jid) if r.get("event") == "finished"]
+    assert done, f"{jid}: not finished"
+    return int(done[-1]["steps"])
 
 
 @dataclass

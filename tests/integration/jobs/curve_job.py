@@ -14,6 +14,12 @@ the job deaf to SIGTERM, so a save can only end by the grace period's SIGKILL;
 test holds a save in flight for exactly as long as it needs, ``--save-seconds`` at most;
 ``--restore-seconds S`` makes loading a checkpoint take S seconds (a slow restore: the job's
 process exists, its ``started`` record comes S seconds later).
+
+``--until-released FILE`` hands the job's end to the test: it trains its ``--steps`` and then
+goes on training (the same curve, so a converged job still looks converged) until FILE exists,
+finishing at the first step boundary after that. A test that must act on a running job
+(move it, kill it, cut its host) releases it only once it has, so no loaded machine can end
+the job first. Its ``finished`` record and ``done.json`` say how many steps it trained.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ import time
 from pathlib import Path
 
 from specon import jobkit
+
+# The step budget of a held job: far more than any test waits for.
+HELD_STEPS = 10**9
 
 CURVES = {
     "converge": lambda s: 1.0 / (1.0 + 0.2 * s),
@@ -42,6 +51,7 @@ def main() -> None:
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--save-gate", type=Path, default=None)
     p.add_argument("--restore-seconds", type=float, default=0.0)
+    p.add_argument("--until-released", type=Path, default=None, metavar="FILE")
     args = p.parse_args()
     curve = CURVES[args.curve]
     state = {"trained": 0}
@@ -59,8 +69,9 @@ def main() -> None:
         time.sleep(args.restore_seconds)
         state.update(json.loads(payload))
 
+    release = args.until_released
     with jobkit.Job(
-        steps=args.steps,
+        steps=HELD_STEPS if release is not None else args.steps,
         save=save,
         restore=restore,
         checkpoint_every=args.checkpoint_every,
@@ -71,6 +82,8 @@ def main() -> None:
             time.sleep(args.step_seconds)
             state["trained"] += 1
             job.log(step, curve(step), trained=state["trained"])
+            if release is not None and step >= args.steps and release.exists():
+                job.total = step  # the loop ends here: checkpoint, `finished`, done.json
 
 
 if __name__ == "__main__":
