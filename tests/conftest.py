@@ -1,10 +1,14 @@
-"""Markers that follow from where a test lives, so none is left off by hand."""
+"""Markers that follow from where a test lives, so none is left off by hand; the groups and the
+lock that let pytest-xdist workers share one machine (tests/parallel.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.parallel import group_of, start_rank, turn
 
 HERE = Path(__file__).resolve().parent
 # Folder -> the markers of every test in it.
@@ -13,9 +17,24 @@ FOLDER_MARKERS = {
     "docker": ("integration", "docker"),
     "k8s": ("integration", "k8s"),
 }
+NARROW_SCOPES = ("module", "class", "package")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def _group(item: pytest.Item) -> str | None:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    # A fixture of a narrower scope than the session that is defined in this tree (not a
+    # built-in): set up again on every worker that gets one of its tests.
+    module_scoped = any(
+        d.scope in NARROW_SCOPES and d.baseid != ""
+        for defs in info.name2fixturedefs.values()
+        for d in defs
+    )
+    return group_of(info.names_closure, module_scoped, item.nodeid.split("::", 1)[0])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         try:
             folder = item.path.resolve().relative_to(HERE).parts[0]
@@ -23,6 +42,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             continue
         for name in FOLDER_MARKERS.get(folder, ()):
             item.add_marker(name)
+    # After pytest-randomly's shuffle (a tryfirst hook), before xdist's loadgroup hook (trylast)
+    # reads the markers. The sort is stable: within a rank the shuffled order stays.
+    groups = {item.nodeid: _group(item) for item in items}
+    for item in items:
+        if (group := groups[item.nodeid]) is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: start_rank(groups[item.nodeid]))
+
+
+@pytest.fixture(autouse=True)
+def _turn(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Under xdist, a test marked ``serial`` runs while no other worker runs one (parallel.turn)."""
+    if not hasattr(request.config, "workerinput"):
+        yield
+        return
+    # Every worker's base temp is <run>/popen-gwN: the run's folder is theirs in common.
+    with turn(tmp_path_factory.getbasetemp().parent, alone=request.node.get_closest_marker("serial") is not None):
+        yield
 
 
 # The network hosts fixture (tests/hosts.py), for every folder.

@@ -122,6 +122,7 @@ class Worker:
         )
 
 
+@pytest.mark.serial
 async def test_the_job_of_higher_priority_runs_the_other_is_frozen_and_they_switch_after_the_quantum(
     rt: LocalRuntime, tmp_path: Path
 ) -> None:

@@ -111,6 +111,7 @@ async def runtime(tmp_path: Path) -> AsyncIterator[LocalRuntime]:
 
 
 @pytest.mark.parametrize("mode", ["cgroup", "signal"])
+@pytest.mark.serial
 async def test_a_frozen_job_stops_using_cpu_and_thawing_resumes_it(
     runtime: LocalRuntime, tmp_path: Path, mode: FreezeMode
 ) -> None:

@@ -135,6 +135,7 @@ async def state_of(rt: LocalRuntime, job: str) -> ContainerState | None:
     return next((c.state for c in await rt.list_containers() if c.id == job), None)
 
 
+@pytest.mark.serial
 async def test_job_runs_inside_its_worker_cgroup_and_usage_matches(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -459,6 +460,7 @@ async def test_cpu_weights_give_the_heavier_job_most_of_a_pinned_worker(tmp_path
         assert await c.teardown()
 
 
+@pytest.mark.serial
 async def test_workers_of_separate_agents_pin_to_different_cpus(tmp_path: Path) -> None:
     """Agents run as separate processes, each told only ``--cpus`` (no offset): the second
     worker to pin takes the CPU the first left free."""

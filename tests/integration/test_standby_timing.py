@@ -45,6 +45,7 @@ async def restore(rt: LocalRuntime, job: str, payload: bytes) -> tuple[float, fl
     return started, first["ts"] - t0
 
 
+@pytest.mark.serial
 async def test_a_restore_through_the_standby_reaches_its_first_step_sooner_than_cold(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from specon.workloads.registry import build  # noqa: PLC0415 - imports torch

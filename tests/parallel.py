@@ -1,0 +1,68 @@
+"""How `make test` runs the suite on several pytest-xdist workers without two tests meeting.
+
+Every per-test resource is private already (ports from the OS, ``mkdtemp`` folders, names that
+carry the pid, network-namespace slots taken under a lock: docs/development.md). What remains:
+
+- **Groups.** Tests that share a heavy fixture run on one worker (``--dist loadgroup``), so it
+  starts once per run, not once per worker: the real-nodes cluster, the kube-apiservers, the two
+  Docker engines, and each module whose fixtures are module-scoped (a browser, a training run).
+  Grouped tests go first, heaviest first, so the longest chains start at once.
+- **Serial tests.** A test marked ``serial`` measures CPU shares or timings that the other
+  workers' load would disturb: it runs alone. Each test holds a shared lock for its run and a
+  serial one an exclusive lock; a turnstile in front keeps a waiting serial test from being
+  starved by the stream of shared holders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+# A heavy fixture -> the group of every test that uses it; the first match wins, so a test using
+# the real nodes (which need an apiserver too) goes with them. Listed heaviest first: the order
+# in which the groups are started.
+HEAVY_FIXTURES: tuple[tuple[str, frozenset[str]], ...] = (
+    ("real_nodes", frozenset({"real_nodes", "real_namespace", "real_cluster", "node_binaries"})),
+    ("kube", frozenset({"kube_cluster", "kube_rbac_cluster", "kube_api", "kube_namespace", "fake_kubelet"})),
+    ("docker_engines", frozenset({"_engines", "docker_engines", "docker_engine", "python_images"})),
+)
+GROUP_ORDER = {name: rank for rank, (name, _) in enumerate(HEAVY_FIXTURES)}
+MODULE_GROUP_RANK = len(HEAVY_FIXTURES)  # after the heavy groups, before ungrouped tests
+
+
+def group_of(fixtures: Iterable[str], module_scoped: bool, module: str) -> str | None:
+    """The xdist group of a test using ``fixtures`` (``module_scoped``: one of them is scoped to
+    its module ``module``), or None: any worker may run it."""
+    used = set(fixtures)
+    for name, members in HEAVY_FIXTURES:
+        if used & members:
+            return name
+    return f"module:{module}" if module_scoped else None
+
+
+def start_rank(group: str | None) -> int:
+    """Where a test of ``group`` goes in the order the workers are handed tests."""
+    if group is None:
+        return MODULE_GROUP_RANK + 1
+    return GROUP_ORDER.get(group, MODULE_GROUP_RANK)
+
+
+@contextlib.contextmanager
+def turn(lock_dir: Path, *, alone: bool) -> Iterator[None]:
+    """Hold this worker's turn to run a test: shared with the other workers' tests, or ``alone``
+    (exclusive). Blocks until granted."""
+    with (lock_dir / "turnstile.lock").open("a") as turnstile, (lock_dir / "tests.lock").open("a") as tests:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(tests, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(tests, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
