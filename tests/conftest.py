@@ -27,9 +27,7 @@ def _group(item: pytest.Item) -> str | None:
     # A fixture of a narrower scope than the session that is defined in this tree (not a
     # built-in): set up again on every worker that gets one of its tests.
     module_scoped = any(
-        d.scope in NARROW_SCOPES and d.baseid != ""
-        for defs in info.name2fixturedefs.values()
-        for d in defs
+        d.scope in NARROW_SCOPES and d.baseid != "" for defs in info.name2fixturedefs.values() for d in defs
     )
     return group_of(info.names_closure, module_scoped, item.nodeid.split("::", 1)[0])
 
@@ -58,7 +56,9 @@ def _turn(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         yield
         return
     # Every worker's base temp is <run>/popen-gwN: the run's folder is theirs in common.
-    with turn(tmp_path_factory.getbasetemp().parent, alone=request.node.get_closest_marker("serial") is not None):
+    with turn(
+        tmp_path_factory.getbasetemp().parent, alone=request.node.get_closest_marker("serial") is not None
+    ):
         yield
 
 

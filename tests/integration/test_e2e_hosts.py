@@ -5,6 +5,7 @@ or when the process that made it was killed."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from specon.model import WorkerId
-from specon.testing.net_hosts import NetHosts, available, leftovers, sweep
+from specon.testing.net_hosts import LOCK, NetHosts, available, leftovers, sweep
 from tests.hosts import cluster_on
 from tests.integration.test_e2e_local import converged_job_moves_once_and_finishes_exactly
 
@@ -103,21 +104,35 @@ def test_the_harness_removes_everything_also_after_a_failure() -> None:
 def test_what_a_killed_run_left_behind_is_swept() -> None:
     if why := available():
         pytest.skip(why)
-    # A process makes hosts, then dies by SIGKILL before it could clean up.
+    # A process makes hosts, then dies by SIGKILL before it could clean up: once this test
+    # holds the harnesses' lock, so no other harness (another xdist worker) sweeps it first.
     code = textwrap.dedent(
         """
-        import os, signal
+        import os, signal, sys
         from specon.testing.net_hosts import NetHosts
         hosts = NetHosts(2)
         hosts.open()
         print(hosts.tag, flush=True)
+        sys.stdin.readline()
         os.kill(os.getpid(), signal.SIGKILL)
         """
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    tag = proc.stdout.strip()
-    assert proc.returncode == -9 and tag, proc.stderr
-    assert leftovers(tag), "the killed run should have left its namespaces"
-    removed = sweep()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    tag = proc.stdout.readline().strip()
+    with LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc.stdin.write("die\n")
+        proc.stdin.flush()
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == -9 and tag, err
+        assert leftovers(tag), "the killed run should have left its namespaces"
+        removed = sweep()
     assert leftovers(tag) == []
     assert any(name.startswith(tag) for name in removed)

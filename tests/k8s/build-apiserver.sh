@@ -195,6 +195,11 @@ build() {
 }
 
 main() {
+    # One run at a time per machine, the pip and apt steps included: the make target and
+    # every pytest-xdist worker's collection run this at once.
+    mkdir -p "$STORE_DIR"
+    exec 9>"$STORE_DIR/.lock"
+    flock 9
     ensure_etcd
     local names=(kube-apiserver) name need=()
     if [[ $NODE -eq 1 ]]; then
@@ -205,11 +210,6 @@ main() {
         valid "$TARGET_DIR/$name" || need+=("$name")
     done
     [[ ${#need[@]} -eq 0 ]] && exit 0
-
-    mkdir -p "$STORE_DIR"
-    # One build at a time per machine (make target and test fixture may race).
-    exec 9>"$STORE_DIR/.lock"
-    flock 9
     local build=()
     for name in "${need[@]}"; do
         valid "$STORE_DIR/$name" || build+=("$name")

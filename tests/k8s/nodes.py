@@ -491,8 +491,11 @@ def sweep_stale() -> None:
         except ProcessLookupError:
             pass
         except (OSError, ValueError):
-            if time.time() - state.stat().st_mtime < 60:  # being created right now
-                continue
+            try:
+                if time.time() - state.stat().st_mtime < 60:  # being created right now
+                    continue
+            except FileNotFoundError:
+                continue  # its session removed it meanwhile
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
                 with contextlib.suppress(OSError, ProcessLookupError):

@@ -3,6 +3,7 @@ site-packages."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -53,7 +54,15 @@ def test_a_backend_without_its_extra_names_the_install_line() -> None:
 def test_the_wheel_installs_nothing_generic_into_site_packages(tmp_path: Path) -> None:
     """Only ``specon``, ``specon_agent`` and ``specon_manager``: no bare ``agent``, ``manager``,
     ``bench`` or ``tests`` that any other ``agent.py`` would shadow; the console scripts keep
-    their names."""
+    their names. Built from a copy of the tree: a build in place writes build/ and an egg-info
+    into the checkout, which the other test workers import from."""
+    tree = tmp_path / "tree"
+    shutil.copytree(
+        ROOT,
+        tree,
+        ignore=shutil.ignore_patterns(".*", "build", "dist", "*.egg-info", "__pycache__"),
+    )
+    out = tmp_path / "wheel"
     subprocess.run(
         [
             sys.executable,
@@ -64,13 +73,13 @@ def test_the_wheel_installs_nothing_generic_into_site_packages(tmp_path: Path) -
             "--no-build-isolation",
             "-q",
             "-w",
-            str(tmp_path),
-            str(ROOT),
+            str(out),
+            str(tree),
         ],
         check=True,
         capture_output=True,
     )
-    (wheel,) = tmp_path.glob("specon-*.whl")
+    (wheel,) = out.glob("specon-*.whl")
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}

@@ -22,6 +22,24 @@ def quota_us(cpus: float) -> int:
     return max(MIN_QUOTA_US, round(cpus * PERIOD_US))
 
 
+# Tries of make_group before its FileNotFoundError stands: each lost race means another runtime
+# removed a shared parent at that moment, which it does only once its last group is gone.
+MAKE_ATTEMPTS = 5
+
+
+def make_group(path: Path) -> None:
+    """``mkdir -p`` for a cgroup: its parents (``<own>/specon/<cluster>``) are shared with the
+    other runtimes of this host, and one closing removes them once empty, which may be between
+    our making of a parent and of its child (ENOENT): make the whole path again then."""
+    for attempt in range(1, MAKE_ATTEMPTS + 1):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            return
+        except FileNotFoundError:
+            if attempt == MAKE_ATTEMPTS:
+                raise
+
+
 def write_value(path: Path, value: object) -> None:
     """Write one control file (one ``write``: cgroupfs takes a value per write)."""
     with open(path, "w") as fh:

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specon.runtime.base import cpu_shares
-from specon.runtime.local.cgroup_files import CGROUP_ROOT, PERIOD_US, check_part, quota_us, write_value
+from specon.runtime.local.cgroup_files import (
+    CGROUP_ROOT,
+    PERIOD_US,
+    check_part,
+    make_group,
+    quota_us,
+    write_value,
+)
 from specon.runtime.local.procfs import PROC, own_cgroups
 
 
@@ -76,7 +83,7 @@ class CpuGroup:
     def create(self, cpus: float) -> None:
         """Make the group (and its parents) and set its quota; ``OSError`` if refused."""
         for d in self._dirs():
-            d.mkdir(parents=True, exist_ok=True)
+            make_group(d)
         self.set_cpus(cpus)
 
     def set_cpus(self, cpus: float) -> None:

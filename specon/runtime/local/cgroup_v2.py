@@ -33,7 +33,14 @@ from pathlib import Path
 import structlog
 
 from specon.model import WEIGHT_MAX, WEIGHT_MIN
-from specon.runtime.local.cgroup_files import PERIOD_US, check_part, quota_us, read_value, write_value
+from specon.runtime.local.cgroup_files import (
+    PERIOD_US,
+    check_part,
+    make_group,
+    quota_us,
+    read_value,
+    write_value,
+)
 from specon.runtime.local.procfs import PROC, own_unified
 
 log = structlog.get_logger()
@@ -232,7 +239,7 @@ class UnifiedGroup:
     def create(self, cpus: float) -> None:
         """Make the group (its parents too), enable its controllers down to it, make its leaf
         for stray processes and set its budget; ``OSError`` if refused."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_group(self.dir)
         for group in (*self._parents, self.dir):
             for controller in sorted(self.controllers):
                 _enable(group, controller)

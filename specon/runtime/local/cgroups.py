@@ -43,6 +43,7 @@ from specon.runtime.local.cgroup_files import (
     MIN_QUOTA_US,
     PERIOD_US,
     BudgetGroup,
+    make_group,
     quota_us,
 )
 from specon.runtime.local.cgroup_v1 import CpuGroup, Detection, detect
@@ -118,7 +119,7 @@ def _v1_freezer(path: Sequence[str], root: Path, proc: Path, freezing: FreezeMod
         return None
     group = CpuGroup(base.joinpath(*path), base.joinpath(*path), len(path))
     try:
-        group.cpu_dir.mkdir(parents=True, exist_ok=True)
+        make_group(group.cpu_dir)
     except OSError as exc:
         log.warning("specon.runtime.freezer_unavailable", group=str(group.cpu_dir), error=str(exc))
         return None

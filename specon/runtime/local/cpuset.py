@@ -24,6 +24,8 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from specon.runtime.local.cgroup_files import MAKE_ATTEMPTS
+
 
 def parse_cpulist(text: str) -> frozenset[int]:
     """``"0-2,5"`` -> {0, 1, 2, 5}; ``ValueError`` if malformed."""
@@ -137,6 +139,16 @@ class CpusetGroup:
         if self.unified:
             allowed = parse_cpulist(_read(self.dir.parent / "cpuset.cpus.effective"))
             return self._confine(cpus, allowed)
+        for attempt in range(1, MAKE_ATTEMPTS + 1):
+            try:
+                self._make_path()
+                break
+            except FileNotFoundError:  # a shared parent removed meanwhile (cgroup_files.make_group)
+                if attempt == MAKE_ATTEMPTS:
+                    raise
+        return self._confine(cpus, parse_cpulist(_read(self.dir.parent / "cpuset.cpus")))
+
+    def _make_path(self) -> None:
         path = self.base
         for part in self.dir.relative_to(self.base).parts:
             parent, path = path, path / part
@@ -144,7 +156,6 @@ class CpusetGroup:
             for name in ("cpuset.cpus", "cpuset.mems"):  # both, before any task joins
                 if not _read(path / name):
                     _write(path / name, _read(parent / name))
-        return self._confine(cpus, parse_cpulist(_read(self.dir.parent / "cpuset.cpus")))
 
     def _confine(self, cpus: frozenset[int], allowed: frozenset[int]) -> frozenset[int]:
         got = cpus & allowed

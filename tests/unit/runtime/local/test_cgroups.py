@@ -473,3 +473,25 @@ def test_a_worker_pins_to_the_cpus_its_siblings_use_least(tmp_path: Path) -> Non
         cpus=0.5, path=("specon", "c", "w0"), cgroup_root=tmp_path / "cgroup", proc=tmp_path / "proc"
     )
     assert again.pin() == {available[1]}
+
+
+def test_a_group_whose_shared_parent_vanishes_meanwhile_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another runtime closing removes the empty ``specon/<cluster>`` parents; making ours
+    right then meets ENOENT once, and the whole path is made again."""
+    from specon.runtime.local import cgroup_files  # noqa: PLC0415
+
+    target = tmp_path / "specon" / "c1" / "w0"
+    real_mkdir = Path.mkdir
+    lost = []
+
+    def racing_mkdir(self: Path, *args: object, **kwargs: object) -> None:
+        if self == target and not lost:
+            lost.append(self)
+            raise FileNotFoundError(2, "parent removed meanwhile", str(self))
+        real_mkdir(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "mkdir", racing_mkdir)
+    cgroup_files.make_group(target)
+    assert lost == [target] and target.is_dir()

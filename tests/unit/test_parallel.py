@@ -1,0 +1,63 @@
+"""The suite's own parallel plumbing (tests/parallel.py): which tests share a worker, and the
+lock that runs a ``serial`` test alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from tests.parallel import MODULE_GROUP_RANK, group_of, start_rank, turn
+
+
+def test_a_test_goes_with_the_heaviest_fixture_it_uses() -> None:
+    assert group_of({"real_namespace", "kube_binaries", "tmp_path"}, False, "m.py") == "real_nodes"
+    assert group_of({"kube_namespace", "fake_kubelet"}, True, "m.py") == "kube"
+    assert group_of({"docker_engine"}, False, "m.py") == "docker_engines"
+
+
+def test_module_fixtures_keep_their_module_on_one_worker_and_the_rest_go_anywhere() -> None:
+    assert group_of({"chromium", "tmp_path"}, True, "tests/integration/test_browser.py") == (
+        "module:tests/integration/test_browser.py"
+    )
+    assert group_of({"tmp_path"}, False, "m.py") is None
+
+
+def test_heavy_groups_start_first_then_module_groups_then_the_rest() -> None:
+    ranks = [start_rank(g) for g in ("real_nodes", "kube", "docker_engines", "module:x.py", None)]
+    assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
+    assert start_rank("module:x.py") == MODULE_GROUP_RANK
+
+
+def _holder(
+    lock_dir: Path, alone: bool, entered: threading.Event, leave: threading.Event
+) -> threading.Thread:
+    def run() -> None:
+        with turn(lock_dir, alone=alone):
+            entered.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_shared_turns_overlap_and_a_serial_one_waits_for_them_and_blocks_new_ones(tmp_path: Path) -> None:
+    leave_a, leave_s, leave_b = threading.Event(), threading.Event(), threading.Event()
+    in_a, in_s, in_b = threading.Event(), threading.Event(), threading.Event()
+    a = _holder(tmp_path, False, in_a, leave_a)
+    assert in_a.wait(5)
+    serial = _holder(tmp_path, True, in_s, leave_s)
+    assert not in_s.wait(0.3)  # a shared turn is held
+    # A shared turn asked for now queues behind the waiting serial one: no starvation.
+    b = _holder(tmp_path, False, in_b, leave_b)
+    assert not in_b.wait(0.3)
+    leave_a.set()
+    assert in_s.wait(5)
+    time.sleep(0.2)
+    assert not in_b.is_set()  # still alone
+    leave_s.set()
+    assert in_b.wait(5)
+    leave_b.set()
+    for t in (a, serial, b):
+        t.join(5)
