@@ -32,6 +32,14 @@ def _group(item: pytest.Item) -> str | None:
     return group_of(info.names_closure, module_scoped, item.nodeid.split("::", 1)[0])
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-randomly shuffles the tests (its seed is printed; -p no:randomly keeps file order)
+    # and would also reseed `random` alike before every test on every worker: two workers'
+    # tests would then draw the same "random" names at the same time. One stream per process.
+    if hasattr(config.option, "randomly_reset_seed"):
+        config.option.randomly_reset_seed = False
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         try:
