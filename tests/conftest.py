@@ -3,12 +3,15 @@ lock that let pytest-xdist workers share one machine (tests/parallel.py)."""
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.parallel import group_of, start_rank, turn
+from tests.suite_times import INFRA_OUT_ENV, infra_of
 
 HERE = Path(__file__).resolve().parent
 # Folder -> the markers of every test in it.
@@ -55,6 +58,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if (group := groups[item.nodeid]) is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: start_rank(groups[item.nodeid]))
+    # What each test starts, as a JUnit property (python -m tests.suite_times sums by it).
+    kinds = {
+        item.nodeid: infra_of(getattr(item, "fixturenames", ()), item.nodeid.split("::", 1)[0])
+        for item in items
+    }
+    for item in items:
+        item.user_properties.append(("infra", kinds[item.nodeid]))
+    if out := os.environ.get(INFRA_OUT_ENV):
+        Path(out).write_text(json.dumps(kinds))
 
 
 @pytest.fixture(autouse=True)
