@@ -10,10 +10,9 @@ suspended for memory comes back on this worker with exactly its steps.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,13 +35,16 @@ SRPT = PriorityConfig(rule="srpt")
 A, B = ContainerId("a"), ContainerId("b")
 
 # A job per the job contract: a step every ``pause`` seconds, a checkpoint on SIGTERM, and
-# on start the newest complete checkpoint's step.
+# on start the newest complete checkpoint's step. Given a third argument, a file, it is held:
+# it trains its steps and then on until that file exists (the test releases it once it has
+# suspended it), finishing at the first step boundary after that.
 JOB = r"""
 import json, os, signal, sys, time
 from pathlib import Path
 from specon import checkpoint
 
 steps, pause = int(sys.argv[1]), float(sys.argv[2])
+release = Path(sys.argv[3]) if len(sys.argv) > 3 else None
 progress = os.environ["SPECON_PROGRESS_FILE"]
 ckdir = Path(os.environ["SPECON_CHECKPOINT_DIR"])
 stop = False
@@ -60,7 +62,7 @@ def log(record):
 loaded = checkpoint.load(ckdir)
 step = json.loads(loaded[1])["step"] if loaded else 0
 log({"event": "resumed" if loaded else "started", "step": step})
-while step < steps:
+while step < steps or (release is not None and not release.exists()):
     if stop:
         checkpoint.write(ckdir, step, json.dumps({"step": step}).encode())
         sys.exit(75)
@@ -81,18 +83,32 @@ async def rt(tmp_path: Path) -> AsyncIterator[LocalRuntime]:
         assert await cluster.teardown()
 
 
-def spec(tmp_path: Path, job: ContainerId, steps: int, pause: float = 0.02) -> JobSpec:
+def spec(
+    tmp_path: Path, job: ContainerId, steps: int, pause: float = 0.02, release: Path | None = None
+) -> JobSpec:
+    """The loop as job ``job``; ``release``: held past ``steps`` until that file exists."""
     script = tmp_path / "job.py"
     if not script.exists():
         script.write_text(JOB)
-    return JobSpec(id=job, command=(sys.executable, str(script), str(steps), str(pause)), steps=steps)
+    argv: tuple[str, ...] = (sys.executable, str(script), str(steps), str(pause))
+    argv += (str(release),) if release is not None else ()
+    return JobSpec(id=job, command=argv, steps=steps)
 
 
-async def counts(rt: LocalRuntime, *jobs: str, over: float = 0.6) -> dict[str, int]:
-    """How many steps each job made in ``over`` seconds."""
+async def counts(
+    rt: LocalRuntime, *jobs: str, moving: Collection[str], steps: int = 5, timeout: float = 20.0
+) -> dict[str, int]:
+    """How many steps each job made from now until each job of ``moving`` made more than
+    ``steps`` (polled: however slow the machine, at most ``timeout`` seconds)."""
     before = {j: last_step(rt, j) for j in jobs}
-    await asyncio.sleep(over)
-    return {j: last_step(rt, j) - before[j] for j in jobs}
+
+    def made() -> dict[str, int]:
+        return {j: last_step(rt, j) - before[j] for j in jobs}
+
+    await wait_for(
+        lambda: all(made()[j] > steps for j in moving), f"{', '.join(moving)} to make {steps} steps", timeout
+    )
+    return made()
 
 
 class Worker:
@@ -137,7 +153,7 @@ async def test_the_job_of_higher_priority_runs_the_other_is_frozen_and_they_swit
 
     await worker.tick()
     assert share.states == {A: "running", B: "frozen"}
-    made = await counts(rt, A, B)
+    made = await counts(rt, A, B, moving=[A])
     assert made[A] > 5 and made[B] == 0  # B's counter stands still, A's runs on
 
     worker.left = {A: 900, B: 5}  # now B is the shorter one, but A has run under a quantum
@@ -148,11 +164,11 @@ async def test_the_job_of_higher_priority_runs_the_other_is_frozen_and_they_swit
     await wait_for(lambda: rt.now() - running_since > quantum, "the quantum to pass")
     await worker.tick()
     assert share.states == {A: "frozen", B: "running"}
-    made = await counts(rt, A, B)
+    made = await counts(rt, A, B, moving=[B])
     assert made[A] == 0 and made[B] > 5
 
     await share.close()  # the agent leaves: both run again
-    made = await counts(rt, A, B)
+    made = await counts(rt, A, B, moving=[A, B])
     assert made[A] > 5 and made[B] > 5
     assert share.counters.freezes == 2 and share.counters.thaws == 2
 
@@ -161,8 +177,9 @@ async def test_a_job_suspended_for_memory_resumes_with_exactly_its_steps(
     rt: LocalRuntime, tmp_path: Path
 ) -> None:
     total = 80
+    gate = tmp_path / "release-b"  # B is held until it has been suspended
     await rt.start(spec(tmp_path, A, 100_000))
-    await rt.start(spec(tmp_path, B, total))
+    await rt.start(spec(tmp_path, B, total, release=gate))
     await wait_for(lambda: last_step(rt, B) >= 10, "B to make ten steps")
     state_file = tmp_path / "agent" / "monitor.gpu.json"
     state_file.parent.mkdir()
@@ -177,7 +194,8 @@ async def test_a_job_suspended_for_memory_resumes_with_exactly_its_steps(
     suspended_at = last_step(rt, B)
     kept = json.loads(state_file.read_text())["jobs"]["b"]
     assert kept["state"] == "suspended" and kept["checkpoint"].endswith(".json")
-    made = await counts(rt, A, B)
+    gate.touch()  # suspended: once resumed, B may finish (at step 80, or where it stopped if later)
+    made = await counts(rt, A, B, moving=[A])
     assert made[A] > 5 and made[B] == 0
 
     await rt.stop(A, grace=5.0)  # A is done with the GPU
@@ -185,6 +203,8 @@ async def test_a_job_suspended_for_memory_resumes_with_exactly_its_steps(
     assert share.states == {B: "running"} and share.counters.resumes == 1
     await wait_for(JobPaths.of(rt.root, B).done.exists, "B to finish")
     recs = records(rt, B)
-    assert [r["step"] for r in recs if "loss" in r] == list(range(1, total + 1))  # none lost, none twice
+    end = max(total, suspended_at)  # 80 unless a loaded machine held B past it
+    assert [r["step"] for r in recs if "loss" in r] == list(range(1, end + 1))  # none lost, none twice
+    assert recs[-1] == {"event": "finished", "step": end}
     assert {"event": "resumed", "step": suspended_at} in recs
     assert json.loads(state_file.read_text())["jobs"] == {}

@@ -11,6 +11,12 @@ reports what the agents say. Checked: the job with more work left is frozen whil
 runs (its log stands still), one that does not fit beside the other in GPU memory is
 suspended and restored, and a job frozen when its agent is killed is thawed by the next agent
 from its state file; every job ends with exactly its steps.
+
+Where a scenario needs the short job still running (beside a frozen or suspended long one),
+the short job is held (``curve_job.py --until-released``): it trains its steps and then on
+until the test, having seen what it waits for, releases it; it then ends at step 160, or
+where it was if a loaded machine held it longer. Its steps are checked exactly against
+the total its ``finished`` record says it trained.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from pathlib import Path
 
 import aiohttp
@@ -48,10 +54,12 @@ STEPS = {SHORT: 160, LONG: 320}  # srpt: the short one runs first
 TIGHT = int(0.7 * GIB)  # each job's GPU memory on the tight GPU (two do not fit in 1 GiB)
 
 
-def job(jid: ContainerId) -> JobSpec:
-    """A ``curve_job.py`` run asking for one GPU; ``linear``: it keeps progressing."""
-    argv = (sys.executable, str(JOB), "--steps", str(STEPS[jid]), "--curve", "linear")
+def job(jid: ContainerId, release: Path | None = None) -> JobSpec:
+    """A ``curve_job.py`` run asking for one GPU; ``linear``: it keeps progressing. ``release``:
+    held past its steps until that file exists (:func:`release`)."""
+    argv: tuple[str, ...] = (sys.executable, str(JOB), "--steps", str(STEPS[jid]), "--curve", "linear")
     argv += ("--step-seconds", str(STEP_SECONDS), "--checkpoint-every", "40")
+    argv += ("--until-released", str(release)) if release is not None else ()
     return JobSpec(id=jid, command=argv, steps=STEPS[jid], model="linear", requests=Resources(gpu=1))
 
 
@@ -94,6 +102,16 @@ async def cluster_with_gpu(
 
 def gpu_file(tmp_path: Path) -> Path:
     return tmp_path / "gpu.json"
+
+
+def gate(tmp_path: Path) -> Path:
+    """The file that releases the held short job."""
+    return tmp_path / "release-short"
+
+
+def release(path: Path) -> None:
+    """Let a job started with ``release=path`` finish (at its next step past its steps)."""
+    path.touch()
 
 
 @pytest.fixture
@@ -183,20 +201,31 @@ async def wait_for(cond: Callable[[], Awaitable[bool] | bool], what: str, timeou
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
-def assert_exact(c: EmbeddedCluster, jid: str) -> None:
-    """Every step trained exactly once, the state counting as many (``trained`` field)."""
+def final_steps(c: EmbeddedCluster, jid: str) -> int:
+    """How many steps the job trained in all, from its ``finished`` record (a held job trains
+    as many as it had when released, if that is more than its steps)."""
+    done = [r for r in records(c, jid) if r.get("event") == "finished"]
+    assert done, f"{jid}: not finished"
+    return int(str(done[-1]["steps"]))
+
+
+def assert_exact(c: EmbeddedCluster, jid: ContainerId, *, held: bool = False) -> None:
+    """Every step trained exactly once, the state counting as many (``trained`` field): its
+    ``STEPS``, or, ``held``, the total it finished with (never fewer)."""
+    total = final_steps(c, jid)
+    assert total == STEPS[jid] or (held and total > STEPS[jid]), f"{jid}: finished with {total} steps"
     steps = trained(c, jid)
-    assert sorted(steps) == list(range(1, STEPS[jid] + 1)), f"{jid}: steps {steps[:5]}...{steps[-5:]}"
+    assert sorted(steps) == list(range(1, total + 1)), f"{jid}: steps {steps[:5]}...{steps[-5:]}"
     for r in records(c, jid):
         if "loss" in r:
             assert r["trained"] == r["step"], f"{jid} restored from the wrong state: {r}"
-    assert events(c, jid)[-1] == ("finished", STEPS[jid])
+    assert events(c, jid)[-1] == ("finished", total)
 
 
-async def both_finish(c: EmbeddedCluster, timeout: float = 60.0) -> None:
+async def both_finish(c: EmbeddedCluster, timeout: float = 60.0, *, held: Collection[str] = ()) -> None:
     await wait_for(lambda: finished(c, SHORT) and finished(c, LONG), "both jobs to finish", timeout)
     for jid in (SHORT, LONG):
-        assert_exact(c, jid)
+        assert_exact(c, jid, held=jid in held)
 
 
 async def nothing_left_frozen(c: EmbeddedCluster) -> None:
@@ -215,9 +244,11 @@ async def frozen_now_is(c: EmbeddedCluster, value: float) -> bool:
 # srpt weighs steps left by each job's CPU per step since its first step here (its start-up not
 # included: test_a_short_job_arriving_beside_a_long_one_runs_first); the scenarios submit the
 # short job first so that the order is settled from the start.
-async def test_the_job_with_more_work_left_is_frozen_while_the_other_runs(shared: EmbeddedCluster) -> None:
+async def test_the_job_with_more_work_left_is_frozen_while_the_other_runs(
+    shared: EmbeddedCluster, tmp_path: Path
+) -> None:
     c = shared
-    await c.submit(job(SHORT), W0)
+    await c.submit(job(SHORT, release=gate(tmp_path)), W0)  # held: it runs on through the window
     await c.submit(job(LONG), W0)
 
     async def long_frozen_everywhere() -> bool:
@@ -226,9 +257,15 @@ async def test_the_job_with_more_work_left_is_frozen_while_the_other_runs(shared
     await wait_for(long_frozen_everywhere, "the long job to be frozen (agent and manager)", timeout=30)
     assert (await metrics(c))["specon_agent_gpu_freezes_total"] >= 1
     assert (await manager_gpu_states(c)).get(SHORT) == "running"
-    # Frozen: its log stands still while the short job trains on.
+    # Frozen: its log stands still while the short job trains on (a window of 1.5 s at least,
+    # and as long as the short job takes to train 10 steps on a loaded machine).
     long_at, short_at = len(trained(c, LONG)), len(trained(c, SHORT))
-    await asyncio.sleep(1.5)
+    window_end = time.monotonic() + 1.5
+    await wait_for(
+        lambda: time.monotonic() >= window_end and len(trained(c, SHORT)) >= short_at + 10,
+        "1.5 s and 10 steps of the short job",
+        timeout=30,
+    )
     assert (await manager_gpu_states(c)).get(LONG) == "frozen"  # still, across the window
     assert len(trained(c, LONG)) == long_at
     assert len(trained(c, SHORT)) >= short_at + 10
@@ -236,7 +273,8 @@ async def test_the_job_with_more_work_left_is_frozen_while_the_other_runs(shared
     plans = agent_events(c, "specon.agent.gpu_plan")
     assert plans and all(p["freeze"] in ([], [LONG]) for p in plans), plans
 
-    await both_finish(c)
+    release(gate(tmp_path))
+    await both_finish(c, held=[SHORT])
     # The long job trained after the short one had finished: thawed then, not time-sliced.
     short_end = next(float(str(r["ts"])) for r in records(c, SHORT) if r.get("event") == "finished")
     after = [r for r in records(c, LONG) if "loss" in r and float(str(r["ts"])) > short_end]
@@ -247,8 +285,9 @@ async def test_the_job_with_more_work_left_is_frozen_while_the_other_runs(shared
 async def suspend_the_long_job(c: EmbeddedCluster, tmp_path: Path) -> dict[str, object]:
     """Both jobs on the tight GPU; the long one takes its GPU memory once it has trained a while
     (a job's CUDA context comes after its imports), and from then on the two do not fit: the
-    agent's ``specon.agent.gpu_suspended`` record once it is suspended."""
-    await c.submit(job(SHORT), W0)
+    agent's ``specon.agent.gpu_suspended`` record once it is suspended. The short job is held
+    (it stays on the GPU however long that takes): the caller releases it."""
+    await c.submit(job(SHORT, release=gate(tmp_path)), W0)
     await c.submit(job(LONG), W0)
     await wait_for(lambda: len(trained(c, LONG)) >= 20, "the long job to train 20 steps")
     write_gpu(gpu_file(tmp_path), memory_total=GIB, jobs={SHORT: TIGHT, LONG: TIGHT})
@@ -272,11 +311,12 @@ async def test_a_job_whose_memory_leaves_no_room_is_suspended_and_restored_with_
     )
     assert not finished(c, SHORT)  # it was suspended beside a running job, not after it
 
+    release(gate(tmp_path))  # the short job may now finish and leave the GPU
     await wait_for(lambda: bool(agent_events(c, "specon.agent.gpu_resumed")), "the resume", timeout=40)
     (resumed,) = agent_events(c, "specon.agent.gpu_resumed")
     assert resumed["container"] == LONG
     assert finished(c, SHORT)  # due (its memory fits) only once the short job left the GPU
-    await both_finish(c)
+    await both_finish(c, held=[SHORT])
     # It checkpointed where it stopped and resumed from there: nothing lost, nothing repeated.
     ev = events(c, LONG)
     (checkpointed,) = [s for e, s in ev if e == "checkpointed"]
@@ -290,15 +330,20 @@ async def test_the_manager_reports_a_suspended_job_as_suspended(
     tight: EmbeddedCluster, tmp_path: Path
 ) -> None:
     c = tight
-    await suspend_the_long_job(c, tmp_path)
-    await wait_for(lambda: state_is(c, LONG, "suspended"), "the manager to report it suspended", timeout=5)
+    try:
+        await suspend_the_long_job(c, tmp_path)
+        await wait_for(
+            lambda: state_is(c, LONG, "suspended"), "the manager to report it suspended", timeout=5
+        )
+    finally:
+        release(gate(tmp_path))
 
 
 async def test_a_job_frozen_when_its_agent_is_killed_is_thawed_by_the_next_agent(
-    shared: EmbeddedCluster,
+    shared: EmbeddedCluster, tmp_path: Path
 ) -> None:
     c = shared
-    await c.submit(job(SHORT), W0)
+    await c.submit(job(SHORT, release=gate(tmp_path)), W0)  # held: it runs until the agent is killed
     await c.submit(job(LONG), W0)
     await wait_for(lambda: frozen_now_is(c, 1.0), "the long job to be frozen", timeout=30)
     state_file = c.volume / "agents" / W0 / "monitor.gpu.json"
@@ -306,6 +351,7 @@ async def test_a_job_frozen_when_its_agent_is_killed_is_thawed_by_the_next_agent
 
     c.kill(c.agents[W0], signal.SIGKILL)  # no close(): nothing thaws it
     long_at = len(trained(c, LONG))
+    release(gate(tmp_path))
     # The short job ends while no agent runs; the long one stays frozen meanwhile.
     await wait_for(lambda: finished(c, SHORT), "the short job to finish without an agent", timeout=40)
     await asyncio.sleep(1.0)
@@ -316,7 +362,7 @@ async def test_a_job_frozen_when_its_agent_is_killed_is_thawed_by_the_next_agent
     await wait_for(
         lambda: len(trained(c, LONG)) > long_at + 5, "the new agent to thaw the long job", timeout=20
     )
-    await both_finish(c)
+    await both_finish(c, held=[SHORT])
     assert (await metrics(c))["specon_agent_gpu_thaws_total"] >= 1
     await nothing_left_frozen(c)
 

@@ -4,6 +4,11 @@ The job is a tiny plain-Python loop written by the test (no dependency on specon
 it logs JSON lines, checkpoints with ``specon.checkpoint`` (every ``every`` steps up to
 ``ckpt_until``, and on SIGTERM unless stubborn), resumes from the newest complete
 checkpoint, and ends with ``{"event": "finished"}`` plus the done marker.
+
+Given a sixth argument, a file, the job is held: it trains its steps and then goes on (as
+curve_job.py's ``--until-released``) until that file exists, finishing at the first step
+boundary after that. A test that must act on the running job (save it, suspend it) releases
+it only once it has, so no loaded machine can end the job first.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from specon import checkpoint
 
 steps, every, ckpt_until = int(sys.argv[1]), int(sys.argv[3]), int(sys.argv[4])
 pause, mode = float(sys.argv[2]), sys.argv[5]
+release = Path(sys.argv[6]) if len(sys.argv) > 6 else None
 progress = os.environ["SPECON_PROGRESS_FILE"]
 ckdir = Path(os.environ["SPECON_CHECKPOINT_DIR"])
 stop = False
@@ -64,7 +70,7 @@ def save(step):
 loaded = checkpoint.load(ckdir)
 step = json.loads(loaded[1])["step"] if loaded else 0
 log({"event": "resumed" if loaded else "started", "step": step, "worker": os.environ["SPECON_WORKER"]})
-while step < steps:
+while step < steps or (release is not None and not release.exists()):
     if stop:
         save(step)
         log({"event": "saved", "step": step})
@@ -105,11 +111,22 @@ def spec(
     every: int = 0,
     ckpt_until: int = 10**9,
     mode: str = "normal",
+    release: Path | None = None,
 ) -> JobSpec:
+    """The loop as job ``job``; ``release``: held past ``steps`` until that file exists."""
     script = tmp_path / "job.py"
     if not script.exists():
         script.write_text(JOB)
-    argv = (sys.executable, str(script), str(steps), str(pause), str(every), str(ckpt_until), mode)
+    argv: tuple[str, ...] = (
+        sys.executable,
+        str(script),
+        str(steps),
+        str(pause),
+        str(every),
+        str(ckpt_until),
+        mode,
+    )
+    argv += (str(release),) if release is not None else ()
     return JobSpec(id=ContainerId(job), command=argv, steps=steps, model="loop")
 
 
@@ -174,11 +191,13 @@ async def test_save_then_start_elsewhere_continues_and_finishes_with_exactly_n_s
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     src, dst = cluster["w0"], cluster["w1"]
-    job = spec(tmp_path, "vae-1", steps=40)
+    gate = tmp_path / "release-vae-1"
+    job = spec(tmp_path, "vae-1", steps=40, release=gate)
     info = await src.start(job)
     await wait_for(lambda: last_step(src, "vae-1") >= 10, "ten steps")
 
     saved = await src.save(job.id, grace=10)
+    gate.touch()  # saved: its next run may finish (at step 40, or where it was saved if later)
 
     assert (saved.forced, saved.rolled_back, saved.finished) == (False, False, False)
     assert saved.step is not None and saved.step >= 10
@@ -193,8 +212,9 @@ async def test_save_then_start_elsewhere_continues_and_finishes_with_exactly_n_s
     recs = records(dst, "vae-1")
     resumed = [r for r in recs if r.get("event") == "resumed"]
     assert resumed == [{"event": "resumed", "step": saved.step, "worker": "w1"}]
-    assert [r["step"] for r in recs if "loss" in r] == list(range(1, 41))
-    assert recs[-1] == {"event": "finished", "step": 40}
+    end = max(40, saved.step)  # 40 unless a loaded machine held the first run past it
+    assert [r["step"] for r in recs if "loss" in r] == list(range(1, end + 1))
+    assert recs[-1] == {"event": "finished", "step": end}
     await wait_for(lambda: not group_alive(dst_pid(dst, "vae-1")), "the launcher to exit")
     [done] = await dst.list_containers()
     assert (done.state, done.exit_code, done.finished) == (ContainerState.EXITED, 0, True)
@@ -230,7 +250,8 @@ async def test_corrupt_newest_checkpoint_rolls_back_to_the_previous_one(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     src, dst = cluster["w0"], cluster["w1"]
-    job = spec(tmp_path, "torn", steps=30, every=5, ckpt_until=10, mode="stubborn")
+    gate = tmp_path / "release-torn"
+    job = spec(tmp_path, "torn", steps=30, every=5, ckpt_until=10, mode="stubborn", release=gate)
     await src.start(job)
     await wait_for(lambda: last_step(src, "torn") >= 12, "checkpoints 5 and 10")
     newest = checkpoint.latest_complete(JobPaths.of(src.root, "torn").checkpoints)
@@ -238,6 +259,7 @@ async def test_corrupt_newest_checkpoint_rolls_back_to_the_previous_one(
     newest.payload.write_bytes(b"torn")
 
     saved = await src.save(job.id, grace=0.3)
+    gate.touch()  # killed: the next run may finish
     assert (saved.forced, saved.step) == (True, 5)
 
     # The torn checkpoint 10 is skipped: the job resumes from 5 and still ends at exactly 30.

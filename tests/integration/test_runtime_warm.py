@@ -7,6 +7,7 @@ so the warm interpreter may fork it; one test runs the real torch workload.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -74,8 +75,27 @@ def deps(job_module: Path) -> None:
     (job_module / f"{MODULE}_deps.py").write_text("import os\nIMPORTED_BY = os.getpid()\n")
 
 
-def spec(job: str, *, steps: int = 40, pause: float = 0.03, every: int = 0, mode: str = "normal") -> JobSpec:
-    argv = (sys.executable, "-m", MODULE, str(steps), str(pause), str(every), str(10**9), mode)
+def spec(
+    job: str,
+    *,
+    steps: int = 40,
+    pause: float = 0.03,
+    every: int = 0,
+    mode: str = "normal",
+    release: Path | None = None,
+) -> JobSpec:
+    """The loop as job ``job``; ``release``: held past ``steps`` until that file exists."""
+    argv: tuple[str, ...] = (
+        sys.executable,
+        "-m",
+        MODULE,
+        str(steps),
+        str(pause),
+        str(every),
+        str(10**9),
+        mode,
+    )
+    argv += (str(release),) if release is not None else ()
     return JobSpec(id=ContainerId(job), command=argv, steps=steps, model="loop")
 
 
@@ -87,11 +107,12 @@ async def ready(rt: LocalRuntime) -> WarmInterpreter:
 
 
 async def test_a_warm_job_moves_between_workers_and_finishes_with_exactly_n_steps(
-    cluster: LocalCluster,
+    cluster: LocalCluster, tmp_path: Path
 ) -> None:
     src, dst = cluster["w0"], cluster["w1"]
     warm_src, warm_dst = await ready(src), await ready(dst)
-    job = spec("warm-1")
+    gate = tmp_path / "release-warm-1"
+    job = spec("warm-1", release=gate)
     info = await src.start(job)
     assert warm_src.launches == 1
     assert info.pid is not None
@@ -103,13 +124,17 @@ async def test_a_warm_job_moves_between_workers_and_finishes_with_exactly_n_step
     await wait_for(lambda: last_step(src, "warm-1") >= 10, "ten steps")
 
     saved = await src.save(job.id, grace=10)
+    gate.touch()  # saved: its next run may finish (at step 40, or where it was saved if later)
     assert (saved.forced, saved.rolled_back) == (False, False) and saved.checkpoint is not None
+    assert saved.step is not None
     await dst.start(job, checkpoint=saved.checkpoint)
     assert warm_dst.launches == 1
     await wait_for(JobPaths.of(dst.root, "warm-1").done.exists, "the job to finish")
 
     recs = records(dst, "warm-1")
-    assert [r["step"] for r in recs if "loss" in r] == list(range(1, 41))
+    end = max(40, saved.step)  # 40 unless a loaded machine held the first run past it
+    assert [r["step"] for r in recs if "loss" in r] == list(range(1, end + 1))
+    assert recs[-1] == {"event": "finished", "step": end}
     assert [r for r in recs if r.get("event") == "resumed"] == [
         {"event": "resumed", "step": saved.step, "worker": "w1"}
     ]
@@ -328,6 +353,24 @@ async def test_the_server_exits_with_the_process_that_started_it(tmp_path: Path,
     assert not home.exists(), "the orphaned server removed its directory"
 
 
+HELD = 10**6  # a torch job's steps when the test, not the job, decides where it ends
+
+
+def gru(steps: int) -> tuple[str, ...]:
+    """The gru workload's command, logging every 5 steps."""
+    return (
+        sys.executable,
+        "-m",
+        "specon.workloads",
+        "--model",
+        "gru",
+        "--steps",
+        str(steps),
+        "--log-every",
+        "5",
+    )
+
+
 @pytest.mark.timeout(180)
 async def test_the_torch_workload_runs_warm_and_resumes_with_exactly_its_steps(tmp_path: Path) -> None:
     pytest.importorskip("torch")
@@ -336,30 +379,23 @@ async def test_the_torch_workload_runs_warm_and_resumes_with_exactly_its_steps(t
         src, dst = c["w0"], c["w1"]
         await ready(src)
         await ready(dst)
-        argv = (
-            sys.executable,
-            "-m",
-            "specon.workloads",
-            "--model",
-            "gru",
-            "--steps",
-            "60",
-            "--log-every",
-            "5",
-        )
-        job = JobSpec(id=ContainerId("gru-1"), command=argv, steps=60, model="gru")
+        # The first run has no end of its own (HELD steps): the save ends it, however loaded the
+        # machine. It resumes as the 60-step job (saved past step 60, as one of that many).
+        job = JobSpec(id=ContainerId("gru-1"), command=gru(HELD), steps=60, model="gru")
         await src.start(job)
         await wait_for(lambda: last_step(src, "gru-1") >= 10, "ten steps", timeout=60)
         saved = await src.save(job.id, grace=30)
         assert saved.checkpoint is not None and saved.step is not None
         assert checkpoint.verify(saved.checkpoint).step == saved.step
-        await dst.start(job, checkpoint=saved.checkpoint)
+        end = max(60, saved.step)
+        await dst.start(dataclasses.replace(job, command=gru(end)), checkpoint=saved.checkpoint)
         paths = JobPaths.of(dst.root, "gru-1")
         await wait_for(
             lambda: any(r.get("event") == "finished" for r in records(dst, "gru-1")), "the job to finish", 120
         )
         recs = records(dst, "gru-1")
-        assert [r["step"] for r in recs if "loss" in r] == list(range(5, 61, 5))
+        assert [r["step"] for r in recs if "loss" in r] == list(range(5, end + 1, 5))
+        assert [(r["step"], r["steps"]) for r in recs if r.get("event") == "finished"] == [(end, end)]
         assert (src.warm and src.warm.launches, dst.warm and dst.warm.launches) == (1, 1)
         assert "Traceback" not in paths.stderr.read_text()
     finally:

@@ -9,6 +9,7 @@ also writes down its environment, pid and process group; one test runs the real 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import os
@@ -83,8 +84,13 @@ async def pair(tmp_path: Path, job_module: Path) -> AsyncIterator[tuple[LocalRun
         assert rt.standby is not None and not rt.standby._dir.exists(), "the pool cleaned up"
 
 
-def gpu_job(job: str, *, steps: int = 40, pause: float = 0.03, gpus: int = 1, **kw: Any) -> JobSpec:
-    argv = (sys.executable, "-m", MODULE, str(steps), str(pause), "0", str(10**9), "normal")
+def gpu_job(
+    job: str, *, steps: int = 40, pause: float = 0.03, gpus: int = 1, release: Path | None = None, **kw: Any
+) -> JobSpec:
+    """The loop as job ``job`` asking for ``gpus``; ``release``: held past ``steps`` until that
+    file exists."""
+    argv: tuple[str, ...] = (sys.executable, "-m", MODULE, str(steps), str(pause), "0", str(10**9), "normal")
+    argv += (str(release),) if release is not None else ()
     return JobSpec(id=ContainerId(job), command=argv, steps=steps, requests=Resources(gpu=gpus), **kw)
 
 
@@ -106,12 +112,13 @@ def exits(rt: LocalRuntime, job: str) -> list[dict[str, Any]]:
 
 
 async def test_a_gpu_job_becomes_the_standby_in_place_and_moves_with_exactly_its_steps(
-    pair: tuple[LocalRuntime, LocalRuntime], monkeypatch: pytest.MonkeyPatch
+    pair: tuple[LocalRuntime, LocalRuntime], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     src, dst = pair
     standby = await ready(src)
     keeper = standby.proc.pid
-    job = gpu_job("gpu-1")
+    gate = tmp_path / "release-gpu-1"
+    job = gpu_job("gpu-1", release=gate)  # held: it waits out the fresh standby's priming
     info = await src.start(job)
     assert src.standby is not None and src.standby.launches == 1
     assert info.pid == keeper, "the run is the keeper's process group"
@@ -133,13 +140,17 @@ async def test_a_gpu_job_becomes_the_standby_in_place_and_moves_with_exactly_its
     assert fresh.proc.pid != keeper
 
     saved = await src.save(job.id, grace=10)
+    gate.touch()  # saved: its next run may finish (at step 40, or where it was saved if later)
     assert (saved.forced, saved.rolled_back) == (False, False) and saved.checkpoint is not None
+    assert saved.step is not None
     await ready(dst)
     await dst.start(job, checkpoint=saved.checkpoint)
     assert dst.standby is not None and dst.standby.launches == 1
     await wait_for(JobPaths.of(dst.root, "gpu-1").done.exists, "the job to finish")
     recs = records(dst, "gpu-1")
-    assert [r["step"] for r in recs if "loss" in r] == list(range(1, 41))
+    end = max(40, saved.step)  # 40 unless a loaded machine held the first run past it
+    assert [r["step"] for r in recs if "loss" in r] == list(range(1, end + 1))
+    assert recs[-1] == {"event": "finished", "step": end}
     assert [r for r in recs if r.get("event") == "resumed"] == [
         {"event": "resumed", "step": saved.step, "worker": "w1"}
     ]
@@ -358,6 +369,24 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
+HELD = 10**6  # a torch job's steps when the test, not the job, decides where it ends
+
+
+def gru(steps: int) -> tuple[str, ...]:
+    """The gru workload's command, logging every 5 steps."""
+    return (
+        sys.executable,
+        "-m",
+        "specon.workloads",
+        "--model",
+        "gru",
+        "--steps",
+        str(steps),
+        "--log-every",
+        "5",
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_the_torch_workload_is_suspended_and_restored_through_the_standby_with_exactly_its_steps(
@@ -369,30 +398,25 @@ async def test_the_torch_workload_is_suspended_and_restored_through_the_standby_
     rt = runtime(tmp_path / "volume", "w0", StandbySpec(), cpus=1.0)
     try:
         first = await ready(rt, timeout=180)
-        argv = (
-            sys.executable,
-            "-m",
-            "specon.workloads",
-            "--model",
-            "gru",
-            "--steps",
-            "60",
-            "--log-every",
-            "5",
+        # The first run has no end of its own (HELD steps): the save ends it, however loaded the
+        # machine. It resumes as the 60-step job (saved past step 60, as one of that many).
+        job = JobSpec(
+            id=ContainerId("gru-1"), command=gru(HELD), steps=60, model="gru", requests=Resources(gpu=1)
         )
-        job = JobSpec(id=ContainerId("gru-1"), command=argv, steps=60, model="gru", requests=Resources(gpu=1))
         await rt.start(job)
         await wait_for(lambda: last_step(rt, "gru-1") >= 10, "ten steps", timeout=120)
         saved = await rt.save(job.id, grace=30)
         assert saved.checkpoint is not None and saved.step is not None
         assert checkpoint.verify(saved.checkpoint).step == saved.step
+        end = max(60, saved.step)
         second = await ready(rt, timeout=180)
         assert second is not first
-        await rt.start(job, checkpoint=saved.checkpoint)
+        await rt.start(dataclasses.replace(job, command=gru(end)), checkpoint=saved.checkpoint)
         paths = JobPaths.of(rt.root, "gru-1")
         await wait_for(paths.finished, "the job to finish", timeout=180)
         recs = records(rt, "gru-1")
-        assert [r["step"] for r in recs if "loss" in r] == list(range(5, 61, 5))
+        assert [r["step"] for r in recs if "loss" in r] == list(range(5, end + 1, 5))
+        assert [(r["step"], r["steps"]) for r in recs if r.get("event") == "finished"] == [(end, end)]
         starts = [(r["step"], r["resumed"]) for r in recs if r.get("event") == "started"]
         assert starts == [(0, False), (saved.step, True)]
         assert rt.standby is not None and rt.standby.launches == 2

@@ -22,6 +22,7 @@ pytest.importorskip("torch")
 from specon.workloads.registry import WORKLOADS, build  # after the torch check
 
 SHORT_STEPS = 60
+HELD = 10**6  # a job's steps when the test, not the job, decides where it ends
 
 
 @dataclass
@@ -106,13 +107,16 @@ def _wait_for_step(run: Run, step: int, *, timeout: float = 120) -> None:
 
 @pytest.mark.slow
 def test_vae_stopped_twice_ends_with_exactly_its_steps(tmp_path: Path, short_runs: dict[str, Run]) -> None:
-    steps = 120
+    # The stopped runs have no end of their own (HELD steps): the test's SIGTERM ends them,
+    # however late a loaded machine lets it land. The last run is the 120-step job (stopped
+    # past step 120, one of that many steps).
     for stop_at in (20, 55):  # the second stop comes after the periodic checkpoint at 50
-        run = _start(tmp_path, "vae", steps, "--checkpoint-every", "50")
+        run = _start(tmp_path, "vae", HELD, "--checkpoint-every", "50")
         _wait_for_step(run, stop_at)
         run.proc.send_signal(signal.SIGTERM)
         assert run.proc.wait(timeout=60) == jobkit.EXIT_CHECKPOINTED
         assert run.records()[-1]["event"] == "checkpointed"
+    steps = max(120, int(run.records()[-1]["step"]))
     run = _start(tmp_path, "vae", steps, "--checkpoint-every", "50")
     assert run.proc.wait(timeout=120) == 0
     records = run.records()
