@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from specon.model import ContainerId
 from specon.runtime import AlreadyRunning, ContainerState, JobSpec, StartFailed
 from specon.runtime.docker.backend import DockerRuntime
 from specon.runtime.docker.engine import cpu_seconds
@@ -87,6 +88,41 @@ def assert_exact(volume: Path, job: str, steps: int) -> None:
     assert JobPaths(volume, job).finished()
 
 
+# A job the test must act on while it runs (save it, kill its agent, stop its engine) is
+# started held: it trains its steps and then goes on training until the test releases it
+# (curve_job's ``--until-released``), so no loaded machine can let it complete first.
+RELEASE = "release"
+
+
+def held(volume: Path, job: str) -> tuple[str, str]:
+    """The curve job's arguments holding ``job`` until :func:`release`: a file on the shared
+    volume, which its container sees at the same path."""
+    return ("--until-released", str(JobPaths(volume, ContainerId(job)).dir / RELEASE))
+
+
+def release(volume: Path, job: str) -> None:
+    """Let the held ``job`` finish, at its first step boundary at or past its steps."""
+    gate = JobPaths(volume, ContainerId(job)).dir / RELEASE
+    gate.parent.mkdir(parents=True, exist_ok=True)
+    gate.touch()
+
+
+def final_steps(volume: Path, job: str) -> int:
+    """The steps ``job`` trained in all, from its ``finished`` record (a held job: as many as
+    it had when released)."""
+    done = [r for r in records(volume, job) if r.get("event") == "finished"]
+    assert done, f"{job}: not finished"
+    return int(done[-1]["steps"])
+
+
+def assert_exact_released(volume: Path, job: str, steps: int) -> None:
+    """:func:`assert_exact` for a held job: at least its ``steps``, exactly the total it
+    finished with."""
+    total = final_steps(volume, job)
+    assert total >= steps
+    assert_exact(volume, job, total)
+
+
 @pytest.fixture
 def volume() -> Any:
     with tempfile.TemporaryDirectory(prefix="sd-vol-") as d:
@@ -105,7 +141,8 @@ async def test_a_job_moved_between_engines_finishes_exactly_its_steps(
     docker_engines: tuple[Engine, Engine], python_images: str, volume: Path
 ) -> None:
     rt1, rt2 = runtimes(docker_engines, volume)
-    s = spec("move-1", recipe(python_images, volume, "--steps", "120", "--checkpoint-every", "1000"))
+    args = ("--steps", "120", "--checkpoint-every", "1000", *held(volume, "move-1"))
+    s = spec("move-1", recipe(python_images, volume, *args))
     info = await rt1.start(s)
     assert info.state is ContainerState.RUNNING and info.cpu_limit == 0.5
     await wait_step(volume, "move-1", 30)
@@ -114,10 +151,11 @@ async def test_a_job_moved_between_engines_finishes_exactly_its_steps(
     saved = await rt1.save("move-1", grace=20)
     assert not saved.forced and not saved.rolled_back and saved.step is not None and saved.step >= 30
     assert await rt1.list_containers() == []  # the source's container is gone after a save
+    release(volume, "move-1")  # saved: the restored job may finish
     moved = await rt2.start(rt2.job_spec("move-1") or s, checkpoint=saved.checkpoint)
     assert moved.worker == "host-2"
     await wait_finished(rt2, "move-1")
-    assert_exact(volume, "move-1", 120)
+    assert_exact_released(volume, "move-1", 120)
     workers = {r.get("worker") for r in records(volume, "move-1") if "worker" in r}
     assert workers <= {"host-1", "host-2"}
 
@@ -126,7 +164,8 @@ async def test_a_restarted_agent_readopts_its_containers_and_weights_them(
     docker_engines: tuple[Engine, Engine], python_images: str, volume: Path
 ) -> None:
     rt1, _ = runtimes(docker_engines, volume)
-    s = spec("adopt-1", recipe(python_images, volume, "--steps", "400"))
+    # Held (never released: it is stopped): it must run while its usage is read.
+    s = spec("adopt-1", recipe(python_images, volume, "--steps", "400", *held(volume, "adopt-1")))
     await rt1.start(s)
     again = DockerRuntime(volume, "host-1", docker_engines[0].client(), rules=rules(volume))
     (info,) = await again.list_containers()
@@ -160,9 +199,10 @@ async def test_a_container_a_user_started_is_adopted_and_moved(
         "SPECON_DONE_FILE": str(paths.done),
         "SPECON_WORKER": "host-1",
     }
+    command = [sys.executable, str(CURVE_JOB), "--steps", "100", "--checkpoint-every", "1000"]
     e1.client().containers.run(
         python_images,
-        [sys.executable, str(CURVE_JOB), "--steps", "100", "--checkpoint-every", "1000"],
+        [*command, *held(volume, "user-1")],  # held: still training when it is saved
         name="user-1",
         labels={LABEL_MANAGED: "true", LABEL_JOB: "user-1"},
         environment=env,
@@ -175,12 +215,13 @@ async def test_a_container_a_user_started_is_adopted_and_moved(
     (info,) = await rt1.list_containers()
     assert info.id == "user-1" and info.alive
     saved = await rt1.save("user-1", grace=20)
+    release(volume, "user-1")  # saved: the restored job may finish
     recorded = rt2.job_spec("user-1")
     assert recorded is not None and recorded.template is not None
     assert Recipe.from_json(recorded.template).volume_target == str(volume)
     await rt2.start(recorded, checkpoint=saved.checkpoint)
     await wait_finished(rt2, "user-1")
-    assert_exact(volume, "user-1", 100)
+    assert_exact_released(volume, "user-1", 100)
 
 
 async def test_a_job_deaf_to_sigterm_is_killed_at_the_grace_period_and_resumes(
@@ -189,16 +230,22 @@ async def test_a_job_deaf_to_sigterm_is_killed_at_the_grace_period_and_resumes(
     rt1, rt2 = runtimes(docker_engines, volume)
     s = spec(
         "deaf-1",
-        recipe(python_images, volume, "--steps", "80", "--checkpoint-every", "10", "--ignore-sigterm"),
+        recipe(
+            python_images,
+            volume,
+            *("--steps", "80", "--checkpoint-every", "10", "--ignore-sigterm"),
+            *held(volume, "deaf-1"),  # still training when the engine kills it
+        ),
     )
     await rt1.start(s)
     await wait_step(volume, "deaf-1", 25)
     saved = await rt1.save("deaf-1", grace=1.0)
     # Killed at the grace period: what it resumes from is its last periodic checkpoint.
     assert saved.forced and saved.step is not None and saved.step % 10 == 0
+    release(volume, "deaf-1")  # killed: the restored job may finish
     await rt2.start(s, checkpoint=saved.checkpoint)
     await wait_finished(rt2, "deaf-1")
-    assert_exact(volume, "deaf-1", 80)
+    assert_exact_released(volume, "deaf-1", 80)
 
 
 async def test_this_host_refuses_a_recipe_it_does_not_allow(
@@ -248,7 +295,11 @@ async def test_an_agent_killed_mid_save_loses_nothing(
 ) -> None:
     e1, _ = docker_engines
     rt1, _ = runtimes(docker_engines, volume)
-    s = spec("kill-1", recipe(python_images, volume, "--steps", "80", "--save-seconds", "3"))
+    # Held: still training when the agent's SIGTERM comes, however slowly that agent starts.
+    s = spec(
+        "kill-1",
+        recipe(python_images, volume, "--steps", "80", "--save-seconds", "3", *held(volume, "kill-1")),
+    )
     await rt1.start(s)
     await wait_step(volume, "kill-1", 20)
     agent = subprocess.Popen(
@@ -268,9 +319,10 @@ async def test_an_agent_killed_mid_save_loses_nothing(
     # The restarted agent finds the ended container; the manager's rollback starts it again.
     restarted = DockerRuntime(volume, "host-1", e1.client(), rules=rules(volume))
     await wait_finished_or_exited(restarted, "kill-1")
+    release(volume, "kill-1")  # stopped mid-save: the restarted job may finish
     await restarted.start(s)
     await wait_finished(restarted, "kill-1")
-    assert_exact(volume, "kill-1", 80)
+    assert_exact_released(volume, "kill-1", 80)
 
 
 async def wait_finished_or_exited(rt: DockerRuntime, job: str, timeout: float = 30.0) -> None:
@@ -289,7 +341,8 @@ async def test_an_engine_restarted_mid_run_loses_nothing(python_images: str, vol
     try:
         python_image(engine)
         rt = DockerRuntime(volume, "host-r", engine.client(), rules=rules(volume))
-        s = spec("restart-1", recipe(python_images, volume, "--steps", "100", "--checkpoint-every", "1000"))
+        args = ("--steps", "100", "--checkpoint-every", "1000", *held(volume, "restart-1"))
+        s = spec("restart-1", recipe(python_images, volume, *args))
         await rt.start(s)
         await wait_step(volume, "restart-1", 20)
         stop_engine_keeping_containers(engine)  # dockerd stops its containers with SIGTERM
@@ -297,9 +350,10 @@ async def test_an_engine_restarted_mid_run_loses_nothing(python_images: str, vol
         rt = DockerRuntime(volume, "host-r", engine.client(), rules=rules(volume))
         (info,) = await rt.list_containers()
         assert not info.alive
+        release(volume, "restart-1")  # stopped with its engine: the restarted job may finish
         await rt.start(s)
         await wait_finished(rt, "restart-1")
-        assert_exact(volume, "restart-1", 100)
+        assert_exact_released(volume, "restart-1", 100)
     finally:
         stop_engine(engine)
         subprocess.run(["rm", "-rf", str(base)], check=False)

@@ -152,8 +152,8 @@ async def real_deployment(
 async def test_a_converged_pod_moves_between_real_nodes_and_finishes_exactly(
     real_deployment: Deployment,
 ) -> None:
-    # The default length (600 steps): 300 left a loaded machine too little room to call the
-    # job converged before it completed, as it did in the DaemonSet test below.
+    # The job is held until its migration is done (converged_pod_moves): a loaded machine
+    # once let a 300-step job complete before its agent called it converged.
     down = await converged_pod_moves(real_deployment)
     assert down.gap < 30  # through real kubelets: eviction, teardown, a new container
 
@@ -173,10 +173,11 @@ async def test_a_disruption_budget_blocks_the_move_on_a_real_node(
 async def test_a_job_deaf_to_sigterm_is_killed_by_the_kubelet_and_resumes_from_its_checkpoint(
     real_admin: KubeApi, real_namespace: str, real_volume: Path, real_runtimes: dict[str, KubernetesRuntime]
 ) -> None:
-    # 2,000 steps (40 s): in a full run on a loaded machine a real kubelet took 17.8 s to kill
-    # the pod, and a 600-step job (12 s) completed first, so nothing was forced.
+    # The job is held until the kubelet has killed it (deaf_job_is_killed_and_resumes): in a
+    # full run on a loaded machine a real kubelet took 17.8 s to kill the pod, and a 600-step
+    # job (12 s) completed first, so nothing was forced.
     await deaf_job_is_killed_and_resumes(
-        real_admin, real_namespace, real_volume, real_runtimes, adapt=on_real_node, steps=2000
+        real_admin, real_namespace, real_volume, real_runtimes, adapt=on_real_node
     )
 
 
@@ -230,10 +231,9 @@ async def test_the_agent_as_its_daemonset_runs_it_restores_a_job_on_its_node(
 
     # The kubelets start the agents' pods at their own pace: under a loaded machine an agent
     # came up after the job had trained most of its 400 steps, and the job finished before
-    # its agent's ticks could call it converged. Submit once both agents heartbeat.
+    # its agent's ticks could call it converged. Submit once both agents heartbeat; the job is
+    # held until its migration is done (converged_pod_moves), however slow the agents' ticks.
     await until(both_agents(d), "both DaemonSet agents heartbeating", timeout=180)
-    # The default length: at 300 steps a loaded machine let the job finish before its agent's
-    # ticks called it converged.
     down = await converged_pod_moves(d)
     admin = KubeApi(d.cluster.api_client())
     for node in ("node-1", "node-2"):

@@ -160,6 +160,33 @@ def trained(volume: Path, job: str) -> list[int]:
     return [int(r["step"]) for r in records(volume, job) if "loss" in r]
 
 
+# A job the test must act on while it runs (evict it, have it killed, move it) is started
+# held: it trains its steps and then goes on training until the test releases it (curve_job's
+# ``--until-released``), so no loaded machine can let it complete before the test has acted.
+RELEASE = "release"
+
+
+def held(job: str) -> tuple[str, str]:
+    """The curve job's arguments holding ``job`` until :func:`release`: the file, on the pod's
+    ``/data`` mount (the stand-in kubelet maps the path; a real node mounts the claim there)."""
+    return ("--until-released", f"/data/jobs/{job}/{RELEASE}")
+
+
+def release(volume: Path, job: str) -> None:
+    """Let the held ``job`` finish, at its first step boundary at or past its steps."""
+    gate = volume / "jobs" / job / RELEASE
+    gate.parent.mkdir(parents=True, exist_ok=True)
+    gate.touch()
+
+
+def final_steps(volume: Path, job: str) -> int:
+    """The steps ``job`` trained in all, from its ``finished`` record (a held job: as many as
+    it had when released, at least its declared steps)."""
+    done = [r for r in records(volume, job) if r.get("event") == "finished"]
+    assert done, f"{job}: not finished"
+    return int(done[-1]["steps"])
+
+
 @pytest.fixture
 def admin(kube_api: client.ApiClient) -> KubeApi:
     return KubeApi(kube_api)
@@ -231,7 +258,9 @@ async def test_save_by_eviction_then_restore_on_another_node_runs_exactly_its_st
     admin: KubeApi, kube_namespace: str, volume: Path, runtimes: dict[str, KubernetesRuntime]
 ) -> None:
     steps = 300
-    await create(admin, kube_namespace, training_pod("train", "node-1", job="j1", steps=steps))
+    # Held: it is still training when the eviction's SIGTERM lands, however slow the machine.
+    pod = training_pod("train", "node-1", job="j1", steps=steps, extra=held("j1"))
+    await create(admin, kube_namespace, pod)
     info = await until(lambda: running(runtimes["node-1"], "j1"), "j1 running on node-1")
     await until(lambda: len(trained(volume, "j1")) >= 60, "j1 past step 60")
     res = await runtimes["node-1"].save(ContainerId(f"{kube_namespace}.j1"), grace=10)
@@ -240,6 +269,7 @@ async def test_save_by_eviction_then_restore_on_another_node_runs_exactly_its_st
     assert res.checkpoint.parent == volume / "jobs" / "j1" / "checkpoints"
     assert [r.get("event") for r in records(volume, "j1")][-1] == "checkpointed"
     assert await running(runtimes["node-1"], "j1") is None  # the pod is gone
+    release(volume, "j1")  # saved: the restored job may finish
 
     started = await runtimes["node-2"].start(info.spec, checkpoint=res.checkpoint)
     assert started.worker == "node-2" and started.handle == f"{kube_namespace}/train-g2"
@@ -253,7 +283,9 @@ async def test_save_by_eviction_then_restore_on_another_node_runs_exactly_its_st
     await until(
         lambda: any(r.get("event") == "finished" for r in records(volume, "j1")), "j1 to finish", timeout=90
     )
-    assert sorted(trained(volume, "j1")) == list(range(1, steps + 1))  # each step exactly once
+    total = final_steps(volume, "j1")
+    assert total >= steps
+    assert sorted(trained(volume, "j1")) == list(range(1, total + 1))  # each step exactly once
     ended = await until(lambda: _ended(runtimes["node-2"], "j1"), "node-2 to see j1 ended")
     assert ended.finished and ended.exit_code == 0
 
@@ -268,7 +300,9 @@ async def _ended(rt: KubernetesRuntime, job: str) -> ContainerInfo | None:
 async def test_start_refuses_while_the_job_runs_anywhere(
     admin: KubeApi, kube_namespace: str, runtimes: dict[str, KubernetesRuntime]
 ) -> None:
-    await create(admin, kube_namespace, training_pod("train", "node-1", job="j2", steps=2000))
+    await create(
+        admin, kube_namespace, training_pod("train", "node-1", job="j2", steps=2000, extra=held("j2"))
+    )
     info = await until(lambda: running(runtimes["node-1"], "j2"), "j2 running on node-1")
     with pytest.raises(AlreadyRunning, match="node-1"):
         await runtimes["node-2"].start(info.spec)
@@ -299,7 +333,10 @@ async def disruption_budget_blocks_the_save(
     admin: KubeApi, namespace: str, runtimes: dict[str, KubernetesRuntime], adapt: Adapt = _as_is
 ) -> None:
     """An eviction refused by a PodDisruptionBudget fails the save; the pod keeps running."""
-    await create(admin, namespace, adapt(training_pod("guarded", "node-1", steps=2000)))
+    # Held (never released: the namespace's teardown stops it): it must still run at the end.
+    await create(
+        admin, namespace, adapt(training_pod("guarded", "node-1", steps=2000, extra=held("guarded")))
+    )
     await until(lambda: running(runtimes["node-1"], "guarded"), "guarded running")
 
     async def phase_running() -> bool:
@@ -335,8 +372,11 @@ async def deaf_job_is_killed_and_resumes(
     steps: int = 300,
 ) -> None:
     """A job that ignores SIGTERM is killed at the grace period; its newest periodic
-    checkpoint is the save's result, and the restored pod resumes from it and finishes."""
-    pod = adapt(training_pod("deaf", "node-1", steps=steps, extra=("--ignore-sigterm",)))
+    checkpoint is the save's result, and the restored pod resumes from it and finishes.
+
+    The job is held (:func:`held`) until the kill: a kubelet may take many seconds to kill it
+    (a real one under load took 17.8 s), and a job that completed first was never forced."""
+    pod = adapt(training_pod("deaf", "node-1", steps=steps, extra=("--ignore-sigterm", *held("deaf"))))
     # A kubelet 1.20 sometimes stops the container with the pod's own grace period instead of
     # the eviction's (containerd's log: "StopContainer ... with timeout 30"): keep both short.
     pod["spec"]["terminationGracePeriodSeconds"] = 2
@@ -356,6 +396,7 @@ async def deaf_job_is_killed_and_resumes(
     assert latest is not None and res.checkpoint == latest.manifest and res.step == latest.step
     assert "checkpointed" not in [r.get("event") for r in records(volume, "deaf")]
     assert await running(runtimes["node-1"], "deaf") is None
+    release(volume, "deaf")  # killed: the restored job may finish
 
     await runtimes["node-2"].start(info.spec, checkpoint=res.checkpoint)
     await until(
@@ -366,7 +407,9 @@ async def deaf_job_is_killed_and_resumes(
     recs = records(volume, "deaf")
     restart = next(i for i, r in enumerate(recs) if r.get("event") == "started" and r.get("resumed"))
     after = [int(r["step"]) for r in recs[restart:] if "loss" in r]
-    assert recs[restart]["step"] == res.step and after == list(range(res.step + 1, steps + 1))
+    total = final_steps(volume, "deaf")
+    assert total >= steps
+    assert recs[restart]["step"] == res.step and after == list(range(res.step + 1, total + 1))
 
 
 def test_watch_resumes_from_the_last_version(kube_cluster: KubeCluster, kube_namespace: str) -> None:
