@@ -22,8 +22,10 @@ from jobwatch import (
     Watchdog,
     agent_health,
     assert_finished_once,
+    final_steps,
     finished,
     records,
+    release,
     spec,
     status,
     wait_for,
@@ -85,10 +87,11 @@ async def test_agents_minutes_off_the_managers_clock_are_served_normally(
                 h = await agent_health(c.agents[w])
                 assert h is not None and abs(h["time"] - time.time() - skew) < 5, (w, h)
             t0 = time.time()  # the manager's clock: this machine's
+            end = tmp_path / "release-conv"  # conv trains on until it has been moved
             async with Watchdog(c, "conv") as dog:
                 # conv converges on w0 and asks to move to the idle w1; steady keeps w0 busier.
                 await c.submit(spec("steady", 4000, "linear"), W0)
-                await c.submit(spec("conv", STEPS, "converge"), W0)
+                await c.submit(spec("conv", STEPS, "converge", until_released=end), W0)
 
                 async def moved() -> bool:
                     st = await status(c)
@@ -97,14 +100,17 @@ async def test_agents_minutes_off_the_managers_clock_are_served_normally(
                     )
 
                 await wait_for(moved, "conv's migration to w1 to finish", timeout=90, watchdog=dog)
+                release(end)
                 await wait_for(lambda: finished(c, "conv"), "conv to finish", timeout=90, watchdog=dog)
-                rs = await assert_finished_once(c, dog, STEPS)
+                steps = final_steps(c, "conv")
+                assert steps >= STEPS, f"conv finished after {steps} steps, fewer than its {STEPS}"
+                rs = await assert_finished_once(c, dog, steps)
             st = await status(c)
             assert st is not None
             now = time.time()
             # Heartbeats accepted from both, their ages on the manager's clock.
-            for w in st.workers:
-                assert w.reachable and w.heartbeat_age is not None and 0 <= w.heartbeat_age < 3, w
+            for ws in st.workers:
+                assert ws.reachable and ws.heartbeat_age is not None and 0 <= ws.heartbeat_age < 3, ws
             metrics = await manager_metrics(c)
             for w in (W0, W1):
                 assert metrics.get(f'specon_manager_heartbeats_total{{worker="{w}"}}', 0) > 10, w

@@ -4,6 +4,7 @@ real jobs in cgroup-budgeted workers, a real save/restore migration."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -31,8 +32,17 @@ rebalance: {mode: "off"}
 """
 
 
-def job(jid: str, steps: int, curve: str, step_seconds: float = 0.05, extra: tuple[str, ...] = ()) -> JobSpec:
-    """A ``curve_job.py`` run (``extra``: more of its options)."""
+def job(
+    jid: str,
+    steps: int,
+    curve: str,
+    step_seconds: float = 0.05,
+    extra: tuple[str, ...] = (),
+    *,
+    until_released: Path | None = None,
+) -> JobSpec:
+    """A ``curve_job.py`` run (``extra``: more of its options); ``until_released``: it trains
+    past ``steps`` until that file exists (:func:`release`), so the test decides when it ends."""
     argv = (
         sys.executable,
         str(JOB),
@@ -42,9 +52,23 @@ def job(jid: str, steps: int, curve: str, step_seconds: float = 0.05, extra: tup
         curve,
         "--step-seconds",
         str(step_seconds),
+        *(("--until-released", str(until_released)) if until_released is not None else ()),
         *extra,
     )
     return JobSpec(id=ContainerId(jid), command=argv, steps=steps, model=curve)
+
+
+def release_file(c: EmbeddedCluster, jid: str) -> Path:
+    """Where the test releases a held job: in the job's own directory on the volume, which
+    the job sees at the same path on every runtime (a Docker container mounts only that)."""
+    return c.volume / "jobs" / jid / "released"
+
+
+def release(gate: Path) -> None:
+    """Let a job started with ``until_released=gate`` finish (at its next step past its steps);
+    no job directory: no job was started to release."""
+    with contextlib.suppress(FileNotFoundError):
+        gate.touch()
 
 
 def records(c: EmbeddedCluster, jid: str) -> list[dict[str, object]]:
@@ -54,6 +78,15 @@ def records(c: EmbeddedCluster, jid: str) -> list[dict[str, object]]:
 
 def trained_steps(c: EmbeddedCluster, jid: str) -> list[int]:
     return [int(r["step"]) for r in records(c, jid) if "loss" in r]  # type: ignore[call-overload]
+
+
+def final_steps(c: EmbeddedCluster, jid: str) -> int:
+    """How many steps the job trained in all, from its ``finished`` record."""
+    done = [r for r in records(c, jid) if r.get("event") == "finished"]
+    assert done, f"{jid}: not finished"
+    steps = done[-1]["steps"]
+    assert isinstance(steps, int), done[-1]
+    return steps
 
 
 async def wait_for(cond: Callable[[], object], what: str, timeout: float = 60.0) -> None:
@@ -80,11 +113,23 @@ async def test_converged_job_is_migrated_by_save_restore_and_finishes_with_exact
 
 
 async def converged_job_moves_once_and_finishes_exactly(cluster: EmbeddedCluster) -> None:
-    """The scenario every runtime of the embedded cluster passes (tests/docker runs it too)."""
-    w0 = WorkerId("w0")
-    await cluster.submit(job("fast", 400, "converge"), w0)
-    await cluster.submit(job("steady", 500, "linear"), w0)
+    """The scenario every runtime of the embedded cluster passes (tests/docker runs it too).
 
+    Both jobs are held (``until_released``): a loaded machine cannot end ``fast`` before it
+    was moved, nor ``steady`` before ``fast`` was judged against it. ``fast`` is released
+    once its migration is done, ``steady`` when the scenario ends."""
+    w0 = WorkerId("w0")
+    gates = {jid: release_file(cluster, jid) for jid in ("fast", "steady")}
+    try:
+        await cluster.submit(job("fast", 400, "converge", until_released=gates["fast"]), w0)
+        await cluster.submit(job("steady", 500, "linear", until_released=gates["steady"]), w0)
+        await moves_once_and_finishes_exactly(cluster, gates["fast"])
+    finally:
+        for gate in gates.values():
+            release(gate)
+
+
+async def moves_once_and_finishes_exactly(cluster: EmbeddedCluster, gate: Path) -> None:
     async def migrated() -> bool:
         st: Status = await cluster.status()
         return any(m.container == "fast" and m.state.value == "done" for m in st.migrations)
@@ -96,14 +141,18 @@ async def converged_job_moves_once_and_finishes_exactly(cluster: EmbeddedCluster
     assert m.downtime is not None and m.downtime < 10
     # The steady (still progressing) job was never moved.
     assert all(m.container != "steady" for m in st.migrations)
+    release(gate)  # moved: now it may end
 
     def finished(jid: str) -> bool:
         return any(r.get("event") == "finished" for r in records(cluster, jid))
 
     await wait_for(lambda: finished("fast"), "the migrated job to finish", timeout=90)
+    # All it trained: its 400 steps and those it was held for.
+    total = final_steps(cluster, "fast")
+    assert total >= 400
     steps = trained_steps(cluster, "fast")
     # Exactly its steps: every step trained once (SIGTERM checkpoints, nothing is redone).
-    assert sorted(steps) == list(range(1, 401))
+    assert sorted(steps) == list(range(1, total + 1))
     events = [r.get("event") for r in records(cluster, "fast") if "event" in r]
     assert events.count("checkpointed") == 1 and events[-1] == "finished"
     # It ran on w1 after the move; the manager saw it there, frozen in CC.

@@ -27,6 +27,7 @@ from jobwatch import (
     agent_health,
     agent_metric,
     assert_finished_once,
+    final_steps,
     finished,
     frozen,
     has_event,
@@ -36,6 +37,7 @@ from jobwatch import (
     marked_migrated,
     migration_of,
     pending_request,
+    release,
     restart_agent,
     runs,
     spec,
@@ -54,7 +56,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(120
 
 W0, W1 = WorkerId("w0"), WorkerId("w1")
 HEARTBEAT = 0.5
-STEPS = 500  # of the converging job: it runs for ~25 s, long enough to be moved mid-run
+STEPS = 500  # of the converging job; held (``until_released``) until its test has moved it
 
 
 def policy(tmp_path: Path, *, worker_timeout: float = 4.0, grace: float = 10.0) -> Path:
@@ -86,15 +88,42 @@ async def embedded(tmp_path: Path, **knobs: float) -> AsyncIterator[EmbeddedClus
                 c.kill(c.manager)
 
 
+def gate_of(tmp_path: Path, jid: str) -> Path:
+    """The file that releases the held job ``jid`` (:func:`release`)."""
+    return tmp_path / f"release-{jid}"
+
+
 async def submit_converging_pair(
-    c: EmbeddedCluster, *, steps: int = STEPS, save_seconds: float = 0.0, ignore_sigterm: bool = False
+    c: EmbeddedCluster,
+    gate: Path,
+    *,
+    steps: int = STEPS,
+    save_seconds: float = 0.0,
+    ignore_sigterm: bool = False,
 ) -> None:
     """On w0: ``conv`` (converges in seconds, so it asks to move to the empty w1) and
-    ``steady`` (keeps progressing, so w0 stays the busier worker and ``conv`` may ask)."""
+    ``steady`` (keeps progressing, so w0 stays the busier worker and ``conv`` may ask).
+    ``conv`` trains on past ``steps`` until ``gate`` exists: the test releases it once it
+    has done to it what it meant to."""
     await c.submit(spec("steady", 4000, "linear"), W0)
     await c.submit(
-        spec("conv", steps, "converge", save_seconds=save_seconds, ignore_sigterm=ignore_sigterm), W0
+        spec(
+            "conv",
+            steps,
+            "converge",
+            save_seconds=save_seconds,
+            ignore_sigterm=ignore_sigterm,
+            until_released=gate,
+        ),
+        W0,
     )
+
+
+def trained_at_least(c: EmbeddedCluster, jid: str, steps: int) -> int:
+    """The steps the finished (held) job trained in all: at least its declared ``steps``."""
+    total = final_steps(c, jid)
+    assert total >= steps, f"{jid}: finished after {total} steps, fewer than its {steps}"
+    return total
 
 
 # -- 1. the manager crashes during a migration ------------------------------------------------
@@ -103,8 +132,9 @@ async def test_manager_killed_during_a_migration_resumes_or_rolls_it_back_and_lo
     tmp_path: Path, journaled: str
 ) -> None:
     # worker_timeout 6: the target's agent is frozen for a moment in the "restoring" case.
+    gate = gate_of(tmp_path, "conv")
     async with embedded(tmp_path, worker_timeout=6.0) as c, Watchdog(c, "conv") as dog:
-        await submit_converging_pair(c, save_seconds=3.0 if journaled == "saving" else 1.0)
+        await submit_converging_pair(c, gate, save_seconds=3.0 if journaled == "saving" else 1.0)
         await wait_for(lambda: has_event(c, "conv", "saving"), "conv to start saving", timeout=45)
         async with contextlib.AsyncExitStack() as stack:
             if journaled == "restoring":
@@ -119,11 +149,12 @@ async def test_manager_killed_during_a_migration_resumes_or_rolls_it_back_and_lo
         await wait_for(
             in_state(c, "conv", "done", "rolled_back"), "the migration to end", timeout=30, watchdog=dog
         )
+        release(gate)  # it ends only now that it has been moved (or kept)
         await wait_for(lambda: finished(c, "conv"), "conv to finish", timeout=40, watchdog=dog)
         assert before is not None and before.state.value == journaled
         m = await migration_of(c, "conv")
         assert m is not None and m.id == before.id  # resumed, not decided anew
-        rs = await assert_finished_once(c, dog, STEPS)
+        rs = await assert_finished_once(c, dog, trained_at_least(c, "conv", STEPS))
         assert sum(run.ending == "checkpointed" for run in rs) == 1
         # It ended where the migration says: on the target if done, back on the source if not.
         assert dog.workers[-1] == (m.target if m.state.value == "done" else m.source)
@@ -135,8 +166,9 @@ async def test_idle_agent_killed_its_job_keeps_running_and_is_readopted_on_resta
     tmp_path: Path,
 ) -> None:
     steps = 400
+    gate = gate_of(tmp_path, "solo")  # it runs until its agent is back and has re-adopted it
     async with embedded(tmp_path) as c, Watchdog(c, "solo") as dog:
-        await c.submit(spec("solo", steps, "linear"), W1)
+        await c.submit(spec("solo", steps, "linear", until_released=gate), W1)
 
         async def seen_on_w1() -> bool:
             st = await status(c)
@@ -169,17 +201,19 @@ async def test_idle_agent_killed_its_job_keeps_running_and_is_readopted_on_resta
 
         await wait_for(readopted, "the restarted agent to re-adopt solo", timeout=20, watchdog=dog)
         await wait_for(seen_on_w1, "the manager to see solo on w1 again", timeout=20, watchdog=dog)
+        release(gate)
         await wait_for(lambda: finished(c, "solo"), "solo to finish", timeout=40, watchdog=dog)
-        rs = await assert_finished_once(c, dog, steps)
+        rs = await assert_finished_once(c, dog, trained_at_least(c, "solo", steps))
         assert len(rs) == 1, "the job was restarted although it never stopped"
         assert dog.workers == ["w1"]
 
 
-async def kill_source_agent_mid_save(c: EmbeddedCluster, *, stubborn: bool) -> None:
-    """Submit the converging pair, kill -9 w0's agent while it saves ``conv``, and wait until
-    the manager has given w0 up. A cooperative ``conv`` finishes its checkpoint and exits
-    meanwhile; a stubborn one (deaf to SIGTERM) keeps running on w0."""
-    await submit_converging_pair(c, save_seconds=2.0, ignore_sigterm=stubborn)
+async def kill_source_agent_mid_save(c: EmbeddedCluster, gate: Path, *, stubborn: bool) -> None:
+    """Submit the converging pair (``conv`` held until ``gate``), kill -9 w0's agent while it
+    saves ``conv``, and wait until the manager has given w0 up. A cooperative ``conv``
+    finishes its checkpoint and exits meanwhile; a stubborn one (deaf to SIGTERM) keeps
+    running on w0."""
+    await submit_converging_pair(c, gate, save_seconds=2.0, ignore_sigterm=stubborn)
     if stubborn:  # it never announces the save: ask the agent
 
         async def saving() -> bool:
@@ -208,12 +242,13 @@ async def test_source_agent_killed_during_a_save_the_migration_ends_and_nothing_
     grace period is long), so a restart elsewhere must be refused until the source is back
     and the job is found still running there."""
     stubborn = job == "stubborn"
+    gate = gate_of(tmp_path, "conv")
     async with (
         embedded(tmp_path, grace=30.0 if stubborn else 10.0) as c,
         Watchdog(c, "conv") as dog,
         Watchdog(c, "steady") as steady,
     ):
-        await kill_source_agent_mid_save(c, stubborn=stubborn)
+        await kill_source_agent_mid_save(c, gate, stubborn=stubborn)
         # The other job on w0 never noticed.
         assert "w0" in job_processes(c, "steady").values()
         if stubborn:
@@ -224,8 +259,9 @@ async def test_source_agent_killed_during_a_save_the_migration_ends_and_nothing_
         await wait_for(
             in_state(c, "conv", "done", "rolled_back"), "the migration to end", timeout=30, watchdog=dog
         )
+        release(gate)  # it ends only now that the migration has
         await wait_for(lambda: finished(c, "conv"), "conv to finish", timeout=40, watchdog=dog)
-        rs = await assert_finished_once(c, dog, STEPS)
+        rs = await assert_finished_once(c, dog, trained_at_least(c, "conv", STEPS))
         if stubborn:  # never stopped, never moved
             m = await migration_of(c, "conv")
             assert len(rs) == 1 and dog.workers == ["w0"]
@@ -234,13 +270,16 @@ async def test_source_agent_killed_during_a_save_the_migration_ends_and_nothing_
 
 
 async def test_a_refused_rollback_start_is_retried_at_a_bounded_pace(tmp_path: Path) -> None:
+    # conv runs on w0 (refusing every start on w1) until the rate was measured.
+    gate = gate_of(tmp_path, "conv")
     async with embedded(tmp_path, grace=30.0) as c:
-        await kill_source_agent_mid_save(c, stubborn=True)
+        await kill_source_agent_mid_save(c, gate, stubborn=True)
         await wait_for(lambda: refused_on_w1(c), "w1 to refuse a second copy", timeout=20)
         t0 = time.monotonic()
         before = await agent_metric(c.agents[W1], STARTS)
         await asyncio.sleep(4 * HEARTBEAT)  # a rate needs a window of time
         tries = await agent_metric(c.agents[W1], STARTS) - before
+        release(gate)
         # The window as it was, not as asked: on a busy machine the sleep and the reads last longer.
         window = time.monotonic() - t0
         # One retry per heartbeat would be plenty; a busy loop makes hundreds.
@@ -251,15 +290,17 @@ async def test_a_refused_rollback_start_is_retried_at_a_bounded_pace(tmp_path: P
 async def test_job_ignoring_sigterm_is_killed_after_the_grace_period_and_resumes_from_its_checkpoint(
     tmp_path: Path,
 ) -> None:
+    gate = gate_of(tmp_path, "conv")
     async with embedded(tmp_path, grace=2.0) as c, Watchdog(c, "conv") as dog:
-        await submit_converging_pair(c, ignore_sigterm=True)
+        await submit_converging_pair(c, gate, ignore_sigterm=True)
         await wait_for(
             in_state(c, "conv", "done", "rolled_back"), "the migration to end", timeout=50, watchdog=dog
         )
+        release(gate)  # killed and moved: now it may end
         await wait_for(lambda: finished(c, "conv"), "conv to finish", timeout=40, watchdog=dog)
         m = await migration_of(c, "conv")
         assert m is not None and m.state.value == "done" and dog.workers == ["w0", "w1"]
-        rs = await assert_finished_once(c, dog, STEPS)
+        rs = await assert_finished_once(c, dog, trained_at_least(c, "conv", STEPS))
         assert len(rs) == 2 and rs[0].ending is None, "the first run should have been killed"
         # It resumed from the checkpoint the forced save reported: its newest complete one
         # (newer than the last one it recorded only if killed between writing and recording).
@@ -274,8 +315,9 @@ async def test_job_ignoring_sigterm_is_killed_after_the_grace_period_and_resumes
 # -- 4. a corrupt checkpoint ---------------------------------------------------------------------
 async def test_corrupt_saved_checkpoint_restores_from_the_previous_complete_one(tmp_path: Path) -> None:
     # A long worker_timeout: the target's agent is frozen for a moment without being given up.
+    gate = gate_of(tmp_path, "conv")
     async with embedded(tmp_path, worker_timeout=10.0) as c, Watchdog(c, "conv") as dog:
-        await submit_converging_pair(c, save_seconds=2.0)
+        await submit_converging_pair(c, gate, save_seconds=2.0)
         await wait_for(lambda: has_event(c, "conv", "saving"), "conv to start saving", timeout=45)
         # Freeze the target's agent so the checkpoint can be corrupted between the save and
         # the restore (as bit rot or a torn copy on the volume would).
@@ -290,8 +332,10 @@ async def test_corrupt_saved_checkpoint_restores_from_the_previous_complete_one(
         await wait_for(
             in_state(c, "conv", "done", "rolled_back"), "the migration to end", timeout=30, watchdog=dog
         )
+        release(gate)  # restored (from which checkpoint is the point): now it may end
         await wait_for(lambda: finished(c, "conv"), "conv to finish", timeout=40, watchdog=dog)
-        rs = await assert_finished_once(c, dog, STEPS, corrupt=frozenset({m.checkpoint_step}))
+        steps = trained_at_least(c, "conv", STEPS)
+        rs = await assert_finished_once(c, dog, steps, corrupt=frozenset({m.checkpoint_step}))
         assert len(rs) == 2 and rs[0].ending == "checkpointed"
         # Not from the corrupt one: from the previous complete checkpoint, redoing the rest once.
         assert rs[1].resumed_from == sorted(rs[0].checkpoints)[-2] < m.checkpoint_step
@@ -304,10 +348,11 @@ async def test_agents_ride_out_a_manager_outage_and_their_pending_request_is_ans
     tmp_path: Path,
 ) -> None:
     steps = 700
+    gate = gate_of(tmp_path, "conv")  # it runs until the restarted manager has answered it
     async with embedded(tmp_path) as c, Watchdog(c, "conv") as dog:
         port = manager_port(c)
         agents = dict(c.agents)
-        await submit_converging_pair(c, steps=steps)
+        await submit_converging_pair(c, gate, steps=steps)
         assert c.manager is not None
         # In a thread: the manager may take a while to stop, and the watchdog keeps sampling.
         stopped = asyncio.create_task(asyncio.to_thread(c.kill, c.manager, signal.SIGTERM))
@@ -350,8 +395,12 @@ async def test_agents_ride_out_a_manager_outage_and_their_pending_request_is_ans
         # The request made while the manager was away is answered: conv is marked migrated
         # (moved, or told to stay) and its agent stops asking.
         await wait_for(lambda: marked_migrated(c, "conv"), "an answer to conv's request", timeout=20)
+        if await migration_of(c, "conv") is not None:  # told to move (not to stay): moved first
+            moved = in_state(c, "conv", "done", "rolled_back")
+            await wait_for(moved, "conv's migration to end", timeout=30, watchdog=dog)
+        release(gate)
         await wait_for(lambda: finished(c, "conv"), "conv to finish", timeout=40, watchdog=dog)
-        await assert_finished_once(c, dog, steps)
+        await assert_finished_once(c, dog, trained_at_least(c, "conv", steps))
         m = await migration_of(c, "conv")
         assert dog.workers == (["w0"] if m is None else ["w0", "w1"])
         assert m is None or m.state.value == "done"
@@ -361,9 +410,11 @@ async def test_agents_ride_out_a_manager_outage_and_their_pending_request_is_ans
 async def test_a_restarted_manager_decides_a_pending_request_with_every_worker_in_view(
     tmp_path: Path,
 ) -> None:
+    # conv runs (its request pending) until the restarted manager has answered it.
+    gate = gate_of(tmp_path, "conv")
     async with embedded(tmp_path) as c, Watchdog(c, "conv"):
         port = manager_port(c)
-        await submit_converging_pair(c, steps=700)
+        await submit_converging_pair(c, gate, steps=700)
         assert c.manager is not None
         c.kill(c.manager)
         await wait_for(lambda: pending_request(c, W0, "conv"), "conv's reallocation request", timeout=40)
@@ -378,6 +429,7 @@ async def test_a_restarted_manager_decides_a_pending_request_with_every_worker_i
             await wait_for(heard_from_w0, "the manager to hear from w0", timeout=10)
         await wait_for(lambda: marked_migrated(c, "conv"), "an answer to conv's request", timeout=20)
         m = await migration_of(c, "conv")
+        release(gate)  # answered: it may end (nothing here waits for that)
         assert m is not None and m.target == W1, "conv was told to stay on the busier worker"
 
 

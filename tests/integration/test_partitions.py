@@ -24,11 +24,13 @@ from jobwatch import (
     Watchdog,
     agent_health,
     assert_finished_once,
+    final_steps,
     finished,
     has_event,
     in_state,
     job_processes,
     migration_of,
+    release,
     runs,
     spec,
     status,
@@ -54,7 +56,7 @@ LONGER = 2.0  # how long a long partition lasts beyond the moment the host was g
 # manager: the partition, a request that was in flight when it began (request_timeout), the
 # restore. Longer than this, it has been lost.
 LOST_AFTER = 45.0
-STEPS = 500  # ~25 s of training: long enough to converge, ask, and be moved mid-run
+STEPS = 500  # of the converging job; held (``until_released``) until its migration has ended
 SAVE_SECONDS = 3.0  # the save on SIGTERM, and loading the checkpoint, take this long:
 RESTORE_SECONDS = 3.0  # long enough to cut the link in the middle of either
 
@@ -186,8 +188,12 @@ async def cut_mid_migration(net_hosts: Hosts, tmp_path: Path, who: str, during: 
     * ``restoring``: the job's process runs on the target, loading its checkpoint (3 s).
 
     Mend it after ``SHORT`` s (``early``), or (``late``) once the other side has given the host
-    up, ``LONGER`` s after that."""
+    up, ``LONGER`` s after that.
+
+    ``conv`` trains on past its steps until the migration has ended (``until_released``): a
+    loaded machine cannot end it before it is saved, restored, or cut off."""
     gate = tmp_path / "save-gate"
+    end = tmp_path / "release-conv"
     async with (
         on_hosts(net_hosts, tmp_path) as h,
         Watchdog(h.c, "conv", lost_after=LOST_AFTER) as dog,
@@ -207,6 +213,7 @@ async def cut_mid_migration(net_hosts: Hosts, tmp_path: Path, who: str, during: 
             save_seconds=8.0 if held else SAVE_SECONDS,  # the gate ends a held save much sooner
             save_gate=gate if held else None,
             restore_seconds=RESTORE_SECONDS,
+            until_released=end,
         )
         await c.submit(job, W0)
         if during == "restoring":
@@ -234,8 +241,11 @@ async def cut_mid_migration(net_hosts: Hosts, tmp_path: Path, who: str, during: 
             return got is not None and got.state.value in ("done", "rolled_back")
 
         await wait_for(ended, f"migration {m.id} to end", timeout=60, watchdog=dog)
+        release(end)
         await wait_for(lambda: finished(c, "conv"), "conv to finish", timeout=90, watchdog=dog)
-        rs = await assert_finished_once(c, dog, STEPS)
+        steps = final_steps(c, "conv")
+        assert steps >= STEPS, f"conv finished after {steps} steps, fewer than its {STEPS}"
+        rs = await assert_finished_once(c, dog, steps)
         final = await migration_by_id(c, m.id)
         assert final is not None
         # The save on SIGTERM completed whatever was cut: the next run resumed from its
@@ -273,12 +283,14 @@ async def test_cut_while_idle_the_job_keeps_running_where_it_is(
 ) -> None:
     """A job that progresses steadily on w1 (nothing to move): w1's host, or the manager's,
     cut for longer than ``worker_timeout``. The job trains on through the partition, on w1
-    only, and finishes in one run; the agents come back by themselves."""
+    only, and finishes in one run; the agents come back by themselves. It trains on past its
+    steps until the partition is mended and the agents are back (``until_released``)."""
     steps = 400
+    end = tmp_path / "release-solo"
     async with on_hosts(net_hosts, tmp_path) as h, Watchdog(h.c, "solo") as dog:
         c = h.c
         agents = dict(c.agents)
-        await c.submit(spec("solo", steps, "linear"), W1)
+        await c.submit(spec("solo", steps, "linear", until_released=end), W1)
 
         def trained_by(jid: str) -> int:
             rs = runs(c, jid)
@@ -298,8 +310,11 @@ async def test_cut_while_idle_the_job_keeps_running_where_it_is(
         await wait_for(lambda: trained_by("solo") >= trained + 20, "solo to keep training", timeout=30)
         host.mend()
         await assert_back_by_itself(c, agents)
+        release(end)
         await wait_for(lambda: finished(c, "solo"), "solo to finish", timeout=90, watchdog=dog)
-        rs = await assert_finished_once(c, dog, steps)
+        total = final_steps(c, "solo")
+        assert total >= steps, f"solo finished after {total} steps, fewer than its {steps}"
+        rs = await assert_finished_once(c, dog, total)
         assert len(rs) == 1 and dog.workers == ["w1"], "the job was stopped or moved"
         st = await status(c)
         assert st is not None and not st.migrations
