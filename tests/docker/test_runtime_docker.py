@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from specon.model import ContainerId
 from specon.runtime import AlreadyRunning, ContainerState, JobSpec, StartFailed
 from specon.runtime.docker.backend import DockerRuntime
 from specon.runtime.docker.engine import cpu_seconds
 from specon.runtime.docker.recipe import LABEL_JOB, LABEL_MANAGED, Bind, HostRules, Recipe
 from specon.runtime.volume import JobPaths
+from specon.testing.held_jobs import finished_steps, release, release_file
 from tests.docker.engines import Engine, job_binds, python_image, start_engine, stop_engine
 from tests.rootfs import REPO, host_binds
 
@@ -91,34 +91,18 @@ def assert_exact(volume: Path, job: str, steps: int) -> None:
 # A job the test must act on while it runs (save it, kill its agent, stop its engine) is
 # started held: it trains its steps and then goes on training until the test releases it
 # (curve_job's ``--until-released``), so no loaded machine can let it complete first.
-RELEASE = "release"
 
 
 def held(volume: Path, job: str) -> tuple[str, str]:
     """The curve job's arguments holding ``job`` until :func:`release`: a file on the shared
     volume, which its container sees at the same path."""
-    return ("--until-released", str(JobPaths(volume, ContainerId(job)).dir / RELEASE))
-
-
-def release(volume: Path, job: str) -> None:
-    """Let the held ``job`` finish, at its first step boundary at or past its steps."""
-    gate = JobPaths(volume, ContainerId(job)).dir / RELEASE
-    gate.parent.mkdir(parents=True, exist_ok=True)
-    gate.touch()
-
-
-def final_steps(volume: Path, job: str) -> int:
-    """The steps ``job`` trained in all, from its ``finished`` record (a held job: as many as
-    it had when released)."""
-    done = [r for r in records(volume, job) if r.get("event") == "finished"]
-    assert done, f"{job}: not finished"
-    return int(done[-1]["steps"])
+    return ("--until-released", str(release_file(volume, job)))
 
 
 def assert_exact_released(volume: Path, job: str, steps: int) -> None:
     """:func:`assert_exact` for a held job: at least its ``steps``, exactly the total it
     finished with."""
-    total = final_steps(volume, job)
+    total = finished_steps(volume, job)
     assert total >= steps
     assert_exact(volume, job, total)
 
@@ -151,7 +135,7 @@ async def test_a_job_moved_between_engines_finishes_exactly_its_steps(
     saved = await rt1.save("move-1", grace=20)
     assert not saved.forced and not saved.rolled_back and saved.step is not None and saved.step >= 30
     assert await rt1.list_containers() == []  # the source's container is gone after a save
-    release(volume, "move-1")  # saved: the restored job may finish
+    release(release_file(volume, "move-1"))  # saved: the restored job may finish
     moved = await rt2.start(rt2.job_spec("move-1") or s, checkpoint=saved.checkpoint)
     assert moved.worker == "host-2"
     await wait_finished(rt2, "move-1")
@@ -215,7 +199,7 @@ async def test_a_container_a_user_started_is_adopted_and_moved(
     (info,) = await rt1.list_containers()
     assert info.id == "user-1" and info.alive
     saved = await rt1.save("user-1", grace=20)
-    release(volume, "user-1")  # saved: the restored job may finish
+    release(release_file(volume, "user-1"))  # saved: the restored job may finish
     recorded = rt2.job_spec("user-1")
     assert recorded is not None and recorded.template is not None
     assert Recipe.from_json(recorded.template).volume_target == str(volume)
@@ -242,7 +226,7 @@ async def test_a_job_deaf_to_sigterm_is_killed_at_the_grace_period_and_resumes(
     saved = await rt1.save("deaf-1", grace=1.0)
     # Killed at the grace period: what it resumes from is its last periodic checkpoint.
     assert saved.forced and saved.step is not None and saved.step % 10 == 0
-    release(volume, "deaf-1")  # killed: the restored job may finish
+    release(release_file(volume, "deaf-1"))  # killed: the restored job may finish
     await rt2.start(s, checkpoint=saved.checkpoint)
     await wait_finished(rt2, "deaf-1")
     assert_exact_released(volume, "deaf-1", 80)
@@ -319,7 +303,7 @@ async def test_an_agent_killed_mid_save_loses_nothing(
     # The restarted agent finds the ended container; the manager's rollback starts it again.
     restarted = DockerRuntime(volume, "host-1", e1.client(), rules=rules(volume))
     await wait_finished_or_exited(restarted, "kill-1")
-    release(volume, "kill-1")  # stopped mid-save: the restarted job may finish
+    release(release_file(volume, "kill-1"))  # stopped mid-save: the restarted job may finish
     await restarted.start(s)
     await wait_finished(restarted, "kill-1")
     assert_exact_released(volume, "kill-1", 80)
@@ -350,7 +334,7 @@ async def test_an_engine_restarted_mid_run_loses_nothing(python_images: str, vol
         rt = DockerRuntime(volume, "host-r", engine.client(), rules=rules(volume))
         (info,) = await rt.list_containers()
         assert not info.alive
-        release(volume, "restart-1")  # stopped with its engine: the restarted job may finish
+        release(release_file(volume, "restart-1"))  # stopped with its engine: the restarted job may finish
         await rt.start(s)
         await wait_finished(rt, "restart-1")
         assert_exact_released(volume, "restart-1", 100)

@@ -52,7 +52,7 @@ def spec(
     until_released: Path | None = None,
 ) -> JobSpec:
     """The curve job ``jid`` as the embedded cluster runs it; ``until_released``: trains past
-    ``steps`` until that file exists (:func:`release`), so a test decides when it ends."""
+    ``steps`` until that file exists (``held_jobs.release``), so a test decides when it ends."""
     argv = [sys.executable, str(JOB), "--steps", str(steps), "--curve", curve]
     argv += ["--step-seconds", str(step_seconds), "--checkpoint-every", str(CHECKPOINT_EVERY)]
     argv += ["--save-seconds", str(save_seconds), "--restore-seconds", str(restore_seconds)]
@@ -93,20 +93,6 @@ def has_event(c: EmbeddedCluster, jid: str, event: str) -> bool:
 
 def finished(c: EmbeddedCluster, jid: str) -> bool:
     return has_event(c, jid, "finished")
-
-
-def release(gate: Path) -> None:
-    """Let a job started with ``until_released=gate`` finish (at its next step past its steps)."""
-    gate.parent.mkdir(parents=True, exist_ok=True)
-    gate.touch()
-
-
-def final_steps(c: EmbeddedCluster, jid: str) -> int:
-    """How many steps the job trained in all, from its ``finished`` record (a held job trains
-    as many as it had when released)."""
-    done = [r for r in records(c, jid) if r.get("event") == "finished"]
-    assert done, f"{jid}: not finished"
-    return int(done[-1]["steps"])
 
 
 @dataclass

@@ -22,10 +22,8 @@ from jobwatch import (
     Watchdog,
     agent_health,
     assert_finished_once,
-    final_steps,
     finished,
     records,
-    release,
     spec,
     status,
     wait_for,
@@ -33,6 +31,7 @@ from jobwatch import (
 
 from specon.embedded.cluster import EmbeddedCluster
 from specon.model import WorkerId
+from specon.testing.held_jobs import finished_steps, release
 from specon.testing.net_hosts import NetHosts
 from tests.hosts import tls_for
 from tests.integration.test_e2e_local import POLICY
@@ -102,7 +101,7 @@ async def test_agents_minutes_off_the_managers_clock_are_served_normally(
                 await wait_for(moved, "conv's migration to w1 to finish", timeout=90, watchdog=dog)
                 release(end)
                 await wait_for(lambda: finished(c, "conv"), "conv to finish", timeout=90, watchdog=dog)
-                steps = final_steps(c, "conv")
+                steps = finished_steps(c.volume, "conv")
                 assert steps >= STEPS, f"conv finished after {steps} steps, fewer than its {STEPS}"
                 rs = await assert_finished_once(c, dog, steps)
             st = await status(c)

@@ -4,7 +4,6 @@ real jobs in cgroup-budgeted workers, a real save/restore migration."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import sys
 import time
@@ -16,6 +15,7 @@ import pytest
 from specon.embedded.cluster import EmbeddedCluster
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import JobSpec
+from specon.testing.held_jobs import finished_steps, release, release_file
 from specon.wire.protocol import Status
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -42,7 +42,7 @@ def job(
     until_released: Path | None = None,
 ) -> JobSpec:
     """A ``curve_job.py`` run (``extra``: more of its options); ``until_released``: it trains
-    past ``steps`` until that file exists (:func:`release`), so the test decides when it ends."""
+    past ``steps`` until that file exists (``held_jobs.release``), so the test decides when it ends."""
     argv = (
         sys.executable,
         str(JOB),
@@ -58,19 +58,6 @@ def job(
     return JobSpec(id=ContainerId(jid), command=argv, steps=steps, model=curve)
 
 
-def release_file(c: EmbeddedCluster, jid: str) -> Path:
-    """Where the test releases a held job: in the job's own directory on the volume, which
-    the job sees at the same path on every runtime (a Docker container mounts only that)."""
-    return c.volume / "jobs" / jid / "released"
-
-
-def release(gate: Path) -> None:
-    """Let a job started with ``until_released=gate`` finish (at its next step past its steps);
-    no job directory: no job was started to release."""
-    with contextlib.suppress(FileNotFoundError):
-        gate.touch()
-
-
 def records(c: EmbeddedCluster, jid: str) -> list[dict[str, object]]:
     path = c.volume / "jobs" / jid / "progress.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -78,15 +65,6 @@ def records(c: EmbeddedCluster, jid: str) -> list[dict[str, object]]:
 
 def trained_steps(c: EmbeddedCluster, jid: str) -> list[int]:
     return [int(r["step"]) for r in records(c, jid) if "loss" in r]  # type: ignore[call-overload]
-
-
-def final_steps(c: EmbeddedCluster, jid: str) -> int:
-    """How many steps the job trained in all, from its ``finished`` record."""
-    done = [r for r in records(c, jid) if r.get("event") == "finished"]
-    assert done, f"{jid}: not finished"
-    steps = done[-1]["steps"]
-    assert isinstance(steps, int), done[-1]
-    return steps
 
 
 async def wait_for(cond: Callable[[], object], what: str, timeout: float = 60.0) -> None:
@@ -119,7 +97,7 @@ async def converged_job_moves_once_and_finishes_exactly(cluster: EmbeddedCluster
     was moved, nor ``steady`` before ``fast`` was judged against it. ``fast`` is released
     once its migration is done, ``steady`` when the scenario ends."""
     w0 = WorkerId("w0")
-    gates = {jid: release_file(cluster, jid) for jid in ("fast", "steady")}
+    gates = {jid: release_file(cluster.volume, jid) for jid in ("fast", "steady")}
     try:
         await cluster.submit(job("fast", 400, "converge", until_released=gates["fast"]), w0)
         await cluster.submit(job("steady", 500, "linear", until_released=gates["steady"]), w0)
@@ -148,7 +126,7 @@ async def moves_once_and_finishes_exactly(cluster: EmbeddedCluster, gate: Path) 
 
     await wait_for(lambda: finished("fast"), "the migrated job to finish", timeout=90)
     # All it trained: its 400 steps and those it was held for.
-    total = final_steps(cluster, "fast")
+    total = finished_steps(cluster.volume, "fast")
     assert total >= 400
     steps = trained_steps(cluster, "fast")
     # Exactly its steps: every step trained once (SIGTERM checkpoints, nothing is redone).

@@ -27,7 +27,6 @@ from jobwatch import (
     agent_health,
     agent_metric,
     assert_finished_once,
-    final_steps,
     finished,
     frozen,
     has_event,
@@ -37,7 +36,6 @@ from jobwatch import (
     marked_migrated,
     migration_of,
     pending_request,
-    release,
     restart_agent,
     runs,
     spec,
@@ -50,6 +48,7 @@ from specon import checkpoint
 from specon.embedded.cluster import EmbeddedCluster
 from specon.model import ContainerId, WorkerId
 from specon.runtime.volume import JobPaths
+from specon.testing.held_jobs import finished_steps, release
 from specon.wire import protocol
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(120)]
@@ -121,7 +120,7 @@ async def submit_converging_pair(
 
 def trained_at_least(c: EmbeddedCluster, jid: str, steps: int) -> int:
     """The steps the finished (held) job trained in all: at least its declared ``steps``."""
-    total = final_steps(c, jid)
+    total = finished_steps(c.volume, jid)
     assert total >= steps, f"{jid}: finished after {total} steps, fewer than its {steps}"
     return total
 

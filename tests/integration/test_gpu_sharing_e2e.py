@@ -39,6 +39,7 @@ from specon.config import PriorityConfig, default_policy, policy_to_yaml
 from specon.embedded.cluster import EmbeddedCluster
 from specon.model import ContainerId, Resources, WorkerId
 from specon.runtime.base import JobSpec
+from specon.testing.held_jobs import finished_steps, release
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -107,11 +108,6 @@ def gpu_file(tmp_path: Path) -> Path:
 def gate(tmp_path: Path) -> Path:
     """The file that releases the held short job."""
     return tmp_path / "release-short"
-
-
-def release(path: Path) -> None:
-    """Let a job started with ``release=path`` finish (at its next step past its steps)."""
-    path.touch()
 
 
 @pytest.fixture
@@ -201,18 +197,10 @@ async def wait_for(cond: Callable[[], Awaitable[bool] | bool], what: str, timeou
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
-def final_steps(c: EmbeddedCluster, jid: str) -> int:
-    """How many steps the job trained in all, from its ``finished`` record (a held job trains
-    as many as it had when released, if that is more than its steps)."""
-    done = [r for r in records(c, jid) if r.get("event") == "finished"]
-    assert done, f"{jid}: not finished"
-    return int(str(done[-1]["steps"]))
-
-
 def assert_exact(c: EmbeddedCluster, jid: ContainerId, *, held: bool = False) -> None:
     """Every step trained exactly once, the state counting as many (``trained`` field): its
     ``STEPS``, or, ``held``, the total it finished with (never fewer)."""
-    total = final_steps(c, jid)
+    total = finished_steps(c.volume, jid)
     assert total == STEPS[jid] or (held and total > STEPS[jid]), f"{jid}: finished with {total} steps"
     steps = trained(c, jid)
     assert sorted(steps) == list(range(1, total + 1)), f"{jid}: steps {steps[:5]}...{steps[-5:]}"

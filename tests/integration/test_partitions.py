@@ -24,13 +24,11 @@ from jobwatch import (
     Watchdog,
     agent_health,
     assert_finished_once,
-    final_steps,
     finished,
     has_event,
     in_state,
     job_processes,
     migration_of,
-    release,
     runs,
     spec,
     status,
@@ -40,6 +38,7 @@ from jobwatch import (
 
 from specon.embedded.cluster import Daemon, EmbeddedCluster
 from specon.model import WorkerId
+from specon.testing.held_jobs import finished_steps, release
 from specon.testing.net_hosts import NetHost, NetHosts
 from specon.wire.protocol import MigrationStatus
 from tests.hosts import tls_for
@@ -243,7 +242,7 @@ async def cut_mid_migration(net_hosts: Hosts, tmp_path: Path, who: str, during: 
         await wait_for(ended, f"migration {m.id} to end", timeout=60, watchdog=dog)
         release(end)
         await wait_for(lambda: finished(c, "conv"), "conv to finish", timeout=90, watchdog=dog)
-        steps = final_steps(c, "conv")
+        steps = finished_steps(c.volume, "conv")
         assert steps >= STEPS, f"conv finished after {steps} steps, fewer than its {STEPS}"
         rs = await assert_finished_once(c, dog, steps)
         final = await migration_by_id(c, m.id)
@@ -312,7 +311,7 @@ async def test_cut_while_idle_the_job_keeps_running_where_it_is(
         await assert_back_by_itself(c, agents)
         release(end)
         await wait_for(lambda: finished(c, "solo"), "solo to finish", timeout=90, watchdog=dog)
-        total = final_steps(c, "solo")
+        total = finished_steps(c.volume, "solo")
         assert total >= steps, f"solo finished after {total} steps, fewer than its {steps}"
         rs = await assert_finished_once(c, dog, total)
         assert len(rs) == 1 and dog.workers == ["w1"], "the job was stopped or moved"

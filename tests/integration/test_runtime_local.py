@@ -102,6 +102,24 @@ async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
     assert [d for d in dirs if d.exists()] == []
 
 
+HELD = 10**6  # a torch job's steps when the test, not the job, decides where it ends
+
+
+def gru(steps: int) -> tuple[str, ...]:
+    """The gru workload's command, logging every 5 steps."""
+    return (
+        sys.executable,
+        "-m",
+        "specon.workloads",
+        "--model",
+        "gru",
+        "--steps",
+        str(steps),
+        "--log-every",
+        "5",
+    )
+
+
 def spec(
     tmp_path: Path,
     job: str,

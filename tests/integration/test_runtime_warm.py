@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from test_runtime_local import JOB, _Killed, last_step, records, wait_for
+from test_runtime_local import HELD, JOB, _Killed, gru, last_step, records, wait_for
 
 from specon import checkpoint
 from specon.model import ContainerId, WorkerId
@@ -351,24 +351,6 @@ async def test_the_server_exits_with_the_process_that_started_it(tmp_path: Path,
         assert time.monotonic() < deadline, "the server outlived its parent"
         time.sleep(0.1)
     assert not home.exists(), "the orphaned server removed its directory"
-
-
-HELD = 10**6  # a torch job's steps when the test, not the job, decides where it ends
-
-
-def gru(steps: int) -> tuple[str, ...]:
-    """The gru workload's command, logging every 5 steps."""
-    return (
-        sys.executable,
-        "-m",
-        "specon.workloads",
-        "--model",
-        "gru",
-        "--steps",
-        str(steps),
-        "--log-every",
-        "5",
-    )
 
 
 @pytest.mark.timeout(180)

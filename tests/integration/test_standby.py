@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_runtime_local import JOB, last_step, records, wait_for
+from test_runtime_local import HELD, JOB, gru, last_step, records, wait_for
 
 from specon import checkpoint
 from specon.model import ContainerId, Resources, WorkerId
@@ -367,24 +367,6 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except OSError:
         return None
-
-
-HELD = 10**6  # a torch job's steps when the test, not the job, decides where it ends
-
-
-def gru(steps: int) -> tuple[str, ...]:
-    """The gru workload's command, logging every 5 steps."""
-    return (
-        sys.executable,
-        "-m",
-        "specon.workloads",
-        "--model",
-        "gru",
-        "--steps",
-        str(steps),
-        "--log-every",
-        "5",
-    )
 
 
 @pytest.mark.slow

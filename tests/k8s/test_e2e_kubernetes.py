@@ -26,6 +26,7 @@ from specon_manager.k8s_journal import KubeJournal
 from specon.coordinator.migration import State
 from specon.model import Resources, WorkerId
 from specon.runtime.kubernetes.backend import KubeApi, KubeError
+from specon.testing.held_jobs import finished_steps, release, release_file
 from specon.wire import protocol
 from specon.wire.protocol import Status
 from tests.integration.listening import PortTakenError, wait_listening
@@ -34,10 +35,8 @@ from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet
 from tests.k8s.nodes import pod_log_files
 from tests.k8s.test_runtime_kubernetes import (
-    final_steps,
     held,
     records,
-    release,
     shared_volume,
     trained,
     training_pod,
@@ -366,9 +365,9 @@ async def converged_pod_moves(d: Deployment, steps: int = 300) -> Downtime:
     probe = migration_of(d, fast, lambda m: m.state.value == "done")
     m = await until(probe, "the converged pod's migration to finish", timeout=120)
     assert (m.source, m.target, m.reason) == ("node-1", "node-2", "converged")
-    release(d.volume, "fast")  # moved: it may finish on node-2
+    release(release_file(d.volume, "fast"))  # moved: it may finish on node-2
     await until(lambda: finished(d.volume, "fast"), "the migrated job to finish", timeout=90)
-    total = final_steps(d.volume, "fast")
+    total = finished_steps(d.volume, "fast")
     assert total >= steps
     assert sorted(trained(d.volume, "fast")) == list(range(1, total + 1))  # every step exactly once
     events = [r.get("event") for r in records(d.volume, "fast") if "event" in r]
@@ -424,9 +423,9 @@ async def manager_restart_recovers(d: Deployment) -> None:
     probe = migration_of(d, f"{d.namespace}.slow", lambda m: m.state.value in ("done", "rolled_back"))
     m = await until(probe, "the recovered migration to end", timeout=120)
     assert (m.state.value, m.target) == ("done", "node-2")
-    release(d.volume, "slow")  # moved: it may finish on node-2
+    release(release_file(d.volume, "slow"))  # moved: it may finish on node-2
     await until(lambda: finished(d.volume, "slow"), "the job to finish", timeout=120)
-    total = final_steps(d.volume, "slow")
+    total = finished_steps(d.volume, "slow")
     assert total >= steps
     assert sorted(trained(d.volume, "slow")) == list(range(1, total + 1))
     events = [r.get("event") for r in records(d.volume, "slow") if "event" in r]

@@ -23,6 +23,7 @@ from specon.model import ContainerId, WorkerId
 from specon.runtime.base import AlreadyRunning, ContainerInfo, SaveFailed
 from specon.runtime.kubernetes.backend import Informer, KubeApi, KubeError, KubernetesRuntime
 from specon.runtime.kubernetes.pods import ANN_GENERATION, ANN_RESTORED_FROM, LABEL_JOB
+from specon.testing.held_jobs import RELEASE, finished_steps, release, release_file
 from tests.k8s.cluster import KubeCluster
 from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet
@@ -163,28 +164,12 @@ def trained(volume: Path, job: str) -> list[int]:
 # A job the test must act on while it runs (evict it, have it killed, move it) is started
 # held: it trains its steps and then goes on training until the test releases it (curve_job's
 # ``--until-released``), so no loaded machine can let it complete before the test has acted.
-RELEASE = "release"
 
 
 def held(job: str) -> tuple[str, str]:
     """The curve job's arguments holding ``job`` until :func:`release`: the file, on the pod's
     ``/data`` mount (the stand-in kubelet maps the path; a real node mounts the claim there)."""
     return ("--until-released", f"/data/jobs/{job}/{RELEASE}")
-
-
-def release(volume: Path, job: str) -> None:
-    """Let the held ``job`` finish, at its first step boundary at or past its steps."""
-    gate = volume / "jobs" / job / RELEASE
-    gate.parent.mkdir(parents=True, exist_ok=True)
-    gate.touch()
-
-
-def final_steps(volume: Path, job: str) -> int:
-    """The steps ``job`` trained in all, from its ``finished`` record (a held job: as many as
-    it had when released, at least its declared steps)."""
-    done = [r for r in records(volume, job) if r.get("event") == "finished"]
-    assert done, f"{job}: not finished"
-    return int(done[-1]["steps"])
 
 
 @pytest.fixture
@@ -269,7 +254,7 @@ async def test_save_by_eviction_then_restore_on_another_node_runs_exactly_its_st
     assert res.checkpoint.parent == volume / "jobs" / "j1" / "checkpoints"
     assert [r.get("event") for r in records(volume, "j1")][-1] == "checkpointed"
     assert await running(runtimes["node-1"], "j1") is None  # the pod is gone
-    release(volume, "j1")  # saved: the restored job may finish
+    release(release_file(volume, "j1"))  # saved: the restored job may finish
 
     started = await runtimes["node-2"].start(info.spec, checkpoint=res.checkpoint)
     assert started.worker == "node-2" and started.handle == f"{kube_namespace}/train-g2"
@@ -283,7 +268,7 @@ async def test_save_by_eviction_then_restore_on_another_node_runs_exactly_its_st
     await until(
         lambda: any(r.get("event") == "finished" for r in records(volume, "j1")), "j1 to finish", timeout=90
     )
-    total = final_steps(volume, "j1")
+    total = finished_steps(volume, "j1")
     assert total >= steps
     assert sorted(trained(volume, "j1")) == list(range(1, total + 1))  # each step exactly once
     ended = await until(lambda: _ended(runtimes["node-2"], "j1"), "node-2 to see j1 ended")
@@ -396,7 +381,7 @@ async def deaf_job_is_killed_and_resumes(
     assert latest is not None and res.checkpoint == latest.manifest and res.step == latest.step
     assert "checkpointed" not in [r.get("event") for r in records(volume, "deaf")]
     assert await running(runtimes["node-1"], "deaf") is None
-    release(volume, "deaf")  # killed: the restored job may finish
+    release(release_file(volume, "deaf"))  # killed: the restored job may finish
 
     await runtimes["node-2"].start(info.spec, checkpoint=res.checkpoint)
     await until(
@@ -407,7 +392,7 @@ async def deaf_job_is_killed_and_resumes(
     recs = records(volume, "deaf")
     restart = next(i for i, r in enumerate(recs) if r.get("event") == "started" and r.get("resumed"))
     after = [int(r["step"]) for r in recs[restart:] if "loss" in r]
-    total = final_steps(volume, "deaf")
+    total = finished_steps(volume, "deaf")
     assert total >= steps
     assert recs[restart]["step"] == res.step and after == list(range(res.step + 1, total + 1))
 
