@@ -20,7 +20,9 @@
 - ``real_namespace`` (function): a fresh namespace of ``real_cluster``; its pods are deleted
   gracefully (the kubelets stop their containers) before the namespace goes.
 
-Tests elsewhere can use them with ``from tests.k8s.conftest import *``.
+Every test under tests/k8s sees them. Never import them into a test module: pytest would
+register them again as that module's, and each such module would start session fixtures of its
+own (a kube-apiserver each, a pair of real nodes each).
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ from specon_manager.auth_kubernetes import TokenReviewAuthenticator
 from specon.model import WorkerId
 from specon.runtime.kubernetes.api import KubeApi, KubeError
 from tests.k8s.cluster import SA_ISSUER, KubeCluster
-from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet
 from tests.k8s.test_runtime_kubernetes import until
 

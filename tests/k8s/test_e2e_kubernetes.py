@@ -31,7 +31,6 @@ from specon.wire import protocol
 from specon.wire.protocol import Status
 from tests.integration.listening import PortTakenError, wait_listening
 from tests.k8s.cluster import PORT_ATTEMPTS, KubeCluster, free_ports
-from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet
 from tests.k8s.nodes import pod_log_files
 from tests.k8s.test_runtime_kubernetes import (

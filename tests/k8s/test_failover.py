@@ -41,7 +41,6 @@ from specon.wire.protocol import ErrorReply, Status
 from tests.integration.listening import serve_on_free_port
 from tests.integration.test_e2e_local import job
 from tests.k8s.cluster import KubeCluster
-from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.test_manifests import MANIFESTS, render
 from tests.k8s.test_runtime_kubernetes import until
 

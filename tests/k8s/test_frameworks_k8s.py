@@ -25,7 +25,6 @@ from tests.integration.test_frameworks import (
     same_weights,
     unmoved_run,
 )
-from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.test_e2e_kubernetes import (
     Deployment,
     both_agents,

@@ -45,7 +45,6 @@ from specon.runtime.kubernetes.backend import KubeApi, KubernetesRuntime
 from specon.runtime.kubernetes.restore import record_name
 from specon.wire.protocol import Action, CommandBatch, Heartbeat, ReallocationRequest
 from tests.k8s.cluster import KubeCluster
-from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet, NodeSpec
 from tests.k8s.test_manifests import MANIFESTS, render
 from tests.k8s.test_runtime_kubernetes import admin, create, running, trained, training_pod, until, volume

@@ -33,7 +33,6 @@ from specon.runtime.base import JobSpec, SaveFailed, StartFailed
 from specon.runtime.kubernetes.backend import KubeApi, KubeError, KubernetesRuntime
 from specon.runtime.kubernetes.restore import record_of
 from tests.k8s.cluster import KubeCluster
-from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet, NodeSpec
 from tests.k8s.test_runtime_kubernetes import running, shared_volume, trained, training_pod, until
 

@@ -25,7 +25,6 @@ from specon.runtime.kubernetes.backend import KubeApi, KubernetesRuntime
 from specon.runtime.kubernetes.pods import TAINT_NOT_READY
 from specon.wire.protocol import Action, CommandBatch, Heartbeat, ReallocationRequest
 from tests.k8s.cluster import KubeCluster
-from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet, NodeSpec, Taint
 from tests.k8s.test_runtime_kubernetes import admin, create, running, training_pod, until, volume
 

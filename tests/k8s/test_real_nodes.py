@@ -20,7 +20,6 @@ import yaml
 from specon.runtime.base import cpu_shares
 from specon.runtime.kubernetes.backend import KubeApi, KubeError, KubernetesRuntime
 from tests.k8s.cluster import KubeCluster
-from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.nodes import RealNodes, on_real_node
 from tests.k8s.test_e2e_kubernetes import (
     POLICY,

@@ -19,7 +19,6 @@ from specon.runtime.kubernetes.backend import KubeApi, KubeError, KubernetesRunt
 from specon.runtime.kubernetes.pods import LABEL_JOB, template_of
 from specon.runtime.kubernetes.restore import record_name, record_of
 from tests.k8s.cluster import KubeCluster
-from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet
 from tests.k8s.test_runtime_kubernetes import running, shared_volume, trained, training_pod, until
 

@@ -25,7 +25,6 @@ from specon.runtime.kubernetes.backend import Informer, KubeApi, KubeError, Kube
 from specon.runtime.kubernetes.pods import ANN_GENERATION, ANN_RESTORED_FROM, LABEL_JOB
 from specon.testing.held_jobs import RELEASE, finished_steps, release, release_file
 from tests.k8s.cluster import KubeCluster
-from tests.k8s.conftest import *  # noqa: F403  (the fixtures)
 from tests.k8s.kubelet import FakeKubelet
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]

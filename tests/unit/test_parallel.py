@@ -3,6 +3,7 @@ lock that runs a ``serial`` test alone."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -61,3 +62,16 @@ def test_shared_turns_overlap_and_a_serial_one_waits_for_them_and_blocks_new_one
     leave_b.set()
     for t in (a, serial, b):
         t.join(5)
+
+
+def test_no_test_module_star_imports_a_conftest() -> None:
+    """An imported fixture is registered again as the importing module's: each such module
+    then starts session fixtures of its own (one kube-apiserver per module, kept to the end).
+    Plain helpers may be imported by name."""
+    tests = Path(__file__).resolve().parents[1]
+    offenders = [
+        str(path.relative_to(tests))
+        for path in tests.rglob("*.py")
+        if re.search(r"^from tests\.[\w.]*conftest import \*", path.read_text(), re.MULTILINE)
+    ]
+    assert offenders == []
