@@ -43,6 +43,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.randomly_reset_seed = False
 
 
+# tryfirst: before xdist's worker turns the xdist_group markers into its groups (its hook is
+# registered after this conftest, so it would otherwise run first and find none).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         try:
@@ -51,8 +54,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         for name in FOLDER_MARKERS.get(folder, ()):
             item.add_marker(name)
-    # After pytest-randomly's shuffle (a tryfirst hook), before xdist's loadgroup hook (trylast)
-    # reads the markers. The sort is stable: within a rank the shuffled order stays.
+    # After pytest-randomly's shuffle (a wrapper: before every plain hook). The sort is stable:
+    # within a rank the shuffled order stays.
     groups = {item.nodeid: _group(item) for item in items}
     for item in items:
         if (group := groups[item.nodeid]) is not None and item.get_closest_marker("xdist_group") is None:

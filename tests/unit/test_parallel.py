@@ -4,9 +4,13 @@ lock that runs a ``serial`` test alone."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.parallel import MODULE_GROUP_RANK, group_of, start_rank, turn
 
@@ -75,3 +79,20 @@ def test_no_test_module_star_imports_a_conftest() -> None:
         if re.search(r"^from tests\.[\w.]*conftest import \*", path.read_text(), re.MULTILINE)
     ]
     assert offenders == []
+
+
+@pytest.mark.slow
+def test_under_xdist_a_group_runs_on_one_worker() -> None:
+    """The groups reach pytest-xdist's scheduler: the tests of a module-fixture file on one
+    worker, their ids carrying the group (with a pytest xdist cannot mark, it loses them
+    silently: pytest-xdist#1386)."""
+    root = Path(__file__).resolve().parents[2]
+    target = "tests/unit/daemon/test_tls.py"
+    argv = [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider"]
+    done = subprocess.run([*argv, target], cwd=root, capture_output=True, text=True, check=False, timeout=240)
+    line = re.compile(r"^\[(gw\d+)\] \[[ \d]+%\] (?:PASSED|FAILED|SKIPPED|ERROR) (.+?)\s*$", re.MULTILINE)
+    ran = line.findall(done.stdout)
+    grouped = {worker for worker, nodeid in ran if nodeid.endswith(f"@module:{target}")}
+    # All but the one test that does not use the file's module-scoped CA carry the group.
+    assert len([n for _, n in ran if n.endswith(f"@module:{target}")]) >= 10, done.stdout[-2000:]
+    assert len(grouped) == 1, "the group was split between workers"
