@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -72,17 +72,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         Path(out).write_text(json.dumps(kinds))
 
 
-@pytest.fixture(autouse=True)
-def _turn(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+# A wrapper outside pytest-timeout's (tryfirst): waiting for the turn is not the test's time, and
+# the turn covers the test's setup and teardown too.
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
     """Under xdist, a test marked ``serial`` runs while no other worker runs one (parallel.turn)."""
-    if not hasattr(request.config, "workerinput"):
-        yield
-        return
+    if not hasattr(item.config, "workerinput"):
+        return (yield)
     # Every worker's base temp is <run>/popen-gwN: the run's folder is theirs in common.
-    with turn(
-        tmp_path_factory.getbasetemp().parent, alone=request.node.get_closest_marker("serial") is not None
-    ):
-        yield
+    runs = item.config._tmp_path_factory.getbasetemp().parent  # type: ignore[attr-defined]
+    with turn(runs, alone=item.get_closest_marker("serial") is not None):
+        return (yield)
 
 
 # The network hosts fixture (tests/hosts.py), for every folder.

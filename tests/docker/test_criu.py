@@ -23,6 +23,7 @@ import pytest
 
 from specon.runtime.docker import criu as docker_criu
 from specon.runtime.docker.backend import DockerRuntime, import_image
+from specon.testing.held_jobs import release, release_file
 from tests.docker import test_runtime_docker as rd
 from tests.docker.engines import DockerUnavailable, Engine, job_binds, start_engine, stop_engine
 from tests.rootfs import REPO, host_rootfs
@@ -280,7 +281,7 @@ async def test_the_backend_moves_a_job_by_criu_and_it_never_restarts(
     moved = await rt_b.start(rt_b.job_spec("criu-1") or s)
     assert moved.worker == "c2"
     assert not (volume / "docker" / "criu" / "criu-1").exists()  # an image is used once
-    rd.release(volume, "criu-1")  # moved: the restored process may finish
+    release(release_file(volume, "criu-1"))  # moved: the restored process may finish
     await rd.wait_finished(rt_b, "criu-1")
     rd.assert_exact_released(volume, "criu-1", 150)
     starts = [r for r in rd.records(volume, "criu-1") if r.get("event") in ("started", "resumed")]
