@@ -49,9 +49,11 @@ imports: $(DEV_STAMP) ## Import contracts (layering; [tool.importlinter] in pypr
 
 # Workers for the suite: most tests wait on processes, not the CPU (docs/development.md has
 # the measurements behind the default for 2 cores). TEST_WORKERS=0 runs it in one process.
+# --no-loadscope-reorder: the workers take the tests in the order tests/conftest.py sets
+# (heavy groups first, serial tests last), not largest group first.
 TEST_WORKERS ?= 4
 unit: install ## The test suite only, on $(TEST_WORKERS) pytest-xdist workers (PYTEST_ARGS="-k name" to filter)
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 fast: install ## The fast tests: tests/unit without the ones marked slow
 	$(BIN)/pytest -q tests/unit -m "not slow"

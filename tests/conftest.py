@@ -32,7 +32,8 @@ def _group(item: pytest.Item) -> str | None:
     module_scoped = any(
         d.scope in NARROW_SCOPES and d.baseid != "" for defs in info.name2fixturedefs.values() for d in defs
     )
-    return group_of(info.names_closure, module_scoped, item.nodeid.split("::", 1)[0])
+    serial = item.get_closest_marker("serial") is not None
+    return group_of(info.names_closure, module_scoped, item.nodeid.split("::", 1)[0], serial=serial)
 
 
 def pytest_configure(config: pytest.Config) -> None:

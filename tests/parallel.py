@@ -8,9 +8,10 @@ carry the pid, network-namespace slots taken under a lock: docs/development.md).
   Docker engines, and each module whose fixtures are module-scoped (a browser, a training run).
   Grouped tests go first, heaviest first, so the longest chains start at once.
 - **Serial tests.** A test marked ``serial`` measures CPU shares or timings that the other
-  workers' load would disturb: it runs alone. Each test holds a shared lock for its run and a
-  serial one an exclusive lock; a turnstile in front keeps a waiting serial test from being
-  starved by the stream of shared holders.
+  workers' load would disturb: it runs alone. They form one group, handed out last (make runs
+  xdist with ``--no-loadscope-reorder``, so the workers take the tests in this order). Each
+  test holds a shared lock for its run and a serial one an exclusive lock; a turnstile in front
+  keeps a waiting serial test from being starved by the stream of shared holders.
 """
 
 from __future__ import annotations
@@ -32,18 +33,29 @@ GROUP_ORDER = {name: rank for rank, (name, _) in enumerate(HEAVY_FIXTURES)}
 MODULE_GROUP_RANK = len(HEAVY_FIXTURES)  # after the heavy groups, before ungrouped tests
 
 
-def group_of(fixtures: Iterable[str], module_scoped: bool, module: str) -> str | None:
+SERIAL_GROUP = "serial"
+
+
+def group_of(
+    fixtures: Iterable[str], module_scoped: bool, module: str, *, serial: bool = False
+) -> str | None:
     """The xdist group of a test using ``fixtures`` (``module_scoped``: one of them is scoped to
-    its module ``module``), or None: any worker may run it."""
+    its module ``module``; ``serial``: it is marked so), or None: any worker may run it."""
     used = set(fixtures)
     for name, members in HEAVY_FIXTURES:
         if used & members:
             return name
+    if serial:
+        return SERIAL_GROUP
     return f"module:{module}" if module_scoped else None
 
 
 def start_rank(group: str | None) -> int:
-    """Where a test of ``group`` goes in the order the workers are handed tests."""
+    """Where a test of ``group`` goes in the order the workers are handed tests: the serial
+    tests last, when the other workers are running out of work anyway and waiting for them to
+    finish costs least."""
+    if group == SERIAL_GROUP:
+        return MODULE_GROUP_RANK + 2
     if group is None:
         return MODULE_GROUP_RANK + 1
     return GROUP_ORDER.get(group, MODULE_GROUP_RANK)

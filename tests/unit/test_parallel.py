@@ -28,8 +28,13 @@ def test_module_fixtures_keep_their_module_on_one_worker_and_the_rest_go_anywher
     assert group_of({"tmp_path"}, False, "m.py") is None
 
 
-def test_heavy_groups_start_first_then_module_groups_then_the_rest() -> None:
-    ranks = [start_rank(g) for g in ("real_nodes", "kube", "docker_engines", "module:x.py", None)]
+def test_serial_tests_form_one_group_unless_a_heavy_fixture_holds_them() -> None:
+    assert group_of({"tmp_path"}, True, "m.py", serial=True) == "serial"
+    assert group_of({"kube_namespace"}, False, "m.py", serial=True) == "kube"
+
+
+def test_heavy_groups_start_first_then_module_groups_then_the_rest_and_serial_tests_last() -> None:
+    ranks = [start_rank(g) for g in ("real_nodes", "kube", "docker_engines", "module:x.py", None, "serial")]
     assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
     assert start_rank("module:x.py") == MODULE_GROUP_RANK
 
