@@ -27,7 +27,10 @@ from pathlib import Path
 HEAVY_FIXTURES: tuple[tuple[str, frozenset[str]], ...] = (
     ("real_nodes", frozenset({"real_nodes", "real_namespace", "real_cluster", "node_binaries"})),
     ("kube", frozenset({"kube_cluster", "kube_rbac_cluster", "kube_api", "kube_namespace", "fake_kubelet"})),
-    ("docker_engines", frozenset({"_engines", "docker_engines", "docker_engine", "python_images"})),
+    (
+        "docker_engines",
+        frozenset({"_engines", "docker_engines", "docker_engine", "python_images"}),
+    ),
 )
 GROUP_ORDER = {name: rank for rank, (name, _) in enumerate(HEAVY_FIXTURES)}
 MODULE_GROUP_RANK = len(HEAVY_FIXTURES)  # after the heavy groups, before ungrouped tests

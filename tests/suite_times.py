@@ -22,19 +22,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.parallel import HEAVY_FIXTURES
+
 ROOT = Path(__file__).resolve().parents[1]
 INFRA_OUT_ENV = "SPECON_SUITE_INFRA_OUT"
-# What a test starts, judged from its fixtures and its file, the heaviest first.
+# What a test starts, judged from its fixtures and its file, the heaviest first: the heavy
+# fixtures are the xdist groups' own (tests/parallel.py), named for people here.
+_LABELS = {"real_nodes": "real nodes", "kube": "kube-apiserver", "docker_engines": "Docker engines"}
 KINDS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("real nodes", frozenset({"real_nodes", "real_namespace", "real_cluster", "node_binaries"})),
-    (
-        "kube-apiserver",
-        frozenset({"kube_cluster", "kube_rbac_cluster", "kube_api", "kube_namespace", "fake_kubelet"}),
-    ),
-    (
-        "Docker engines",
-        frozenset({"_engines", "docker_engines", "docker_engine", "python_images", "criu_engines"}),
-    ),
+    *((_LABELS[group], members) for group, members in HEAVY_FIXTURES),
     ("browser", frozenset({"chromium"})),
     ("network hosts", frozenset({"net_hosts"})),
 )
