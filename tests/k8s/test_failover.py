@@ -268,6 +268,17 @@ class Replicas:
                 return r.status
         return None
 
+    async def knows_leader(self, m: Manager, identity: str) -> bool:
+        """Whether replica ``m`` names ``identity`` as the leader (its ``/readyz`` body)."""
+        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            async with (
+                aiohttp.ClientSession() as s,
+                s.get(m.url + "/readyz", timeout=aiohttp.ClientTimeout(total=2)) as r,
+            ):
+                body = await r.json(content_type=None)
+                return isinstance(body, dict) and body.get("leader") == identity
+        return False
+
     async def leader(self) -> Manager | None:
         """The replica that says it leads (``/readyz`` 200), if any."""
         for m in list(self.managers.values()):
@@ -457,7 +468,10 @@ async def test_a_standby_refuses_writes_and_a_graceful_stop_hands_over_at_once(
         first = await r.start_manager("a")
         await until(r.leader, "the first replica to lead", timeout=60)
         second = await r.start_manager("b")
-        await until(lambda: r.readyz(second), "the second replica to serve", timeout=60)
+        # Serving is not enough: until its first read of the lease a standby knows no leader.
+        await until(
+            lambda: r.knows_leader(second, first.identity), "the standby to read the lease", timeout=60
+        )
         token = (r.embedded.tokens_dir / "agent-w0").read_text()
         hb = protocol.Heartbeat(
             worker=WorkerId("w0"),

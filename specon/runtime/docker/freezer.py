@@ -4,7 +4,9 @@
   of the container stops at once and keeps its memory, GPU memory included (measured on an
   H100: the other job sharing the GPU had its full rate within 0.05 s). Idempotent; a job
   that is being saved or stopped is left alone (the save thaws it: a frozen container never
-  receives SIGTERM); an absent container is False, logged once, never an exception.
+  receives SIGTERM); an absent container is False, logged once, never an exception. runc
+  gives up a pause when the cgroup stays FREEZING through its short retry loop (a process
+  busy in the kernel on a loaded host: "unable to freeze"); that pause is tried again.
 - **pids**: each running or paused job's processes as this host numbers them, which is how
   NVML names the processes using a GPU: read from the container's cgroup (``cgroup.procs``,
   no engine call), else the engine's ``top``.
@@ -20,6 +22,7 @@ import docker
 import docker.errors
 import structlog
 from docker.models.containers import Container
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from specon.model import ContainerId
 from specon.runtime.base import ContainerState
@@ -34,6 +37,14 @@ log = structlog.get_logger()
 # inspecting a container: every agent tick does).
 LIVE = ("running", "paused")
 RUNNING = ("running",)
+# runc's words when the freezer cgroup did not settle in FROZEN in time: transient.
+TRANSIENT_PAUSE = "unable to freeze"
+PAUSE_ATTEMPTS = 4
+
+
+def transient(exc: BaseException) -> bool:
+    """A pause that failed only because the freezer did not settle in time."""
+    return isinstance(exc, docker.errors.APIError) and TRANSIENT_PAUSE in str(exc)
 
 
 class Freezer:
@@ -64,8 +75,16 @@ class Freezer:
         self._missing.discard(container_id)
         if (c.status == "paused") == frozen:
             return True
+        call = self._client.api.pause if frozen else self._client.api.unpause
         try:
-            await asyncio.to_thread(self._client.api.pause if frozen else self._client.api.unpause, c.id)
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(transient),
+                stop=stop_after_attempt(PAUSE_ATTEMPTS),
+                wait=wait_exponential(multiplier=0.1, max=1.0),
+                reraise=True,
+            ):
+                with attempt:
+                    await asyncio.to_thread(call, c.id)
         except docker.errors.APIError as exc:  # NotFound included: it ended meanwhile
             # Lost a race with another pause, unpause or the end of the run: say what is true now.
             now = (await asyncio.to_thread(live, self._client, LIVE)).get(container_id)

@@ -14,7 +14,7 @@ from docker.models.containers import Container
 from specon.model import ContainerId
 from specon.runtime.base import ContainerState
 from specon.runtime.docker.cgroup import ContainerCounters, CpuTotals
-from specon.runtime.docker.freezer import Freezer
+from specon.runtime.docker.freezer import PAUSE_ATTEMPTS, Freezer
 
 J = ContainerId("j-1")
 
@@ -25,6 +25,12 @@ class FakeApi:
         self.calls: list[str] = []
 
     def pause(self, cid: str) -> None:
+        if self.engine.stuck > 0:
+            self.engine.stuck -= 1
+            self.calls.append("stuck")
+            raise docker.errors.APIError(
+                f"Cannot pause container {cid}: OCI runtime pause failed: unable to freeze: unknown"
+            )
         self._set(cid, "paused", "running")
 
     def unpause(self, cid: str) -> None:
@@ -69,6 +75,7 @@ class FakeEngine:
     def __init__(self, **state: str) -> None:
         self.state = dict(state)
         self.race: str | None = None
+        self.stuck = 0  # pauses that runc gives up on before one succeeds
         self.api = FakeApi(self)
         self.containers = FakeContainers(self)
 
@@ -106,6 +113,23 @@ async def test_a_lost_race_reports_what_is_true_now(race: str, result: bool) -> 
     engine.race = race
     f = Freezer(engine, {})
     assert await f.set(J, frozen=True) is result
+
+
+async def test_a_pause_runc_gave_up_on_is_tried_again() -> None:
+    engine = FakeEngine(**{J: "running"})
+    engine.stuck = PAUSE_ATTEMPTS - 1
+    assert await Freezer(engine, {}).set(J, frozen=True)
+    assert engine.state[J] == "paused" and engine.api.calls == ["stuck"] * (PAUSE_ATTEMPTS - 1) + ["paused"]
+
+
+async def test_a_pause_that_never_settles_is_false_and_logged() -> None:
+    engine = FakeEngine(**{J: "running"})
+    engine.stuck = PAUSE_ATTEMPTS
+    with structlog.testing.capture_logs() as logs:
+        assert not await Freezer(engine, {}).set(J, frozen=True)
+    assert engine.state[J] == "running" and engine.api.calls == ["stuck"] * PAUSE_ATTEMPTS
+    assert [e["event"] for e in logs] == ["specon.docker.freeze_failed"]
+    assert "unable to freeze" in logs[0]["error"]
 
 
 async def test_pids_fall_back_to_the_engines_top(tmp_path: Path) -> None:
