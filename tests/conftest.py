@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.parallel import group_of, start_rank, turn
-from tests.suite_times import INFRA_OUT_ENV, infra_of
+from tests.suite_times import CPU_PROPERTY, INFRA_OUT_ENV, cpu_seconds_used, infra_of
 
 HERE = Path(__file__).resolve().parent
+CPU_AT_START = pytest.StashKey[float]()
 # Folder -> the markers of every test in it.
 FOLDER_MARKERS = {
     "integration": ("integration",),
@@ -78,12 +79,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
     """Under xdist, a test marked ``serial`` runs while no other worker runs one (parallel.turn)."""
+    item.stash[CPU_AT_START] = cpu_seconds_used()
     if not hasattr(item.config, "workerinput"):
         return (yield)
     # Every worker's base temp is <run>/popen-gwN: the run's folder is theirs in common.
     runs = item.config._tmp_path_factory.getbasetemp().parent  # type: ignore[attr-defined]
     with turn(runs, alone=item.get_closest_marker("serial") is not None):
         return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, object, object]:
+    """The CPU the test used, setup to teardown, as a JUnit property (tests.suite_times): added
+    before the teardown's report is made, which is the one JUnit takes properties from."""
+    if call.when == "teardown" and CPU_AT_START in item.stash:
+        item.user_properties.append((CPU_PROPERTY, f"{cpu_seconds_used() - item.stash[CPU_AT_START]:.2f}"))
+    return (yield)
 
 
 # The network hosts fixture (tests/hosts.py), for every folder.

@@ -1,11 +1,18 @@
-"""Where the suite's time goes: a JUnit report's test times summed by folder and by the real
-infrastructure each test starts (docs/development.md shows the tables).
+"""Where the suite's time goes: a JUnit report's test times, and the CPU each test used, summed
+by folder and by the real infrastructure each test starts (docs/development.md shows the tables).
 
     .venv/bin/pytest -n 4 --dist loadgroup --junitxml=build/suite.xml
     .venv/bin/python -m tests.suite_times build/suite.xml [--slowest 15] [--markdown]
 
-Every test carries its kind as the JUnit property ``infra`` (tests/conftest.py). A report from a
-run without it (an older commit) is matched against this checkout's collection instead.
+Every test carries its kind as the JUnit property ``infra`` and the CPU seconds it used as
+``cpu_seconds`` (tests/conftest.py). A report from a run without the kinds (an older commit) is
+matched against this checkout's collection instead. On a 2-core machine the suite is bound by
+the CPU, not by waiting: the CPU column says where time can be won.
+
+The CPU of a test is its worker's and the worker's children that ended during the test (jobs,
+daemons, agents and managers it started and stopped, and what they started and waited for);
+a session fixture's processes count where they are stopped, and what a Docker engine or a
+kubelet runs (containers, pods) is not the worker's child and is not counted.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -26,6 +34,7 @@ from tests.parallel import HEAVY_FIXTURES
 
 ROOT = Path(__file__).resolve().parents[1]
 INFRA_OUT_ENV = "SPECON_SUITE_INFRA_OUT"
+CPU_PROPERTY = "cpu_seconds"
 # What a test starts, judged from its fixtures and its file, the heaviest first: the heavy
 # fixtures are the xdist groups' own (tests/parallel.py), named for people here.
 _LABELS = {"real_nodes": "real nodes", "kube": "kube-apiserver", "docker_engines": "Docker engines"}
@@ -34,6 +43,12 @@ KINDS: tuple[tuple[str, frozenset[str]], ...] = (
     ("browser", frozenset({"chromium"})),
     ("network hosts", frozenset({"net_hosts"})),
 )
+
+
+def cpu_seconds_used() -> float:
+    """User and system CPU seconds of this process and its ended (waited-for) children."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def infra_of(fixtures: Iterable[str], path: str) -> str:
@@ -58,6 +73,7 @@ class Case:
     seconds: float
     infra: str | None
     outcome: str
+    cpu: float | None = None  # None: a report without the property
 
 
 def read_report(path: Path) -> list[Case]:
@@ -69,7 +85,9 @@ def read_report(path: Path) -> list[Case]:
         outcome = "skipped" if tc.find("skipped") is not None else "passed"
         if tc.find("failure") is not None or tc.find("error") is not None:
             outcome = "failed"
-        cases.append(Case(nodeid, float(tc.get("time") or 0.0), props.get("infra"), outcome))
+        cpu = props.get(CPU_PROPERTY)
+        seconds = float(tc.get("time") or 0.0)
+        cases.append(Case(nodeid, seconds, props.get("infra"), outcome, None if cpu is None else float(cpu)))
     return cases
 
 
@@ -90,17 +108,29 @@ def _key(nodeid: str) -> str:
     return f"{Path(file).stem}::{name.rsplit('::', 1)[-1]}"
 
 
+def cpu_of(cases: Iterable[Case]) -> float:
+    return sum(c.cpu or 0.0 for c in cases)
+
+
 def table(title: str, rows: dict[str, list[Case]], total: float, markdown: bool) -> str:
-    head = f"| {title} | tests | seconds | share | slowest test (s) |"
-    lines = [head, "|---|---:|---:|---:|---|"] if markdown else [head]
+    """Test time and share per row; CPU seconds and share too where the report has them."""
+    everything = [c for cases in rows.values() for c in cases]
+    with_cpu = any(c.cpu is not None for c in everything)
+    total_cpu = cpu_of(everything) or 1.0
+    cpu_head = " CPU s | CPU share |" if with_cpu else ""
+    head = f"| {title} | tests | seconds | share |{cpu_head} slowest test (s) |"
+    rule = "|---|---:|---:|---:|" + ("---:|---:|" if with_cpu else "") + "---|"
+    lines = [head, rule] if markdown else [head]
     for name, cases in sorted(rows.items(), key=lambda kv: -sum(c.seconds for c in kv[1])):
         secs = sum(c.seconds for c in cases)
         worst = max(cases, key=lambda c: c.seconds)
+        cpu = f" {cpu_of(cases):,.0f} | {cpu_of(cases) / total_cpu:.0%} |" if with_cpu else ""
         lines.append(
-            f"| {name} | {len(cases)} | {secs:,.0f} | {secs / total:.0%} | "
+            f"| {name} | {len(cases)} | {secs:,.0f} | {secs / total:.0%} |{cpu} "
             f"{worst.nodeid.split('::', 1)[1][:60]} ({worst.seconds:.0f}) |"
         )
-    lines.append(f"| all | {sum(len(c) for c in rows.values())} | {total:,.0f} | 100% | |")
+    cpu = f" {cpu_of(everything):,.0f} | 100% |" if with_cpu else ""
+    lines.append(f"| all | {len(everything)} | {total:,.0f} | 100% |{cpu} |")
     return "\n".join(lines)
 
 
@@ -111,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("report", type=Path, help="a pytest --junitxml report")
     p.add_argument("--slowest", type=int, default=15, help="also list the N slowest tests (default 15)")
     p.add_argument("--markdown", action="store_true", help="Markdown tables")
+    p.add_argument("--by-cpu", action="store_true", help="list the tests that used most CPU, not the slowest")
     args = p.parse_args(argv)
     cases = read_report(args.report)
     if not cases:
@@ -131,11 +162,15 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table("what the test starts", by_infra, total, args.markdown))
     failed = [c for c in cases if c.outcome == "failed"]
-    print(f"\n{len(cases)} tests, {total:,.0f} s of test time, {len(failed)} failed")
+    cpu = f", {cpu_of(cases):,.0f} CPU s" if any(c.cpu is not None for c in cases) else ""
+    print(f"\n{len(cases)} tests, {total:,.0f} s of test time{cpu}, {len(failed)} failed")
     if args.slowest:
-        print(f"\nThe {args.slowest} slowest:")
-        for c in sorted(cases, key=lambda c: -c.seconds)[: args.slowest]:
-            print(f"  {c.seconds:7.1f} s  {c.nodeid}")
+        what = "most CPU" if args.by_cpu else "slowest"
+        print(f"\nThe {args.slowest} {what} (test s, CPU s):")
+        key = (lambda c: -(c.cpu or 0.0)) if args.by_cpu else (lambda c: -c.seconds)
+        for c in sorted(cases, key=key)[: args.slowest]:
+            cpu_s = "-" if c.cpu is None else f"{c.cpu:.1f}"
+            print(f"  {c.seconds:7.1f} {cpu_s:>7}  {c.nodeid}")
     return 0
 
 
