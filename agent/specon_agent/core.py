@@ -216,6 +216,7 @@ class Agent:
         samples: dict[ContainerId, list[float]] = {}
         nonfinite: dict[ContainerId, int] = {}
         for cid, w in self.watched.items():
+            stepped_before = w.step is not None  # an earlier tick read a step of it
             got = w.tailer.poll()
             for reason, n in w.tailer.stats.skipped.items():
                 new_skips = n - w.skipped_seen.get(reason, 0)
@@ -235,12 +236,15 @@ class Agent:
                 steps = [s.step for s in got if s.step is not None and COUNT.lo <= s.step <= COUNT.hi]
                 if steps:
                     w.step = steps[-1]
-                    if w.first_step is None:  # with the CPU it has used by now: a pair
-                        w.first_step, w.first_cpu = steps[-1], self.cpu_seconds.get(cid, 0.0)
                     if w.info.spec.steps is None:
                         append_curve(w, steps[-1], [s.value for s in got])
                 w.last_sample_at = now
                 self.counters.samples += len(got)
+            if w.first_step is None and stepped_before:
+                # The CPU-per-step baseline, from the tick after the first that read a step:
+                # this tick's CPU was sampled after that step was logged, so it holds all the
+                # start-up CPU (watched.py).
+                w.first_step, w.first_cpu = w.step, self.cpu_seconds.get(cid, 0.0)
         self.windows.tick(now, samples, self.watched)
         # A job the GPU sharing has frozen logs nothing by design: such a tick is not a stale one.
         states = {

@@ -27,9 +27,13 @@ class Watched:
     tailer: Tailer
     state: MonitorState
     step: int | None = None
-    first_step: int | None = None  # the first step this agent saw it log
-    # Its CPU seconds when it logged ``first_step``: what it spent before (imports, model and
-    # optimizer set-up, a CUDA context) is not a cost of its steps.
+    # The baseline of its CPU per step: a step it had logged and its CPU seconds then, so
+    # what it spent before (imports, model and optimizer set-up, a CUDA context) is not a cost
+    # of its steps. Both are taken at the tick after the first that read a step: a tick samples
+    # the CPU before it reads the logs, so a job's first step read with the CPU sampled just
+    # before would leave the start-up CPU spent in between to its first few steps (tens of
+    # times their cost: srpt then froze a short job on a GPU behind a long one, for good).
+    first_step: int | None = None
     first_cpu: float = 0.0
     # (step, mean loss) per tick, for the loss-curve prediction of a job with no declared
     # total (``specon.policy.remaining``); thinned to every other point when full.

@@ -134,6 +134,9 @@ async def framework_job_moves_exactly(cluster: EmbeddedCluster, fw: Framework, r
             return any(r.get("event") == "finished" for r in records(cluster, "fw"))
 
         await wait_for(finished, f"the moved {fw.name} job to finish", timeout=400)
+        # Its weights come after its `finished` record, written whole (atomically).
+        out = cluster.volume / "jobs" / "fw" / fw.out
+        await wait_for(out.exists, f"the moved {fw.name} job's weights", timeout=120)
         exit_code = await asyncio.to_thread(unmoved.wait, 400)
     finally:
         if unmoved.poll() is None:
@@ -152,7 +155,7 @@ async def framework_job_moves_exactly(cluster: EmbeddedCluster, fw: Framework, r
     print(f"\n{fw.name.upper()} JOB MOVED at step {resumed_at} of {fw.steps}")
 
     # The same weights as the run nobody moved.
-    moved = load_weights(cluster.volume / "jobs" / "fw" / fw.out)
+    moved = load_weights(out)
     assert same_weights(moved, load_weights(reference / fw.out))
     fw_info = next(c for c in st.containers if c.id == "fw")
     assert fw_info.worker == "w1" and fw_info.migrated

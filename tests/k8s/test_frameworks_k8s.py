@@ -69,6 +69,9 @@ async def test_a_framework_pod_moves_between_real_nodes_exactly(
         m = await until(probe, f"the {name} pod's migration", timeout=400)
         assert (m.source, m.target, m.reason) == ("node-1", "node-2", "converged")
         await until(lambda: finished(d.volume, "fw"), f"the moved {name} pod to finish", timeout=400)
+        # Its weights come after its `finished` record, written whole (atomically).
+        out = d.volume / "jobs" / "fw" / fw.out
+        await until(out.exists, f"the moved {name} pod's weights", timeout=120)
         exit_code = await asyncio.to_thread(unmoved.wait, 400)
     finally:
         if unmoved.poll() is None:
@@ -80,5 +83,5 @@ async def test_a_framework_pod_moves_between_real_nodes_exactly(
     events = [r for r in records(d.volume, "fw") if "event" in r]
     kinds = [e["event"] for e in events]
     assert kinds.count("checkpointed") == 1 and kinds[-1] == "finished"
-    moved = load_weights(d.volume / "jobs" / "fw" / fw.out)
+    moved = load_weights(out)
     assert same_weights(moved, load_weights(tmp_path / "unmoved" / fw.out))

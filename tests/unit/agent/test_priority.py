@@ -359,7 +359,7 @@ async def test_the_agent_reports_each_jobs_remaining_work(tmp_path: Path) -> Non
     agent = Agent(runtime=rt, policy=make_policy(priority={"rule": "srpt"}), state_file=None)
     try:
         await agent.refresh()
-        for _ in range(2):
+        for _ in range(3):  # the baseline is taken at the second tick that reads steps
             await volume.clock.advance(10.0)
             await agent.sample_usage()
             agent.tick(volume.clock.now())
@@ -371,6 +371,32 @@ async def test_the_agent_reports_each_jobs_remaining_work(tmp_path: Path) -> Non
         cost = (agent.cpu_seconds[ContainerId("j")] - w.first_cpu) / (w.step - w.first_step)
         assert cost == pytest.approx(1.0)
         assert report.remaining_work == pytest.approx((1000 - w.step) * cost)
+    finally:
+        for w in agent.watched.values():
+            w.tailer.close()
+
+
+async def test_start_up_cpu_between_a_ticks_sample_and_the_first_step_is_not_a_steps_cost(
+    tmp_path: Path,
+) -> None:
+    """A tick samples the CPU, then reads the logs: a job that spent 5 CPU-s starting up after
+    the sample and then logged its first steps is measured from the next tick's pair, at its
+    steps' own 0.01 CPU-s (the pair of the first tick made it 0.26: 26 times longer)."""
+    volume = FakeVolume(FakeClock(1000.0), root=tmp_path / "volume")
+    rt = FakeRuntime("w0", volume, capacity=Resources(cpu=2.0))
+    volume.script("j", JobScript(loss=steady))
+    j = ContainerId("j")
+    await rt.start(JobSpec(id=j, command=("train",), steps=1000))
+    agent = Agent(runtime=rt, policy=make_policy(priority={"rule": "srpt"}), state_file=None)
+    try:
+        await agent.refresh()
+        for sampled in (0.0, 5.0 + 20 * 0.01, 5.0 + 30 * 0.01):  # 1 step/s, 10 s a tick
+            await volume.clock.advance(10.0)
+            agent.cpu_seconds = {j: sampled}
+            agent.tick(volume.clock.now())
+        w = agent.watched[j]
+        assert (w.first_step, w.first_cpu) == (20, pytest.approx(5.2))
+        assert agent.running_jobs()[0].cpu_per_step == pytest.approx(0.01)
     finally:
         for w in agent.watched.values():
             w.tailer.close()

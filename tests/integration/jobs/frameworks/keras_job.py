@@ -15,8 +15,10 @@ time to see the loss converge and move the job. ``--out`` receives the final wei
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
@@ -25,6 +27,7 @@ import keras
 import numpy as np
 import torch
 
+from specon.checkpoint import atomic_write
 from specon.integrations import keras as specon_keras
 
 
@@ -55,7 +58,9 @@ def main() -> None:
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
     slow = Slow(args.step_seconds)
     specon_keras.fit(model, x, y, batch_size=32, epochs=args.epochs, verbose=0, callbacks=[slow])
-    np.savez(args.out, *model.get_weights())
+    buf = io.BytesIO()
+    np.savez(buf, *model.get_weights())
+    atomic_write(Path(args.out), buf.getvalue())  # whole or absent: the tests read it once it exists
 
 
 if __name__ == "__main__":

@@ -14,13 +14,16 @@ specon the time to see the loss converge and move the job. ``--out`` receives th
 from __future__ import annotations
 
 import argparse
+import io
 import time
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from specon.checkpoint import atomic_write
 from specon.integrations import lightning as specon_lightning
 from specon.integrations.loader import ResumableLoader
 
@@ -68,7 +71,14 @@ def main() -> None:
         enable_model_summary=False,
     )
     specon_lightning.fit(trainer, model, train_dataloaders=train_data(args.seed))
-    torch.save(model.state_dict(), args.out)
+    save_state(model.state_dict(), args.out)
+
+
+def save_state(state: dict[str, torch.Tensor], out: str) -> None:
+    """Whole or absent (the tests read it once it exists: the job logs `finished` before)."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    atomic_write(Path(out), buf.getvalue())
 
 
 if __name__ == "__main__":

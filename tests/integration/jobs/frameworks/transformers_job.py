@@ -15,12 +15,15 @@ time to see the loss converge and move the job. ``--out`` receives the final ``s
 from __future__ import annotations
 
 import argparse
+import io
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 
+from specon.checkpoint import atomic_write
 from specon.integrations import transformers as specon_hf
 
 VOCAB, LENGTH = 32, 12
@@ -73,7 +76,14 @@ def main() -> None:
     callbacks = [specon_hf.Migratable(), Slow(args.step_seconds)]
     trainer = Trainer(model=model, args=training, train_dataset=Counting(args.seed), callbacks=callbacks)
     specon_hf.train(trainer)
-    torch.save(model.state_dict(), args.out)
+    save_state(model.state_dict(), args.out)
+
+
+def save_state(state: dict[str, torch.Tensor], out: str) -> None:
+    """Whole or absent (the tests read it once it exists: the job logs `finished` before)."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    atomic_write(Path(out), buf.getvalue())
 
 
 if __name__ == "__main__":
