@@ -10,8 +10,10 @@ carry the pid, network-namespace slots taken under a lock: docs/development.md).
 - **Serial tests.** A test marked ``serial`` measures CPU shares or timings that the other
   workers' load would disturb: it runs alone. They form one group, handed out last (make runs
   xdist with ``--no-loadscope-reorder``, so the workers take the tests in this order). Each
-  test holds a shared lock for its run and a serial one an exclusive lock; a turnstile in front
-  keeps a waiting serial test from being starved by the stream of shared holders.
+  test holds a shared lock for its run and a serial one an exclusive lock. A waiting serial
+  test does not stop the other workers from starting tests: it runs once they have drained,
+  near the end of the run. (Blocking them behind it, a turnstile did, left the machine idle
+  while the longest test then running finished: about 3 minutes of half-used CPU per run.)
 """
 
 from __future__ import annotations
@@ -67,17 +69,10 @@ def start_rank(group: str | None) -> int:
 @contextlib.contextmanager
 def turn(lock_dir: Path, *, alone: bool) -> Iterator[None]:
     """Hold this worker's turn to run a test: shared with the other workers' tests, or ``alone``
-    (exclusive). Blocks until granted."""
-    with (lock_dir / "turnstile.lock").open("a") as turnstile, (lock_dir / "tests.lock").open("a") as tests:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(tests, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        finally:
-            if not alone:
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
+    (exclusive: granted when no other test runs; shared turns asked meanwhile go first)."""
+    with (lock_dir / "tests.lock").open("a") as tests:
+        fcntl.flock(tests, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         try:
             yield
         finally:
             fcntl.flock(tests, fcntl.LOCK_UN)
-            if alone:
-                fcntl.flock(turnstile, fcntl.LOCK_UN)

@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -52,24 +51,27 @@ def _holder(
     return thread
 
 
-def test_shared_turns_overlap_and_a_serial_one_waits_for_them_and_blocks_new_ones(tmp_path: Path) -> None:
+def test_shared_turns_overlap_and_a_serial_one_waits_until_none_is_held(tmp_path: Path) -> None:
     leave_a, leave_s, leave_b = threading.Event(), threading.Event(), threading.Event()
     in_a, in_s, in_b = threading.Event(), threading.Event(), threading.Event()
     a = _holder(tmp_path, False, in_a, leave_a)
     assert in_a.wait(5)
     serial = _holder(tmp_path, True, in_s, leave_s)
     assert not in_s.wait(0.3)  # a shared turn is held
-    # A shared turn asked for now queues behind the waiting serial one: no starvation.
+    # A shared turn asked for meanwhile is not held up by the waiting serial one.
     b = _holder(tmp_path, False, in_b, leave_b)
-    assert not in_b.wait(0.3)
-    leave_a.set()
-    assert in_s.wait(5)
-    time.sleep(0.2)
-    assert not in_b.is_set()  # still alone
-    leave_s.set()
     assert in_b.wait(5)
+    leave_a.set()
+    assert not in_s.wait(0.3)  # b still holds its turn
     leave_b.set()
-    for t in (a, serial, b):
+    assert in_s.wait(5)  # alone now
+    in_c, leave_c = threading.Event(), threading.Event()
+    c = _holder(tmp_path, False, in_c, leave_c)
+    assert not in_c.wait(0.3)  # and nothing starts beside it
+    leave_s.set()
+    assert in_c.wait(5)
+    leave_c.set()
+    for t in (a, serial, b, c):
         t.join(5)
 
 
