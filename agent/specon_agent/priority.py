@@ -137,8 +137,9 @@ def progress(running: Sequence[Running], fair: Mapping[ContainerId, float]) -> l
             gain=r.gain,
             predicted_steps=r.predicted_steps,
             cost=r.cpu_per_step,
-            # The agent measures its cost from the first step it saw (none seen: CPU over steps).
-            measured=r.first_step is not None,
+            # The agent measures its cost once it has seen a step (its baseline follows a tick
+            # later: "not yet" meanwhile, never CPU over steps); none seen: CPU over steps.
+            measured=r.step is not None,
         )
         for r in running
     ]

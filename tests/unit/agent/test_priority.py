@@ -85,7 +85,9 @@ def test_running_of_takes_the_declared_total_and_a_finite_gain_only() -> None:
 def test_progress_is_what_the_rule_reads() -> None:
     [p] = progress([run(A, step=10, total=100, cpu_seconds=20.0, gain=0.1)], {A: 7.0})
     assert (p.step, p.total, p.cpu_seconds, p.fair_seconds, p.gain) == (10.0, 100, 20.0, 7.0, 0.1)
-    assert p.steps_left == 90 and p.cpu_per_step == 2.0
+    assert p.steps_left == 90 and p.cpu_per_step is None  # steps seen, its baseline not yet taken
+    [p] = progress([run(A, step=10, first_step=0, total=100, cpu_seconds=20.0)], {})
+    assert p.cpu_per_step == 2.0
 
 
 def test_srpt_gives_the_job_with_least_work_left_the_top_weight() -> None:
@@ -394,6 +396,8 @@ async def test_start_up_cpu_between_a_ticks_sample_and_the_first_step_is_not_a_s
             await volume.clock.advance(10.0)
             agent.cpu_seconds = {j: sampled}
             agent.tick(volume.clock.now())
+            if sampled == 0.0:  # steps seen, no baseline yet: "not yet", never CPU over steps
+                assert progress(agent.running_jobs(), {})[0].cpu_per_step is None
         w = agent.watched[j]
         assert (w.first_step, w.first_cpu) == (20, pytest.approx(5.2))
         assert agent.running_jobs()[0].cpu_per_step == pytest.approx(0.01)
