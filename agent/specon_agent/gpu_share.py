@@ -293,6 +293,9 @@ class GpuShare:
         t = self.jobs.get(cid)
         if t is not None:
             t.state, t.since = state, now
+            # Published at once: the agent's gauges then agree with its counters and events
+            # (a suspend's event was seen with the suspended gauge still 0 until the next tick).
+            self.states[cid] = state
 
     async def _freeze(self, cid: ContainerId, now: float) -> None:
         t = self.jobs.get(cid)

@@ -21,6 +21,7 @@ from specon.config import PriorityConfig
 from specon.config.sections import GpuShareConfig
 from specon.model import ContainerId, Resources
 from specon.runtime import JobSpec
+from specon.runtime.base import SaveResult
 from specon.runtime.gpu.sample import GpuSample
 from specon.testing.fake_runtime import FakeClock, FakeRuntime, FakeVolume
 from specon.wire.gpu import GpuDevice, GpuUse
@@ -113,6 +114,24 @@ async def test_the_job_with_the_least_work_left_runs_and_the_other_is_frozen(rt:
     assert actions(rt) == [("thaw", B)]
     assert share.states == {B: "running"}
     assert (share.counters.freezes, share.counters.thaws, share.counters.switches) == (1, 1, 2)
+
+
+async def test_a_suspend_is_published_at_once_not_at_the_end_of_the_tick(
+    rt: GpuRuntime, volume: FakeVolume
+) -> None:
+    """The agent's gauges read ``states``: they agree with its events and counters meanwhile."""
+    share = GpuShare(rt, FREEZE)
+    await volume.clock.advance(30.0)
+    seen: list[dict[ContainerId, str]] = []
+    save = rt.save
+
+    async def watched_save(cid: ContainerId, *, grace: float) -> SaveResult:
+        seen.append(dict(share.states))
+        return await save(cid, grace=grace)
+
+    rt.save = watched_save  # type: ignore[method-assign]
+    await step(share, rt, running((A, 10), (B, 900)), {A: 50 * GB, B: 30 * GB})
+    assert seen and seen[0][B] == "suspended"
 
 
 async def test_a_job_that_leaves_no_room_is_suspended_and_resumed_with_its_steps(
