@@ -293,9 +293,6 @@ class GpuShare:
         t = self.jobs.get(cid)
         if t is not None:
             t.state, t.since = state, now
-            # Published at once: the agent's gauges then agree with its counters and events
-            # (a suspend's event was seen with the suspended gauge still 0 until the next tick).
-            self.states[cid] = state
 
     async def _freeze(self, cid: ContainerId, now: float) -> None:
         t = self.jobs.get(cid)
@@ -308,6 +305,7 @@ class GpuShare:
         self._save()
         if await self._call("freeze", cid, self.runtime.freeze):
             self.counters.freezes += 1
+            self._publish()
         else:
             t.state, t.since = "running", before
 
@@ -315,6 +313,7 @@ class GpuShare:
         if await self._call("thaw", cid, self.runtime.thaw):
             self._set(cid, "running", now)
             self.counters.thaws += 1
+            self._publish()
 
     async def _suspend(self, cid: ContainerId, now: float) -> None:
         t = self.jobs.get(cid)
@@ -341,6 +340,7 @@ class GpuShare:
         t.since = self.runtime.now()
         t.checkpoint = None if res.checkpoint is None else str(res.checkpoint)
         self.counters.suspends += 1
+        self._publish()
         log.info(
             "specon.agent.gpu_suspended", container=cid, step=res.step, memory=t.memory, seconds=res.seconds
         )
@@ -384,6 +384,7 @@ class GpuShare:
         self._worked(cid)
         t.state, t.since = "running", now
         self.counters.resumes += 1
+        self._publish()
         log.info("specon.agent.gpu_resumed", container=cid, checkpoint=t.checkpoint, mps=percentage)
 
     async def _call(
@@ -415,7 +416,9 @@ class GpuShare:
         log.warning(f"specon.agent.gpu_{what}_failed", container=cid, error=text)
 
     def _publish(self) -> None:
-        """``states`` in place (a dict the agent core may share)."""
+        """``states`` in place (a dict the agent core may share): at the end of a tick and as
+        each freeze, thaw, suspend or resume is done and counted, so the gauges agree with the
+        counters and events (not before the call: a state recorded ahead of it is not yet so)."""
         self.states.clear()
         self.states.update({cid: t.state for cid, t in self.jobs.items()})
 

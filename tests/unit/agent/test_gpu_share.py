@@ -21,7 +21,6 @@ from specon.config import PriorityConfig
 from specon.config.sections import GpuShareConfig
 from specon.model import ContainerId, Resources
 from specon.runtime import JobSpec
-from specon.runtime.base import SaveResult
 from specon.runtime.gpu.sample import GpuSample
 from specon.testing.fake_runtime import FakeClock, FakeRuntime, FakeVolume
 from specon.wire.gpu import GpuDevice, GpuUse
@@ -116,22 +115,23 @@ async def test_the_job_with_the_least_work_left_runs_and_the_other_is_frozen(rt:
     assert (share.counters.freezes, share.counters.thaws, share.counters.switches) == (1, 1, 2)
 
 
-async def test_a_suspend_is_published_at_once_not_at_the_end_of_the_tick(
+async def test_a_state_is_published_when_its_action_is_done_and_counted(
     rt: GpuRuntime, volume: FakeVolume
 ) -> None:
-    """The agent's gauges read ``states``: they agree with its events and counters meanwhile."""
+    """The agent's gauges and heartbeats read ``states``: a job is not published frozen while
+    its freeze is under way (recorded before the call), and is once it is done and counted."""
     share = GpuShare(rt, FREEZE)
-    await volume.clock.advance(30.0)
-    seen: list[dict[ContainerId, str]] = []
-    save = rt.save
+    seen: list[tuple[str | None, int]] = []
+    freeze = rt.freeze
 
-    async def watched_save(cid: ContainerId, *, grace: float) -> SaveResult:
-        seen.append(dict(share.states))
-        return await save(cid, grace=grace)
+    async def watched_freeze(cid: ContainerId) -> bool:
+        seen.append((share.states.get(cid), share.counters.freezes))
+        return await freeze(cid)
 
-    rt.save = watched_save  # type: ignore[method-assign]
-    await step(share, rt, running((A, 10), (B, 900)), {A: 50 * GB, B: 30 * GB})
-    assert seen and seen[0][B] == "suspended"
+    rt.freeze = watched_freeze  # type: ignore[method-assign]
+    await step(share, rt, running((A, 10), (B, 900)), {A: GB, B: GB})
+    assert seen == [(None, 0)]
+    assert share.states[B] == "frozen" and share.counters.freezes == 1
 
 
 async def test_a_job_that_leaves_no_room_is_suspended_and_resumed_with_its_steps(
