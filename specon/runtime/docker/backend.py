@@ -83,9 +83,9 @@ from specon.runtime.docker.engine import (
 from specon.runtime.docker.freezer import LIVE, RUNNING, Freezer
 from specon.runtime.docker.gpu import with_gpu_needs
 from specon.runtime.docker.recipe import (
-    LABEL_MANAGED,
     LABEL_MIGRATION,
     LABEL_RUN,
+    MANAGED,
     HostRules,
     Recipe,
     from_inspect,
@@ -350,8 +350,8 @@ class DockerRuntime(OwnerRecords[Container]):
         )
 
     def _savable(self, job: ContainerId) -> None:
-        """``SaveFailed`` (the job keeps running) where this host would refuse to re-create it
-        from its recipe: saved, it could come back nowhere that shares these rules."""
+        """``SaveFailed`` (it keeps running) where this host would refuse to re-create it: saved,
+        it could come back nowhere that shares these rules (its recipe)."""
         spec = self.job_spec(job)
         if spec is None or not spec.template:
             return  # nothing to judge (a target refuses it with its reason)
@@ -414,8 +414,8 @@ class DockerRuntime(OwnerRecords[Container]):
 
     # -- the engine ----------------------------------------------------------------------------
     def _managed(self) -> dict[ContainerId, Container]:
-        """This engine's managed containers by job id (the newest container of each job)."""
-        found = self.client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=true"})
+        """This engine's managed containers by job id (the newest of each; one removed meanwhile left out)."""
+        found = self.client.containers.list(all=True, filters=MANAGED, ignore_removed=True)
         out: dict[ContainerId, Container] = {}
         for c in found:
             job = container_job(c)

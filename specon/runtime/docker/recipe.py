@@ -30,6 +30,7 @@ from typing import Any
 from specon.wire import codec
 
 LABEL_MANAGED = "specon.io/managed"
+MANAGED = {"label": f"{LABEL_MANAGED}=true"}  # the list filter of the containers specon manages
 LABEL_JOB = "specon.io/job"
 # One run of a job (a container): the write-ahead owner record names it before it exists.
 LABEL_RUN = "specon.io/run"

@@ -365,7 +365,7 @@ class StandbyContainers:
 
     def _remove_leftovers(self) -> None:
         """A previous agent's idle standbys (its sockets are gone: they exit or never start)."""
-        found = self.client.containers.list(all=True, filters={"label": LABEL_STANDBY})
+        found = self.client.containers.list(all=True, filters={"label": LABEL_STANDBY}, ignore_removed=True)
         for c in found:
             if idle_standby(c.labels or {}, c.name or ""):
                 self._remove(str(c.id))
