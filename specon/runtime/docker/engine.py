@@ -43,6 +43,7 @@ from specon.runtime.docker.recipe import (
     LABEL_MANAGED,
     LABEL_MIGRATION,
     LABEL_RUN,
+    MANAGED,
     Recipe,
 )
 from specon.runtime.docker.standby import (
@@ -142,9 +143,7 @@ def init_pid(client: docker.DockerClient, c: Container) -> int | None:
 def live(client: docker.DockerClient, statuses: tuple[str, ...]) -> dict[ContainerId, Container]:
     """The managed containers in one of ``statuses`` by job id, from one list call: the
     engine's summaries carry labels and state, so no container is inspected."""
-    found = client.containers.list(
-        sparse=True, filters={"label": f"{LABEL_MANAGED}=true", "status": list(statuses)}
-    )
+    found = client.containers.list(sparse=True, filters={**MANAGED, "status": list(statuses)})
     out: dict[ContainerId, Container] = {}
     for c in found:
         job = job_of(c.attrs.get("Labels") or {}, (c.attrs.get("Names") or [""])[0].lstrip("/"))
