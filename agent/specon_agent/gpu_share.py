@@ -177,6 +177,8 @@ class GpuShare:
         for cid, r in live.items():
             use, t = uses.get(cid), self.jobs.get(cid)
             seen = use is not None and bool(use.devices)
+            if seen and t is not None and t.state == "suspended" and not read_after(sample, t.since):
+                use, seen = None, False  # read while it was being saved: no news of it since
             if use is not None and seen:
                 device, many = use.devices[0], len(use.devices) > 1
                 memory = use.memory
@@ -187,9 +189,11 @@ class GpuShare:
             if t is None:
                 t = self.jobs[cid] = Tracked(device, memory, "running", r.started)
             elif t.state == "suspended" and (seen or r.started > t.since):
-                # It runs again (a command's start): NVML sees it, or it started after its
-                # suspension. Listed without either, it is the monitor's view from before the
-                # save (a tick old), and it stays suspended: flipped, it would be forgotten.
+                # It runs again (a command's start): a read begun after its suspension sees it,
+                # or it started after its suspension. Listed without either, it is the monitor's
+                # view from before the save (a tick old), and it stays suspended: flipped, it
+                # would be forgotten. So is a read begun before the save ended (the GPU loop
+                # reads while the monitor tick's pass is saving it).
                 t.state, t.since = "running", r.started
             t.device, t.memory, t.progress = device, memory, r
             t.spec = specs.get(cid, t.spec)
@@ -444,6 +448,11 @@ class GpuShare:
             ckpt.atomic_write(self.state_file, json.dumps(data, sort_keys=True).encode())
         except OSError as exc:  # the sharing goes on; only a restart would lose what it holds
             log.warning("specon.agent.gpu_state_unwritable", path=str(self.state_file), error=str(exc))
+
+
+def read_after(sample: GpuSample | None, when: float) -> bool:
+    """Whether ``sample``'s read began after ``when`` (one of unknown time counts as after)."""
+    return sample is not None and (sample.at is None or sample.at > when)
 
 
 def _tracked_data(t: Tracked) -> dict[str, Any]:

@@ -38,11 +38,12 @@ class GpuUsage:
         if reader is None or reader.state in ("unavailable", "closed"):
             self.sample = None
             return None
+        at = runtime.now()
         reading = await asyncio.to_thread(reader.read)
         if reading is None:
             return self.sample  # this read failed (counted by the reader): keep the last
         pids = await self._pids(runtime) if reading.processes else {}
-        self.sample = sample_of(reading, pids)
+        self.sample = sample_of(reading, pids, at=at)
         return self.sample
 
     async def _pids(self, runtime: Runtime) -> dict[ContainerId, frozenset[int]]:

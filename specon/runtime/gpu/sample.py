@@ -42,10 +42,15 @@ class GpuSample:
     containers: Mapping[ContainerId, GpuUse] = field(default_factory=dict)
     # GPU processes in no container of this worker.
     unmapped: int = 0
+    # The runtime's clock as the read began (None: not known). What a read says of a job is
+    # no news of anything that happened to it after: a job saved away meanwhile still shows.
+    at: float | None = None
 
 
-def sample_of(reading: NvmlReading, pids: Mapping[ContainerId, Iterable[int]]) -> GpuSample:
-    """``reading`` mapped onto the containers whose host PIDs ``pids`` lists."""
+def sample_of(
+    reading: NvmlReading, pids: Mapping[ContainerId, Iterable[int]], *, at: float | None = None
+) -> GpuSample:
+    """``reading`` (begun at ``at``) mapped onto the containers whose host PIDs ``pids`` lists."""
     owner: dict[int, ContainerId] = {}
     for claimant in sorted(pids):  # a PID claimed twice (a bug elsewhere) goes to one, always the same
         for pid in pids[claimant]:
@@ -72,7 +77,7 @@ def sample_of(reading: NvmlReading, pids: Mapping[ContainerId, Iterable[int]]) -
             memory=memory[cid],
             utilisation=round(sum(sampled.values()) / len(sampled), 1) if sampled else None,
         )
-    return GpuSample(devices=reading.devices, containers=containers, unmapped=unmapped)
+    return GpuSample(devices=reading.devices, containers=containers, unmapped=unmapped, at=at)
 
 
 def gpu_labels(devices: Sequence[GpuDevice]) -> dict[str, str]:

@@ -211,6 +211,27 @@ async def test_a_job_just_suspended_that_the_monitor_still_lists_stays_suspended
     assert actions(rt) == [("start", B)] and share.counters.resumes == 1
 
 
+async def test_a_read_begun_before_its_save_ended_does_not_bring_a_suspended_job_back(
+    rt: GpuRuntime, volume: FakeVolume
+) -> None:
+    # The GPU loop reads NVML while the monitor tick's pass is saving B, then waits for the
+    # pass and plans from that read: B still holds its memory there, and the monitor still
+    # lists it. Taken for B running again, it was forgotten once the monitor caught up.
+    share = GpuShare(rt, FREEZE)
+    await volume.clock.advance(30.0)
+    during = replace(sample({A: 50 * GB, B: 30 * GB}), at=rt.now())
+    await volume.clock.advance(1.0)
+    await step(share, rt, running((A, 10), (B, 900)), {A: 50 * GB, B: 30 * GB})
+    assert actions(rt) == [("save", B)] and share.states[B] == "suspended"
+    jobs = running((A, 10), (B, 900))
+    await share.step(rt.now(), sample=during, running=jobs, fair={}, priority=SRPT, specs={})
+    assert actions(rt) == [] and share.states[B] == "suspended"
+    await step(share, rt, running((A, 10)), {A: 50 * GB})  # the monitor caught up
+    assert share.states[B] == "suspended"  # not forgotten
+    await step(share, rt, [], {})
+    assert actions(rt) == [("start", B)] and share.counters.resumes == 1
+
+
 async def test_close_thaws_every_frozen_job(rt: GpuRuntime) -> None:
     share = GpuShare(rt, FREEZE)
     await step(share, rt, running((A, 10), (B, 900), (C, 500)), {A: GB, B: GB, C: GB})

@@ -145,6 +145,7 @@ async def test_the_heartbeat_carries_gpus_labels_capacity_and_each_jobs_use(worl
     assert reports["b"].gpu == GpuUse(devices=(0,), memory=GIB, utilisation=None)  # not sampled
     assert reports["b"].gpu_memory == 0
     assert agent.gpu_sample is not None and agent.gpu_sample.unmapped == 1  # pid 999
+    assert agent.gpu_sample.at == world.runtime.now()  # when the read began (the fake clock stood)
 
     # The heartbeat travels: encoded, then decoded by msgspec's path and by the codec's.
     data = protocol.encode(hb)
