@@ -42,9 +42,11 @@ def on_term(signum, frame):
     global stop
     stop = True
 
-signal.signal(signal.SIGTERM, on_term)
-if os.fork() == 0:  # a helper (a data loader) in the job's process group, busy too
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+# A helper (a data loader) in the job's process group, busy too. Forked before the handler is
+# set, it dies of SIGTERM from its first instruction: set after the fork, the handler could
+# still be the helper's when the SIGTERM came (a helper not yet scheduled since the fork on a
+# loaded machine, then frozen) and it outlived the stop's grace.
+if os.fork() == 0:
     while True:
         if busy:
             t = time.process_time()
@@ -52,6 +54,8 @@ if os.fork() == 0:  # a helper (a data loader) in the job's process group, busy 
                 pass
         else:
             time.sleep(0.01)
+
+signal.signal(signal.SIGTERM, on_term)
 
 def log(record):
     with open(progress, "a") as fh:
