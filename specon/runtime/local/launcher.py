@@ -77,8 +77,36 @@ def append_exit(path: str | os.PathLike[str], record: ExitRecord) -> None:
         os.close(fd)
 
 
+# The signals a runtime sends the job's group, which every launcher outlives.
+JOB_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def _ignore(_signum: int, _frame: FrameType | None) -> None:
     """Outlive the job's SIGTERM so its exit can be recorded."""
+
+
+def ignore_job_signals() -> None:
+    """A launcher's (or keeper's) handlers: no-ops, not ``SIG_IGN``, which the job would inherit."""
+    for signum in JOB_SIGNALS:
+        signal.signal(signum, _ignore)
+
+
+def fork_job() -> int:
+    """``os.fork`` for the job's process, from a launcher that ignores ``JOB_SIGNALS``. They
+    are held across the fork: one arriving between the fork and the exec (or the warm job's
+    own set-up) would run the child's copy of the launcher's no-op and never reach the job,
+    which would then train on through its save's grace. The child puts the defaults back
+    before it lets them through, so one held meanwhile ends it, as it would have the job."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, JOB_SIGNALS)
+    pid = -1
+    try:
+        pid = os.fork()
+        if pid == 0:
+            for signum in JOB_SIGNALS:
+                signal.signal(signum, signal.SIG_DFL)
+    finally:  # a mask survives exec: the job must start with these let through
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, JOB_SIGNALS)
+    return pid
 
 
 def launcher_argv(python: str, exit_log: os.PathLike[str] | str, run_id: str, worker: str) -> list[str]:
@@ -118,11 +146,9 @@ def main(argv: list[str]) -> int:
         print("usage: launcher.py EXIT_LOG RUN_ID WORKER -- COMMAND...", file=sys.stderr)
         return 2
     exit_log, run_id, worker, command = argv[0], argv[1], argv[2], argv[4:]
-    # Installed before the fork so there is no window in which a group SIGTERM kills us;
-    # the child's handlers reset to the default at exec.
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, _ignore)
-    child = os.fork()
+    # Installed before the fork so there is no window in which a group SIGTERM kills us.
+    ignore_job_signals()
+    child = fork_job()
     if child == 0:
         try:
             os.execvp(command[0], command)

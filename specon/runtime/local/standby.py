@@ -52,10 +52,9 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
-from types import FrameType
 
 from specon.runtime.local.cgroup_entry import enter
-from specon.runtime.local.launcher import wait_and_record
+from specon.runtime.local.launcher import fork_job, ignore_job_signals, wait_and_record
 from specon.runtime.local.zygote import (
     MAX_REQUEST,
     WORKLOADS_MODULE,
@@ -76,11 +75,6 @@ _DEVICE_ENV = "CUDA_VISIBLE_DEVICES"
 
 class _SpentError(Exception):
     """The hand-over failed after the standby entered the job's cgroups: it exits."""
-
-
-def _ignore(_signum: int, _frame: FrameType | None) -> None:
-    """The keeper outlives the job's SIGTERM so it can record the exit (as every launcher);
-    a handler, not ``SIG_IGN``, which the standby would inherit."""
 
 
 def prime(preload: Sequence[str], *, torch_ops: bool = True) -> str:
@@ -217,9 +211,8 @@ def _listen(path: str) -> socket.socket:
 
 
 def _standby(args: argparse.Namespace, keeper: int, ctl: int, ack: int) -> int:
-    """The standby: prime, serve until one job is handed over, then be that job."""
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
+    """The standby: prime, serve until one job is handed over, then be that job (its
+    signals at their defaults since ``fork_job``)."""
     set_comm(f"sp-standby-g{args.gpu}")
     t0 = time.monotonic()
     device = prime(args.preload, torch_ops=args.prime)
@@ -307,8 +300,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--parent", type=int, help="exit when this process is no longer our parent")
     args = with_standby_defaults(p.parse_args(argv))
     parent = os.getppid() if args.parent is None else args.parent
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, _ignore)
+    ignore_job_signals()  # the keeper outlives the job's SIGTERM to record the exit
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")
     ctl_r, ctl_w = os.pipe()
@@ -316,7 +308,7 @@ def main(argv: list[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     keeper = os.getpid()
-    child = os.fork()
+    child = fork_job()
     if child == 0:
         code = 1
         try:

@@ -39,11 +39,10 @@ import socket
 import sys
 import traceback
 from dataclasses import dataclass
-from types import FrameType
 
 from specon import checkpoint as ckpt
 from specon.runtime.local.cgroup_entry import Entry, enter
-from specon.runtime.local.launcher import wait_and_record, warm_comm
+from specon.runtime.local.launcher import fork_job, ignore_job_signals, wait_and_record, warm_comm
 
 # The built-in workloads: the module a request may name, and what to import ahead for it.
 WORKLOADS_MODULE = "specon.workloads"
@@ -119,10 +118,6 @@ def set_comm(name: str) -> None:
         libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
-def _ignore(_signum: int, _frame: FrameType | None) -> None:
-    """The launcher outlives the job's SIGTERM so it can record the exit (as the cold one)."""
-
-
 def open_append(path: str) -> int:
     """A descriptor appending to the job's output file ``path``."""
     # Never through a symlink or into a FIFO planted in the job's directory (as the runtime).
@@ -167,8 +162,7 @@ def _setup(req: Request) -> None:
     """The launcher's set-up, which a cold launch does in ``preexec_fn`` and ``Popen``: its
     own session and group, the worker's cgroups and CPUs, the job's files and directory."""
     os.setsid()
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, _ignore)
+    ignore_job_signals()  # it outlives the job's SIGTERM to record the exit, as the cold one
     take_place(req)
 
 
@@ -198,7 +192,7 @@ def _launcher(req: Request, ready: int) -> int:
         return 1
     os.write(ready, b"ok")
     os.closerange(3, 1 << 16)  # the server's socket, the pipe: nothing leaks into the job
-    child = os.fork()
+    child = fork_job()
     if child == 0:
         os._exit(run_job(req))
     return wait_and_record(child, req.exits, req.run_id, req.worker)
