@@ -5,7 +5,6 @@ the exec, since a signal mask survives exec)."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ print(json.dumps({
 
 def test_the_job_starts_with_default_signals_and_none_held(tmp_path: Path) -> None:
     exits = tmp_path / "exits.jsonl"
-    argv = launcher.launcher_argv(sys.executable, exits, "run-1", "w0") + [sys.executable, "-c", PROBE]
+    argv = [*launcher.launcher_argv(sys.executable, exits, "run-1", "w0"), sys.executable, "-c", PROBE]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(out.stdout) == {"held": [], "term": True, "hup": True}
     (record,) = [json.loads(line) for line in exits.read_text().splitlines()]
@@ -49,5 +48,7 @@ print(json.dumps({"child": os.waitstatus_to_exitcode(status), "held": sorted(int
 
 
 def test_fork_job_gives_the_child_the_defaults_and_leaves_the_launcher_deaf(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=60, check=True
+    )
     assert json.loads(out.stdout) == {"child": 0, "held": []}
