@@ -51,7 +51,6 @@ from pathlib import Path
 import structlog
 from chaos_hosts import placement
 from jobwatch import (
-    BrokenLogError,
     assert_exactly_its_steps,
     finished,
     job_environs,
@@ -66,6 +65,7 @@ from specon.model import ContainerId, WorkerId
 from specon.runtime.base import StartFailed
 from specon.runtime.volume import JobPaths
 from specon.testing.net_hosts import NetHost
+from specon.testing.progress_log import BrokenLogError
 from specon.wire.protocol import Status
 
 

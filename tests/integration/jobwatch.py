@@ -30,6 +30,7 @@ from specon.embedded.cluster import Daemon, EmbeddedCluster
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import JobSpec
 from specon.runtime.volume import JobPaths
+from specon.testing.progress_log import progress_records
 from specon.wire.protocol import MigrationStatus, Status
 
 JOB = Path(__file__).parent / "jobs" / "curve_job.py"
@@ -66,27 +67,7 @@ def spec(
 
 # -- the job's progress log ----------------------------------------------------------------
 def records(c: EmbeddedCluster, jid: str) -> list[dict[str, Any]]:
-    path = JobPaths(c.volume, ContainerId(jid)).progress
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    # Only whole lines: the job may be halfway through appending the last one.
-    out = []
-    for n, line in enumerate(text.split("\n")[:-1], 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except ValueError as exc:
-            raise BrokenLogError(
-                f"{jid}: line {n} of its progress log is not a record: {line[:80]!r}"
-            ) from exc
-    return out
-
-
-class BrokenLogError(AssertionError):
-    """A progress log with a line that is not a whole record (the writer left half a line)."""
+    return progress_records(JobPaths(c.volume, ContainerId(jid)).progress)
 
 
 def has_event(c: EmbeddedCluster, jid: str, event: str) -> bool:

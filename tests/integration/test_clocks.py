@@ -127,7 +127,8 @@ async def test_agents_minutes_off_the_managers_clock_are_served_normally(
             # it is the seconds it took, not 12 minutes either way.
             assert m.stopped_at is not None and m.started_at is not None and m.downtime is not None
             assert m.decided_at <= m.stopped_at <= m.started_at <= now, m
-            assert 0 < m.downtime < 30, m
+            # Either clock's offset left in would be 300 s or more: half the smaller one is room.
+            assert 0 < m.downtime < min(AHEAD, -BEHIND) / 2, m
             # The job ran on each host's clock, as the host's processes do.
             assert [r.ending for r in rs] == ["checkpointed", "finished"]
             ended = next(r for r in records(c, "conv") if r.get("event") == "finished")

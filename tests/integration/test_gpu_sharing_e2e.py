@@ -40,6 +40,7 @@ from specon.embedded.cluster import EmbeddedCluster
 from specon.model import ContainerId, Resources, WorkerId
 from specon.runtime.base import JobSpec
 from specon.testing.held_jobs import finished_steps, release
+from specon.testing.progress_log import progress_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -132,13 +133,7 @@ async def tight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
 
 # -- what the test reads ----------------------------------------------------------------------
 def records(c: EmbeddedCluster, jid: str) -> list[dict[str, object]]:
-    path = c.volume / "jobs" / jid / "progress.jsonl"
-    if not path.exists():
-        return []
-    text = path.read_text()
-    # A line the job is writing this instant is not complete yet: read it next time.
-    done = text[: text.rfind("\n") + 1]
-    return [json.loads(line) for line in done.splitlines() if line.strip()]
+    return progress_records(c.volume / "jobs" / jid / "progress.jsonl")
 
 
 def trained(c: EmbeddedCluster, jid: str) -> list[int]:

@@ -14,7 +14,6 @@ it only once it has, so no loaded machine can end the job first.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 import time
@@ -39,6 +38,7 @@ from specon.runtime import (
 )
 from specon.runtime.local.cgroups import CLK_TCK, detect, group_alive, read_stat
 from specon.runtime.volume import Owner
+from specon.testing.progress_log import progress_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -149,10 +149,7 @@ def spec(
 
 
 def records(rt: LocalRuntime, job: str) -> list[dict[str, Any]]:
-    path = JobPaths.of(rt.root, job).progress
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return progress_records(JobPaths.of(rt.root, job).progress)
 
 
 def last_step(rt: LocalRuntime, job: str) -> int:

@@ -36,6 +36,7 @@ from specon.embedded.cluster import EmbeddedCluster
 from specon.model import Resources, WorkerId
 from specon.runtime.base import JobSpec
 from specon.runtime.kubernetes.api import KubeApi, KubeError
+from specon.testing.progress_log import progress_records
 from specon.wire import protocol
 from specon.wire.protocol import ErrorReply, Status
 from tests.integration.listening import serve_on_free_port
@@ -320,14 +321,7 @@ def _env() -> dict[str, str]:
 
 
 def records(r: Replicas, jid: str) -> list[dict[str, Any]]:
-    path = r.embedded.volume / "jobs" / jid / "progress.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().split("\n")[:-1]:  # whole lines only
-        with contextlib.suppress(ValueError):
-            out.append(json.loads(line))
-    return out
+    return progress_records(r.embedded.volume / "jobs" / jid / "progress.jsonl")
 
 
 @contextlib.asynccontextmanager

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -24,6 +23,7 @@ from specon.runtime.base import AlreadyRunning, ContainerInfo, SaveFailed
 from specon.runtime.kubernetes.backend import Informer, KubeApi, KubeError, KubernetesRuntime
 from specon.runtime.kubernetes.pods import ANN_GENERATION, ANN_RESTORED_FROM, LABEL_JOB
 from specon.testing.held_jobs import RELEASE, finished_steps, release, release_file
+from specon.testing.progress_log import progress_records
 from tests.k8s.cluster import KubeCluster
 from tests.k8s.kubelet import FakeKubelet
 
@@ -150,10 +150,7 @@ def training_pod(
 
 
 def records(volume: Path, job: str) -> list[dict[str, Any]]:
-    path = volume / "jobs" / job / "progress.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return progress_records(volume / "jobs" / job / "progress.jsonl")
 
 
 def trained(volume: Path, job: str) -> list[int]:

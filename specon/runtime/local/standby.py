@@ -60,6 +60,7 @@ from specon.runtime.local.zygote import (
     WORKLOADS_MODULE,
     WORKLOADS_PRELOAD,
     Request,
+    listen_ready,
     open_append,
     read_line,
     run_job,
@@ -196,20 +197,6 @@ def _serve_one(
         return req
 
 
-def _listen(path: str) -> socket.socket:
-    """Listen on ``path``, which appears only once it accepts: a socket that exists is ready."""
-    tmp = f"{path}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(tmp)
-    os.chmod(tmp, 0o600)
-    srv.listen(4)
-    os.replace(tmp, path)
-    srv.settimeout(_POLL_S)
-    return srv
-
-
 def _standby(args: argparse.Namespace, keeper: int, ctl: int, ack: int) -> int:
     """The standby: prime, serve until one job is handed over, then be that job (its
     signals at their defaults since ``fork_job``)."""
@@ -222,7 +209,7 @@ def _standby(args: argparse.Namespace, keeper: int, ctl: int, ack: int) -> int:
         f" in {took:.2f} s",
         flush=True,
     )
-    srv = _listen(args.socket)
+    srv = listen_ready(args.socket, backlog=4, timeout=_POLL_S)
     req = None
     try:
         while req is None and os.getppid() == keeper:

@@ -262,6 +262,21 @@ def _serve_one(conn: socket.socket, modules: frozenset[str]) -> None:
                     os.killpg(pid, signal.SIGKILL)
 
 
+def listen_ready(path: str, *, backlog: int, timeout: float) -> socket.socket:
+    """Listen on ``path``, which appears only once it accepts: a socket that exists is ready
+    (bound in place, it refused connections until ``listen``, and a launch went cold)."""
+    tmp = f"{path}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(tmp)
+    os.chmod(tmp, 0o600)
+    srv.listen(backlog)
+    os.replace(tmp, path)
+    srv.settimeout(timeout)
+    return srv
+
+
 def serve(path: str, modules: tuple[str, ...], preload: tuple[str, ...], parent: int | None = None) -> int:
     """Serve until the parent (``parent``, else whoever started us) is gone."""
     parent = os.getppid() if parent is None else parent
@@ -269,13 +284,7 @@ def serve(path: str, modules: tuple[str, ...], preload: tuple[str, ...], parent:
     os.environ.setdefault("MKL_NUM_THREADS", "1")
     for m in preload:  # the point of it all: the imports every job would pay, paid once
         importlib.import_module(m)
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    srv.bind(path)
-    os.chmod(path, 0o600)
-    srv.listen(16)
-    srv.settimeout(_ACCEPT_TIMEOUT_S)
+    srv = listen_ready(path, backlog=16, timeout=_ACCEPT_TIMEOUT_S)
     allowed = frozenset(modules)
     while os.getppid() == parent:
         _reap()

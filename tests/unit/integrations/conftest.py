@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 import pytest
 
 from specon import jobkit
+from specon.testing.progress_log import progress_records
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def _signal_handlers() -> Iterator[None]:
 
 
 def records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return progress_records(path)
 
 
 def events(path: Path) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@ warm launcher is found again by its run id."""
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from specon.runtime.local.cgroup_entry import Entry
 from specon.runtime.local.launcher import find_launcher, warm_comm
 from specon.runtime.local.warm import module_args
-from specon.runtime.local.zygote import Request
+from specon.runtime.local.zygote import Request, listen_ready
 
 PY = sys.executable
 
@@ -91,3 +92,24 @@ def test_a_warm_launcher_is_found_by_its_name_and_a_cold_one_by_its_argv(tmp_pat
     assert find_launcher(run_warm, proc) == 10
     assert find_launcher(run_cold, proc) == 11
     assert find_launcher("c" * 32, proc) is None
+
+
+def test_the_server_socket_appears_only_once_it_accepts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ``WarmInterpreter.ready`` (and the GPU standby's runtime) take an existing socket for a
+    # server that accepts: bound in place, it refused connections until ``listen``.
+    path = tmp_path / "zygote.sock"
+    seen: list[bool] = []
+    listen = socket.socket.listen
+
+    def watched(self: socket.socket, *args: int) -> None:
+        seen.append(path.exists())
+        listen(self, *args)
+
+    monkeypatch.setattr(socket.socket, "listen", watched)
+    srv = listen_ready(str(path), backlog=4, timeout=1.0)
+    with srv, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+        assert seen == [False] and path.exists() and not path.with_name("zygote.sock.tmp").exists()
+        assert path.stat().st_mode & 0o777 == 0o600
+        c.connect(str(path))
