@@ -12,7 +12,7 @@ from pathlib import Path
 
 from specon.model import ContainerId
 from specon.runtime.volume import JobPaths
-from specon.testing.progress_log import progress_records
+from specon.testing.progress_log import job_records
 
 #: The release file's name in the job's own folder on the shared volume, which every runtime
 #: shows the job at the same path (a Docker container mounts just that folder; a pod sees the
@@ -34,7 +34,6 @@ def release(gate: Path) -> None:
 def finished_steps(volume: Path, job: str) -> int:
     """How many steps ``job`` trained in all, from its (last) ``finished`` record: a held job
     trains as many as it had when released, if that is more than its steps."""
-    records = progress_records(JobPaths(volume, ContainerId(job)).progress)
-    done = [r for r in records if r.get("event") == "finished"]
+    done = [r for r in job_records(volume, job) if r.get("event") == "finished"]
     assert done, f"{job}: not finished"
     return int(done[-1]["steps"])

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specon.runtime.volume import JobPaths
+
 
 class BrokenLogError(AssertionError):
     """A progress log with a line that is not a whole record (the writer left half a line)."""
@@ -31,3 +33,8 @@ def progress_records(path: Path) -> list[dict[str, Any]]:
         except ValueError as exc:
             raise BrokenLogError(f"{path}: line {n} is not a record: {line[:80]!r}") from exc
     return out
+
+
+def job_records(volume: Path, job: str) -> list[dict[str, Any]]:
+    """``progress_records`` of ``job``'s log on the shared ``volume`` (its root)."""
+    return progress_records(JobPaths.of(volume, job).progress)

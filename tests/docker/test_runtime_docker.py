@@ -27,7 +27,7 @@ from specon.runtime.docker.engine import cpu_seconds
 from specon.runtime.docker.recipe import LABEL_JOB, LABEL_MANAGED, Bind, HostRules, Recipe
 from specon.runtime.volume import JobPaths
 from specon.testing.held_jobs import finished_steps, release, release_file
-from specon.testing.progress_log import progress_records
+from specon.testing.progress_log import job_records
 from tests.docker.engines import Engine, job_binds, python_image, start_engine, stop_engine
 from tests.rootfs import REPO, host_binds
 
@@ -55,7 +55,7 @@ def spec(job: str, r: Recipe) -> JobSpec:
 
 
 def records(volume: Path, job: str) -> list[dict[str, Any]]:
-    return progress_records(JobPaths(volume, job).progress)
+    return job_records(volume, job)
 
 
 async def wait_step(volume: Path, job: str, step: int, timeout: float = 60.0) -> None:
@@ -262,7 +262,6 @@ import asyncio, sys
 from pathlib import Path
 import docker
 from specon.runtime.docker.backend import DockerRuntime
-from specon.testing.progress_log import progress_records
 from specon.runtime.docker.recipe import HostRules
 volume, url, prefixes = Path(sys.argv[1]), sys.argv[2], tuple(sys.argv[3:])
 rt = DockerRuntime(volume, "host-1", docker.DockerClient(base_url=url),

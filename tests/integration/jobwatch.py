@@ -30,7 +30,7 @@ from specon.embedded.cluster import Daemon, EmbeddedCluster
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import JobSpec
 from specon.runtime.volume import JobPaths
-from specon.testing.progress_log import progress_records
+from specon.testing.progress_log import job_records
 from specon.wire.protocol import MigrationStatus, Status
 
 JOB = Path(__file__).parent / "jobs" / "curve_job.py"
@@ -67,7 +67,7 @@ def spec(
 
 # -- the job's progress log ----------------------------------------------------------------
 def records(c: EmbeddedCluster, jid: str) -> list[dict[str, Any]]:
-    return progress_records(JobPaths(c.volume, ContainerId(jid)).progress)
+    return job_records(c.volume, jid)
 
 
 def has_event(c: EmbeddedCluster, jid: str, event: str) -> bool:

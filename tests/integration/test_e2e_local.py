@@ -15,7 +15,7 @@ from specon.embedded.cluster import EmbeddedCluster
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import JobSpec
 from specon.testing.held_jobs import finished_steps, release, release_file
-from specon.testing.progress_log import progress_records
+from specon.testing.progress_log import job_records
 from specon.wire.protocol import Status
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -59,7 +59,7 @@ def job(
 
 
 def records(c: EmbeddedCluster, jid: str) -> list[dict[str, object]]:
-    return progress_records(c.volume / "jobs" / jid / "progress.jsonl")
+    return job_records(c.volume, jid)
 
 
 def trained_steps(c: EmbeddedCluster, jid: str) -> list[int]:

@@ -40,7 +40,7 @@ from specon.embedded.cluster import EmbeddedCluster
 from specon.model import ContainerId, Resources, WorkerId
 from specon.runtime.base import JobSpec
 from specon.testing.held_jobs import finished_steps, release
-from specon.testing.progress_log import progress_records
+from specon.testing.progress_log import job_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -133,7 +133,7 @@ async def tight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
 
 # -- what the test reads ----------------------------------------------------------------------
 def records(c: EmbeddedCluster, jid: str) -> list[dict[str, object]]:
-    return progress_records(c.volume / "jobs" / jid / "progress.jsonl")
+    return job_records(c.volume, jid)
 
 
 def trained(c: EmbeddedCluster, jid: str) -> list[int]:

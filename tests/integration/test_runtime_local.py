@@ -38,7 +38,7 @@ from specon.runtime import (
 )
 from specon.runtime.local.cgroups import CLK_TCK, detect, group_alive, read_stat
 from specon.runtime.volume import Owner
-from specon.testing.progress_log import progress_records
+from specon.testing.progress_log import job_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -149,7 +149,7 @@ def spec(
 
 
 def records(rt: LocalRuntime, job: str) -> list[dict[str, Any]]:
-    return progress_records(JobPaths.of(rt.root, job).progress)
+    return job_records(rt.root, job)
 
 
 def last_step(rt: LocalRuntime, job: str) -> int:

@@ -36,7 +36,7 @@ from specon.embedded.cluster import EmbeddedCluster
 from specon.model import Resources, WorkerId
 from specon.runtime.base import JobSpec
 from specon.runtime.kubernetes.api import KubeApi, KubeError
-from specon.testing.progress_log import progress_records
+from specon.testing.progress_log import job_records
 from specon.wire import protocol
 from specon.wire.protocol import ErrorReply, Status
 from tests.integration.listening import serve_on_free_port
@@ -321,7 +321,7 @@ def _env() -> dict[str, str]:
 
 
 def records(r: Replicas, jid: str) -> list[dict[str, Any]]:
-    return progress_records(r.embedded.volume / "jobs" / jid / "progress.jsonl")
+    return job_records(r.embedded.volume, jid)
 
 
 @contextlib.asynccontextmanager

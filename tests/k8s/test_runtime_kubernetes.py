@@ -23,7 +23,7 @@ from specon.runtime.base import AlreadyRunning, ContainerInfo, SaveFailed
 from specon.runtime.kubernetes.backend import Informer, KubeApi, KubeError, KubernetesRuntime
 from specon.runtime.kubernetes.pods import ANN_GENERATION, ANN_RESTORED_FROM, LABEL_JOB
 from specon.testing.held_jobs import RELEASE, finished_steps, release, release_file
-from specon.testing.progress_log import progress_records
+from specon.testing.progress_log import job_records
 from tests.k8s.cluster import KubeCluster
 from tests.k8s.kubelet import FakeKubelet
 
@@ -150,7 +150,7 @@ def training_pod(
 
 
 def records(volume: Path, job: str) -> list[dict[str, Any]]:
-    return progress_records(volume / "jobs" / job / "progress.jsonl")
+    return job_records(volume, job)
 
 
 def trained(volume: Path, job: str) -> list[int]:

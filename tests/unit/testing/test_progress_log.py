@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specon.testing.progress_log import BrokenLogError, progress_records
+from specon.testing.progress_log import BrokenLogError, job_records, progress_records
 
 
 def test_a_line_being_written_is_read_next_time(tmp_path: Path) -> None:
@@ -24,3 +24,11 @@ def test_a_whole_line_that_is_no_record_is_the_writers_fault(tmp_path: Path) -> 
     log.write_text('{"step": 1}\n{"step": 2, "lo\n')
     with pytest.raises(BrokenLogError, match="line 2"):
         progress_records(log)
+
+
+def test_a_jobs_log_is_found_on_the_volume_where_every_runtime_writes_it(tmp_path: Path) -> None:
+    log = tmp_path / "jobs" / "a" / "progress.jsonl"
+    assert job_records(tmp_path, "a") == []
+    log.parent.mkdir(parents=True)
+    log.write_text('{"step": 1}\n')
+    assert job_records(tmp_path, "a") == [{"step": 1}]
