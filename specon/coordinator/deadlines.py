@@ -23,3 +23,20 @@ def parked(m: Migration, silent: float, policy: Policy) -> str | None:
     if m.state is not State.FAILED or silent < limit:
         return None
     return f"parked: {m.source} and {m.target} silent for {min(silent, 1e9):.0f} s (budget released)"
+
+
+def save_may_stop(since: float | None, now: float, policy: Policy) -> bool:
+    """Whether a save awaited ``since`` then (None: none is) may still stop its job: a save
+    ends within its grace (the job is then killed and rolled back to its newest checkpoint),
+    and its result rides a heartbeat within a worker timeout."""
+    limit = policy.migration.grace_period + policy.messaging.worker_timeout
+    return since is not None and now - since <= limit
+
+
+def retry_due(refusals: int, waited: float, policy: Policy) -> bool:
+    """After ``refusals`` refused restarts, whether ``waited`` seconds are enough for the next:
+    heartbeat_interval * 2^(n-1), at most worker_timeout."""
+    if refusals == 0:
+        return True
+    msg = policy.messaging
+    return waited >= min(msg.worker_timeout, msg.heartbeat_interval * float(2 ** min(refusals - 1, 16)))

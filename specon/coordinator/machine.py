@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Literal
 
 from specon.config import Policy
-from specon.coordinator.deadlines import deadline_passed, parked
+from specon.coordinator.deadlines import deadline_passed, parked, retry_due, save_may_stop
 from specon.coordinator.effects import CommandQueued, Effect, Event, Log, PutMark, PutMigration, Recovered
 from specon.coordinator.migration import (
     FINISHED_DURING,
@@ -327,6 +327,7 @@ class Coordinator:
                 running_on=where if where in alive else None,
                 finished=self.state.finished(m.container),
                 alive=alive,
+                saving=save_may_stop(self.commands.awaited_save(m.id, m.source), now, self.policy),
             )
             if isinstance(step, Advance):
                 self._advance(m, step.state, now)
@@ -340,7 +341,9 @@ class Coordinator:
             if isinstance(step, IssueSave):
                 self._send(step.worker, self._command(m, Action.SAVE, step.worker, now))
             elif isinstance(step, IssueStart):
-                if step.rollback and not self._retry_due(m, now):
+                if step.rollback and not retry_due(
+                    self._refusals.get(m.id, 0), now - m.updated_at, self.policy
+                ):
                     pass  # a refused restart is retried with backoff, by the ticker
                 elif not self.commands.has_start(m.id, (m.source, m.target)):  # never two at once
                     cmd = self._command(m, Action.START, step.worker, now, rollback=step.rollback)
@@ -391,7 +394,9 @@ class Coordinator:
             )
         new = m.to(state, at=now, **changes)
         self.record(new)
-        self.commands.retract(m.id, (m.source, m.target))
+        # A save that reached the source may still stop the job: its result is awaited.
+        awaited = now if (m.state, state) == (State.SAVING, State.FAILED) else None
+        self.commands.retract(m.id, (m.source, m.target), await_saves_at=awaited)
         if new.state.terminal:
             self._finished(new, "done" if new.state is State.DONE else "rolled_back", now)
         else:
@@ -534,15 +539,6 @@ class Coordinator:
             self._log("specon.manager.command_queued", worker=worker, command=cmd.id, action=cmd.action.value)
             self._effects.append(CommandQueued(worker, cmd))
 
-    def _retry_due(self, m: Migration, now: float) -> bool:
-        """After n refused restarts, wait heartbeat_interval * 2^(n-1), at most worker_timeout."""
-        n = self._refusals.get(m.id, 0)
-        if n == 0:
-            return True
-        msg = self.policy.messaging
-        wait = min(msg.worker_timeout, msg.heartbeat_interval * float(2 ** min(n - 1, 16)))
-        return now - m.updated_at >= wait
-
     def result(self, worker: WorkerId, res: CommandResult, at: float) -> None:
         """Apply one command result (repeats and results for finished work are ignored)."""
         cmd = self.commands.pop(worker, res.command)
@@ -590,6 +586,12 @@ class Coordinator:
             )
             self.record(new)
             self.migrations[m.id] = new
+        elif cmd.action is Action.SAVE and m.state is State.FAILED:
+            # A save that outlived its migration stopped the job: it restarts from this checkpoint,
+            # at once (restarts refused while it saved were no news of this one).
+            self.record(new := replace(m, checkpoint=res.checkpoint, checkpoint_step=res.checkpoint_step))
+            self.migrations[m.id] = new
+            self._refusals.pop(m.id, None)
         elif cmd.action is Action.START and not rollback and m.state is State.RESTORING:
             self.record(new := m.to(State.RUNNING, at=at, started_at=at))
             self.migrations[m.id] = new

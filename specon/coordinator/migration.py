@@ -138,13 +138,20 @@ Step = IssueSave | IssueStart | Advance | Wait
 
 
 def next_step(
-    m: Migration, *, running_on: WorkerId | None, finished: bool, alive: frozenset[WorkerId]
+    m: Migration,
+    *,
+    running_on: WorkerId | None,
+    finished: bool,
+    alive: frozenset[WorkerId],
+    saving: bool = False,
 ) -> Step:
     """Decide the next action for ``m`` from its journaled state and the heartbeat facts.
 
     ``running_on`` is the worker whose latest heartbeat lists the container as running
     (None: no agent reports it running); ``finished`` says the job has completed its
-    work (nothing left to move); ``alive`` are the workers with a fresh heartbeat.
+    work (nothing left to move); ``alive`` are the workers with a fresh heartbeat;
+    ``saving`` says a save of ``m`` reached its source and may still be under way (no
+    result yet, and not older than a save can last).
     Saves and starts are idempotent per migration on the agent, so repeating one after
     a lost message or a manager restart is always safe.
     """
@@ -183,6 +190,10 @@ def next_step(
         return Advance(State.DONE)
     # FAILED: make sure the job runs somewhere, preferring its source.
     if running_on is not None:
+        if saving and running_on == m.source:
+            # A job is listed running while it saves: ended now, the save that then stops it
+            # would leave it running nowhere. Its result restarts it from the checkpoint.
+            return Wait("its save may still stop it")
         return Advance(State.ROLLED_BACK)
     home = m.source if m.source in alive else (m.target if m.target in alive else None)
     if home is None:

@@ -1,7 +1,9 @@
 """Commands for agents: how the coordinator makes them and keeps them until they ran (no I/O).
 
 A command stays in its worker's box until a result says it ran (heartbeat replies repeat
-it; each is idempotent on the agent). Write-ahead: a command is handed out only once the
+it; each is idempotent on the agent). A save already sent for a migration that then failed is
+no longer sent but still awaited: it may yet stop the job, and its result says where the
+checkpoint is. Write-ahead: a command is handed out only once the
 journal writes made before it are durable — each carries the number of the last write
 before it (its gate), and ``durable`` is the highest write the shell reported durable.
 """
@@ -64,6 +66,8 @@ class Outbox:
         self._gate: dict[str, int] = {}  # command id -> journal writes it waits for
         # Command ids each worker has already been sent (by a reply or a poll).
         self._delivered: dict[WorkerId, set[str]] = {}
+        # Saves sent for migrations that failed since, by id: (worker, command, since when).
+        self._awaited: dict[str, tuple[WorkerId, Command, float]] = {}
 
     def put(self, worker: WorkerId, cmd: Command, *, after_write: int) -> bool:
         """Queue ``cmd`` behind journal write ``after_write``; False if it is queued already."""
@@ -77,7 +81,12 @@ class Outbox:
     def pop(self, worker: WorkerId, command_id: str) -> Command | None:
         """Take out the command a result answers (None: answered already, or unknown)."""
         self._gate.pop(command_id, None)
-        return self.boxes.get(worker, {}).pop(command_id, None)
+        cmd = self.boxes.get(worker, {}).pop(command_id, None)
+        awaited = self._awaited.get(command_id)
+        if cmd is None and awaited is not None and awaited[0] == worker:
+            del self._awaited[command_id]
+            cmd = awaited[1]
+        return cmd
 
     def deliver(self, worker: WorkerId, durable: int) -> tuple[Command, ...]:
         """The commands ``worker`` may have now; counts them as sent."""
@@ -104,17 +113,34 @@ class Outbox:
             for c in self.boxes.get(w, {}).values()
         )
 
-    def retract(self, migration: str, workers: Iterable[WorkerId]) -> None:
+    def retract(
+        self, migration: str, workers: Iterable[WorkerId], *, await_saves_at: float | None = None
+    ) -> None:
         """Withdraw ``migration``'s commands from ``workers`` (a migration only ever commands
-        its source and its target)."""
+        its source and its target). With ``await_saves_at`` (the time), a save already sent
+        is kept for its result (``awaited_save``); otherwise nothing of it is kept."""
         for w in set(workers):
-            box = self.boxes.get(w, {})
+            box, sent = self.boxes.get(w, {}), self._delivered.get(w, set())
             for cid in [c for c, cmd in box.items() if cmd.migration == migration]:
-                del box[cid]
+                cmd = box.pop(cid)
                 self._gate.pop(cid, None)
+                if await_saves_at is not None and cmd.action is Action.SAVE and cid in sent:
+                    self._awaited[cid] = (w, cmd, await_saves_at)
+        if await_saves_at is None:
+            for cid in [c for c, (_, cmd, _) in self._awaited.items() if cmd.migration == migration]:
+                del self._awaited[cid]
+
+    def awaited_save(self, migration: str, worker: WorkerId) -> float | None:
+        """Since when a save of ``migration`` sent to ``worker`` is awaited (None: none is)."""
+        for w, cmd, since in self._awaited.values():
+            if w == worker and cmd.migration == migration:
+                return since
+        return None
 
     def forget(self, worker: WorkerId) -> None:
         """Drop everything kept for a pruned worker."""
         for cid in self.boxes.pop(worker, {}):
             self._gate.pop(cid, None)
         self._delivered.pop(worker, None)
+        for cid in [c for c, (w, _, _) in self._awaited.items() if w == worker]:
+            del self._awaited[cid]

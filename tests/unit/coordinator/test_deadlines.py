@@ -53,10 +53,18 @@ def test_a_save_that_never_returns_rolls_back_at_its_deadline(tmp_path: Path, cl
     clock.advance(5.0)
     batch = coord.on_heartbeat(a.heartbeat(report("c1", CC), report("c2"), report("c3")))
     (m,) = coord.journal.all()  # type: ignore[attr-defined]
-    assert m.state is State.ROLLED_BACK, "c1 still runs on its source: the rollback is immediate"
+    assert m.state is State.FAILED
     assert m.error is not None and m.error.startswith("deadline: saving for 65 s")
     assert not commands(batch, Action.SAVE), "the stuck save is withdrawn"
     assert [e.labels for e in events if e.kind == "migration_timeout"] == [{"state": "saving"}]
+    # c1 still runs on its source. Ended at once, a save that then stopped it would leave it
+    # running nowhere: the migration ends once no save can still be under way.
+    pol = coord.policy
+    clock.advance(pol.migration.grace_period + pol.messaging.worker_timeout + 1.0)
+    coord.on_heartbeat(b.heartbeat())
+    batch = coord.on_heartbeat(a.heartbeat(report("c1", CC), report("c2"), report("c3")))
+    (m,) = coord.journal.all()  # type: ignore[attr-defined]
+    assert m.state is State.ROLLED_BACK and not commands(batch)
     assert not coord.migrations
 
 

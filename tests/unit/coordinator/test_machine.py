@@ -312,6 +312,87 @@ def test_a_job_stopped_by_a_save_whose_source_went_silent_is_restarted(
     assert [c.container for c in starts] == [C1]
 
 
+def _running_on_a() -> tuple[ContainerReport, ...]:
+    return report("c1", CC), report("c2"), report("c3")  # a saving job is listed as running
+
+
+def _rolled_back_from(coord: InlineCoordinator, a: FakeAgent, rollback: Command) -> Migration:
+    restarted = CommandResult(command=rollback.id, ok=True, finished_at=a.now())
+    coord.on_heartbeat(a.heartbeat(*_running_on_a(), results=(restarted,)))
+    return _one_migration(coord)
+
+
+def test_a_save_that_outlives_its_deadline_still_gets_its_job_restarted_from_its_checkpoint(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    # A big checkpoint: the save runs past save_timeout. Rolled back while the job was still
+    # listed, the save then stopped it and its result was dropped: the job ran nowhere.
+    pol = policy(migration={"save_timeout": 10.0})
+    coord = coordinator(tmp_path, clock, pol)
+    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
+    save = _begin_move(coord, a, b)
+    clock.advance(pol.messaging.worker_timeout + 1.0)  # past the save's deadline (and the warm-up)
+    reply = coord.on_heartbeat(a.heartbeat(*_running_on_a()))
+    coord.on_heartbeat(b.heartbeat())
+    m = _one_migration(coord)
+    assert m.state is State.FAILED and m.error is not None and m.error.startswith("deadline: saving")
+    assert not reply.commands, "a failed migration neither saves again nor starts a copy"
+
+    clock.advance(5.0)  # the save ends: c1 stopped with its checkpoint
+    reply = coord.on_heartbeat(a.heartbeat(report("c2"), report("c3"), results=(_saved(save, a),)))
+    rollback = only(reply, Action.START)
+    assert (rollback.container, rollback.checkpoint, rollback.checkpoint_step) == (C1, CKPT, 100)
+    assert rollback.rollback and not coord.batch_for(b.worker).commands
+    m = _rolled_back_from(coord, a, rollback)
+    assert m.state is State.ROLLED_BACK and m.checkpoint == CKPT
+
+
+def test_a_save_that_outlives_a_cut_of_its_source_still_gets_its_job_restarted(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    pol = policy()
+    coord = coordinator(tmp_path, clock, pol)
+    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
+    save = _begin_move(coord, a, b)
+    # a is cut off past worker_timeout while it saves; b's rollback start is refused (the job
+    # is still a's on the shared volume).
+    for _ in range(int(pol.messaging.worker_timeout // 5) + 1):
+        clock.advance(5.0)
+        for start in commands(coord.on_heartbeat(b.heartbeat()), Action.START):
+            refused = CommandResult(command=start.id, ok=False, error="already running", finished_at=b.now())
+            coord.on_heartbeat(b.heartbeat(results=(refused,)))
+    assert _one_migration(coord).state is State.FAILED
+    # a is back, still saving: its job is listed, and the migration waits for the save.
+    reply = coord.on_heartbeat(a.heartbeat(*_running_on_a()))
+    assert not reply.commands and _one_migration(coord).state is State.FAILED
+    clock.advance(2.0)
+    reply = coord.on_heartbeat(a.heartbeat(report("c2"), report("c3"), results=(_saved(save, a),)))
+    rollback = only(reply, Action.START)
+    assert (rollback.container, rollback.checkpoint) == (C1, CKPT)
+    assert _rolled_back_from(coord, a, rollback).state is State.ROLLED_BACK
+
+
+def test_a_failed_migration_waits_for_its_save_no_longer_than_a_save_can_last(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    pol = policy(migration={"save_timeout": 10.0})
+    coord = coordinator(tmp_path, clock, pol)
+    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
+    _begin_move(coord, a, b)
+    clock.advance(pol.messaging.worker_timeout + 1.0)
+    coord.on_heartbeat(a.heartbeat(*_running_on_a()))
+    assert _one_migration(coord).state is State.FAILED
+    # A save ends within its grace (then the job is killed and rolled back): past that and a
+    # heartbeat's worth, the job still listed is running, and the migration ends.
+    clock.advance(pol.migration.grace_period + pol.messaging.worker_timeout - 1.0)
+    coord.on_heartbeat(a.heartbeat(*_running_on_a()))
+    assert _one_migration(coord).state is State.FAILED
+    clock.advance(2.0)
+    coord.on_heartbeat(a.heartbeat(*_running_on_a()))
+    assert _one_migration(coord).state is State.ROLLED_BACK
+    assert not coord.migrations and not _in_any_outbox(coord, Action.START)
+
+
 def test_downtime_is_recorded_when_the_running_job_is_seen_before_the_start_result(
     tmp_path: Path, clock: FakeClock
 ) -> None:

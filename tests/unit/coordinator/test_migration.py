@@ -78,6 +78,19 @@ def test_failed_restarts_on_source_else_target_never_while_running() -> None:
     assert next_step(m, running_on=A, finished=False, alive=ALL) == Advance(State.ROLLED_BACK)
 
 
+def test_failed_waits_while_its_save_may_still_stop_the_job_on_the_source() -> None:
+    # Rolled back now, the save that then stops the job would leave it running nowhere.
+    m = mig(State.FAILED, checkpoint=None)
+    assert isinstance(next_step(m, running_on=A, finished=False, alive=ALL, saving=True), Wait)
+    assert next_step(m, running_on=A, finished=False, alive=ALL) == Advance(State.ROLLED_BACK)
+    # Stopped (the result on its way) or running elsewhere: nothing for the save to stop.
+    assert next_step(m, running_on=None, finished=False, alive=ALL, saving=True) == IssueStart(
+        A, None, rollback=True
+    )
+    assert next_step(m, running_on=B, finished=False, alive=ALL, saving=True) == Advance(State.ROLLED_BACK)
+    assert next_step(m, running_on=A, finished=True, alive=ALL, saving=True) == Advance(State.ROLLED_BACK)
+
+
 def test_finished_job_ends_any_migration() -> None:
     assert next_step(mig(State.SAVED), running_on=None, finished=True, alive=ALL) == Advance(State.FAILED)
     assert next_step(mig(State.FAILED), running_on=None, finished=True, alive=ALL) == Advance(
@@ -93,12 +106,13 @@ def test_finished_job_ends_any_migration() -> None:
     running_on=st.sampled_from([None, A, B, C]),
     finished=st.booleans(),
     alive=st.frozensets(st.sampled_from([A, B, C])),
+    saving=st.booleans(),
 )
 def test_never_starts_a_second_copy_and_advances_legally(
-    state: State, running_on: WorkerId | None, finished: bool, alive: frozenset[WorkerId]
+    state: State, running_on: WorkerId | None, finished: bool, alive: frozenset[WorkerId], saving: bool
 ) -> None:
     m = mig(state)
-    step = next_step(m, running_on=running_on, finished=finished, alive=alive)
+    step = next_step(m, running_on=running_on, finished=finished, alive=alive, saving=saving)
     if isinstance(step, IssueStart):
         assert running_on is None and not finished and step.worker in alive
     if isinstance(step, IssueSave):
