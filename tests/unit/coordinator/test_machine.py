@@ -322,22 +322,28 @@ def _rolled_back_from(coord: InlineCoordinator, a: FakeAgent, rollback: Command)
     return _one_migration(coord)
 
 
-def test_a_save_that_outlives_its_deadline_still_gets_its_job_restarted_from_its_checkpoint(
+def _saving_past_its_deadline(
     tmp_path: Path, clock: FakeClock
-) -> None:
-    # A big checkpoint: the save runs past save_timeout. Rolled back while the job was still
-    # listed, the save then stopped it and its result was dropped: the job ran nowhere.
+) -> tuple[InlineCoordinator, FakeAgent, FakeAgent, Command]:
+    """c1's save (returned) runs past save_timeout (10 s) with c1 still listed on a: failed."""
     pol = policy(migration={"save_timeout": 10.0})
     coord = coordinator(tmp_path, clock, pol)
     a, b = FakeAgent("a", clock), FakeAgent("b", clock)
     save = _begin_move(coord, a, b)
     clock.advance(pol.messaging.worker_timeout + 1.0)  # past the save's deadline (and the warm-up)
-    reply = coord.on_heartbeat(a.heartbeat(*_running_on_a()))
+    assert not coord.on_heartbeat(a.heartbeat(*_running_on_a())).commands, "no save again, no copy"
     coord.on_heartbeat(b.heartbeat())
     m = _one_migration(coord)
     assert m.state is State.FAILED and m.error is not None and m.error.startswith("deadline: saving")
-    assert not reply.commands, "a failed migration neither saves again nor starts a copy"
+    return coord, a, b, save
 
+
+def test_a_save_that_outlives_its_deadline_still_gets_its_job_restarted_from_its_checkpoint(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    # A big checkpoint: the save runs past save_timeout. Rolled back while the job was still
+    # listed, the save then stopped it and its result was dropped: the job ran nowhere.
+    coord, a, b, save = _saving_past_its_deadline(tmp_path, clock)
     clock.advance(5.0)  # the save ends: c1 stopped with its checkpoint
     reply = coord.on_heartbeat(a.heartbeat(report("c2"), report("c3"), results=(_saved(save, a),)))
     rollback = only(reply, Action.START)
@@ -375,13 +381,8 @@ def test_a_save_that_outlives_a_cut_of_its_source_still_gets_its_job_restarted(
 def test_a_failed_migration_waits_for_its_save_no_longer_than_a_save_can_last(
     tmp_path: Path, clock: FakeClock
 ) -> None:
-    pol = policy(migration={"save_timeout": 10.0})
-    coord = coordinator(tmp_path, clock, pol)
-    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
-    _begin_move(coord, a, b)
-    clock.advance(pol.messaging.worker_timeout + 1.0)
-    coord.on_heartbeat(a.heartbeat(*_running_on_a()))
-    assert _one_migration(coord).state is State.FAILED
+    coord, a, _, _ = _saving_past_its_deadline(tmp_path, clock)
+    pol = coord.policy
     # A save ends within its grace (then the job is killed and rolled back): past that and a
     # heartbeat's worth, the job still listed is running, and the migration ends.
     clock.advance(pol.migration.grace_period + pol.messaging.worker_timeout - 1.0)
