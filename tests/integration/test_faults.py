@@ -242,8 +242,9 @@ async def test_source_agent_killed_during_a_save_the_migration_ends_and_nothing_
     and the job is found still running there."""
     stubborn = job == "stubborn"
     gate = gate_of(tmp_path, "conv")
+    grace = 30.0 if stubborn else 10.0
     async with (
-        embedded(tmp_path, grace=30.0 if stubborn else 10.0) as c,
+        embedded(tmp_path, grace=grace) as c,
         Watchdog(c, "conv") as dog,
         Watchdog(c, "steady") as steady,
     ):
@@ -255,8 +256,14 @@ async def test_source_agent_killed_during_a_save_the_migration_ends_and_nothing_
             await wait_for(lambda: refused_on_w1(c), "w1 to refuse a second copy", timeout=20, watchdog=dog)
             assert dog.workers == ["w0"]
         await restart_agent(c, W0)
+        # The save died with its agent, but the manager cannot tell a restarted agent from one
+        # still saving: a stubborn job listed running ends its migration once no save can be
+        # under way (the grace, then a worker timeout for its result).
         await wait_for(
-            in_state(c, "conv", "done", "rolled_back"), "the migration to end", timeout=30, watchdog=dog
+            in_state(c, "conv", "done", "rolled_back"),
+            "the migration to end",
+            timeout=30 + grace,
+            watchdog=dog,
         )
         release(gate)  # it ends only now that the migration has
         await wait_for(lambda: finished(c, "conv"), "conv to finish", timeout=40, watchdog=dog)
