@@ -55,7 +55,7 @@ from specon_agent.gpu_share import GpuShare, gpu_state_path
 from specon_agent.gpus import GpuUsage, device_reports, gpu_use
 from specon_agent.priority import Running, running_of
 from specon_agent.reports import ended_report, running_report, suspended_reports
-from specon_agent.resumed import first_record_time, log_size
+from specon_agent.resumed import FirstRecord, first_record_after, log_size
 from specon_agent.watched import AgentCounters, Watched, append_curve, declare_steps, predicted_steps
 from specon_agent.weights import CpuWeights, state_path
 from specon_agent.window import LossWindows
@@ -510,29 +510,29 @@ class Agent:
         offset = log_size(info.progress_path)  # what earlier runs (other hosts, other clocks) wrote
         self._watch(info)
         self._save_states()
-        resumed = await self._first_record_after(info, starting, offset, self.settings.first_record_timeout)
-        return CommandResult(command=cmd.id, ok=True, finished_at=resumed)
+        first = await first_record_after(
+            self.runtime, info, starting, offset, self.settings.first_record_timeout
+        )
+        if first.never_ran:
+            return await self._died_at_start(cmd, first)
+        return CommandResult(command=cmd.id, ok=True, finished_at=first.at)
 
-    async def _first_record_after(
-        self, info: ContainerInfo, since: float, offset: int, timeout: float = 120.0
-    ) -> float:
-        """When the restarted job wrote its first progress record (it is training again).
-
-        A process that exists is not yet a job that runs: the interpreter, the framework and
-        the checkpoint load come first, and they are part of a migration's downtime. Only
-        what it appended after ``offset`` counts (``specon_agent.resumed``). Falls back to
-        now if the job writes nothing within ``timeout``.
-        """
-        deadline = self.runtime.now() + timeout
-        while self.runtime.now() < deadline:
-            ts = first_record_time(info.progress_path, offset, since, self.runtime.now())
-            if ts is not None:
-                return ts
-            alive = {i.id for i in await self.runtime.list_containers() if i.alive}
-            if info.id not in alive:
-                break
-            await self.runtime.sleep(0.05)
-        return self.runtime.now()
+    async def _died_at_start(self, cmd: Command, first: FirstRecord) -> CommandResult:
+        """The copy ended before its first record (a crash on restore, an OOM, a kubelet that
+        refused it): no copy runs here, so the start failed, and the manager restarts the job
+        elsewhere. The dead run is unlisted before the result goes out (no heartbeat may show
+        it running) and forgotten, so that its record blocks no start on another host."""
+        code = None if first.ended is None else first.ended.exit_code
+        gone = self.watched.pop(cmd.container, None)
+        if gone is not None:
+            gone.tailer.close()
+        try:
+            await self.runtime.forget(cmd.container)
+        except RuntimeFailure as exc:
+            log.warning("specon.agent.forget_failed", container=cmd.container, error=str(exc))
+        log.warning("specon.agent.start_died", command=cmd.id, container=cmd.container, exit_code=code)
+        error = f"{cmd.container}: the started copy ended before its first progress record (exit code {code})"
+        return CommandResult(command=cmd.id, ok=False, error=error, detail={"died": True})
 
     async def _start_from(self, spec: JobSpec, checkpoint: Path | None) -> ContainerInfo:
         """Start ``spec`` from ``checkpoint``, or, if that no longer verifies, from the newest

@@ -7,6 +7,9 @@ newer than this host's start. So the new run's records are told by where they li
 log's size when the start returned), and only their timestamps, written here by this host's
 clock, are compared with the start. A job quicker than the start's return to write its first
 record is seen at its next one.
+
+A copy that ends before its first record never ran: ``first_record_after`` says so, and the
+agent reports its start failed instead of done (a migration must not end with its job gone).
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from specon.checkpoint import open_regular
 from specon.progress.fields import TS_KEYS
+from specon.runtime.base import ContainerInfo, Runtime
 
 # The new run's first records are read, never the whole log it appends to.
 READ_LIMIT = 1 << 16
@@ -66,3 +71,44 @@ def first_record_time(progress: Path, offset: int, since: float, now: float) -> 
         if ts > since:
             return float(ts) if ts <= now + AHEAD_SLACK else now
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class FirstRecord:
+    """How a started copy's wait for its first record ended."""
+
+    at: float  # when it logged its first record (or when the wait ended without one)
+    # The copy ended before it logged one: its last listing (None while it runs, or once it
+    # has logged, or when it vanished from the listing after it was listed: ``vanished``).
+    ended: ContainerInfo | None = None
+    vanished: bool = False
+
+    @property
+    def never_ran(self) -> bool:
+        """It ended (or vanished) before its first record without completing its work: the
+        start did not give the job a running copy."""
+        return self.vanished or (self.ended is not None and not self.ended.finished)
+
+
+async def first_record_after(
+    runtime: Runtime, info: ContainerInfo, since: float, offset: int, timeout: float
+) -> FirstRecord:
+    """Wait until the copy ``info`` (started at ``since``) logs its first record after byte
+    ``offset`` of its progress log, or ends, or ``timeout`` passes (then it counts as running:
+    a job that logs rarely is not a job that failed)."""
+    deadline = runtime.now() + timeout
+    listed = False  # a listing from a watch cache may not show a copy just created
+    while runtime.now() < deadline:
+        ts = first_record_time(info.progress_path, offset, since, runtime.now())
+        if ts is not None:
+            return FirstRecord(ts)
+        now = next((i for i in await runtime.list_containers() if i.id == info.id), None)
+        if (now is None and listed) or (now is not None and not now.alive):
+            # Ended: one last look, for a record written just before its exit.
+            ts = first_record_time(info.progress_path, offset, since, runtime.now())
+            if ts is not None:
+                return FirstRecord(ts)
+            return FirstRecord(runtime.now(), ended=now, vanished=now is None)
+        listed = listed or now is not None
+        await runtime.sleep(0.05)
+    return FirstRecord(runtime.now())

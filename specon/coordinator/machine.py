@@ -384,10 +384,6 @@ class Coordinator:
         changes: dict[str, object] = {}
         if error is not None:
             changes["error"] = error
-        if state is State.RUNNING and m.started_at is None:
-            # Seen running on the target before the start result arrived: the heartbeat
-            # time bounds the restart from above.
-            changes["started_at"] = now
         if state is State.FAILED and m.error is None and error is None:
             changes["error"] = why_failed(
                 m, self.state.running_on(m.container), self.state.finished(m.container)

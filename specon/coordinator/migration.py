@@ -8,8 +8,10 @@ asks ``next_step`` what to do. ``next_step`` looks only at the journaled record 
 where heartbeats currently see the container running, so the same function drives a
 migration forward in normal operation and resumes or rolls back every migration that
 was in flight when a manager restarts. It never issues a start while the container is
-seen running anywhere (a job never runs twice) and never gives up on a container that
-is running nowhere (a job is never left without a running copy).
+seen running anywhere else (a job never runs twice; a start repeated where the copy runs
+is answered by that copy), never gives up on a container that is running nowhere (a job
+is never left without a running copy), and counts a restore done only once its start's
+result says the copy runs.
 """
 
 from __future__ import annotations
@@ -181,10 +183,11 @@ def next_step(
             return Advance(State.FAILED)
         return Advance(State.RESTORING)
     if s is State.RESTORING:
-        if running_on == m.target:
-            return Advance(State.RUNNING)
-        if running_on is not None or m.target not in alive:
+        if running_on not in (None, m.target) or m.target not in alive:
             return Advance(State.FAILED)
+        # Listed on the target is not yet running: a copy may die before its first record
+        # (a crash on restore, a kubelet's refusal). Only the start's result says it runs;
+        # repeated, the start is answered by the copy already there.
         return IssueStart(m.target, m.checkpoint, rollback=False)
     if s is State.RUNNING:
         return Advance(State.DONE)

@@ -176,7 +176,8 @@ class AgentSettings(_Settings):
     first_record_timeout: float = _setting(
         120.0,
         "Seconds a started job has to write its first progress record (the end of a migration's "
-        "downtime) before its start is reported finished anyway.",
+        "downtime) before its start is reported finished anyway; a copy that ends before its first "
+        "record without finishing fails its start.",
     )
     result_memory: int = _setting(
         1000, "Results of executed commands kept, so that a repeated command is answered, not run again."

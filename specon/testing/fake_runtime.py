@@ -259,6 +259,7 @@ class FakeRuntime:
         self.host_pids: dict[ContainerId, frozenset[int]] = {}
         self._save_faults: list[SaveFault] = []
         self._start_faults: list[str] = []
+        self._start_deaths: list[int] = []
         self._last_usage = (self.clock.now(), volume.worker_cpu.get(self._worker, 0.0))
 
     # -- fault injection ---------------------------------------------------------------------
@@ -269,6 +270,11 @@ class FakeRuntime:
 
     def fail_next_start(self, message: str = "injected start failure") -> None:
         self._start_faults.append(message)
+
+    def die_at_next_start(self, exit_code: int = 1) -> None:
+        """The next start launches a copy that exits with ``exit_code`` before it logs
+        anything (a crash on restore, an OOM kill, a kubelet's refusal)."""
+        self._start_deaths.append(exit_code)
 
     def crash(self, container_id: str, *, exit_code: int = 1) -> None:
         job = self._mine(ContainerId(container_id))
@@ -390,6 +396,10 @@ class FakeRuntime:
         job.owner, job.state, job.exit_code, job.frozen = self._worker, ContainerState.RUNNING, None, False
         job.step = job.run_start_step = job.checkpoints[-1] if job.checkpoints else 0
         job.run_started_at = job.accounted_until = now
+        if self._start_deaths:
+            info = self._info(job)  # what the start returns: the copy was launched
+            job.state, job.exit_code = ContainerState.FAILED, self._start_deaths.pop(0)
+            return info
         job.records.append({"event": "resumed", "step": job.step, "worker": self._worker, "time": now})
         return self._info(job)
 

@@ -20,7 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from specon_agent.core import Agent
 
+from specon.config import Policy
+from specon.model import ContainerId
 from specon.runtime import AlreadyRunning, ContainerState, JobSpec, StartFailed
 from specon.runtime.docker.backend import DockerRuntime
 from specon.runtime.docker.engine import cpu_seconds
@@ -28,6 +31,7 @@ from specon.runtime.docker.recipe import LABEL_JOB, LABEL_MANAGED, Bind, HostRul
 from specon.runtime.volume import JobPaths
 from specon.testing.held_jobs import finished_steps, release, release_file
 from specon.testing.progress_log import job_records
+from specon.wire.protocol import Action, Command
 from tests.docker.engines import Engine, job_binds, python_image, start_engine, stop_engine
 from tests.rootfs import REPO, host_binds
 
@@ -269,6 +273,38 @@ rt = DockerRuntime(volume, "host-1", docker.DockerClient(base_url=url),
 print("saving", flush=True)
 asyncio.run(rt.save("kill-1", grace=30))
 """
+
+
+async def test_a_copy_that_dies_at_start_fails_its_start_and_the_source_may_run_the_job(
+    docker_engines: tuple[Engine, Engine], python_images: str, volume: Path
+) -> None:
+    # The target's agent launches the restored copy, which crashes loading its checkpoint.
+    # Its start is reported failed (not done with the job running nowhere), and the dead
+    # container is forgotten: a record of another engine would count as running for ever,
+    # so the source's engine could never start the job again.
+    rt1, rt2 = runtimes(docker_engines, volume)
+    crash = JobPaths(volume, ContainerId("die-1")).dir / "crash-on-restore"
+    args = ("--steps", "80", "--crash-on-restore", str(crash), *held(volume, "die-1"))
+    s = spec("die-1", recipe(python_images, volume, *args))
+    await rt1.start(s)
+    await wait_step(volume, "die-1", 20)
+    saved = await rt1.save("die-1", grace=20)
+    assert saved.checkpoint is not None
+    crash.touch()  # the next checkpoint load crashes
+
+    target = Agent(runtime=rt2, policy=Policy(), address="host-2:7701")
+    start = Command(id="m1:start:host-2:0", action=Action.START, container=ContainerId("die-1"),
+                    deadline=time.time() + 60, migration="m1", checkpoint=str(saved.checkpoint))  # fmt: skip
+    res = await target.execute(start, 60.0)
+
+    assert not res.ok and res.detail == {"died": True}, res
+    assert res.error is not None and "(exit code 1)" in res.error
+    assert not crash.exists(), "the copy on host-2 loaded the checkpoint and crashed"
+    assert await rt2.list_containers() == []
+    release(release_file(volume, "die-1"))
+    await rt1.start(rt1.job_spec(ContainerId("die-1")) or s, checkpoint=saved.checkpoint)
+    await wait_finished(rt1, "die-1")
+    assert_exact_released(volume, "die-1", 80)
 
 
 async def test_an_agent_killed_mid_save_loses_nothing(

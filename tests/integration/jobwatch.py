@@ -53,15 +53,18 @@ def spec(
     save_gate: Path | None = None,
     ignore_sigterm: bool = False,
     until_released: Path | None = None,
+    crash_on_restore: Path | None = None,
 ) -> JobSpec:
     """The curve job ``jid`` as the embedded cluster runs it; ``until_released``: trains past
-    ``steps`` until that file exists (``held_jobs.release``), so a test decides when it ends."""
+    ``steps`` until that file exists (``held_jobs.release``), so a test decides when it ends;
+    ``crash_on_restore``: its next checkpoint load crashes while that file exists."""
     argv = [sys.executable, str(JOB), "--steps", str(steps), "--curve", curve]
     argv += ["--step-seconds", str(step_seconds), "--checkpoint-every", str(CHECKPOINT_EVERY)]
     argv += ["--save-seconds", str(save_seconds), "--restore-seconds", str(restore_seconds)]
     argv += ["--ignore-sigterm"] if ignore_sigterm else []
     argv += ["--save-gate", str(save_gate)] if save_gate is not None else []
     argv += ["--until-released", str(until_released)] if until_released is not None else []
+    argv += ["--crash-on-restore", str(crash_on_restore)] if crash_on_restore is not None else []
     return JobSpec(id=ContainerId(jid), command=tuple(argv), steps=steps, model=curve)
 
 

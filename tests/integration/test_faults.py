@@ -99,6 +99,7 @@ async def submit_converging_pair(
     steps: int = STEPS,
     save_seconds: float = 0.0,
     ignore_sigterm: bool = False,
+    crash_on_restore: Path | None = None,
 ) -> None:
     """On w0: ``conv`` (converges in seconds, so it asks to move to the empty w1) and
     ``steady`` (keeps progressing, so w0 stays the busier worker and ``conv`` may ask).
@@ -113,6 +114,7 @@ async def submit_converging_pair(
             save_seconds=save_seconds,
             ignore_sigterm=ignore_sigterm,
             until_released=gate,
+            crash_on_restore=crash_on_restore,
         ),
         W0,
     )
@@ -347,6 +349,29 @@ async def test_corrupt_saved_checkpoint_restores_from_the_previous_complete_one(
         assert rs[1].resumed_from == sorted(rs[0].checkpoints)[-2] < m.checkpoint_step
         redone = set(rs[0].trained) & set(rs[1].trained)
         assert redone == set(range(rs[1].resumed_from + 1, m.checkpoint_step + 1))
+
+
+async def test_a_restored_copy_that_dies_at_start_restarts_on_its_source_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    # The copy on the target exits before its first record (its checkpoint load crashes, as
+    # on a host that cannot run it). Its start fails instead of the move counting done with
+    # the job running nowhere, and the job resumes on its source from the saved checkpoint.
+    gate, crash = gate_of(tmp_path, "conv"), tmp_path / "crash-once"
+    crash.touch()
+    async with embedded(tmp_path) as c, Watchdog(c, "conv") as dog:
+        await submit_converging_pair(c, gate, crash_on_restore=crash)
+        await wait_for(in_state(c, "conv", "rolled_back"), "the move to roll back", timeout=60, watchdog=dog)
+        assert not crash.exists(), "the target's copy loaded the checkpoint and crashed"
+        m = await migration_of(c, "conv")
+        assert m is not None and m.checkpoint_step is not None
+        assert m.error is not None and "ended before its first progress record (exit code 1)" in m.error
+        release(gate)
+        await wait_for(lambda: finished(c, "conv"), "conv to finish", timeout=40, watchdog=dog)
+        rs = await assert_finished_once(c, dog, trained_at_least(c, "conv", STEPS))
+        # The crashed copy logged nothing: the source's run resumes from the saved checkpoint.
+        assert len(rs) == 2 and rs[0].ending == "checkpointed"
+        assert rs[1].resumed_from == m.checkpoint_step == rs[0].checkpoints[-1]
 
 
 # -- 5. the manager is away for a while ---------------------------------------------------------

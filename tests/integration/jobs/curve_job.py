@@ -13,7 +13,10 @@ the job deaf to SIGTERM, so a save can only end by the grace period's SIGKILL;
 ``--save-gate FILE`` (with ``--save-seconds``) ends that slow save as soon as FILE exists, so a
 test holds a save in flight for exactly as long as it needs, ``--save-seconds`` at most;
 ``--restore-seconds S`` makes loading a checkpoint take S seconds (a slow restore: the job's
-process exists, its ``started`` record comes S seconds later).
+process exists, its ``started`` record comes S seconds later); ``--crash-on-restore FILE``
+makes the next checkpoint load fail while FILE exists (it is removed first, so only one copy
+crashes): the copy exits 1 before its first record, as one that cannot load its state on its
+new host would.
 
 ``--until-released FILE`` hands the job's end to the test: it trains its ``--steps`` and then
 goes on training (the same curve, so a converged job still looks converged) until FILE exists,
@@ -51,6 +54,7 @@ def main() -> None:
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--save-gate", type=Path, default=None)
     p.add_argument("--restore-seconds", type=float, default=0.0)
+    p.add_argument("--crash-on-restore", type=Path, default=None, metavar="FILE")
     p.add_argument("--until-released", type=Path, default=None, metavar="FILE")
     args = p.parse_args()
     curve = CURVES[args.curve]
@@ -66,6 +70,9 @@ def main() -> None:
         return payload
 
     def restore(payload: bytes) -> None:
+        if args.crash_on_restore is not None and args.crash_on_restore.exists():
+            args.crash_on_restore.unlink()
+            raise RuntimeError("injected: the checkpoint cannot be loaded here")
         time.sleep(args.restore_seconds)
         state.update(json.loads(payload))
 

@@ -473,6 +473,40 @@ async def test_a_start_reports_when_the_job_wrote_its_first_record(world: World)
     assert res.ok and res.finished_at == began + 0.5  # the first step's record, not a timeout
 
 
+async def test_a_copy_that_dies_before_its_first_record_fails_its_start(world: World) -> None:
+    # Its start returned (the copy was launched), but it never trained: reported done, the
+    # migration would end with the job running nowhere.
+    world.volume.script("a", JobScript(steps_per_second=2.0))
+    world.volume.submit(spec("a"))
+    agent = world.agent(world.w1)
+    world.w1.die_at_next_start(exit_code=137)
+
+    res = await execute(agent, world.clock, command("start-a", Action.START, "a"))
+
+    assert not res.ok and res.detail == {"died": True}
+    assert res.error is not None and "ended before its first progress record (exit code 137)" in res.error
+    assert "a" not in agent.watched and "a" not in reports(agent, world.clock)
+    assert ("forget", "a") in world.w1.calls  # its record blocks no start elsewhere
+    restarted = await execute(world.agent(world.w0), world.clock, command("rollback-a", Action.START, "a"))
+    assert restarted.ok
+
+
+async def test_a_copy_that_completes_before_its_first_record_started_fine(world: World) -> None:
+    # Resumed from a checkpoint at its last step, a job ends at once without a record of
+    # the new run: it completed, which is no failure to restart.
+    world.volume.script("a", JobScript(steps_per_second=2.0))
+    world.volume.submit(spec("a", steps=4))
+    world.volume.jobs[ContainerId("a")].checkpoints.append(4)
+    agent = world.agent(world.w1)
+
+    res = await execute(agent, world.clock, command("start-a", Action.START, "a"))
+
+    assert res.ok
+    assert ("forget", "a") not in world.w1.calls
+    await agent.refresh()
+    assert reports(agent, world.clock)["a"].phase == "finished"
+
+
 async def test_a_migrated_start_arrives_frozen_in_cc(world: World) -> None:
     world.volume.script("a", JobScript(loss=steady))  # progressing: would be PC if classified
     agent = world.agent(world.w1)

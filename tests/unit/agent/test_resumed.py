@@ -3,15 +3,17 @@ comparing another host's timestamps with this host's clock (``specon_agent.resum
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-from specon_agent.resumed import first_record_time, log_size
+from specon_agent.resumed import first_record_after, first_record_time, log_size
 
-from specon.model import ContainerId
+from specon.model import ContainerId, WorkerId
+from specon.runtime import ContainerInfo, ContainerState, JobSpec
 from specon.testing.fake_runtime import JobScript
 from specon.wire.protocol import Action
 from tests.unit.agent.test_core import World, command, execute, spec, world  # noqa: F401 (a fixture)
@@ -95,3 +97,68 @@ async def test_a_start_after_a_source_whose_clock_is_ahead_reports_the_new_runs_
 
     # The new run's first step, on this clock.
     assert res.ok and res.finished_at == pytest.approx(began + 0.5)
+
+
+class _Listing:
+    """A runtime whose listing of the copy is scripted, one answer per poll."""
+
+    def __init__(self, info: ContainerInfo, answers: list[ContainerState | None]) -> None:
+        self.info, self.answers, self.t = info, answers, 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+    async def list_containers(self) -> list[ContainerInfo]:
+        state = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        return [] if state is None else [dataclasses.replace(self.info, state=state)]
+
+
+def _copy(tmp_path: Path) -> ContainerInfo:
+    return ContainerInfo(
+        id=ContainerId("a"),
+        worker=WorkerId("w1"),
+        spec=JobSpec(id=ContainerId("a"), command=("train",)),
+        state=ContainerState.RUNNING,
+        progress_path=tmp_path / "progress.jsonl",
+        checkpoint_dir=tmp_path / "ckpt",
+        started_at=0.0,
+    )
+
+
+async def test_a_copy_not_yet_listed_is_waited_for_and_one_that_ends_never_ran(tmp_path: Path) -> None:
+    # A watch cache may not list a pod just created: that is no sign it ended.
+    rt = _Listing(_copy(tmp_path), [None, None, ContainerState.RUNNING, ContainerState.FAILED])
+    first = await first_record_after(rt, rt.info, 0.0, 0, timeout=10.0)  # type: ignore[arg-type]
+    assert first.never_ran and first.ended is not None and not first.vanished
+    assert first.at == pytest.approx(0.15)
+
+
+async def test_a_copy_that_vanishes_after_it_was_listed_never_ran(tmp_path: Path) -> None:
+    rt = _Listing(_copy(tmp_path), [ContainerState.RUNNING, None])
+    first = await first_record_after(rt, rt.info, 0.0, 0, timeout=10.0)  # type: ignore[arg-type]
+    assert first.never_ran and first.vanished
+
+
+async def test_a_copy_that_runs_silently_until_the_timeout_counts_as_running(tmp_path: Path) -> None:
+    rt = _Listing(_copy(tmp_path), [None, ContainerState.RUNNING])
+    first = await first_record_after(rt, rt.info, 0.0, 0, timeout=1.0)  # type: ignore[arg-type]
+    assert not first.never_ran and first.at >= 1.0
+
+
+async def test_a_record_written_just_before_the_copy_ended_counts(tmp_path: Path) -> None:
+    info = _copy(tmp_path)
+    rt = _Listing(info, [ContainerState.RUNNING, ContainerState.EXITED])
+    orig = rt.list_containers
+
+    async def listing_after_a_record() -> list[ContainerInfo]:
+        out = await orig()
+        if out and out[0].state is ContainerState.EXITED:
+            info.progress_path.write_text(json.dumps({"step": 1, "loss": 1.0, "ts": 0.05}) + "\n")
+        return out
+
+    rt.list_containers = listing_after_a_record  # type: ignore[method-assign]
+    first = await first_record_after(rt, info, 0.0, 0, timeout=10.0)  # type: ignore[arg-type]
+    assert not first.never_ran and first.at == 0.05

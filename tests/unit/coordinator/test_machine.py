@@ -228,6 +228,42 @@ def test_target_timeout_fails_the_migration_and_restarts_on_the_source(
     assert _one_migration(coord).state is State.ROLLED_BACK
 
 
+def _restore_ordered(coord: InlineCoordinator, a: FakeAgent, b: FakeAgent) -> Command:
+    """Move c1 from a to b up to its start on b (saved on a): that start."""
+    save = _begin_move(coord, a, b)
+    coord.on_heartbeat(a.heartbeat(report("c2"), report("c3"), results=(_saved(save, a),)))
+    return only(coord.batch_for(b.worker), Action.START)
+
+
+def test_a_restored_copy_listed_on_the_target_is_not_done_until_its_start_says_it_runs(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    # Issue 33 row 5: the copy is listed on the target (launched), then dies before its
+    # first record (a crash on restore, an OOM, a kubelet's refusal). The start's result,
+    # not the listing, ends the migration: here it failed, and the job restarts on its
+    # source from the save's checkpoint instead of being counted moved while gone.
+    coord = coordinator(tmp_path, clock)
+    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
+    start = _restore_ordered(coord, a, b)
+
+    clock.advance(1.0)
+    coord.on_heartbeat(b.heartbeat(report("c1", CC, migrated=True)))  # launched, no result yet
+    assert _one_migration(coord).state is State.RESTORING
+
+    clock.advance(1.0)
+    died = CommandResult(command=start.id, ok=False, error="ended before its first record",
+                         finished_at=b.now(), detail={"died": True})  # fmt: skip
+    coord.on_heartbeat(b.heartbeat(results=(died,)))  # and no longer listed there
+    m = _one_migration(coord)
+    assert m.state is State.FAILED and m.error == "ended before its first record"
+    rollback = only(coord.batch_for(a.worker), Action.START)
+    assert rollback.rollback and (rollback.container, rollback.checkpoint) == (C1, CKPT)
+
+    restarted = CommandResult(command=rollback.id, ok=True, finished_at=a.now())
+    coord.on_heartbeat(a.heartbeat(report("c1", CC), report("c2"), report("c3"), results=(restarted,)))
+    assert _one_migration(coord).state is State.ROLLED_BACK
+
+
 def test_global_budget_defers_a_second_request_until_the_first_migration_ends(
     tmp_path: Path, clock: FakeClock
 ) -> None:
@@ -399,9 +435,7 @@ def test_downtime_is_recorded_when_the_running_job_is_seen_before_the_start_resu
 ) -> None:
     coord = coordinator(tmp_path, clock)
     a, b = FakeAgent("a", clock), FakeAgent("b", clock)
-    save = _begin_move(coord, a, b)
-    coord.on_heartbeat(a.heartbeat(report("c2"), report("c3"), results=(_saved(save, a),)))
-    start = only(coord.batch_for(b.worker), Action.START)
+    start = _restore_ordered(coord, a, b)
     clock.advance(2.0)
     started = CommandResult(command=start.id, ok=True, finished_at=b.now())
     # The agent's heartbeat loop lists c1 before the start task has reported its result ...
@@ -531,16 +565,18 @@ def _journal_in_flight(path: Path, t: float) -> None:
 
 def _restart_facts(a: FakeAgent, b: FakeAgent) -> tuple[Heartbeat, Heartbeat]:
     """What the agents report after the restart: j1 still on a (its save never arrived),
-    j2 and j4 stopped everywhere, j3 already running on b (its start did arrive)."""
+    j2 and j4 stopped everywhere, j3 listed on b (its start did arrive; its result did not)."""
     return a.heartbeat(report("j1", CC), report("a-busy")), b.heartbeat(report("j3", CC, migrated=True))
 
 
 def _no_start_for_a_running_container(coord: InlineCoordinator) -> None:
-    for box in coord.outbox.values():
+    """No start is queued while the job runs on another worker (one repeated where the copy
+    runs is answered by that copy)."""
+    for worker, box in coord.outbox.items():
         for cmd in box.values():
             if cmd.action is Action.START:
                 where = coord.state.running_on(cmd.container)
-                assert where is None, f"{cmd.id} queued while {cmd.container} runs on {where}"
+                assert where in (None, worker), f"{cmd.id} queued while {cmd.container} runs on {where}"
 
 
 def test_new_coordinator_resumes_every_in_flight_state_from_the_journal(
@@ -559,13 +595,15 @@ def test_new_coordinator_resumes_every_in_flight_state_from_the_journal(
     state = {m.container: m for m in coord.journal.all()}
     assert state[J1].state is State.SAVING
     assert state[J2].state is State.RESTORING
-    assert state[J3].state is State.DONE
+    # Listed on b is not yet running: its start is asked again, and answered by the copy there.
+    assert state[J3].state is State.RESTORING
     assert state[J4].state is State.FAILED
     on_a, on_b = coord.batch_for(A), coord.batch_for(B)
     assert [(c.action, c.container) for c in on_a.commands] == [(Action.SAVE, J1), (Action.START, J4)]
     assert "rollback" in commands(on_a, Action.START)[0].id
-    start_j2 = only(on_b, Action.START)
+    start_j2, start_j3 = sorted(commands(on_b, Action.START), key=lambda c: c.container)
     assert (start_j2.container, start_j2.checkpoint, start_j2.migrated) == (J2, "/vol/j2/ck.json", True)
+    assert (start_j3.container, start_j3.checkpoint) == (J3, "/vol/j3/ck.json")
     _no_start_for_a_running_container(coord)
 
     # The agents answer; every migration reaches the end the journal promised.
@@ -578,9 +616,9 @@ def test_new_coordinator_resumes_every_in_flight_state_from_the_journal(
     )
     coord.on_heartbeat(a.heartbeat(report("j4", CC, migrated=True), report("a-busy"), results=results_a))
     _no_start_for_a_running_container(coord)
-    started_j2 = CommandResult(command=start_j2.id, ok=True, finished_at=b.now())
+    started = tuple(CommandResult(command=c.id, ok=True, finished_at=b.now()) for c in (start_j2, start_j3))
     coord.on_heartbeat(
-        b.heartbeat(report("j2", CC, migrated=True), report("j3", CC, migrated=True), results=(started_j2,))
+        b.heartbeat(report("j2", CC, migrated=True), report("j3", CC, migrated=True), results=started)
     )
     state = {m.container: m for m in coord.journal.all()}
     assert {c: m.state for c, m in state.items()} == {
@@ -600,9 +638,10 @@ def test_recovery_waits_for_workers_it_has_not_heard_from_yet(tmp_path: Path, cl
     hb_a, hb_b = _restart_facts(a, b)
     reply_a = coord.on_heartbeat(hb_a)  # the agents report one after the other, as they do
     assert J3 not in {c.container for c in commands(reply_a, Action.START)}, "j3 is running on b"
-    coord.on_heartbeat(hb_b)
+    reply_b = coord.on_heartbeat(hb_b)
+    assert J3 in {c.container for c in commands(reply_b, Action.START)}, "answered by the copy on b"
     state = {m.container: m.state for m in coord.journal.all()}
-    assert state == {J1: State.SAVING, J2: State.RESTORING, J3: State.DONE, J4: State.FAILED}
+    assert state == {J1: State.SAVING, J2: State.RESTORING, J3: State.RESTORING, J4: State.FAILED}
 
 
 def test_a_tick_before_any_heartbeat_fails_no_recovered_migration(tmp_path: Path, clock: FakeClock) -> None:
