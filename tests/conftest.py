@@ -45,6 +45,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.randomly_reset_seed = False
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    # pytest-randomly prints its seed in the header, which -q (make test) leaves out: the order
+    # of a failed run must be repeatable, so the summary at the end says it, beside the failures.
+    seed = getattr(config.option, "randomly_seed", None)
+    if config.pluginmanager.hasplugin("randomly") and isinstance(seed, int):
+        terminalreporter.write_line(f"random order: repeat it with -p randomly --randomly-seed={seed}")
+
+
 # tryfirst: before xdist's worker turns the xdist_group markers into its groups (its hook is
 # registered after this conftest, so it would otherwise run first and find none).
 @pytest.hookimpl(tryfirst=True)

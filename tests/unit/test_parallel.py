@@ -103,3 +103,15 @@ def test_under_xdist_a_group_runs_on_one_worker() -> None:
     # All but the one test that does not use the file's module-scoped CA carry the group.
     assert len([n for _, n in ran if n.endswith(f"@module:{target}")]) >= 10, done.stdout[-2000:]
     assert len(grouped) == 1, "the group was split between workers"
+
+
+@pytest.mark.slow
+def test_a_quiet_run_under_xdist_ends_with_its_random_order_seed() -> None:
+    """``make test`` runs with -q, which hides pytest-randomly's header: the seed that repeats
+    the order is said at the end instead."""
+    root = Path(__file__).resolve().parents[2]
+    argv = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "--randomly-seed=4242"]
+    target = "tests/unit/coordinator/test_deadlines.py"
+    done = subprocess.run([*argv, target], cwd=root, capture_output=True, text=True, check=False, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert "random order: repeat it with -p randomly --randomly-seed=4242" in done.stdout, done.stdout[-2000:]
