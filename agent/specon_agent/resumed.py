@@ -99,15 +99,13 @@ async def first_record_after(
     deadline = runtime.now() + timeout
     listed = False  # a listing from a watch cache may not show a copy just created
     while runtime.now() < deadline:
+        now = next((i for i in await runtime.list_containers() if i.id == info.id), None)
+        ended = (now is None and listed) or (now is not None and not now.alive)
+        # Read after the listing: a copy seen ended has written every record it ever will.
         ts = first_record_time(info.progress_path, offset, since, runtime.now())
         if ts is not None:
             return FirstRecord(ts)
-        now = next((i for i in await runtime.list_containers() if i.id == info.id), None)
-        if (now is None and listed) or (now is not None and not now.alive):
-            # Ended: one last look, for a record written just before its exit.
-            ts = first_record_time(info.progress_path, offset, since, runtime.now())
-            if ts is not None:
-                return FirstRecord(ts)
+        if ended:
             return FirstRecord(runtime.now(), ended=now, vanished=now is None)
         listed = listed or now is not None
         await runtime.sleep(0.05)
