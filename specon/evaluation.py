@@ -11,9 +11,9 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-Reason = Literal["converged", "rebalance"]
+from specon.coordinator.migration import Reason
 
 
 @dataclass(frozen=True, slots=True)

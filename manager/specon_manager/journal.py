@@ -43,10 +43,20 @@ CREATE TABLE IF NOT EXISTS marks (
     container TEXT PRIMARY KEY,
     migrated_at REAL,
     migrations INTEGER NOT NULL DEFAULT 0,
-    rebalances INTEGER NOT NULL DEFAULT 0
+    rebalances INTEGER NOT NULL DEFAULT 0,
+    home TEXT,
+    finished INTEGER NOT NULL DEFAULT 0,
+    restarts INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+
+# Columns added to ``marks`` since its first release, added to an older file when it opens.
+_MARK_ADDED = {
+    "home": "TEXT",
+    "finished": "INTEGER NOT NULL DEFAULT 0",
+    "restarts": "INTEGER NOT NULL DEFAULT 0",
+}
 
 # Rows are the records' own fields, converted by the one codec (``specon.wire.codec``) both
 # ways: enums as their values, ids as text; nothing here names a field but the schema.
@@ -65,9 +75,16 @@ def migration_from_row(row: Sequence[object]) -> Migration:
     return _decode(Migration, _COLUMNS, row)
 
 
+# SQLite has no booleans: these columns hold 0 or 1.
+_MARK_FLAGS = frozenset(codec.wire_key(f) for f in fields(Mark) if f.type == "bool")
+
+
 def mark_from_row(row: Sequence[object]) -> Mark:
     """A ``marks`` row (``_MARK_COLUMNS``) as a ``Mark``; ``ValueError`` naming every bad column."""
-    return _decode(Mark, _MARK_COLUMNS, row)
+    cells = [
+        bool(v) if c in _MARK_FLAGS and v in (0, 1) else v for c, v in zip(_MARK_COLUMNS, row, strict=True)
+    ]
+    return _decode(Mark, _MARK_COLUMNS, cells)
 
 
 def _decode(cls: type[R], columns: tuple[str, ...], row: Sequence[object]) -> R:
@@ -104,6 +121,10 @@ class Journal:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(marks)")}
+        for column, decl in _MARK_ADDED.items():
+            if column not in have:
+                self._db.execute(f"ALTER TABLE marks ADD COLUMN {column} {decl}")
 
     def close(self) -> None:
         with self._lock:

@@ -77,9 +77,17 @@ def _decode(text: str) -> Migration:
     return codec.from_data(Migration, json.loads(text), strict=False)
 
 
+# Fields added to ``Mark`` since its first release: left out at their defaults, so an
+# older manager's entries are written back as they were.
+_MARK_ADDED = {"home": None, "finished": False, "restarts": 0}
+
+
 def _encode_mark(mark: Mark) -> str:
     data = codec.to_data(mark, Mark)
     del data[_MARK_KEY]
+    for key, default in _MARK_ADDED.items():
+        if data.get(key, default) == default:
+            data.pop(key, None)
     return json.dumps(data, sort_keys=True)
 
 

@@ -254,6 +254,21 @@ def _semantic_problems(p: Policy) -> list[codec.Problem]:
     at_least("messaging.max_body_bytes", ms.max_body_bytes, 1024)
     at_least("messaging.max_containers_per_heartbeat", ms.max_containers_per_heartbeat, 1)
     need(ms.prune_after >= 2, "messaging.prune_after", f"must be >= 2, got {ms.prune_after}")
+
+    rc = p.recovery
+    need(
+        math.isfinite(rc.after) and rc.after >= ms.worker_timeout,
+        "recovery.after",
+        f"must be >= worker_timeout ({ms.worker_timeout}): a worker is not lost before it is"
+        f" unreachable, got {rc.after}",
+    )
+    need(math.isfinite(rc.backoff) and rc.backoff >= 0, "recovery.backoff", f"must be >= 0, got {rc.backoff}")
+    need(
+        math.isfinite(rc.max_backoff) and rc.max_backoff >= rc.backoff,
+        "recovery.max_backoff",
+        f"must be >= backoff ({rc.backoff}), got {rc.max_backoff}",
+    )
+    at_least("recovery.limit", rc.limit, 0)
     return out
 
 

@@ -265,6 +265,28 @@ class MessagingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RecoveryConfig:
+    """Every unfinished job keeps one live copy: the manager restores a job that runs nowhere
+    (``specon.coordinator.reconcile``; SPEC §6.5)."""
+
+    enabled: bool = True
+    # A worker silent this long is lost and its jobs are restored elsewhere. 3 worker_timeouts:
+    # a manager failover (measured under 10 s) or a brief partition does not trigger it, and
+    # a job is back within about a minute, as Kubernetes' node-monitor grace period (40-50 s)
+    # plus the restore. A false loss costs no second copy: a start is refused while a host
+    # may still run the job.
+    after: float = 60.0
+    # Attempts for one job back off: backoff, doubling, at most max_backoff seconds (a
+    # Kubernetes Job's pod back-off is 10 s doubling to 6 min).
+    backoff: float = 10.0
+    max_backoff: float = 300.0
+    # Restarts of a job whose copy ended without finishing (a crash, an OOM kill, a stop) or
+    # that nobody reported after a manager restart, before it is left failed (a Job's
+    # backoffLimit, also 6). Restores after a host loss do not count: not the job's fault.
+    limit: int = 6
+
+
+@dataclass(frozen=True, slots=True)
 class GpuShareConfig:
     """Priority on a GPU: how a worker's agent shares each GPU among the jobs on it, by the
     weights of the ``priority`` rule (``specon.policy.gpu_share``; docs/gpu.md)."""
@@ -304,6 +326,7 @@ class Policy:
     priority: PriorityConfig = field(default_factory=PriorityConfig)
     gpu: GpuShareConfig = field(default_factory=GpuShareConfig)
     messaging: MessagingConfig = field(default_factory=MessagingConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
 
 
 # Values that reproduce the paper's printed behaviour (SPEC: "paper mode"), as
@@ -406,5 +429,11 @@ DOCS: dict[str, str] = {
     "messaging.worker_timeout": "a worker without a heartbeat this long is unreachable",
     "messaging.max_body_bytes": "largest message the manager accepts",
     "messaging.max_containers_per_heartbeat": "containers one heartbeat may report",
-    "messaging.prune_after": "forget workers and containers unseen for this many worker_timeouts",
+    "messaging.prune_after": "forget workers and finished containers unseen for this many worker_timeouts",
+    "recovery": "Restoring jobs that run nowhere: lost hosts, crashed or stopped copies (SPEC §6.5)",
+    "recovery.enabled": "restore every unfinished job that runs nowhere from its newest checkpoint",
+    "recovery.after": "seconds a worker may be silent before it is lost and its jobs are restored elsewhere",
+    "recovery.backoff": "seconds before a job's second recovery attempt; doubles with each attempt",
+    "recovery.max_backoff": "longest wait between two recovery attempts of one job",
+    "recovery.limit": "restarts of a job whose copy ended unfinished before it is left failed",
 }

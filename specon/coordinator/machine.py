@@ -28,6 +28,7 @@ from typing import Literal
 
 from specon.config import Policy
 from specon.coordinator.deadlines import deadline_passed, parked, retry_due, save_may_stop
+from specon.coordinator.deciding import Deciding
 from specon.coordinator.effects import CommandQueued, Effect, Event, Log, PutMark, PutMigration, Recovered
 from specon.coordinator.migration import (
     FINISHED_DURING,
@@ -36,20 +37,19 @@ from specon.coordinator.migration import (
     IssueStart,
     Mark,
     Migration,
-    Reason,
     State,
     Wait,
     learn_cost,
     next_step,
     why_failed,
 )
-from specon.coordinator.outbox import Outbox, mark_command, migration_command
+from specon.coordinator.outbox import Outbox, migration_command
+from specon.coordinator.reconcile import Reconciler, Skip
 from specon.coordinator.retention import expired
 from specon.coordinator.state import UNMARKED, ClusterState
 from specon.model import ContainerId, WorkerId
-from specon.policy.decisions import Move, RefusalReason, Stay
 from specon.policy.placement import ClusterIndex
-from specon.policy.scheduler import InFlight, decide_pass, learner_of
+from specon.policy.scheduler import learner_of
 from specon.wire.protocol import (
     Action,
     Command,
@@ -68,7 +68,7 @@ class NotHostedError(ValueError):
     """A worker asked about a container it does not run."""
 
 
-class Coordinator:
+class Coordinator(Deciding):
     def __init__(
         self,
         *,
@@ -123,6 +123,7 @@ class Coordinator:
         # Failed migrations whose workers are all silent: they no longer hold the budget.
         self._parked: set[str] = set()
         self.move_costs = learner_of(policy)  # what moves cost, learned (the policy's as the prior)
+        self.reconciler = Reconciler(policy, self.marks)
         if self.migrations:
             self._log("specon.manager.recovered", in_flight=len(self.migrations), ids=sorted(self.migrations))
 
@@ -185,6 +186,8 @@ class Coordinator:
             self.result(worker, res, now if res.finished_at is None else res.finished_at + skew)
         fresh = False
         for rep in containers:
+            if rep.phase in {"running", "finished"}:
+                self._note_place(rep.id, worker, now)
             if rep.pending_request and rep.phase == "running" and rep.id not in self.requests:
                 self.requests[rep.id] = now
                 # Asked again right after an answer (the agent has not applied it yet): no news.
@@ -246,13 +249,14 @@ class Coordinator:
         self.drive(now)
         if self.restarted and now - self.started_at < timeout:
             return False  # a restarted manager decides only once every worker could have reported
+        if rebalance:
+            self._reconcile(now)
         rebalance = rebalance and self._rebalance_may_trigger()
         if not (self.requests or rebalance):
             return False
         t0 = self.timer()
-        snap = self.state.view(now, marks=self.marks, in_flight=self.migrations.values(), placed=self.virtual)
         # One index per pass, shared by Algorithms 2 and 3 (building it dominates both).
-        decided = self._decide(ClusterIndex.of(snap), now, rebalance=rebalance)
+        decided = self._decide(self._index(now), now, rebalance=rebalance)
         self.emit(Event("decision_pass", duration=self.timer() - t0))
         return decided
 
@@ -270,6 +274,13 @@ class Coordinator:
         self.revision += 1
         msg = self.policy.messaging
         keep = {x for m in self.migrations.values() for x in (m.container, m.source, m.target)}
+        # An unfinished job and its last worker stay until the job runs again (the reconciler's).
+        keep.update(
+            x
+            for c in self.state.containers.values()
+            if c.report.phase != "finished"
+            for x in (c.id, c.worker)
+        )
         before_w = set(self.state.workers)
         n = self.state.prune(now, msg.prune_after * msg.worker_timeout, keep)
         if n:
@@ -293,21 +304,39 @@ class Coordinator:
         if m.state.terminal:
             self.recent.append(m)
 
-    def _rebalance_may_trigger(self) -> bool:
-        """A cheap pre-check of Algorithm 3's trigger, before any snapshot is built."""
-        cfg = self.policy.rebalance
-        if cfg.mode == "off" or any(self.holds_budget(m) for m in self.migrations.values()):
-            return False
-        if cfg.when == "always":
-            return True
-        # Every running container migrated (there is at least one): one not yet ends the scan.
-        any_running = False
-        for r in self.state.containers.values():
-            if r.report.phase == "running":
-                if not (r.report.migrated or self.marks.get(r.id, UNMARKED).migrations > 0):
-                    return False
-                any_running = True
-        return any_running
+    def _index(self, now: float) -> ClusterIndex:
+        """The cluster now, as the policies read it (one snapshot, indexed)."""
+        snap = self.state.view(now, marks=self.marks, in_flight=self.migrations.values(), placed=self.virtual)
+        return ClusterIndex.of(snap)
+
+    def _reconcile(self, now: float) -> None:
+        """Open a recovery for every job that runs nowhere (``specon.coordinator.reconcile``)."""
+        moving = {m.container for m in self.migrations.values()}
+        steps = self.reconciler.plan(
+            self.state, self.marks, moving, now, self.started_at,
+            index=lambda: self._index(now), new_id=lambda: self._new_id(now),
+        )  # fmt: skip
+        for step in steps:
+            if isinstance(step, Skip):
+                r = step.recovery
+                self.emit(
+                    Event("recovery_gave_up" if step.gave_up else "recovery_waiting", {"reason": r.reason})
+                )
+                self._log("specon.manager.recovery_skipped", level="warning", container=r.container,
+                          reason=r.reason, why=step.why)  # fmt: skip
+                continue
+            m = step.migration
+            if step.restarts is not None:
+                self._put_mark(
+                    replace(self.marks.get(m.container) or Mark(m.container), restarts=step.restarts)
+                )
+            self.record(m)
+            self.migrations[m.id] = m
+            self.emit(Event("recovery", {"reason": m.reason}))
+            down = round(now - (m.stopped_at or now), 3)
+            self._log("specon.manager.recovery", migration=m.id, container=m.container, reason=m.reason,
+                      source=m.source, target=m.target, down_for=down)  # fmt: skip
+            self._drive(m.id, now, self.state.alive(now, self.policy.messaging.worker_timeout))
 
     def _drive(self, mid: str, now: float, alive: frozenset[WorkerId]) -> None:
         """Drive migration ``mid`` one step further (a few Advances may chain)."""
@@ -410,117 +439,27 @@ class Coordinator:
         if fields := learn_cost(self.move_costs, m, self.state):
             self._effects.append(Log("specon.manager.move_cost", fields, "info"))  # new estimates
 
-    # -- Algorithm 2 -------------------------------------------------------------------
-    def _decide(self, index: ClusterIndex, now: float, *, rebalance: bool) -> bool:
-        """Act on one ``decide_pass``: answer a request, defer, or start a rebalancing move."""
-        queue = sorted(self.requests, key=self.requests.__getitem__)
-        flights = [
-            InFlight(m.container, m.source, m.target)
-            for m in self.migrations.values()
-            if self.holds_budget(m)
-        ]
-        p = decide_pass(
-            index.snapshot,
-            requests=queue,
-            in_flight=flights,
-            policy=self.policy,
-            index=index,
-            rebalance=rebalance,
-            learned=self.move_costs,
-        )
-        for cid in (*p.dropped, *p.answered):
-            self.requests.pop(cid, None)
-            self._deferred.discard(cid)
-            self._answered[cid] = now
-        for cid in p.deferred:
-            if cid not in self._deferred:  # count a request once, not once per pass
-                self._deferred.add(cid)
-                self.emit(Event("request_deferred"))
-        for r in p.refused:
-            self.emit(Event("decision", {"kind": "refuse"}))
-            if r.reason is RefusalReason.MIGRATION_LIMIT:
-                # Already answered (e.g. the agent missed our mark): answer again.
-                self._mark_command(r.container, now)
-                continue
-            self._log("specon.manager.request_refused", level="warning", container=r.container,
-                      reason=r.reason.value, detail=r.detail)  # fmt: skip
-            self.emit(Event("request_refused", {"reason": r.reason.value}))
-        d = p.decision
-        if d is not None:
-            self.emit(Event("decision", {"kind": type(d).__name__.lower()}))
-            self._mark(d.container, now)
-            scores = dict(d.scores)  # not rounded here: 1,000 workers per decision add up
-            if isinstance(d, Stay):
-                self._log("specon.manager.stay", container=d.container, worker=d.worker, scores=scores)
-                self._mark_command(d.container, now)
-            elif isinstance(d, Move):
-                self._log("specon.manager.move", container=d.container, source=d.source, target=d.target,
-                          scores=scores)  # fmt: skip
-                if self._begin(d, now):
-                    self._mark_command(d.container, now)
-        if p.rebalance is not None:
-            mv = p.rebalance
-            self._mark(mv.container, now, rebalanced=True)
-            self._log("specon.manager.rebalance", container=mv.container, source=mv.source,
-                      target=mv.target)  # fmt: skip
-            self._begin(mv, now)
-        return d is not None or p.rebalance is not None
+    def _note_place(self, cid: ContainerId, worker: WorkerId, now: float) -> None:
+        """Journal where ``cid`` runs, or that it finished, when that changed (the reconciler's)."""
+        mk = self.marks.get(cid)
+        if self.state.running_on(cid) == worker:
+            if mk is None or mk.home != worker:
+                self._put_mark(replace(mk or Mark(cid), home=worker))
+            self.reconciler.running(cid, now)
+        elif self.state.finished(cid) and (mk is None or not mk.finished):
+            self._put_mark(replace(mk or Mark(cid), finished=True))
 
-    def _mark(self, cid: ContainerId, now: float, *, rebalanced: bool = False) -> None:
-        """Algorithm 2 decided for ``cid`` (the first time keeps its time), or 3 moved it."""
-        old = self.marks.get(cid) or Mark(cid)
-        if rebalanced:
-            new = replace(old, rebalances=old.rebalances + 1)
-        else:
-            first = old.migrated_at if old.migrated_at is not None else now
-            new = replace(old, migrated_at=first, migrations=old.migrations + 1)
+    def _put_mark(self, new: Mark) -> None:
+        cid = new.container
         self.marks[cid] = new
         self.state.touch(cid)
         self.revision += 1
         self._written += 1
         self._effects.append(PutMark(self._written, new))
 
-    def _mark_command(self, cid: ContainerId, now: float) -> None:
-        worker = self.state.running_on(cid)
-        if worker is None:
-            return
-        self._send(worker, mark_command(cid, now, self.policy))
-
     # -- migrations and commands -------------------------------------------------------
-    def new_migration(self, move: Move, now: float) -> Migration:
-        reason: Reason = move.reason
-        mid = f"m{int(now * 1000):x}-{next(self._ids)}"
-        return Migration(mid, move.container, move.source, move.target, reason, State.DECIDED, now, now)
-
-    def _begin(self, move: Move, now: float) -> bool:
-        """Carry out a decided move: a journaled migration (save on the source, start on the
-        target), or under dry-run only its record. True when it was a dry run."""
-        if self.policy.migration.dry_run:
-            self.record_dry_run(move, now)
-            return True
-        self.open_migration(move, now)
-        return False
-
-    def record_dry_run(self, move: Move, now: float) -> Migration:
-        """Journal ``move`` as decided but never executed (dry-run), and let later decisions
-        count the container on its target, as they would after a live move."""
-        self.virtual[move.container] = move.target
-        m = self.new_migration(move, now)
-        m = m.to(State.FAILED, at=now, error="dry-run: decided, not executed")
-        m = m.to(State.ROLLED_BACK, at=now)
-        self.record(m)
-        self.emit(Event("migration_finished", {"result": "dry_run", "reason": m.reason}))
-        self._log("specon.manager.dry_run_move", container=move.container, source=move.source,
-                  target=move.target, reason=move.reason)  # fmt: skip
-        return m
-
-    def open_migration(self, move: Move, now: float) -> None:
-        m = self.new_migration(move, now)
-        self.record(m)
-        self.migrations[m.id] = m
-        self._log("specon.manager.migration_decided", migration=m.id, container=m.container,
-                  source=m.source, target=m.target, reason=m.reason)  # fmt: skip
-        self._drive(m.id, now, self.state.alive(now, self.policy.messaging.worker_timeout))
+    def _new_id(self, now: float) -> str:
+        return f"m{int(now * 1000):x}-{next(self._ids)}"
 
     def _command(
         self, m: Migration, action: Action, worker: WorkerId, now: float, *, rollback: bool = False
@@ -549,6 +488,9 @@ class Coordinator:
         if cmd.action is Action.START and not res.ok and res.detail.get("finished"):
             # The runtime says the job has completed (e.g. during a save cut short): there is
             # nothing to start, and retrying would hold the budget for ever.
+            mk = self.marks.get(m.container) or Mark(m.container)
+            if not mk.finished:
+                self._put_mark(replace(mk, finished=True))  # nothing for the reconciler to restart
             if m.state is not State.FAILED:
                 self._advance(m, State.FAILED, at, error=FINISHED_DURING)
             self._advance(self.migrations[m.id], State.ROLLED_BACK, at)

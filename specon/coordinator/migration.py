@@ -26,7 +26,12 @@ from specon.policy.move_costs import MoveCosts, Observation, backend_of, bucket_
 if TYPE_CHECKING:  # state.py imports this module
     from specon.coordinator.state import ClusterState
 
-Reason = Literal["converged", "rebalance"]
+Reason = Literal["converged", "rebalance", "recovered", "crashed", "evacuated"]
+# A recovery restores a job that runs nowhere (``specon.coordinator.reconcile``): it begins at
+# ``saved`` (nothing to save: the newest complete checkpoint is the restore point) and, if
+# its start fails, ends ``rolled_back`` at once: there is no source to go back to, and the
+# reconciler tries again while the job runs nowhere.
+RECOVERIES: frozenset[Reason] = frozenset({"recovered", "crashed"})
 
 
 class State(enum.StrEnum):
@@ -102,13 +107,19 @@ class Migration:
 
 @dataclass(frozen=True, slots=True)
 class Mark:
-    """A container's manager-side marks: Algorithm 2 decided for it (``migrated_at``, how
-    often) and Algorithm 3 moved it (how often). Every journal backend returns these."""
+    """A container's manager-side record: Algorithm 2 decided for it (``migrated_at``, how
+    often), Algorithm 3 moved it (how often), and where it runs for the reconciler. Every
+    journal backend returns these."""
 
     container: ContainerId
     migrated_at: float | None = None
     migrations: int = 0
     rebalances: int = 0
+    # What the reconciler needs across a manager restart: the worker it last ran on, whether
+    # it finished, and how often a copy that ended unfinished was restarted.
+    home: WorkerId | None = None
+    finished: bool = False
+    restarts: int = 0
 
 
 # What the coordinator should do next for one migration.
@@ -192,6 +203,8 @@ def next_step(
     if s is State.RUNNING:
         return Advance(State.DONE)
     # FAILED: make sure the job runs somewhere, preferring its source.
+    if m.reason in RECOVERIES:
+        return Advance(State.ROLLED_BACK)
     if running_on is not None:
         if saving and running_on == m.source:
             # A job is listed running while it saves: ended now, the save that then stops it
@@ -222,8 +235,8 @@ def learn_cost(costs: MoveCosts, m: Migration, state: ClusterState) -> dict[str,
     nothing learned). The downtime runs from the SIGTERM on the source (the save result's
     ``began_at``) to the first record on the target (the start result's time), both on the
     manager clock; the move is keyed by the target's backend and the job's declared memory."""
-    if m.state is not State.DONE or m.downtime is None:
-        return None
+    if m.state is not State.DONE or m.downtime is None or m.reason in RECOVERIES:
+        return None  # a recovery's downtime is the time to notice a loss, not a move's cost
     w, c = state.workers.get(m.target), state.containers.get(m.container)
     memory = c.report.requests.memory if c is not None else 0
     obs = Observation(backend_of(w.labels if w is not None else {}), size_bucket(memory), downtime=m.downtime)

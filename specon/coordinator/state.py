@@ -91,6 +91,9 @@ class ClusterState:
         self.containers: dict[ContainerId, ContainerRecord] = {}
         self.heartbeats = 0
         self.stale_heartbeats = 0
+        # Containers whose last word is that they ended unfinished (stopped, failed, unlisted):
+        # id -> since when (manager clock), for the reconciler.
+        self.ended: dict[ContainerId, float] = {}
         self.pruned = 0
         # Ids in order, rebuilt only after an id came or went (status pages bisect them).
         self._worker_order: list[WorkerId] | None = None
@@ -142,6 +145,7 @@ class ClusterState:
             if rec is not None and rec.worker == hb.worker and rec.report.phase == "running":
                 rec.report = _with_phase(rec.report, "stopped")
                 self._dirty.add(cid)
+                self.ended.setdefault(cid, now)
         w.reported = reported
         self._worker_changed(w.id)
         for rep in hb.containers:
@@ -192,6 +196,11 @@ class ClusterState:
         if rec.worker != worker:
             rec.since = now
         rec.worker, rec.report, rec.last_seen = worker, rep, now
+        if rep.phase in {"running", "finished"}:
+            if self.ended:
+                self.ended.pop(rep.id, None)
+        else:
+            self.ended.setdefault(rep.id, now)
         if rep.window is not None:
             rec.window = rep.window
         if changed:  # the view only: most heartbeats change a step count, not what decides
@@ -216,6 +225,7 @@ class ClusterState:
             del self.workers[w]
         for c in containers:
             del self.containers[c]
+            self.ended.pop(c, None)
         self._dirty.update(containers)
         for w in workers:
             self._worker_changed(w)
@@ -349,19 +359,24 @@ class ClusterState:
         m = moving.get(rec.id)
         # A job its worker's GPU sharing suspended runs nowhere for now but comes back there:
         # it keeps its place (its requests count on that worker) and is not moved meanwhile.
-        suspended = (
-            rec.report.phase == "stopped"
-            and rec.report.gpu is not None
-            and (rec.report.gpu.state == "suspended")
-        )
-        if rec.report.phase != "running" and m is None and not suspended:
+        if rec.report.phase != "running" and m is None and not suspended(rec.report):
             return None
+        if m is not None:
+            return ClusterState.placement_view(rec, marks, worker=m.target, since=None)
+        return ClusterState.placement_view(rec, marks, worker=placed.get(rec.id, rec.worker), since=rec.since)
+
+    @staticmethod
+    def placement_view(
+        rec: ContainerRecord, marks: Mapping[ContainerId, Mark], *, worker: WorkerId, since: float | None
+    ) -> ContainerSnapshot:
+        """What placement reads of ``rec`` (running or not), counted on ``worker``."""
+        rep = rec.report
         mk = marks.get(rec.id, UNMARKED)
         migrated = rec.report.migrated or mk.migrations > 0
         selector = rec.report.selector
         return ContainerSnapshot(
             id=rec.id,
-            worker=m.target if m is not None else placed.get(rec.id, rec.worker),
+            worker=worker,
             category=Category.CONVERGED if migrated else rec.report.category,
             t_cc=rec.t_cc,
             migrated=migrated,
@@ -369,11 +384,11 @@ class ClusterState:
             migrations=mk.migrations,
             rebalances=mk.rebalances,
             requests=rec.report.requests,
-            movable=rec.report.job.get(MIGRATABLE_LABEL, "true") != "false" and not suspended,
+            movable=rec.report.job.get(MIGRATABLE_LABEL, "true") != "false" and not suspended(rep),
             selector=tuple(sorted(selector.items())) if selector else (),
             tolerations=rec.report.tolerations,
             remaining_work=rec.report.remaining_work,
-            since=rec.since if m is None else None,
+            since=since,
             gpu_memory=rec.report.gpu_memory,
         )
 
@@ -420,7 +435,7 @@ class ClusterState:
             mk = marks.get(rec.id, UNMARKED)
             rep = rec.report
             # Its GPU use while it runs; a job the GPU sharing suspended is stopped and says so.
-            suspended = rep.gpu is not None and rep.gpu.state == "suspended"
+            held = rep.gpu is not None and rep.gpu.state == "suspended"
             out.append(
                 ContainerStatus(
                     id=rec.id,
@@ -439,7 +454,7 @@ class ClusterState:
                     job=dict(rep.job),
                     cpu_weight=rep.cpu_weight if rep.phase == "running" else None,
                     window=rec.window,
-                    gpu=rep.gpu if rep.phase == "running" or suspended else None,
+                    gpu=rep.gpu if rep.phase == "running" or held else None,
                 )
             )
         return tuple(out)
@@ -481,6 +496,11 @@ def _work_moved(old: float | None, new: float | None) -> bool:
 def _moving(in_flight: Iterable[Migration]) -> dict[ContainerId, Migration]:
     """Migrations whose container counts on the target (all but failed ones)."""
     return {m.container: m for m in in_flight if m.state is not State.FAILED}
+
+
+def suspended(rep: ContainerReport) -> bool:
+    """A job its worker's GPU sharing suspended: it runs nowhere for now but resumes there."""
+    return rep.phase == "stopped" and rep.gpu is not None and rep.gpu.state == "suspended"
 
 
 def _with_phase(rep: ContainerReport, phase: Phase) -> ContainerReport:

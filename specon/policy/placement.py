@@ -225,8 +225,10 @@ def _scores(
 ) -> FloatArray:
     weights = _weight_vector(cfg.weights)
     scores: FloatArray = index.counts @ weights
-    # The requester counts as CC on its source, whatever category it reports.
-    scores[source] += weights[2] - weights[_SCORE_COLUMN[container.category]]
+    # The requester counts as CC on its source, whatever category it reports (-1: it runs
+    # nowhere, and counts on no worker).
+    if source >= 0:
+        scores[source] += weights[2] - weights[_SCORE_COLUMN[container.category]]
     if cfg.score == "per_capacity":
         capacity = index.cpu_capacity
         usable = np.isfinite(capacity) & (capacity > 0)
@@ -274,22 +276,12 @@ def select_target(
     scores = _scores(idx, container, source, cfg)
     eligible = idx.eligible(worker_timeout)
     workers = snapshot.workers
-    # Walk eligible workers from the lowest score up and test feasibility lazily: T is
-    # usually found after a handful of workers, so `fits` rarely runs for all of them.
     eligible_pos = np.flatnonzero(eligible)
-    order = eligible_pos[np.argsort(scores[eligible_pos], kind="stable")]
-    best = math.nan
-    members: list[int] = []
-    for p in order.tolist():
-        score = float(scores[p])
-        if members and score > best + cfg.tolerance:
-            break
-        if p != source and not fits(container, workers[p], idx.used(p)):
-            continue
-        if not members:
-            best = score
-        members.append(p)
 
+    def feasible(p: int) -> bool:
+        return p == source or fits(container, workers[p], idx.used(p))
+
+    members = _lowest_tier(idx, scores, eligible_pos, cfg.tolerance, feasible)
     if not members:
         return Refuse(container_id, RefusalReason.NO_CANDIDATE, "no Ready, reachable worker can host it")
     table = MappingProxyType(
@@ -297,5 +289,54 @@ def select_target(
     )
     if source in members:
         return Stay(container_id, container.worker, table)
-    target = min(members, key=lambda p: (float(idx.usage[p]), int(idx.loads[p]), idx.ids[p]))
-    return Move(container_id, container.worker, idx.ids[target], "converged", table)
+    return Move(container_id, container.worker, idx.ids[_least_used(idx, members)], "converged", table)
+
+
+def select_home(
+    index: ClusterIndex,
+    container: ContainerSnapshot,
+    *,
+    cfg: PlacementConfig,
+    worker_timeout: float,
+    fits: Fits = fits,
+) -> WorkerId | None:
+    """Algorithm 2 for a job that runs nowhere (its host lost, its copy ended): T is every
+    Ready, reachable worker it fits whose score is within ``cfg.tolerance`` of the lowest; the
+    member with the lowest usage, then fewest containers, then lowest id. None: no worker can
+    host it. Its last worker is a candidate like any other, and counts it on no score."""
+    scores = _scores(index, container, -1, cfg)
+    eligible_pos = np.flatnonzero(index.eligible(worker_timeout))
+    workers = index.snapshot.workers
+    # ``index`` may count the job on its lost worker (its last heartbeat listed it): that one
+    # is not eligible, and every other worker's load is without it.
+    members = _lowest_tier(
+        index, scores, eligible_pos, cfg.tolerance, lambda p: fits(container, workers[p], index.used(p))
+    )
+    return index.ids[_least_used(index, members)] if members else None
+
+
+def _lowest_tier(
+    idx: ClusterIndex, scores: FloatArray, eligible_pos: npt.NDArray[np.int64], tolerance: float,
+    feasible: Callable[[int], bool],
+) -> list[int]:  # fmt: skip
+    """T: the feasible eligible positions whose score is within ``tolerance`` of the lowest
+    feasible one. Walks from the lowest score up and tests feasibility lazily: T is usually
+    found after a handful of workers, so ``feasible`` rarely runs for all of them."""
+    order = eligible_pos[np.argsort(scores[eligible_pos], kind="stable")]
+    best = math.nan
+    members: list[int] = []
+    for p in order.tolist():
+        score = float(scores[p])
+        if members and score > best + tolerance:
+            break
+        if not feasible(p):
+            continue
+        if not members:
+            best = score
+        members.append(p)
+    return members
+
+
+def _least_used(idx: ClusterIndex, members: list[int]) -> int:
+    """The member of T a job goes to: lowest usage, then fewest containers, then lowest id."""
+    return min(members, key=lambda p: (float(idx.usage[p]), int(idx.loads[p]), idx.ids[p]))

@@ -108,7 +108,9 @@ def test_metrics_per_worker_gpu_and_no_series_after_the_worker_is_forgotten(tmp_
         ("gpu-box-1", "0"): float(80 * GIB),
         ("gpu-box-1", "1"): float(80 * GIB),
     }
-    # The GPU box goes silent until it is pruned; the CPU box keeps beating.
+    # The GPU box's job finishes and the box goes silent until it is pruned (a box with an
+    # unfinished job stays until the job runs elsewhere); the CPU box keeps beating.
+    coord.on_heartbeat(gpu_heartbeat(gpu_box, report("a", phase="finished")))
     msg = coord.policy.messaging
     for _ in range(3):
         clock.advance(msg.prune_after * msg.worker_timeout / 2 + 1)

@@ -116,7 +116,10 @@ def test_rows_round_trip_through_the_codec_and_a_bad_row_names_its_columns() -> 
     bad = ("m2", "j1", "w0", "w1", "moved", "lost", *row[6:])
     with pytest.raises(ValueError, match=r"corrupt journal row 'm2': reason: .*; state: must be one of"):
         migration_from_row(bad)
-    assert mark_from_row(("j1", None, 0, 3)) == Mark(ContainerId("j1"), None, 0, 3)
+    assert mark_from_row(("j1", None, 0, 3, None, 0, 0)) == Mark(ContainerId("j1"), None, 0, 3)
+    assert mark_from_row(("j2", 1.0, 1, 0, "w1", 1, 2)) == Mark(
+        ContainerId("j2"), 1.0, 1, 0, WorkerId("w1"), True, 2
+    )
 
 
 # --- the Kubernetes journal's records (ConfigMaps), against an in-memory API -------------------

@@ -91,19 +91,28 @@ def test_a_bad_page_is_refused_saying_why(limit: str | None, after: str | None, 
         Page.parse(limit, after)
 
 
-def test_unseen_workers_and_containers_are_pruned_but_migrations_keep_theirs(tmp_path: Path) -> None:
+def test_unseen_workers_and_finished_containers_are_pruned_but_unfinished_jobs_keep_theirs(
+    tmp_path: Path,
+) -> None:
     clock = FakeClock()
     coord = cluster(tmp_path, clock, workers=3, per_worker=2)
     msg = coord.policy.messaging
+    # w01's jobs finish before it goes silent; w02's are still running when it does.
+    w01 = FakeAgent("w01", clock)
+    w01.seq = 10
+    coord.on_heartbeat(w01.heartbeat(*(report(f"w01-c{i:03d}", phase="finished") for i in range(2))))
     keep_alive = FakeAgent("w00", clock)
     keep_alive.seq = 10
     clock.advance(msg.prune_after * msg.worker_timeout / 2)
-    coord.on_heartbeat(keep_alive.heartbeat(report("w00-c000")))
+    coord.on_heartbeat(keep_alive.heartbeat(report("w00-c000"), report("w00-c001", phase="finished")))
     clock.advance(msg.prune_after * msg.worker_timeout / 2 + 1)
+    coord.on_heartbeat(keep_alive.heartbeat(report("w00-c000")))
     coord.step(rebalance=True)
-    assert set(coord.state.workers) == {"w00"}
-    assert set(coord.state.containers) == {"w00-c000"}
-    assert coord.state.pruned == 2 + 5
+    # w02 and its unfinished jobs stay until they run elsewhere (their recoveries are open).
+    assert set(coord.state.workers) == {"w00", "w02"}
+    assert set(coord.state.containers) == {"w00-c000", "w00-c001", "w02-c000", "w02-c001"}
+    assert {m.container for m in coord.migrations.values()} == {"w02-c000", "w02-c001"}
+    assert coord.state.pruned == 1 + 2
     assert not coord.outbox.keys() - {"w00"}
 
 

@@ -1,0 +1,191 @@
+"""Level-triggered recovery: every unfinished job the manager knows keeps one live copy (SPEC §6.5).
+
+Migrations act on the edges of a move; this module looks at the level, as a Kubernetes
+controller does. At each ticker pass ``Reconciler.due`` lists the jobs that run nowhere and
+that no migration is moving:
+
+* ``recovered`` — its worker has been silent for ``recovery.after`` while its last heartbeat
+  listed the job running (a lost host); or a restarted manager never heard of the job again
+  (its journaled ``home`` says where it ran); or its copy stopped without finishing (stopped
+  after a checkpoint, or no longer listed) with nothing restarting it;
+* ``crashed`` — its copy ended with an error (a crash, an OOM kill) outside a migration.
+
+The coordinator restores each from the job's newest complete checkpoint on the worker
+Algorithm 2 picks (``specon.policy.placement.select_home``), as a journaled migration that
+begins at ``saved``. A start is refused while any host may still run the job, so a false
+loss costs a refused start, never a second copy. Attempts for one job back off
+(``recovery.backoff`` doubling to ``max_backoff``); restarts of a copy that ended, or of a job
+nobody reported, count against ``recovery.limit`` (journaled in the job's ``Mark``), losses of a
+host do not. Pure: no I/O, no clock; the in-memory back-off starts afresh with a new manager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass
+
+from specon.config import Policy, RecoveryConfig
+from specon.coordinator.migration import Mark, Migration, Reason, State
+from specon.coordinator.state import ClusterState, suspended
+from specon.model import Category, ContainerId, ContainerSnapshot, WorkerId
+from specon.policy.placement import ClusterIndex, select_home
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """A job to restore: where it ran, why, and since when it runs nowhere (manager clock)."""
+
+    container: ContainerId
+    source: WorkerId
+    reason: Reason
+    since: float
+    # Counts against ``recovery.limit`` (its copy ended, or nobody reported it).
+    counted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """Open ``migration`` (a recovery, at ``saved``); ``restarts``: the job's new count, if counted."""
+
+    migration: Migration
+    restarts: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """Not now: ``why``; ``gave_up``: the job is over ``recovery.limit`` and left failed."""
+
+    recovery: Recovery
+    why: str
+    gave_up: bool = False
+
+
+def backoff(attempts: int, cfg: RecoveryConfig) -> float:
+    """Seconds to wait after ``attempts`` attempts before the next (0 before the first)."""
+    if attempts == 0:
+        return 0.0
+    return float(min(cfg.max_backoff, cfg.backoff * 2.0 ** min(attempts - 1, 32)))
+
+
+class Reconciler:
+    def __init__(self, policy: Policy, marks: Mapping[ContainerId, Mark]) -> None:
+        self.policy = policy
+        self.cfg = policy.recovery
+        # Jobs a restarted manager knows from its journal until some worker reports them.
+        self._unheard: dict[ContainerId, WorkerId] = {
+            c: m.home for c, m in marks.items() if m.home is not None and not m.finished
+        }
+        # Recovery attempts per job since it last ran (count, last at): the back-off.
+        self._tries: dict[ContainerId, tuple[int, float]] = {}
+        # Jobs over the limit: left failed (logged once).
+        self.gave_up: set[ContainerId] = set()
+        # Jobs no worker can host now (logged once until one can).
+        self._waiting: set[ContainerId] = set()
+
+    def running(self, cid: ContainerId, now: float) -> None:
+        """``cid`` was reported running: it is heard of, and once it has run ``max_backoff``
+        seconds since the last attempt its back-off starts afresh (as a crash loop's does)."""
+        if self._unheard:
+            self._unheard.pop(cid, None)
+        if (
+            self._tries
+            and (tried := self._tries.get(cid)) is not None
+            and now - tried[1] >= self.cfg.max_backoff
+        ):
+            del self._tries[cid]
+        if self.gave_up:
+            self.gave_up.discard(cid)
+        if self._waiting:
+            self._waiting.discard(cid)
+
+    def tried(self, cid: ContainerId, now: float) -> None:
+        n, _ = self._tries.get(cid, (0, now))
+        self._tries[cid] = (n + 1, now)
+
+    def plan(
+        self,
+        state: ClusterState,
+        marks: Mapping[ContainerId, Mark],
+        moving: Collection[ContainerId],
+        now: float,
+        started_at: float,
+        *,
+        index: Callable[[], ClusterIndex],
+        new_id: Callable[[], str],
+    ) -> Iterator[Restore | Skip]:
+        """What to do for each job due (``due``), one at a time: the caller opens each
+        ``Restore`` before asking for the next, so that ``index`` (the cluster now) counts it
+        on its target and the next job's choice sees it."""
+        for r in self.due(state, marks, moving, now, started_at):
+            restarts = marks[r.container].restarts if r.container in marks else 0
+            if r.counted and restarts >= self.cfg.limit:
+                self.gave_up.add(r.container)
+                yield Skip(r, f"restarted {restarts} time(s); limit {self.cfg.limit}", gave_up=True)
+                continue
+            rec = state.containers.get(r.container)
+            job = (
+                ContainerSnapshot(r.container, r.source, Category.CONVERGED)  # known from the journal only
+                if rec is None
+                else ClusterState.placement_view(rec, marks, worker=r.source, since=None)
+            )
+            cfg = self.policy
+            target = select_home(index(), job, cfg=cfg.placement, worker_timeout=cfg.messaging.worker_timeout)
+            if target is None:
+                # Looked for again at every pass, said once: no attempt was made.
+                if r.container not in self._waiting:
+                    self._waiting.add(r.container)
+                    yield Skip(r, "no Ready, reachable worker can host it")
+                continue
+            self._waiting.discard(r.container)
+            self.tried(r.container, now)
+            if cfg.migration.dry_run:
+                yield Skip(r, f"dry-run: decided for {target}, not executed")
+            else:
+                m = Migration(new_id(), r.container, r.source, target, r.reason, State.SAVED, now, now,
+                              stopped_at=r.since)  # fmt: skip
+                yield Restore(m, restarts + 1 if r.counted else None)
+
+    def due(
+        self,
+        state: ClusterState,
+        marks: Mapping[ContainerId, Mark],
+        moving: Collection[ContainerId],
+        now: float,
+        started_at: float,
+    ) -> list[Recovery]:
+        """The recoveries to open now (``moving``: containers a migration has in flight)."""
+        if not self.cfg.enabled:
+            return []
+        out: dict[ContainerId, Recovery] = {}
+        for r in self._candidates(state, marks, now, started_at):
+            if r.container in moving or r.container in self.gave_up or r.container in out:
+                continue
+            n, last = self._tries.get(r.container, (0, r.since))
+            if now - max(last, r.since) >= backoff(n, self.cfg):
+                out[r.container] = r
+        return list(out.values())
+
+    def _candidates(
+        self, state: ClusterState, marks: Mapping[ContainerId, Mark], now: float, started_at: float
+    ) -> Iterator[Recovery]:
+        for cid, since in state.ended.items():
+            rec = state.containers.get(cid)
+            mk = marks.get(cid)
+            # Only a job seen running has a copy to keep (a job still waiting for its first
+            # start is its scheduler's); a GPU-suspended one resumes where it is.
+            if rec is None or mk is None or mk.home is None or mk.finished or suspended(rec.report):
+                continue
+            reason: Reason = "crashed" if rec.report.phase == "failed" else "recovered"
+            yield Recovery(cid, rec.worker, reason, since, counted=True)
+        # Workers with unfinished jobs are never pruned (``Coordinator.prune``): a lost one stays.
+        for w in state.workers.values():
+            if now - w.last_seen < self.cfg.after:
+                continue
+            for cid in w.reported:
+                rec = state.containers.get(cid)
+                if rec is not None and rec.worker == w.id and rec.report.phase == "running":
+                    yield Recovery(cid, w.id, "recovered", w.last_seen, counted=False)
+        if self._unheard and now - started_at >= self.cfg.after:
+            for cid, home in self._unheard.items():
+                if cid not in state.containers:
+                    yield Recovery(cid, home, "recovered", started_at, counted=True)
