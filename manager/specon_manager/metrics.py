@@ -88,6 +88,19 @@ class ManagerMetrics:
             "Failed migrations whose workers went silent: no longer holding the budget",
             registry=r,
         )
+        self.recoveries = Counter(
+            "specon_manager_recoveries",
+            "Jobs that ran nowhere, restored from their newest checkpoint (recovered, crashed)",
+            ["reason"],
+            registry=r,
+        )
+        self.recoveries_skipped = Counter(
+            "specon_manager_recoveries_skipped",
+            "Jobs that ran nowhere and were not restored: gave_up (past recovery.limit) or "
+            "waiting (no worker can host them; counted once until one can)",
+            ["reason", "why"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             "specon_manager_migrations_in_flight", "Migrations not yet finished", registry=r
         )
@@ -116,6 +129,12 @@ class ManagerMetrics:
             self.timeouts.labels(**ev.labels).inc()
         elif ev.kind == "migration_parked":
             self.parked.inc()
+        elif ev.kind == "recovery":
+            self.recoveries.labels(**ev.labels).inc()
+        elif ev.kind in ("recovery_gave_up", "recovery_waiting"):
+            self.recoveries_skipped.labels(
+                reason=ev.labels["reason"], why=ev.kind.removeprefix("recovery_")
+            ).inc()
         elif ev.kind == "decision_pass" and ev.duration is not None:
             self.decision_latency.observe(ev.duration)
         elif ev.kind == "migration_finished":

@@ -29,7 +29,8 @@ class Event:
     """Something the metrics and the status page count (decoupled from Prometheus here)."""
 
     # "decision", "decision_pass", "migration_finished", "migration_timeout", "migration_parked",
-    # "request_refused", "request_deferred", "worker_forgotten"
+    # "request_refused", "request_deferred", "worker_forgotten", "recovery", "recovery_gave_up",
+    # "recovery_waiting"
     kind: str
     labels: dict[str, str] = field(default_factory=dict)
     downtime: float | None = None

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specon_manager.metrics import ManagerMetrics
+
 from specon.config import default_policy
 from specon.coordinator.inline import InlineCoordinator
 from specon.coordinator.migration import Mark, Migration, State
@@ -117,6 +119,11 @@ def test_a_crashed_job_restarts_with_back_off_and_is_left_failed_past_the_limit(
     # The second restart waited its back-off: the copy had not run long enough to clear it.
     assert starts_at[1] - starts_at[0] >= backoff(1, pol.recovery)
     assert [e.labels for e in events if e.kind == "recovery_gave_up"] == [{"reason": "crashed"}]
+    metrics = ManagerMetrics()
+    for e in events:
+        metrics.on_event(e)
+    assert metrics.recoveries.labels(reason="crashed")._value.get() == 2
+    assert metrics.recoveries_skipped.labels(reason="crashed", why="gave_up")._value.get() == 1
 
 
 def test_a_refused_recovery_start_ends_and_the_next_attempt_backs_off(
