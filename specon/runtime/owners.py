@@ -10,8 +10,10 @@ exists, its pid or container. ``OwnerRecords`` is that record's code, shared by
   the next read completes it from the run itself (``_find_run``) or, if it never started,
   finds it not alive;
 - **never twice**: a record of another host cannot be verified here and counts as running,
-  so no start proceeds while any host may run the job; start, forget and clearing the record
-  hold the job's ``flock`` (``volume.job_lock``);
+  so no start proceeds while any host may run the job, unless the run's launcher recorded
+  its exit on the volume, or the record is this worker's own from an earlier boot (the run
+  ended with it); start, forget and clearing the record hold the job's ``flock``
+  (``volume.job_lock``);
 - **never the wrong run**: a container is acted on only where its record names this worker
   *and* this host (a pid or container id of another host means nothing here), and a record
   is removed only while it still names the run that ended.
@@ -145,8 +147,21 @@ class OwnerRecords(abc.ABC, Generic[RunT]):
 
     def _alive(self, owner: Owner) -> bool:
         if owner.host != self._host:
-            return True  # cannot be verified from this host: assume it runs (never run twice)
+            # This worker's own record from an earlier boot (or engine) names a run that ended
+            # with it: this worker is this host now. Another worker's run cannot be verified
+            # from here: assume it runs (never run twice).
+            return owner.worker != self._worker
         return self._alive_here(owner)
+
+    def _exit_recorded(self, paths: JobPaths, owner: Owner) -> bool:
+        """A run of another host whose launcher recorded its exit on the volume has ended: the
+        record is the run's own word, readable from any host (a crash, an OOM kill)."""
+        if owner.host == self._host:
+            return False
+        try:
+            return paths.exit_of(owner.run_id) is not None
+        except OSError:
+            return False
 
     def _write_ahead(self, job: ContainerId, paths: JobPaths) -> Owner:
         """Record a new run before it exists (``StartFailed`` if that fails: nothing started)."""
@@ -177,7 +192,7 @@ class OwnerRecords(abc.ABC, Generic[RunT]):
             owner = self._read_owner(paths)
         except CorruptRecordError as exc:
             raise StartFailed(paths.job, f"cannot tell whether it runs elsewhere: {exc}") from exc
-        if owner is not None and self._alive(owner):
+        if owner is not None and self._alive(owner) and not self._exit_recorded(paths, owner):
             where = f"pid {owner.pid}" if owner.pid is not None else owner.host
             raise AlreadyRunning(paths.job, f"already running on worker {owner.worker} ({where})")
 

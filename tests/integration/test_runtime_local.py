@@ -387,14 +387,32 @@ async def test_records_from_another_host_are_never_acted_on(cluster: LocalCluste
     paths = JobPaths.of(cluster.root, "remote")
     paths.create()
     paths.write_spec(job)
-    paths.write_owner(Owner(WorkerId("w0"), "run-x", 1.0, "another-boot", pid=os.getpid(), start_ticks=1))
-    [seen] = await cluster["w0"].list_containers()
-    assert seen.state is ContainerState.RUNNING  # cannot be verified here: assume it runs
-    with pytest.raises(AlreadyRunning):
-        await cluster["w1"].start(job)
-    with pytest.raises(NoSuchContainer, match="another host"):
-        await cluster["w0"].save(job.id, grace=0)
+    # Worker w9 runs it on another host: its pid cannot be verified here, so it runs.
+    paths.write_owner(Owner(WorkerId("w9"), "run-x", 1.0, "another-boot", pid=os.getpid(), start_ticks=1))
+    for w in ("w0", "w1"):
+        with pytest.raises(AlreadyRunning):
+            await cluster[w].start(job)
+    assert await cluster["w0"].list_containers() == []
     assert await cluster["w0"].stop_all() == 0
+
+
+async def test_a_workers_record_from_its_earlier_boot_is_listed_ended_and_the_job_may_start_anywhere(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    # w0 rebooted (same worker id, a new boot id): the old boot's run died with it.
+    job = spec(tmp_path, "rebooted", steps=5)
+    paths = JobPaths.of(cluster.root, "rebooted")
+    paths.create()
+    paths.write_spec(job)
+    paths.write_owner(Owner(WorkerId("w0"), "run-x", 1.0, "earlier-boot", pid=os.getpid(), start_ticks=1))
+    [seen] = await cluster["w0"].list_containers()
+    assert seen.state is ContainerState.FAILED and not seen.alive  # not running for ever
+    with pytest.raises(NoSuchContainer, match="another host"):
+        await cluster["w0"].save(job.id, grace=0)  # its pid means nothing in this boot
+    # w0 recorded the run's end on the volume: another worker may start the job now.
+    info = await cluster["w1"].start(job)
+    assert info.worker == "w1" and info.alive
+    await cluster["w1"].stop(job.id, grace=5)
 
 
 async def test_start_refuses_a_checkpoint_that_does_not_verify_or_belongs_elsewhere(

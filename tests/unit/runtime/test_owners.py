@@ -27,7 +27,7 @@ from specon.runtime.base import (
     StillRunning,
 )
 from specon.runtime.owners import OwnerRecords, run_fields
-from specon.runtime.volume import JobPaths, Owner
+from specon.runtime.volume import ExitRecord, JobPaths, Owner
 
 HOST = "boot-a"
 JOB = ContainerId("j1")
@@ -179,15 +179,37 @@ def test_a_provisional_record_whose_run_never_started_is_not_alive(rt: FakeBacke
 
 
 def test_a_record_of_another_host_is_never_completed_and_counts_as_running(tmp_path: Path) -> None:
-    elsewhere, here = FakeBackend(tmp_path, host="boot-b"), FakeBackend(tmp_path)
+    elsewhere, here = FakeBackend(tmp_path, "w1", host="boot-b"), FakeBackend(tmp_path)
     paths = paths_of(here)
     paths.create()
     provisional = elsewhere._write_ahead(JOB, paths)
     here.launched[provisional.run_id] = 42  # a pid of this host that happens to match
     assert here._read_owner(paths) == provisional and here.found == []
     assert here._alive(provisional)  # cannot be verified here: never run twice
-    with pytest.raises(AlreadyRunning, match="already running on worker w0 \\(boot-b\\)"):
+    with pytest.raises(AlreadyRunning, match="already running on worker w1 \\(boot-b\\)"):
         here._refuse_running(paths)
+
+
+def test_a_run_of_another_host_that_recorded_its_exit_no_longer_blocks_a_start(tmp_path: Path) -> None:
+    elsewhere, here = FakeBackend(tmp_path, "w1", host="boot-b"), FakeBackend(tmp_path)
+    owner = elsewhere.launch(JOB, 7)
+    paths = paths_of(here)
+    with pytest.raises(AlreadyRunning):
+        here._refuse_running(paths)
+    # Its launcher saw it crash and said so on the shared volume: any host may start it now.
+    paths.append_exit(ExitRecord(owner.run_id, WorkerId("w1"), 7, 1, None, "exited", 100.0))
+    here._refuse_running(paths)
+
+
+def test_this_workers_own_record_from_an_earlier_boot_has_ended(tmp_path: Path) -> None:
+    # The host rebooted under the same worker id: the old boot's run died with it. It neither
+    # shows as running for ever nor blocks a start (here or, once listed ended, anywhere).
+    before, after = FakeBackend(tmp_path, host="boot-old"), FakeBackend(tmp_path)
+    owner = before.launch(JOB, 42)
+    assert not after._alive(owner)
+    after._refuse_running(paths_of(after))
+    other_worker = FakeBackend(tmp_path, "w1")
+    assert other_worker._alive(owner)  # w1 cannot tell w0's boots apart: never run twice
 
 
 def test_start_is_refused_while_the_job_runs_and_when_its_record_is_unreadable(rt: FakeBackend) -> None:
