@@ -43,6 +43,7 @@ SLACK = 5.0  # the target: recovery.after + this
 
 
 def _policy(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
     path = root / "policy.yaml"
     path.write_text('apiVersion: specon/v1alpha1\nkind: Policy\nrebalance: {mode: "off"}\n')
     return path

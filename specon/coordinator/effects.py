@@ -16,8 +16,9 @@ commands back until then.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from specon.coordinator.migration import Mark, Migration
 from specon.model import ContainerId, WorkerId
@@ -92,15 +93,24 @@ class JournalWriter(Protocol):
     def put_mark(self, mark: Mark) -> None: ...
 
 
+@runtime_checkable
+class Transactional(Protocol):
+    """A journal that can make many writes durable together (SQLite: one commit)."""
+
+    def transaction(self) -> AbstractContextManager[None]: ...
+
+
 def write(store: JournalWriter, writes: Iterable[JournalWrite]) -> int:
-    """Make ``writes`` durable in ``store``, in order; the last sequence number written (0: none)."""
+    """Make ``writes`` durable in ``store``, in order (together, where it is ``Transactional``);
+    the last sequence number written (0: none)."""
     last = 0
-    for w in writes:
-        if isinstance(w, PutMigration):
-            store.put(w.migration)
-        else:
-            store.put_mark(w.mark)
-        last = w.seq
+    with store.transaction() if isinstance(store, Transactional) else nullcontext():
+        for w in writes:
+            if isinstance(w, PutMigration):
+                store.put(w.migration)
+            else:
+                store.put_mark(w.mark)
+            last = w.seq
     return last
 
 

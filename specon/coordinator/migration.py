@@ -1,7 +1,9 @@
 """The save/restore migration as a pure, journaled state machine (SPEC §6).
 
 ``decided → saving → saved → restoring → running → done``, and from any step before
-``done``: ``failed → rolled_back`` (restart on the source from the checkpoint).
+``done``: ``failed → rolled_back`` (restart on the source from the checkpoint). A recovery
+(``RECOVERIES``: a job that runs nowhere, ``specon.coordinator.reconcile``) begins at
+``saved`` and ends ``rolled_back`` at once if it fails.
 
 The manager writes each state to its journal *before* acting on it (write-ahead), then
 asks ``next_step`` what to do. ``next_step`` looks only at the journaled record and at

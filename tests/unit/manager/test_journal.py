@@ -13,6 +13,7 @@ import pytest
 from specon_manager.journal import Journal, mark_from_row, migration_from_row, migration_to_row
 from specon_manager.k8s_journal import KubeJournal
 
+from specon.coordinator.effects import PutMark, write
 from specon.coordinator.migration import Mark, Migration, State
 from specon.model import ContainerId, WorkerId
 from specon.runtime.kubernetes.api import KubeApi, KubeError
@@ -56,6 +57,23 @@ def test_marks_count_and_keep_first_migrated_time(tmp_path: Path) -> None:
     assert j.marks() == {c: mk}
     j.close()
     assert Journal(tmp_path / "j.db").marks()[c] == mk
+
+
+def test_a_batch_is_written_in_one_transaction_and_nothing_of_a_failed_one_is_kept(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "j.db")
+    marks = [PutMark(i + 1, Mark(ContainerId(f"c{i}"), home=WorkerId("w0"))) for i in range(3)]
+    assert write(j, marks) == 3
+    assert set(Journal(tmp_path / "j.db").marks()) == {"c0", "c1", "c2"}  # durable: another reader sees it
+
+    class Broken:
+        def __iter__(self) -> Any:
+            yield PutMark(4, Mark(ContainerId("c3")))
+            raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        write(j, Broken())
+    assert "c3" not in Journal(tmp_path / "j.db").marks()  # rolled back with the batch
+    assert write(j, [PutMark(5, Mark(ContainerId("c4")))]) == 5  # and the journal goes on
 
 
 def test_meta_roundtrip(tmp_path: Path) -> None:
