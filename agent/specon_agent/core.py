@@ -30,6 +30,7 @@ from specon.model import RUNTIME_LABEL, ContainerId, Direction, GpuState, Resour
 from specon.policy.classifier import classifier_for, horizon
 from specon.policy.monitor import MonitorState, StateError
 from specon.progress import SkipReason, Tailer
+from specon.progress.last import last_record
 from specon.runtime.base import (
     AlreadyFinished,
     AlreadyRunning,
@@ -38,7 +39,6 @@ from specon.runtime.base import (
     JobSpec,
     Runtime,
     RuntimeFailure,
-    StartFailed,
 )
 from specon.runtime.gpu.nvml import NvmlReader
 from specon.runtime.gpu.sample import GpuSample, gpu_capacity, gpu_labels
@@ -55,7 +55,7 @@ from specon_agent.gpu_share import GpuShare, gpu_state_path
 from specon_agent.gpus import GpuUsage, device_reports, gpu_use
 from specon_agent.priority import Running, running_of
 from specon_agent.reports import ended_report, running_report, suspended_reports
-from specon_agent.resumed import FirstRecord, first_record_after, log_size
+from specon_agent.resumed import FirstRecord, first_record_after, log_size, start_or_fall_back
 from specon_agent.watched import AgentCounters, Watched, append_curve, declare_steps, predicted_steps
 from specon_agent.weights import CpuWeights, state_path
 from specon_agent.window import LossWindows
@@ -450,6 +450,8 @@ class Agent:
             self.leaving.discard(cmd.container)
             return CommandResult(command=cmd.id, ok=False, error=str(exc))
         now = self.runtime.now()
+        # The step it had trained to: with the checkpoint's, what a save cut short lost.
+        last = None if w is None else await asyncio.to_thread(last_record, w.info.progress_path)
         if w is not None:
             self.saved_states[cmd.container] = w.state
             w.tailer.close()
@@ -467,6 +469,7 @@ class Agent:
                 "forced": res.forced,
                 "rolled_back": res.rolled_back,
                 "finished": res.finished,
+                "last_step": None if last is None else last.get("step"),
             },
         )
 
@@ -535,29 +538,8 @@ class Agent:
         return CommandResult(command=cmd.id, ok=False, error=error, detail={"died": True})
 
     async def _start_from(self, spec: JobSpec, checkpoint: Path | None) -> ContainerInfo:
-        """Start ``spec`` from ``checkpoint``, or, if that no longer verifies, from the newest
-        complete checkpoint beside it.
-
-        A checkpoint can rot between the save and the restore. The job resumes from its
-        newest complete checkpoint anyway (SPEC §6), so starting from the previous one only
-        redoes the steps after it, where refusing would leave the job running nowhere.
-        """
         spec = self.gpu_share.start_spec(spec)  # its MPS percentage, under mps and both
-        try:
-            return await self.runtime.start(spec, checkpoint=checkpoint)
-        except AlreadyRunning:
-            raise
-        except StartFailed:
-            fallback = None if checkpoint is None else ckpt.stand_in(checkpoint)
-            if fallback is None:
-                raise
-            log.warning(
-                "specon.agent.checkpoint_fallback",
-                container=spec.id,
-                checkpoint=str(checkpoint),
-                fallback=str(fallback),
-            )
-            return await self.runtime.start(spec, checkpoint=fallback)
+        return await start_or_fall_back(self.runtime, spec, checkpoint)
 
     def _mark(self, cmd: Command) -> CommandResult:
         w = self.watched.get(cmd.container)

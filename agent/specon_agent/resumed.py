@@ -20,9 +20,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import structlog
+
+from specon import checkpoint as ckpt
 from specon.checkpoint import open_regular
 from specon.progress.fields import TS_KEYS
-from specon.runtime.base import ContainerInfo, Runtime
+from specon.runtime.base import AlreadyRunning, ContainerInfo, JobSpec, Runtime, StartFailed
+
+log = structlog.get_logger()
 
 # The new run's first records are read, never the whole log it appends to.
 READ_LIMIT = 1 << 16
@@ -110,3 +115,28 @@ async def first_record_after(
         listed = listed or now is not None
         await runtime.sleep(0.05)
     return FirstRecord(runtime.now())
+
+
+async def start_or_fall_back(runtime: Runtime, spec: JobSpec, checkpoint: Path | None) -> ContainerInfo:
+    """Start ``spec`` from ``checkpoint``, or, if that no longer verifies, from the newest
+    complete checkpoint beside it.
+
+    A checkpoint can rot between the save and the restore. The job resumes from its newest
+    complete checkpoint anyway (SPEC §6), so starting from the previous one only redoes the
+    steps after it, where refusing would leave the job running nowhere.
+    """
+    try:
+        return await runtime.start(spec, checkpoint=checkpoint)
+    except AlreadyRunning:
+        raise
+    except StartFailed:
+        fallback = None if checkpoint is None else ckpt.stand_in(checkpoint)
+        if fallback is None:
+            raise
+        log.warning(
+            "specon.agent.checkpoint_fallback",
+            container=spec.id,
+            checkpoint=str(checkpoint),
+            fallback=str(fallback),
+        )
+        return await runtime.start(spec, checkpoint=fallback)

@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS migrations (
     started_at REAL,
     error TEXT,
     attempts INTEGER NOT NULL DEFAULT 0,
-    spec TEXT
+    spec TEXT,
+    lost_steps INTEGER
 );
 CREATE INDEX IF NOT EXISTS migrations_state ON migrations(state);
 CREATE TABLE IF NOT EXISTS marks (
@@ -52,11 +53,14 @@ CREATE TABLE IF NOT EXISTS marks (
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
-# Columns added to ``marks`` since its first release, added to an older file when it opens.
-_MARK_ADDED = {
-    "home": "TEXT",
-    "finished": "INTEGER NOT NULL DEFAULT 0",
-    "restarts": "INTEGER NOT NULL DEFAULT 0",
+# Columns added since the first release, per table, added to an older file when it opens.
+_ADDED = {
+    "migrations": {"lost_steps": "INTEGER"},
+    "marks": {
+        "home": "TEXT",
+        "finished": "INTEGER NOT NULL DEFAULT 0",
+        "restarts": "INTEGER NOT NULL DEFAULT 0",
+    },
 }
 
 # Rows are the records' own fields, converted by the one codec (``specon.wire.codec``) both
@@ -122,10 +126,11 @@ class Journal:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
-        have = {row[1] for row in self._db.execute("PRAGMA table_info(marks)")}
-        for column, decl in _MARK_ADDED.items():
-            if column not in have:
-                self._db.execute(f"ALTER TABLE marks ADD COLUMN {column} {decl}")
+        for table, added in _ADDED.items():
+            have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            for column, decl in added.items():
+                if column not in have:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:

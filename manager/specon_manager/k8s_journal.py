@@ -67,8 +67,17 @@ def _name_part(text: str) -> str:
     return f"{clean}-{hashlib.sha256(text.encode()).hexdigest()[:8]}".strip("-")
 
 
+# Fields added to ``Migration`` since its first release: left out while unset, so an older
+# manager's records are written back as they were.
+_MIGRATION_ADDED = ("lost_steps",)
+
+
 def _encode(m: Migration) -> str:
-    return json.dumps(codec.to_data(m, Migration), sort_keys=True)
+    data = codec.to_data(m, Migration)
+    for key in _MIGRATION_ADDED:
+        if data.get(key) is None:
+            data.pop(key, None)
+    return json.dumps(data, sort_keys=True)
 
 
 def _decode(text: str) -> Migration:

@@ -31,13 +31,16 @@ import structlog
 
 from specon.config import Policy
 from specon.coordinator.effects import (
+    CORDONS_KEY,
     CommandQueued,
     Event,
     JournalWrite,
     Log,
+    PutCordons,
     PutMark,
     PutMigration,
     Recovered,
+    cordons_from_text,
     write,
 )
 from specon.coordinator.machine import Coordinator
@@ -62,6 +65,7 @@ def read_back(journal: JournalStore) -> Recovered:
         finished=tuple(m for m in journal.all() if not m.in_flight),
         marks=tuple(journal.marks().values()),
         restarted=journal.get_meta("started_at") is not None,
+        cordons=cordons_from_text(journal.get_meta(CORDONS_KEY)),
     )
 
 
@@ -165,7 +169,7 @@ class ManagerShell:
     def _perform(self) -> None:
         """Log and count now; queue journal writes and wake-ups for ``flush``."""
         for e in self.core.take_effects():
-            if isinstance(e, PutMigration | PutMark):
+            if isinstance(e, PutMigration | PutMark | PutCordons):
                 self._pending.append(e)
             elif isinstance(e, CommandQueued):
                 self._waking.add(e.worker)

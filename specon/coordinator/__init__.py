@@ -5,7 +5,9 @@ come out (journal writes, commands for agents, metric and log events); the shell
 
 - ``machine``: the ``Coordinator`` itself (Algorithms 2 and 3 applied to the cluster state);
 - ``deciding``: its answers to a decision pass (Algorithm 2's requests, Algorithm 3's moves);
-- ``reconcile``: which jobs run nowhere and where each is restored (lost hosts, crashes);
+- ``reconcile``: which jobs run nowhere and where each is restored (lost hosts, crashes),
+  and which jobs a drain moves off;
+- ``draining``: cordoning and uncordoning workers (``specon drain``);
 - ``state``: the manager's picture of the cluster, built from heartbeats;
 - ``migration``: a save/restore migration as a pure, journaled state machine (SPEC §6);
 - ``deadlines``: how long each migration step may take, and when it stops holding the budget;

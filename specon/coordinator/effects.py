@@ -15,13 +15,15 @@ commands back until then.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-from specon.coordinator.migration import Mark, Migration
+from specon.coordinator.migration import Cordon, Mark, Migration
 from specon.model import ContainerId, WorkerId
+from specon.wire import codec
 from specon.wire.protocol import Command
 
 
@@ -55,6 +57,29 @@ class PutMark:
 
 
 @dataclass(frozen=True, slots=True)
+class PutCordons:
+    """Journal the workers being drained (all of them: a whole, rarely written record)."""
+
+    seq: int
+    cordons: tuple[Cordon, ...]
+
+
+def cordons_to_text(cordons: Iterable[Cordon]) -> str:
+    """The journal's ``cordons`` meta value (JSON, through the codec)."""
+    return json.dumps([codec.to_data(c, Cordon) for c in sorted(cordons, key=lambda c: c.worker)])
+
+
+def cordons_from_text(text: str | None) -> tuple[Cordon, ...]:
+    """Inverse of ``cordons_to_text``; ``ValueError`` for a value it did not write."""
+    if not text:
+        return ()
+    raw = json.loads(text)
+    if not isinstance(raw, list):
+        raise ValueError("cordons: expected a list")
+    return tuple(codec.from_data(Cordon, item) for item in raw)
+
+
+@dataclass(frozen=True, slots=True)
 class CommandQueued:
     """``command`` waits in ``worker``'s outbox (deliverable once its writes are durable)."""
 
@@ -80,10 +105,13 @@ class Recovered:
     marks: tuple[Mark, ...] = ()
     # The journal was opened by a manager before: a restart into a running cluster.
     restarted: bool = False
+    cordons: tuple[Cordon, ...] = ()
 
 
-JournalWrite = PutMigration | PutMark
-Effect = PutMigration | PutMark | CommandQueued | Event | Log
+JournalWrite = PutMigration | PutMark | PutCordons
+Effect = PutMigration | PutMark | PutCordons | CommandQueued | Event | Log
+# The meta key the cordons are journaled under.
+CORDONS_KEY = "cordons"
 
 
 class JournalWriter(Protocol):
@@ -91,6 +119,7 @@ class JournalWriter(Protocol):
 
     def put(self, m: Migration) -> None: ...
     def put_mark(self, mark: Mark) -> None: ...
+    def set_meta(self, key: str, value: str) -> None: ...
 
 
 @runtime_checkable
@@ -108,8 +137,10 @@ def write(store: JournalWriter, writes: Iterable[JournalWrite]) -> int:
         for w in writes:
             if isinstance(w, PutMigration):
                 store.put(w.migration)
-            else:
+            elif isinstance(w, PutMark):
                 store.put_mark(w.mark)
+            else:
+                store.set_meta(CORDONS_KEY, cordons_to_text(w.cordons))
             last = w.seq
     return last
 
@@ -120,12 +151,16 @@ class MemoryJournal:
     def __init__(self) -> None:
         self.migrations: dict[str, Migration] = {}
         self.marks: dict[ContainerId, Mark] = {}
+        self.meta: dict[str, str] = {}
 
     def put(self, m: Migration) -> None:
         self.migrations[m.id] = m
 
     def put_mark(self, mark: Mark) -> None:
         self.marks[mark.container] = mark
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.meta[key] = value
 
     def all(self) -> list[Migration]:
         return sorted(self.migrations.values(), key=lambda m: (m.decided_at, m.id))

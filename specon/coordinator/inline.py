@@ -17,13 +17,14 @@ from specon.coordinator.effects import (
     Event,
     JournalWriter,
     Log,
+    PutCordons,
     PutMark,
     PutMigration,
     Recovered,
     write,
 )
 from specon.coordinator.machine import Coordinator
-from specon.coordinator.migration import Mark, Migration
+from specon.coordinator.migration import Cordon, Mark, Migration
 from specon.coordinator.state import ClusterState
 from specon.model import ContainerId, WorkerId
 from specon.policy.decisions import Move
@@ -58,7 +59,7 @@ class InlineCoordinator:
         """Perform what the core asked for: journal writes first (write-ahead), then the rest."""
         effects = self.core.take_effects()
         self.core.journaled(
-            write(self.journal, (e for e in effects if isinstance(e, PutMigration | PutMark)))
+            write(self.journal, (e for e in effects if isinstance(e, PutMigration | PutMark | PutCordons)))
         )
         for e in effects:
             if isinstance(e, Event):
@@ -88,6 +89,18 @@ class InlineCoordinator:
     def on_goodbye(self, worker: WorkerId) -> None:
         self.core.goodbye(worker, self.clock())
         self.perform()
+
+    def on_drain(self, worker: WorkerId, *, deadline: float | None = None) -> Cordon:
+        try:
+            return self.core.drain(worker, self.clock(), deadline=deadline)
+        finally:
+            self.perform()
+
+    def on_uncordon(self, worker: WorkerId) -> bool:
+        try:
+            return self.core.uncordon(worker, self.clock())
+        finally:
+            self.perform()
 
     def step(self, *, rebalance: bool = False) -> bool:
         """One pass; True if it decided something."""

@@ -29,10 +29,20 @@ from typing import Literal
 from specon.config import Policy
 from specon.coordinator.deadlines import deadline_passed, parked, retry_due, save_may_stop
 from specon.coordinator.deciding import Deciding
-from specon.coordinator.effects import CommandQueued, Effect, Event, Log, PutMark, PutMigration, Recovered
+from specon.coordinator.draining import Draining
+from specon.coordinator.effects import (
+    CommandQueued,
+    Effect,
+    Event,
+    Log,
+    PutMark,
+    PutMigration,
+    Recovered,
+)
 from specon.coordinator.migration import (
     FINISHED_DURING,
     Advance,
+    Cordon,
     IssueSave,
     IssueStart,
     Mark,
@@ -68,7 +78,7 @@ class NotHostedError(ValueError):
     """A worker asked about a container it does not run."""
 
 
-class Coordinator(Deciding):
+class Coordinator(Deciding, Draining):
     def __init__(
         self,
         *,
@@ -124,6 +134,10 @@ class Coordinator(Deciding):
         self._parked: set[str] = set()
         self.move_costs = learner_of(policy)  # what moves cost, learned (the policy's as the prior)
         self.reconciler = Reconciler(policy, self.marks)
+        # Workers being drained (journaled): no new jobs, and their jobs move off.
+        self.cordons: dict[WorkerId, Cordon] = {c.worker: c for c in recovered.cordons}
+        for w in self.cordons:
+            self.state.cordon(w, True)
         if self.migrations:
             self._log("specon.manager.recovered", in_flight=len(self.migrations), ids=sorted(self.migrations))
 
@@ -313,7 +327,7 @@ class Coordinator(Deciding):
         """Open a recovery for every job that runs nowhere (``specon.coordinator.reconcile``)."""
         moving = {m.container for m in self.migrations.values()}
         steps = self.reconciler.plan(
-            self.state, self.marks, moving, now, self.started_at,
+            self.state, self.marks, moving, now, self.started_at, cordons=self.cordons,
             index=lambda: self._index(now), new_id=lambda: self._new_id(now),
         )  # fmt: skip
         for step in steps:
@@ -467,7 +481,11 @@ class Coordinator(Deciding):
         # The container arrives frozen in CC only if Algorithm 2 has decided for it; a
         # rebalanced container that never requested keeps being classified.
         migrated = action is Action.START and self.marks.get(m.container, UNMARKED).migrations > 0
-        return migration_command(m, action, worker, now, self.policy, migrated=migrated, rollback=rollback)
+        cmd = migration_command(m, action, worker, now, self.policy, migrated=migrated, rollback=rollback)
+        drain = self.cordons.get(m.source) if m.reason == "evacuated" and action is Action.SAVE else None
+        if drain is not None and drain.deadline is not None:  # the agent saves within what is left
+            cmd = replace(cmd, deadline=min(cmd.deadline, drain.deadline))
+        return cmd
 
     def _send(self, worker: WorkerId, cmd: Command) -> None:
         if self.commands.put(worker, cmd, after_write=self._written):
@@ -515,12 +533,19 @@ class Coordinator(Deciding):
             # The job stopped training at the SIGTERM, before the checkpoint was written.
             began = res.detail.get("began_at")
             stopped = at - (res.finished_at - began) if isinstance(began, float) and res.finished_at else at
+            last = res.detail.get("last_step")
+            lost = (
+                last - res.checkpoint_step
+                if isinstance(last, int) and res.checkpoint_step is not None
+                else None
+            )
             new = m.to(
                 State.SAVED,
                 at=at,
                 checkpoint=res.checkpoint,
                 checkpoint_step=res.checkpoint_step,
                 stopped_at=stopped,
+                lost_steps=None if lost is None else max(0, lost),
             )
             self.record(new)
             self.migrations[m.id] = new

@@ -89,6 +89,9 @@ class Migration:
     # The runtime's job spec (JSON) from the save result, so a restarted manager can
     # still tell the target what to start.
     spec: str | None = None
+    # Steps the job had trained past the checkpoint it moved with (a save cut short by a
+    # drain's deadline rolls back to the newest complete checkpoint); None: not known.
+    lost_steps: int | None = None
 
     @property
     def downtime(self) -> float | None:
@@ -122,6 +125,16 @@ class Mark:
     home: WorkerId | None = None
     finished: bool = False
     restarts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Cordon:
+    """A worker being drained: it takes no new jobs, and its jobs move off (``evacuated``),
+    each saved before ``deadline`` (manager clock; None: as long as a save takes)."""
+
+    worker: WorkerId
+    since: float
+    deadline: float | None = None
 
 
 # What the coordinator should do next for one migration.

@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 
 from specon.config import Policy, RecoveryConfig
-from specon.coordinator.migration import Mark, Migration, Reason, State
+from specon.coordinator.migration import Cordon, Mark, Migration, Reason, State
 from specon.coordinator.state import ClusterState, suspended
 from specon.model import Category, ContainerId, ContainerSnapshot, WorkerId
 from specon.policy.placement import ClusterIndex, select_home
@@ -110,13 +110,15 @@ class Reconciler:
         now: float,
         started_at: float,
         *,
+        cordons: Mapping[WorkerId, Cordon],
         index: Callable[[], ClusterIndex],
         new_id: Callable[[], str],
     ) -> Iterator[Restore | Skip]:
-        """What to do for each job due (``due``), one at a time: the caller opens each
-        ``Restore`` before asking for the next, so that ``index`` (the cluster now) counts it
-        on its target and the next job's choice sees it."""
-        for r in self.due(state, marks, moving, now, started_at):
+        """What to do for each job due (``due``, then ``evacuations``), one at a time: the
+        caller opens each ``Restore`` before asking for the next, so that ``index`` (the
+        cluster now) counts it on its target and the next job's choice sees it."""
+        recoveries = self.due(state, marks, moving, now, started_at)
+        for r in [*recoveries, *self.evacuations(state, cordons, moving, now)]:
             restarts = marks[r.container].restarts if r.container in marks else 0
             if r.counted and restarts >= self.cfg.limit:
                 self.gave_up.add(r.container)
@@ -141,8 +143,11 @@ class Reconciler:
             if cfg.migration.dry_run:
                 yield Skip(r, f"dry-run: decided for {target}, not executed")
             else:
-                m = Migration(new_id(), r.container, r.source, target, r.reason, State.SAVED, now, now,
-                              stopped_at=r.since)  # fmt: skip
+                # An evacuation is a move (its job runs: save, then restore); a recovery restores.
+                state0 = State.DECIDED if r.reason == "evacuated" else State.SAVED
+                since = None if r.reason == "evacuated" else r.since
+                m = Migration(new_id(), r.container, r.source, target, r.reason, state0, now, now,
+                              stopped_at=since)  # fmt: skip
                 yield Restore(m, restarts + 1 if r.counted else None)
 
     def due(
@@ -164,6 +169,29 @@ class Reconciler:
             if now - max(last, r.since) >= backoff(n, self.cfg):
                 out[r.container] = r
         return list(out.values())
+
+    def evacuations(
+        self,
+        state: ClusterState,
+        cordons: Mapping[WorkerId, Cordon],
+        moving: Collection[ContainerId],
+        now: float,
+    ) -> list[Recovery]:
+        """The jobs running on a reachable cordoned worker that no migration moves yet, back-off
+        permitting (a silent one's jobs are recovered once it is lost, not saved)."""
+        out = []
+        timeout = self.policy.messaging.worker_timeout
+        for c in cordons.values():
+            w = state.workers.get(c.worker)
+            if w is None or not state.reachable(w, now, timeout):
+                continue
+            for cid in sorted(w.reported):
+                if cid in moving or state.running_on(cid) != c.worker:
+                    continue
+                n, last = self._tries.get(cid, (0, c.since))
+                if now - max(last, c.since) >= backoff(n, self.cfg):
+                    out.append(Recovery(cid, c.worker, "evacuated", c.since, counted=False))
+        return out
 
     def _candidates(
         self, state: ClusterState, marks: Mapping[ContainerId, Mark], now: float, started_at: float

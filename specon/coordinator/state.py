@@ -94,6 +94,8 @@ class ClusterState:
         # Containers whose last word is that they ended unfinished (stopped, failed, unlisted):
         # id -> since when (manager clock), for the reconciler.
         self.ended: dict[ContainerId, float] = {}
+        # Workers being drained: not Ready for placement (no new jobs), shown as cordoned.
+        self.cordoned: set[WorkerId] = set()
         self.pruned = 0
         # Ids in order, rebuilt only after an id came or went (status pages bisect them).
         self._worker_order: list[WorkerId] | None = None
@@ -205,6 +207,14 @@ class ClusterState:
             rec.window = rep.window
         if changed:  # the view only: most heartbeats change a step count, not what decides
             self._dirty.add(rep.id)
+
+    def cordon(self, worker: WorkerId, on: bool) -> None:
+        """Take ``worker`` out of placement (``on``) or put it back."""
+        if on:
+            self.cordoned.add(worker)
+        else:
+            self.cordoned.discard(worker)
+        self._worker_changed(worker)
 
     def goodbye(self, worker: WorkerId) -> None:
         w = self.workers.get(worker)
@@ -343,7 +353,7 @@ class ClusterState:
             id=w.id,
             capacity=w.capacity,
             usage=w.usage,
-            ready=not w.said_goodbye,
+            ready=not w.said_goodbye and w.id not in self.cordoned,
             heartbeat_age=self._age(w, now),
             labels=w.label_items,
             taints=w.taints,
@@ -412,8 +422,9 @@ class ClusterState:
                 WorkerStatus(
                     id=w.id,
                     address=w.address,
-                    ready=not w.said_goodbye,
+                    ready=not w.said_goodbye and w.id not in self.cordoned,
                     reachable=self.reachable(w, now, timeout),
+                    cordoned=w.id in self.cordoned,
                     heartbeat_age=round(self._age(w, now), 3),
                     capacity=w.capacity,
                     usage=w.usage,

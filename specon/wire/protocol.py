@@ -303,6 +303,8 @@ class WorkerStatus:
     taints: tuple[str, ...] = ()
     # Protocol 1.4: its GPUs as its agent last reported them (empty: none, or no NVML).
     gpus: tuple[GpuDevice, ...] = field(default=(), metadata=limit(Items(MAX_GPU_DEVICES, unique="index")))
+    # Being drained (``specon drain``): it takes no new jobs and its jobs move off.
+    cordoned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,6 +355,8 @@ class MigrationStatus:
     downtime: float | None = None
     error: str | None = None
     attempts: int = 0
+    # Steps trained past the checkpoint it moved with (a drain's deadline cut the save short).
+    lost_steps: int | None = None
 
     @classmethod
     def of(cls, m: Migration) -> MigrationStatus:
@@ -372,6 +376,7 @@ class MigrationStatus:
             downtime=m.downtime,
             error=m.error,
             attempts=m.attempts,
+            lost_steps=m.lost_steps,
         )
 
 

@@ -1,0 +1,115 @@
+"""Draining a worker through the coordinator: cordoned, every job saved and moved off
+(``evacuated``), outside the migration budget, within the drain's deadline; journaled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specon.coordinator.draining import UnknownWorkerError
+from specon.coordinator.inline import InlineCoordinator
+from specon.coordinator.migration import Migration, State
+from specon.model import WorkerId
+from specon.wire.protocol import Action, CommandResult
+from tests.unit.manager_fakes import FakeAgent, FakeClock, commands, coordinator, policy, report
+
+A, B = WorkerId("a"), WorkerId("b")
+JOBS = ("j1", "j2", "j3", "j4")
+
+
+def _evacuations(coord: InlineCoordinator) -> list[Migration]:
+    return [m for m in coord.journal.all() if m.reason == "evacuated"]
+
+
+def _cluster(tmp_path: Path, clock: FakeClock) -> tuple[InlineCoordinator, FakeAgent, FakeAgent]:
+    # One move at a time: an evacuation must not wait for that budget.
+    coord = coordinator(
+        tmp_path, clock, policy(migration={"max_concurrent": 1, "max_concurrent_per_worker": 1})
+    )
+    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
+    coord.on_heartbeat(a.heartbeat(*(report(j) for j in JOBS)))
+    coord.on_heartbeat(b.heartbeat())
+    return coord, a, b
+
+
+def test_a_drain_saves_every_job_at_once_and_restores_each_on_another_worker(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    coord, a, b = _cluster(tmp_path, clock)
+    coord.on_drain(A)
+    assert coord.state.cordoned == {A} and coord.core.jobs_on(A) == sorted(JOBS)
+    saves = commands(coord.on_heartbeat(a.heartbeat(*(report(j) for j in JOBS))), Action.SAVE)
+    assert sorted(c.container for c in saves) == sorted(JOBS)  # all four, past a budget of one
+    assert {(m.source, m.target, m.state) for m in _evacuations(coord)} == {(A, B, State.SAVING)}
+    # The saves stop the jobs at their checkpoints; b starts each.
+    results = tuple(
+        CommandResult(
+            command=c.id,
+            ok=True,
+            checkpoint=f"/vol/{c.container}/ckpt-10.json",
+            checkpoint_step=10,
+            finished_at=a.now(),
+            detail={"last_step": 10},
+        )
+        for c in saves
+    )
+    coord.on_heartbeat(a.heartbeat(results=results))
+    starts = commands(coord.on_heartbeat(b.heartbeat()), Action.START)
+    assert sorted(c.container for c in starts) == sorted(JOBS)
+    ok = tuple(CommandResult(command=c.id, ok=True, finished_at=b.now()) for c in starts)
+    coord.on_heartbeat(b.heartbeat(*(report(j) for j in JOBS), results=ok))
+    coord.step(rebalance=True)
+    assert {m.state for m in _evacuations(coord)} == {State.DONE}
+    assert {m.lost_steps for m in _evacuations(coord)} == {0}
+    assert coord.core.jobs_on(A) == [] and coord.core.jobs_on(B) == sorted(JOBS)
+
+
+def test_a_cordoned_worker_takes_no_job_and_uncordon_lets_it_again(tmp_path: Path, clock: FakeClock) -> None:
+    coord, a, _ = _cluster(tmp_path, clock)
+    coord.on_drain(B)  # b runs nothing: nothing to move, but nothing may come
+    coord.on_drain(A)
+    coord.on_heartbeat(a.heartbeat(*(report(j) for j in JOBS)))
+    assert _evacuations(coord) == []  # nowhere to go: they stay where they are
+    status = {w.id: w for w in coord.core.state.worker_status(clock(), 20.0)}
+    assert status[A].cordoned and not status[A].ready and status[B].cordoned
+    assert coord.on_uncordon(B) and not coord.on_uncordon(B)
+    coord.step(rebalance=True)
+    assert {m.target for m in _evacuations(coord)} == {B} and len(_evacuations(coord)) == 4
+    with pytest.raises(UnknownWorkerError):
+        coord.on_drain(WorkerId("nobody"))
+
+
+def test_a_drains_deadline_bounds_each_save_and_a_cut_short_save_reports_its_lost_steps(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    coord, a, _ = _cluster(tmp_path, clock)
+    coord.on_drain(A, deadline=6.0)
+    batch = coord.on_heartbeat(a.heartbeat(*(report(j) for j in JOBS)))
+    save = commands(batch, Action.SAVE)[0]
+    assert batch.remaining(save) == pytest.approx(6.0)  # not grace_period + worker_timeout
+    # The job could not save in time: killed, rolled back to its newest complete checkpoint.
+    detail: dict[str, object] = {"forced": True, "rolled_back": True, "last_step": 73}
+    cut = CommandResult(
+        command=save.id,
+        ok=True,
+        checkpoint="/vol/ckpt-50.json",
+        checkpoint_step=50,
+        finished_at=a.now(),
+        detail=detail,
+    )
+    coord.on_heartbeat(a.heartbeat(results=(cut,)))
+    (m,) = [m for m in _evacuations(coord) if m.container == save.container]
+    assert m.state is State.RESTORING and m.lost_steps == 23
+
+
+def test_cordons_survive_a_manager_restart(tmp_path: Path, clock: FakeClock) -> None:
+    coord, _, _ = _cluster(tmp_path, clock)
+    coord.on_drain(A, deadline=60.0)
+    coord.journal.close()
+    again = coordinator(tmp_path, clock)
+    assert set(again.core.cordons) == {A} and again.core.cordons[A].deadline == clock() + 60.0
+    assert again.state.cordoned == {A}
+    assert again.on_uncordon(A)
+    again.journal.close()
+    assert coordinator(tmp_path, clock).core.cordons == {}
