@@ -5,8 +5,9 @@ checkpoint interval).
 Each run is an embedded cluster (real manager, two real agents) with the shipped default
 policy (heartbeats every 5 s, a worker unreachable after 20 s, lost after
 ``recovery.after`` = 60 s; rebalancing off so that nothing else moves the job). A curve job
-checkpointing every 50 steps trains on w0; a moment after its first checkpoint the host dies:
-its agent and the job's processes are SIGKILLed together, with no goodbye and no save. Times
+checkpointing every 50 steps trains on w0; after its first checkpoint the host dies:
+its agent and the job's processes are SIGKILLed together, with no goodbye and no save (once
+the manager has heard of the job: one it never heard of cannot be restored). Times
 from the kill, on this machine's clock, from the job's own progress log:
 
 * first step - the first training record the resumed run writes (on w1);
@@ -85,7 +86,12 @@ async def _one(root: Path, i: int) -> tuple[float, int]:
             await c.submit(spec, W0)
             records = lambda: job_records(c.volume, jid)  # noqa: E731
             await _until(lambda: any(r.get("event") == "checkpoint" for r in records()), 120)
-            await asyncio.sleep(1.0)  # a few steps past it: what the loss costs
+            # The manager must know the job (its first heartbeat listing it, up to 5 s later).
+            deadline = time.monotonic() + 60
+            while not any(x.id == jid and x.phase == "running" for x in (await c.status()).containers):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the manager never listed the job")
+                await asyncio.sleep(0.2)
             c.kill(c.agents[W0])
             for pid in _processes(progress):
                 with contextlib.suppress(ProcessLookupError):

@@ -93,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
         "shared one); without it they are open",
     )
     p.add_argument(
+        "--operator-token-file",
+        help="file holding the operator token: it may drain and uncordon workers (specon drain) and "
+        "read the status; without it nobody may drain. At least 32 bytes",
+    )
+    p.add_argument(
         "--state-dir",
         type=Path,
         default=Path("specon-state"),
@@ -146,15 +151,18 @@ def _authenticator(args: argparse.Namespace) -> tuple[Authenticator, bool]:
         wants_shared = args.token_file or not (agents or kube)
         shared = read_token(args.token_file) if wants_shared else ""
         read = read_token(args.read_token_file) if args.read_token_file else ""
+        operator = read_token(args.operator_token_file) if args.operator_token_file else ""
     except OSError as exc:
         raise ValueError(f"cannot read the token file: {exc}") from exc
     if shared:
         check_token_strength(shared, what="shared token")
     if args.read_token_file:
         check_token_strength(read, what="read token")
+    if args.operator_token_file:
+        check_token_strength(operator, what="operator token")
     if not (agents or shared or kube):
         raise ValueError("no token: pass --agent-tokens FILE, --token-file FILE or set SPECON_TOKEN")
-    static = StaticTokens(agents=agents, shared=shared or None, read=read or None)
+    static = StaticTokens(agents=agents, shared=shared or None, read=read or None, operator=operator or None)
     if not kube:
         return static, bool(read)
     if missing := missing_extra("kubernetes", "kubernetes", "--agent-auth kubernetes"):

@@ -21,9 +21,12 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from specon.coordinator.draining import UnknownWorkerError
 from specon.coordinator.machine import NotHostedError
 from specon.daemon.settings import ManagerSettings
+from specon.model import WorkerId
 from specon.wire import protocol
+from specon.wire.operator import DRAIN_PATH, UNCORDON_PATH, DrainRequest
 from specon.wire.protocol import (
     CommandBatch,
     ErrorReply,
@@ -33,6 +36,7 @@ from specon.wire.protocol import (
     ProtocolError,
     ReallocationRequest,
 )
+from specon.wire.validate import InvalidIdError, valid_id
 from specon_manager import login
 from specon_manager.auth import Authenticator, Identity, StaticTokens
 from specon_manager.heap import HeapFreezer
@@ -41,7 +45,7 @@ from specon_manager.openapi import openapi_json
 from specon_manager.page import LOGIN_PATH, LOGOUT_PATH, SECURITY_HEADERS, render_status_page
 from specon_manager.sessions import SessionStore
 from specon_manager.shell import ManagerShell
-from specon_manager.status import BadPageError, Page, build_status
+from specon_manager.status import BadPageError, Page, build_status, drain_reply
 
 log = structlog.get_logger()
 
@@ -81,6 +85,7 @@ def _bearer(request: web.Request) -> str | None:
 
 
 _GUARDED_READS = frozenset({protocol.STATUS_PATH, "/"})
+WORKERS_PREFIX = "/v1/workers/"  # the operator's paths (drain, uncordon)
 
 
 def _by_cookie(request: web.Request) -> tuple[Identity | None, web.Response | None]:
@@ -103,7 +108,8 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     metrics = request.app[METRICS]
     post = request.method == "POST"
     guarded = (post and request.path not in login.PATHS) or (
-        request.app[GUARD_READS] and request.path in _GUARDED_READS
+        request.app[GUARD_READS]
+        and (request.path in _GUARDED_READS or request.path.startswith(WORKERS_PREFIX))
     )
     if guarded:
         token = _bearer(request)
@@ -120,9 +126,9 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not post and not login.may_read(who):
             metrics.rejected.labels(reason="forbidden").inc()
             return _error(403, f"{who.name} may not read the status: use the read token")
-        if post and not who.agent:
+        if post and not who.agent and not (who.operator and request.path.startswith(WORKERS_PREFIX)):
             metrics.rejected.labels(reason="forbidden").inc()
-            return _error(403, f"{who.name} is read-only")
+            return _error(403, f"{who.name} may not send this")
         request[IDENTITY] = who
     try:
         return await handler(request)
@@ -221,6 +227,70 @@ async def goodbye(request: web.Request) -> web.Response:
         return denied
     log.info("specon.manager.goodbye", worker=msg.worker)
     return _reply(await request.app[SHELL].goodbye(msg.worker))
+
+
+def _worker(request: web.Request) -> WorkerId | web.Response:
+    """The worker the path names (400 for an id that is not one)."""
+    try:
+        return WorkerId(valid_id(request.match_info["worker"]))
+    except InvalidIdError as exc:
+        return _error(400, str(exc), "worker")
+
+
+def _operator(request: web.Request) -> WorkerId | web.Response:
+    """The worker a drain call names, if the caller holds the operator token (403 otherwise)."""
+    who: Identity = request[IDENTITY]
+    if not who.operator:
+        request.app[METRICS].rejected.labels(reason="forbidden").inc()
+        log.warning("specon.manager.forbidden", identity=who.name, path=request.path)
+        return _error(403, f"{who.name} may not drain or uncordon workers: use the operator token")
+    return _worker(request)
+
+
+async def drain(request: web.Request) -> web.Response:
+    worker = _operator(request)
+    if isinstance(worker, web.Response):
+        return worker
+    try:
+        req = DrainRequest.parse(await request.read())
+    except ValueError as exc:
+        request.app[METRICS].rejected.labels(reason="malformed").inc()
+        return _error(400, str(exc))
+    try:
+        reply = await request.app[SHELL].drain(worker, req.deadline)
+    except UnknownWorkerError:
+        return _error(404, f"no worker {worker} has been heard from", "worker")
+    log.info(
+        "specon.manager.drain_requested",
+        worker=worker,
+        deadline=req.deadline,
+        identity=request[IDENTITY].name,
+    )
+    return _json(reply.to_json(), 202)
+
+
+async def uncordon(request: web.Request) -> web.Response:
+    worker = _operator(request)
+    if isinstance(worker, web.Response):
+        return worker
+    try:
+        return _json((await request.app[SHELL].uncordon(worker)).to_json())
+    except UnknownWorkerError:
+        return _error(404, f"no worker {worker} has been heard from", "worker")
+
+
+async def drain_status(request: web.Request) -> web.Response:
+    worker = _worker(request)
+    if isinstance(worker, web.Response):
+        return worker
+    core = request.app[SHELL].core
+    if worker not in core.state.workers and worker not in core.cordons:
+        return _error(404, f"no worker {worker} has been heard from", "worker")
+    return _json(drain_reply(core, worker).to_json())
+
+
+def _json(body: bytes, status: int = 200) -> web.Response:
+    return web.Response(body=body, status=status, content_type=protocol.CONTENT_TYPE)
 
 
 def _page(request: web.Request) -> Page | web.Response:
@@ -365,6 +435,9 @@ def create_app(
     app.router.add_post(protocol.POLL_PATH, poll)
     app.router.add_post(protocol.GOODBYE_PATH, goodbye)
     app.router.add_get(protocol.STATUS_PATH, status_json)
+    app.router.add_post(DRAIN_PATH, drain)
+    app.router.add_get(DRAIN_PATH, drain_status)
+    app.router.add_post(UNCORDON_PATH, uncordon)
     app.router.add_get("/", status_page)
     app.router.add_post(LOGIN_PATH, login_post)
     app.router.add_post(LOGOUT_PATH, logout_post)

@@ -6,7 +6,9 @@ Three kinds of credential (docs/safety.md, "Security model"):
   Kubernetes the agent pod's projected ServiceAccount token checked by TokenReview) speaks
   for exactly one worker;
 * the shared token (``--token-file``) speaks for every worker: single-tenant setups only;
-* the read token (``--read-token-file``) may read status and the page, nothing else.
+* the read token (``--read-token-file``) may read status and the page, nothing else;
+* the operator token (``--operator-token-file``) may read them and drain and uncordon workers
+  (``specon drain``), nothing else: no agent message.
 
 Tokens are compared in constant time. With thousands of per-agent tokens, comparing the
 given one against each would cost every heartbeat thousands of comparisons: tokens are found
@@ -36,12 +38,13 @@ class Identity:
     """An authenticated caller.
 
     ``worker`` is the one worker it speaks for; None with ``agent`` set means every worker
-    (the shared token). ``agent`` False means read-only.
+    (the shared token). ``agent`` False means no agent message: read-only, or an ``operator``.
     """
 
     name: str
     worker: WorkerId | None = None
     agent: bool = True
+    operator: bool = False
 
     def may_speak_for(self, worker: str) -> bool:
         return self.agent and (self.worker is None or self.worker == worker)
@@ -49,6 +52,7 @@ class Identity:
 
 SHARED = "shared-token"
 READER = "read-token"
+OPERATOR = "operator-token"
 
 
 class Authenticator(Protocol):
@@ -58,7 +62,7 @@ class Authenticator(Protocol):
 
 
 class StaticTokens:
-    """Tokens known up front: per-agent, shared and read-only, each optional."""
+    """Tokens known up front: per-agent, shared, read-only and operator, each optional."""
 
     def __init__(
         self,
@@ -66,6 +70,7 @@ class StaticTokens:
         agents: Mapping[str, str] | None = None,
         shared: str | None = None,
         read: str | None = None,
+        operator: str | None = None,
     ) -> None:
         self._key = secrets.token_bytes(32)
         # MAC of a token -> (the token, its identity).
@@ -76,6 +81,8 @@ class StaticTokens:
             self._add(shared, Identity(SHARED))
         if read:
             self._add(read, Identity(READER, agent=False))
+        if operator:
+            self._add(operator, Identity(OPERATOR, agent=False, operator=True))
 
     def _add(self, token: str, who: Identity) -> None:
         key = token.encode()

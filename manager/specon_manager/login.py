@@ -51,7 +51,7 @@ CROSS_SITE = "refused: the request came from another site"
 
 def may_read(who: Identity) -> bool:
     """Whether ``who`` may read the status and the page (a per-agent token may not)."""
-    return who.name in (READER, SHARED)
+    return who.name in (READER, SHARED) or who.operator
 
 
 def cookie_name(request: web.Request) -> str:

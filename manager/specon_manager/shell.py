@@ -45,8 +45,10 @@ from specon.coordinator.effects import (
 )
 from specon.coordinator.machine import Coordinator
 from specon.model import WorkerId
+from specon.wire.operator import DrainReply
 from specon.wire.protocol import CommandBatch, Heartbeat, ReallocationRequest
 from specon_manager.journal import JournalStore
+from specon_manager.status import drain_reply
 
 log = structlog.get_logger()
 
@@ -222,6 +224,17 @@ class ManagerShell:
         self.core.goodbye(worker, self.clock())
         await self.flush()
         return self.core.batch_for(worker, self.clock())
+
+    async def drain(self, worker: WorkerId, deadline: float | None) -> DrainReply:
+        """Cordon ``worker`` and move its jobs off (``UnknownWorkerError``: never heard of)."""
+        self.core.drain(worker, self.clock(), deadline=deadline)
+        await self.flush()
+        return drain_reply(self.core, worker)
+
+    async def uncordon(self, worker: WorkerId) -> DrainReply:
+        self.core.uncordon(worker, self.clock())
+        await self.flush()
+        return drain_reply(self.core, worker)
 
     async def tick(self) -> None:
         """The ticker's pass: timeouts, pruning, Algorithm 3; retries failed journal writes.

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from specon.coordinator.machine import Coordinator
 from specon.daemon.settings import ManagerSettings
 from specon.model import ContainerId, WorkerId
+from specon.wire.operator import DrainReply
 from specon.wire.protocol import STEPS_LABEL, ContainerStatus, MigrationStatus, Phase, Status
 from specon.wire.validate import MAX_SECONDS
 
@@ -137,3 +138,22 @@ def with_progress(c: ContainerStatus) -> ContainerStatus:
     rate = None if c.window is None else c.window.steps_per_second
     eta = time_left(c.phase, c.step, total, rate)
     return c if total is None and eta is None else replace(c, total_steps=total, eta=eta)
+
+
+def drain_reply(coord: Coordinator, worker: WorkerId) -> DrainReply:
+    """``worker``'s drain: cordoned or not, its jobs, and the moves that took its jobs off since
+    it was cordoned (the last drain's, once uncordoned: none)."""
+    cordon = coord.cordons.get(worker)
+    since = cordon.since if cordon is not None else float("inf")
+    ours = (m for m in (*coord.migrations.values(), *coord.recent) if m.source == worker)
+    moves = sorted(
+        (m for m in ours if m.reason == "evacuated" and m.decided_at >= since),
+        key=lambda m: (m.decided_at, m.id),
+    )
+    return DrainReply(
+        worker=worker,
+        cordoned=cordon is not None,
+        deadline=None if cordon is None else cordon.deadline,
+        jobs=tuple(coord.jobs_on(worker)),
+        moves=tuple(MigrationStatus.of(m) for m in moves),
+    )

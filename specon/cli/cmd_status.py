@@ -11,35 +11,18 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import ssl
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TextIO
 
-from specon.daemon.cli_args import read_token
-from specon.daemon.manager_url import InsecureURLError, check_manager_url
+from specon.cli.manager_client import Source, StatusError, add_connection_options, source_of
 from specon.wire import protocol
-from specon.wire.protocol import ContainerStatus, ErrorReply, ProtocolError, Status, WorkerStatus
+from specon.wire.protocol import ContainerStatus, ProtocolError, Status, WorkerStatus
 
-DEFAULT_MANAGER = "http://127.0.0.1:7700"
 DEFAULT_WATCH = 2.0
-TIMEOUT = 10.0  # seconds for one request
 EXIT_FAILED, EXIT_USAGE = 1, 2
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen
-_TOKEN_HINT = (
-    "give its read token (the file specon-manager reads with --read-token-file) with --token-file FILE "
-    "or $SPECON_TOKEN"
-)
-
-
-class StatusError(Exception):
-    """A status that could not be read; the message says why and what to do."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,30 +34,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "time left, worker, migrations and rebalances). Exit status 1 when the manager cannot be "
         "read, 2 for a bad option.",
     )
-    p.add_argument(
-        "--manager",
-        default=DEFAULT_MANAGER,
-        metavar="URL",
-        help=f"the manager's base URL (default {DEFAULT_MANAGER}); https:// for a manager with TLS",
-    )
-    p.add_argument(
-        "--token-file",
-        metavar="FILE",
-        help="file holding the manager's read token (or its shared token); default: $SPECON_TOKEN, "
-        "else no token (a manager without --read-token-file serves its status to anyone)",
-    )
-    p.add_argument(
-        "--ca-file",
-        type=Path,
-        metavar="FILE",
-        help="PEM file of the CA certificate(s) an https:// manager's certificate must chain to "
-        "(default: the system trust store)",
-    )
-    p.add_argument(
-        "--insecure-http",
-        action="store_true",
-        help="send the token over plain http:// to a manager that is not on loopback (only on a "
-        "network you trust; prefer https)",
+    add_connection_options(
+        p,
+        token="its read token (or its shared token); a manager without "
+        "--read-token-file serves its status to anyone",
     )
     p.add_argument(
         "--limit",
@@ -115,79 +78,6 @@ def _positive_float(text: str) -> float:
 
 
 # --- reading ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Source:
-    """Where the status is read and with what credential."""
-
-    url: str  # the manager's base URL
-    token: str  # "" for none
-    context: ssl.SSLContext | None  # for https
-
-    def read(self, limit: int | None, after: str | None) -> bytes:
-        """The raw ``Status`` JSON of one page; ``StatusError`` saying why not."""
-        query = {k: v for k, v in (("limit", limit), ("after", after)) if v is not None}
-        url = (
-            self.url.rstrip("/")
-            + protocol.STATUS_PATH
-            + (f"?{urllib.parse.urlencode(query)}" if query else "")
-        )
-        headers = {"Accept": protocol.CONTENT_TYPE}
-        if self.token:
-            headers[protocol.AUTH_HEADER] = f"Bearer {self.token}"
-        req = urllib.request.Request(url, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=TIMEOUT, context=self.context) as resp:
-                body: bytes = resp.read()
-                return body
-        except urllib.error.HTTPError as exc:
-            raise StatusError(self._refused(exc.code, exc.read())) from None
-        except urllib.error.URLError as exc:
-            reason = exc.reason
-            if isinstance(reason, ssl.SSLCertVerificationError):
-                raise StatusError(
-                    f"the manager at {self.url} has a certificate this host does not trust "
-                    f"({reason.verify_message}): --ca-file must name the CA that signed it"
-                ) from None
-            raise StatusError(
-                f"cannot reach the manager at {self.url}: {reason} (is specon-manager running there? "
-                "--manager URL)"
-            ) from None
-        except (TimeoutError, OSError) as exc:
-            raise StatusError(f"cannot reach the manager at {self.url}: {exc}") from None
-
-    def _refused(self, code: int, body: bytes) -> str:
-        try:
-            said = protocol.decode(body, ErrorReply).error
-        except ProtocolError:
-            said = body[:200].decode("utf-8", "replace").strip() or "no reason given"
-        if code == 401:
-            what = "a token" if not self.token else "this token"
-            return f"the manager at {self.url} needs {what} it accepts (401: {said}): {_TOKEN_HINT}"
-        if code == 403:
-            return f"the manager at {self.url} refused this token (403: {said}): use its read token"
-        return f"the manager at {self.url} answered {code}: {said}"
-
-
-def source_of(args: argparse.Namespace) -> Source:
-    """The source the options name; ``StatusError`` for a URL the token must not go to or a
-    token or CA file that cannot be read."""
-    try:
-        scheme = check_manager_url(args.manager, insecure_http=args.insecure_http)
-    except InsecureURLError as exc:
-        raise StatusError(str(exc)) from None
-    try:
-        token = read_token(args.token_file)
-    except OSError as exc:
-        raise StatusError(f"--token-file: cannot read {args.token_file}: {exc.strerror or exc}") from None
-    context = None
-    if scheme == "https":
-        try:
-            context = ssl.create_default_context(cafile=args.ca_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise StatusError(f"--ca-file: cannot use {args.ca_file}: {exc}") from None
-    return Source(args.manager, token, context)
 
 
 # --- the tables ------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import cast
 from specon import __version__
 
 # Order is the order shown in --help.
-COMMANDS = ("demo", "status", "classify", "config", "trace", "sim", "learn", "asgd", "systemd")
+COMMANDS = ("demo", "status", "drain", "classify", "config", "trace", "sim", "learn", "asgd", "systemd")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,63 @@
+"""The operator's messages to the manager (``specon drain``, ``specon uncordon``): plain JSON
+through the codec, outside the agent protocol's envelope (``specon.wire.protocol``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from specon.wire import codec
+from specon.wire.protocol import MigrationStatus
+
+DRAIN_PATH = "/v1/workers/{worker}/drain"
+UNCORDON_PATH = "/v1/workers/{worker}/uncordon"
+MAX_DEADLINE = 7 * 86_400.0
+
+
+@dataclass(frozen=True, slots=True)
+class DrainRequest:
+    """``POST /v1/workers/{worker}/drain``: seconds from now by which each job is saved (None:
+    as long as each save takes); past it a save is cut short and the job restored from its
+    newest complete checkpoint."""
+
+    deadline: float | None = None
+
+    @classmethod
+    def parse(cls, body: bytes) -> DrainRequest:
+        """An empty body is no deadline; ``ValueError`` saying what is wrong."""
+        if not body.strip():
+            return cls()
+        try:
+            req = codec.from_data(cls, json.loads(body))
+        except codec.SchemaError as exc:
+            raise ValueError(codec.explain(exc)) from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"not JSON: {exc}") from None
+        d = req.deadline
+        if d is not None and not (math.isfinite(d) and 0 < d <= MAX_DEADLINE):
+            raise ValueError(f"deadline: expected seconds within (0, {MAX_DEADLINE:g}], got {d}")
+        return req
+
+
+@dataclass(frozen=True, slots=True)
+class DrainReply:
+    """A worker's drain as the manager sees it: cordoned or not, the deadline (manager clock),
+    the jobs still running on it, and the moves that took its jobs off since it was cordoned."""
+
+    worker: str
+    cordoned: bool
+    deadline: float | None = None
+    jobs: tuple[str, ...] = ()
+    moves: tuple[MigrationStatus, ...] = ()
+
+    def to_json(self) -> bytes:
+        return json.dumps(codec.to_data(self, DrainReply), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, body: bytes) -> DrainReply:
+        """``ValueError`` saying what is wrong."""
+        try:
+            return codec.from_data(cls, json.loads(body), strict=False)
+        except codec.SchemaError as exc:
+            raise ValueError(codec.explain(exc)) from None
