@@ -139,6 +139,7 @@ class EmbeddedCluster:
         self.tokens_dir = root / "tokens"
         self.agent_tokens = {w: secrets.token_urlsafe(32) for w in self.workers}
         self.read_token = secrets.token_urlsafe(32)
+        self.operator_token = secrets.token_urlsafe(32)  # drain and uncordon (``tokens/operator``)
         self.manager: Daemon | None = None
         self.agents: dict[WorkerId, Daemon] = {}
         self.cluster: LocalCluster | None = None
@@ -218,6 +219,7 @@ class EmbeddedCluster:
 
         secret("agents.yaml", yaml.safe_dump(dict(self.agent_tokens)))
         secret("read", self.read_token)
+        secret("operator", self.operator_token)
         for w, token in self.agent_tokens.items():
             secret(f"agent-{w}", token)
 
@@ -238,6 +240,7 @@ class EmbeddedCluster:
             "--listen", f"{address}:{port}",
             "--agent-tokens", str(self.tokens_dir / "agents.yaml"),
             "--read-token-file", str(self.tokens_dir / "read"),
+            "--operator-token-file", str(self.tokens_dir / "operator"),
             "--state-dir", str(self.root / "manager"),
         ]  # fmt: skip
         if self.policy is not None:

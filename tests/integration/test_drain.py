@@ -1,0 +1,128 @@
+"""``specon drain`` on the embedded cluster: the real CLI against a real manager, agents and
+training processes (SPEC §6.6).
+
+Three jobs train on w0; ``specon drain w0 --wait`` moves each to w1 with a fresh checkpoint,
+and each finishes with exactly its steps, never two copies at once, losing no step. With a
+deadline shorter than a job's save, the save is cut short: the job resumes from its newest
+periodic checkpoint and the steps it lost are reported. ``specon uncordon`` puts w0 back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from jobwatch import Watchdog, assert_finished_once, finished, migration_of, records, spec, status, wait_for
+
+from specon.embedded.cluster import EmbeddedCluster
+from specon.model import WorkerId
+from specon.testing.held_jobs import finished_steps, release
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(150)]
+
+W0, W1 = WorkerId("w0"), WorkerId("w1")
+STEPS = 200
+JOBS = ("d1", "d2", "d3")
+
+
+@contextlib.asynccontextmanager
+async def embedded(tmp_path: Path) -> AsyncIterator[EmbeddedCluster]:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "apiVersion: specon/v1alpha1\nkind: Policy\n"
+        "messaging: {heartbeat_interval: 0.5, worker_timeout: 2}\n"
+        'rebalance: {mode: "off"}\nplacement: {require_gain: true}\n'
+    )
+    async with EmbeddedCluster(tmp_path / "c", workers=2, cpus_per_worker=1.5, policy=policy) as c:
+        try:
+            yield c
+        finally:
+            if c.manager is not None:
+                c.kill(c.manager)
+
+
+async def specon_cli(c: EmbeddedCluster, *args: str, timeout: float = 90) -> tuple[int, str, str]:
+    """Run ``specon ARGS`` against the cluster's manager with its operator token."""
+    assert c.manager is not None
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "specon.cli.main", *args, "--manager", c.manager.url,
+        "--token-file", str(c.tokens_dir / "operator"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def listed(c: EmbeddedCluster, *jids: str) -> bool:
+    st = await status(c)
+    running = {x.id for x in (st.containers if st else ()) if x.phase == "running"}
+    return running >= set(jids)
+
+
+def trained(c: EmbeddedCluster, jid: str) -> int:
+    total = finished_steps(c.volume, jid)
+    assert total >= STEPS, f"{jid}: finished after {total} steps, fewer than its {STEPS}"
+    return total
+
+
+async def test_drain_moves_every_job_off_with_a_fresh_checkpoint_and_uncordon_puts_the_worker_back(
+    tmp_path: Path,
+) -> None:
+    gates = {j: tmp_path / f"release-{j}" for j in JOBS}
+    async with embedded(tmp_path) as c, contextlib.AsyncExitStack() as stack:
+        dogs = {j: await stack.enter_async_context(Watchdog(c, j)) for j in JOBS}
+        for j in JOBS:
+            await c.submit(spec(j, STEPS, "linear", until_released=gates[j]), W0)
+        await wait_for(lambda: listed(c, *JOBS), "the manager to list the jobs", timeout=30)
+        code, out, err = await specon_cli(c, "drain", "w0", "--wait")
+        assert code == 0, err
+        assert (
+            out.splitlines()[0] == "w0 cordoned: 3 job(s) to move"
+            and out.splitlines()[-1] == "w0 drained: it runs no job"
+        )
+        for j in JOBS:
+            m = await migration_of(c, j)
+            assert m is not None and (m.reason, m.source, m.target, m.state.value) == (
+                "evacuated",
+                W0,
+                W1,
+                "done",
+            )
+            assert m.lost_steps == 0 and f"  {j}: w0 -> w1 moved" in out
+        st = await status(c)
+        assert st is not None and next(w for w in st.workers if w.id == W0).cordoned
+        code, out, _ = await specon_cli(c, "uncordon", "w0")
+        assert code == 0 and out.strip() == "w0 uncordoned: it takes jobs again"
+        for j in JOBS:
+            release(gates[j])
+        for j in JOBS:
+            await wait_for(lambda j=j: finished(c, j), f"{j} to finish", timeout=60, watchdog=dogs[j])
+            rs = await assert_finished_once(c, dogs[j], trained(c, j))
+            assert dogs[j].workers == [W0, W1] and rs[0].ending == "checkpointed"  # saved, not killed
+        st = await status(c)
+        assert st is not None and not next(w for w in st.workers if w.id == W0).cordoned
+
+
+async def test_a_drain_deadline_cuts_a_slow_save_short_and_reports_the_steps_it_lost(tmp_path: Path) -> None:
+    gate = tmp_path / "release-slow"
+    async with embedded(tmp_path) as c, Watchdog(c, "slow") as dog:
+        # Its save on SIGTERM takes 20 s: longer than the drain allows.
+        await c.submit(spec("slow", STEPS, "linear", save_seconds=20.0, until_released=gate), W0)
+        checkpointed = lambda: any(r.get("event") == "checkpoint" for r in records(c, "slow"))  # noqa: E731
+        await wait_for(checkpointed, "a checkpoint", timeout=40, watchdog=dog)
+        await wait_for(lambda: listed(c, "slow"), "the manager to list it", timeout=30)
+        code, out, err = await specon_cli(c, "drain", "w0", "--deadline", "3", "--wait")
+        assert code == 0, err
+        m = await migration_of(c, "slow")
+        assert m is not None and m.state.value == "done" and m.lost_steps is not None and m.lost_steps > 0
+        assert f"{m.lost_steps} step(s) lost" in out
+        release(gate)
+        await wait_for(lambda: finished(c, "slow"), "slow to finish", timeout=60, watchdog=dog)
+        rs = await assert_finished_once(c, dog, trained(c, "slow"))
+        # Killed mid-save: it resumed from its newest periodic checkpoint.
+        assert rs[0].ending is None and rs[1].resumed_from == rs[0].checkpoints[-1] == m.checkpoint_step
