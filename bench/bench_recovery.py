@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.figures import Figure
 from specon.config import default_policy
@@ -84,7 +85,10 @@ async def _one(root: Path, i: int) -> tuple[float, int]:
         try:
             progress = JobPaths.of(c.volume, jid).progress
             await c.submit(spec, W0)
-            records = lambda: job_records(c.volume, jid)  # noqa: E731
+
+            def records() -> list[dict[str, Any]]:
+                return job_records(c.volume, jid)
+
             await _until(lambda: any(r.get("event") == "checkpoint" for r in records()), 120)
             # The manager must know the job (its first heartbeat listing it, up to 5 s later).
             deadline = time.monotonic() + 60
@@ -127,13 +131,13 @@ def run(quick: bool = False) -> list[Figure]:
                 flush=True,
             )
             results.append((took, redone))
-    times, redone = [t for t, _ in results], [r for _, r in results]
+    times, steps = [t for t, _ in results], [r for _, r in results]
     spread = (
         f"median of {n}; {min(times):.1f}-{max(times):.1f} s; recovery.after {after:g} s, default heartbeats"
     )
     return [
         Figure("host loss -> first step on another host (local)", statistics.median(times), "s",
                target=after + SLACK, detail=spread),
-        Figure("steps redone per host loss (checkpoint every 50)", statistics.median(redone), "steps",
-               target=CHECKPOINT_EVERY, detail=f"median of {n}; {min(redone)}-{max(redone)}"),
+        Figure("steps redone per host loss (checkpoint every 50)", statistics.median(steps), "steps",
+               target=CHECKPOINT_EVERY, detail=f"median of {n}; {min(steps)}-{max(steps)}"),
     ]  # fmt: skip

@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 from specon.wire import protocol
+from specon.wire.operator import DRAIN_PATH, UNCORDON_PATH, DrainReply, DrainRequest
 from specon.wire.protocol import (
     CommandBatch,
     ErrorReply,
@@ -65,8 +66,9 @@ _ERRORS = {
     "403": (
         "Forbidden",
         "The token may not do this: it speaks for another worker, the container is not "
-        "the worker's, or the token is read-only.",
+        "the worker's, the token is read-only, or only the operator token may do this.",
     ),
+    "404": ("NotFound", "No worker of that id has been heard from."),
     "413": ("TooLarge", "The body is over the policy's messaging.max_body_bytes."),
 }
 
@@ -189,6 +191,51 @@ def _login() -> dict[str, Any]:
     return {"post": {key: op[key] for key in order}}
 
 
+_WORKER_PARAMETER: dict[str, Any] = {
+    "name": "worker",
+    "in": "path",
+    "required": True,
+    "description": "The worker's id, as the status shows it.",
+    "schema": {"type": "string"},
+}
+
+
+def _drain_answer(b: SchemaBuilder, description: str) -> dict[str, Any]:
+    return {"description": description, "content": {protocol.CONTENT_TYPE: {"schema": b.of(DrainReply)}}}
+
+
+def _drain(b: SchemaBuilder) -> dict[str, Any]:
+    return {
+        "post": {
+            "operationId": "drain",
+            "parameters": [_WORKER_PARAMETER],
+            "summary": "Drain a worker: no new jobs, and each of its jobs moved off with a fresh checkpoint",
+            "description": "The operator token only. A deadline (seconds) bounds each save; a save cut "
+            "short restores the job from its newest complete checkpoint (the move's lost_steps).",
+            "security": [{"bearerAuth": []}],
+            "requestBody": {
+                "required": False,
+                "content": {protocol.CONTENT_TYPE: {"schema": b.of(DrainRequest)}},
+            },
+            "responses": {
+                "202": _drain_answer(b, "Cordoned: the jobs still on it and its moves so far."),
+                **_error_refs("400", "401", "403", "404", "413"),
+            },
+        },
+        "get": {
+            "operationId": "drainStatus",
+            "parameters": [_WORKER_PARAMETER],
+            "summary": "A worker's drain: cordoned or not, the jobs still on it, its moves",
+            "description": "Read like the status." + _READ_NOTE,
+            "security": _READ_SECURITY,
+            "responses": {
+                "200": _drain_answer(b, "The worker's drain."),
+                **_error_refs("400", "401", "403", "404"),
+            },
+        },
+    }
+
+
 @functools.cache
 def _build() -> dict[str, Any]:
     b = SchemaBuilder()
@@ -215,6 +262,20 @@ def _build() -> dict[str, Any]:
         protocol.GOODBYE_PATH: _post(
             b, Goodbye, "An agent leaves cleanly", "The manager stops waiting for this worker's heartbeats."
         ),
+        DRAIN_PATH: _drain(b),
+        UNCORDON_PATH: {
+            "post": {
+                "operationId": "uncordon",
+                "parameters": [_WORKER_PARAMETER],
+                "summary": "Let a drained worker take jobs again",
+                "description": "Moves already under way go on. The operator token only.",
+                "security": [{"bearerAuth": []}],
+                "responses": {
+                    "200": _drain_answer(b, "The worker's drain, now uncordoned."),
+                    **_error_refs("400", "401", "403", "404"),
+                },
+            },
+        },
         protocol.STATUS_PATH: {
             "get": {
                 "operationId": "status",
