@@ -14,7 +14,8 @@ CLI are built from it, and it imports neither daemon. Its parts, from the pure c
 - ``sim/``: the simulator, which drives the same coordinator and policies on a virtual clock;
 - ``embedded/``: the one-machine cluster and ``specon demo``;
 - ``evaluation``: how runs are scored (JCT, makespan), for the demo and the simulator;
-- ``jobkit``, ``checkpoint``: the job side, what a training script imports (standard library only);
+- ``jobkit``, ``checkpoint``, ``fence``: the job side, what a training script imports (standard
+  library only); ``fence`` stops a stale copy of a job before it writes;
 - ``integrations/``: the job side for framework jobs: Lightning, Trainer and Keras callbacks that
   follow the job contract without touching the training loop (their extras);
 - ``workloads/``: the built-in PyTorch training workloads;

@@ -11,16 +11,11 @@ helpers. A migratable job looks like this::
             loss = train_one_batch()
             job.log(step, loss)           # one JSON line, flushed
 
-Environment (set by the runtime that starts the job; all optional):
-
-``SPECON_PROGRESS_FILE``
-    File the progress records are appended to (JSON lines, opened in append mode so a
-    restored job continues the same file). Unset: records are dropped.
-``SPECON_CHECKPOINT_DIR``
-    Directory of the job's checkpoints (``specon.checkpoint`` format) and of its
-    ``done.json`` marker. Unset: the job neither checkpoints nor resumes.
-``SPECON_JOB_ID``
-    The job's id, copied into the ``started`` record and the ``done.json`` marker.
+Environment (set by the runtime that starts the job; all optional): ``SPECON_PROGRESS_FILE``,
+the file progress records are appended to (JSON lines, append mode: a restored job continues
+it; unset: records are dropped); ``SPECON_CHECKPOINT_DIR``, the directory of its checkpoints
+(``specon.checkpoint``) and ``done.json`` marker (unset: no checkpoint, no resume; its parent
+holds the job's ``generation.json``, ``specon.fence``); ``SPECON_JOB_ID``, the job's id.
 
 Progress records, one JSON object per line, each written with a single ``write`` to a file
 opened with ``O_APPEND`` so a tailer only ever sees whole lines:
@@ -38,25 +33,20 @@ opened with ``O_APPEND`` so a tailer only ever sees whole lines:
 * ``{"event": "checkpoint_failed", "step": N, "ts": T}`` - stopped by SIGTERM, but the disk
   was full: no checkpoint at ``N``; exit code 1 (restarted from the newest complete one).
 
-A full disk (ENOSPC, EDQUOT) is transient: progress records it refuses are kept and written,
-in order, once there is room (up to ``PENDING_LIMIT`` bytes); a periodic checkpoint it
-refuses is retried ``RETRY_AFTER_FULL`` s later; at the end the final checkpoint and
-``done.json`` are retried for ``FINISH_PATIENCE`` s before giving up.
+A full disk (ENOSPC, EDQUOT) is transient: refused records are written, in order, once there
+is room (up to ``PENDING_LIMIT`` bytes); a refused periodic checkpoint is retried after
+``RETRY_AFTER_FULL`` s, the final one and ``done.json`` for ``FINISH_PATIENCE`` s. Event
+records carry no metric, so a reader looking for ``loss`` skips them.
 
-Event records carry no metric, so a reader looking for ``loss`` skips them.
-
-Exit codes: 0 = finished (``done.json`` exists); ``EXIT_CHECKPOINTED`` (75, sysexits'
-EX_TEMPFAIL: "try again later") = stopped on request after a complete checkpoint; anything
-else = the job failed (a restart resumes from its newest complete checkpoint). The signal
-handlers live only inside ``with Job(...)``: a SIGTERM before it (interpreter start, imports)
-or after it (on the way out) kills the process with the default action. So a runtime asks
-``read_done(checkpoint_dir)`` first: a job killed after it finished is still finished.
-
-Guarantee: however often a job is stopped and restarted, it trains step ``k`` for every
-``k`` in ``1..steps`` and finishes with exactly ``steps`` completed; steps after its last
-checkpoint are redone only when it was killed without warning (SIGKILL, crash). Periodic
-checkpoints (every ``checkpoint_every`` steps or ``checkpoint_interval`` seconds) bound that
-loss.
+Exit codes: 0 = finished (``done.json`` exists); ``EXIT_CHECKPOINTED`` (75, EX_TEMPFAIL) =
+stopped on request after a complete checkpoint; ``EXIT_FENCED`` (76) = a newer copy started
+elsewhere and this one stopped without writing (``specon.fence``); anything else = failed (a
+restart resumes from its newest complete checkpoint). The signal handlers live only inside
+``with Job(...)``: a SIGTERM before or after it kills the process with the default action,
+so a runtime asks ``read_done(checkpoint_dir)`` first (a job killed after it finished is
+finished). Guarantee: however often a job is stopped and restarted, it trains each step of
+``1..steps`` and finishes with exactly ``steps``; steps after its last checkpoint are redone
+only when it was killed without warning; periodic checkpoints bound that loss.
 """
 
 from __future__ import annotations
@@ -77,6 +67,8 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from specon import checkpoint
+from specon.fence import EXIT_FENCED as EXIT_FENCED  # noqa: PLC0414 (re-exported)
+from specon.fence import Fence
 
 if TYPE_CHECKING:
     import torch
@@ -125,6 +117,7 @@ class ProgressLog:
         # Records a full disk refused, oldest first, kept (in order) for the next write.
         self._pending = b""
         self.dropped = 0  # records given up on (the backlog outgrew PENDING_LIMIT)
+        self.fence: Fence | None = None  # set by ``Job``: a stale copy writes nothing
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -137,6 +130,7 @@ class ProgressLog:
         complete. A backlog over ``PENDING_LIMIT`` bytes is dropped (and counted)."""
         if self._fd is None:
             return
+        self.check_fence()
         data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
         if len(self._pending) + len(data) > PENDING_LIMIT:
             self.dropped += self._pending.count(b"\n")
@@ -166,6 +160,12 @@ class ProgressLog:
             data, done = data[written:], done + written
         self._pending = b""
         return True
+
+    def check_fence(self) -> None:
+        """``Fenced`` if a newer copy of the job started: nothing pending is written then."""
+        if self.fence is not None and self.fence.stale():
+            self._pending = b""
+            self.fence.check()
 
     def log(self, step: int, loss: float, **metrics: float) -> None:
         """A training sample: ``{"step", "loss", "ts", **metrics}``."""
@@ -273,6 +273,7 @@ class Job:
             Path(checkpoint_dir) if checkpoint_dir is not None else _env_path(ENV_CHECKPOINT_DIR)
         )
         self.progress = progress if isinstance(progress, ProgressLog) else ProgressLog(progress)
+        self.progress.fence = Fence.of_job(self.checkpoint_dir)  # its generation: read once, now
         self.job_id = job_id if job_id is not None else os.environ.get(ENV_JOB_ID, "")
         self.checkpoint_every = checkpoint_every
         self.checkpoint_interval = checkpoint_interval
@@ -389,6 +390,7 @@ class Job:
         if self.checkpoint_dir is None or self._save is None:
             return True
         if self._last_checkpoint_step != self.completed:
+            self.progress.check_fence()
             try:
                 checkpoint.write(self.checkpoint_dir, self.completed, self._save(), keep=self.keep)
             except OSError as exc:
@@ -444,6 +446,7 @@ class Job:
         if self.checkpoint_dir is None:
             return True
         marker = {"job": self.job_id, "steps": self.total, "finished": time.time()}
+        self.progress.check_fence()
         try:
             _atomic_write_json(done_marker(self.checkpoint_dir), marker)
         except OSError as exc:

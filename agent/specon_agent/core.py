@@ -494,7 +494,7 @@ class Agent:
             self.saved_states[cmd.container] = self.classifier.mark_migrated(base, self.runtime.now())
         starting = self.runtime.now()
         try:
-            info = await self._start_from(spec, checkpoint)
+            info = await self._start_from(spec, checkpoint, supersede=cmd.supersede)
         except AlreadyRunning as exc:
             here = {i.id for i in await self.runtime.list_containers() if i.alive}
             if cmd.container in here:  # a repeated start: it is running here, as asked
@@ -537,9 +537,9 @@ class Agent:
         error = f"{cmd.container}: the started copy ended before its first progress record (exit code {code})"
         return CommandResult(command=cmd.id, ok=False, error=error, detail={"died": True})
 
-    async def _start_from(self, spec: JobSpec, checkpoint: Path | None) -> ContainerInfo:
+    async def _start_from(self, spec: JobSpec, checkpoint: Path | None, *, supersede: bool) -> ContainerInfo:
         spec = self.gpu_share.start_spec(spec)  # its MPS percentage, under mps and both
-        return await start_or_fall_back(self.runtime, spec, checkpoint)
+        return await start_or_fall_back(self.runtime, spec, checkpoint, supersede=supersede)
 
     def _mark(self, cmd: Command) -> CommandResult:
         w = self.watched.get(cmd.container)

@@ -117,7 +117,9 @@ async def first_record_after(
     return FirstRecord(runtime.now())
 
 
-async def start_or_fall_back(runtime: Runtime, spec: JobSpec, checkpoint: Path | None) -> ContainerInfo:
+async def start_or_fall_back(
+    runtime: Runtime, spec: JobSpec, checkpoint: Path | None, *, supersede: bool = False
+) -> ContainerInfo:
     """Start ``spec`` from ``checkpoint``, or, if that no longer verifies, from the newest
     complete checkpoint beside it.
 
@@ -126,7 +128,7 @@ async def start_or_fall_back(runtime: Runtime, spec: JobSpec, checkpoint: Path |
     steps after it, where refusing would leave the job running nowhere.
     """
     try:
-        return await runtime.start(spec, checkpoint=checkpoint)
+        return await runtime.start(spec, checkpoint=checkpoint, supersede=supersede)
     except AlreadyRunning:
         raise
     except StartFailed:
@@ -139,4 +141,4 @@ async def start_or_fall_back(runtime: Runtime, spec: JobSpec, checkpoint: Path |
             checkpoint=str(checkpoint),
             fallback=str(fallback),
         )
-        return await runtime.start(spec, checkpoint=fallback)
+        return await runtime.start(spec, checkpoint=fallback, supersede=supersede)

@@ -485,7 +485,10 @@ class Coordinator(Deciding, Draining):
         drain = self.cordons.get(m.source) if m.reason == "evacuated" and action is Action.SAVE else None
         if drain is not None and drain.deadline is not None:  # the agent saves within what is left
             cmd = replace(cmd, deadline=min(cmd.deadline, drain.deadline))
-        return cmd
+        # The other side of the move is silent: a copy it may still run is fenced, not waited for.
+        other = m.target if rollback else m.source
+        lost = self.state.silent_for(other, now) >= self.policy.messaging.worker_timeout
+        return replace(cmd, supersede=True) if action is Action.START and other != worker and lost else cmd
 
     def _send(self, worker: WorkerId, cmd: Command) -> None:
         if self.commands.put(worker, cmd, after_write=self._written):

@@ -268,11 +268,16 @@ class Runtime(Protocol):
         """
         ...
 
-    async def start(self, spec: JobSpec, *, checkpoint: Path | None = None) -> ContainerInfo:
-        """Start (or resume, from the newest complete checkpoint) a container here.
+    async def start(
+        self, spec: JobSpec, *, checkpoint: Path | None = None, supersede: bool = False
+    ) -> ContainerInfo:
+        """Start (or resume, from the newest complete checkpoint) a container here, in a new
+        generation of the job (``generation.json``: older runs are stale from then on).
 
         ``checkpoint``, if given, must still verify. ``AlreadyRunning`` if the job runs
-        anywhere; ``StartFailed`` for any other refusal.
+        anywhere; ``StartFailed`` for any other refusal. ``supersede``: the manager has taken
+        the host of the last run for lost; a run there that cannot be verified from here is
+        fenced by the new generation instead of refusing the start.
         """
         ...
 

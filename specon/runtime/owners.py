@@ -163,12 +163,14 @@ class OwnerRecords(abc.ABC, Generic[RunT]):
         except OSError:
             return False
 
-    def _write_ahead(self, job: ContainerId, paths: JobPaths) -> Owner:
-        """Record a new run before it exists (``StartFailed`` if that fails: nothing started)."""
-        owner = Owner(worker=self._worker, run_id=uuid.uuid4().hex, started_at=self.now(), host=self._host)
+    def _write_ahead(self, job: ContainerId, paths: JobPaths, *, fence: bool = True) -> Owner:
+        """Record a new run, in a new generation (``fence``), before it exists (``StartFailed``
+        if that fails: nothing started). Call with the job's lock held."""
         try:
+            generation = paths.bump_generation() if fence else paths.read_generation()
+            owner = Owner(self._worker, uuid.uuid4().hex, self.now(), self._host, generation=generation)
             paths.write_owner(owner)
-        except OSError as exc:
+        except (OSError, CorruptRecordError) as exc:
             raise StartFailed(job, f"cannot record the owner: {exc}") from exc
         return owner
 
@@ -185,16 +187,23 @@ class OwnerRecords(abc.ABC, Generic[RunT]):
         return job_lock(paths, self.sleep)
 
     # -- checks --------------------------------------------------------------------------------
-    def _refuse_running(self, paths: JobPaths) -> None:
+    def _refuse_running(self, paths: JobPaths, *, supersede: bool = False) -> None:
         """Start's check, with the job's lock held: ``AlreadyRunning`` while any host may run
-        it, ``StartFailed`` if its record cannot tell."""
+        it, ``StartFailed`` if its record cannot tell. ``supersede``: the manager has taken that
+        other host for lost; a run there that cannot be verified from here is fenced instead
+        (the start's new generation makes it stale) and the start goes on."""
         try:
             owner = self._read_owner(paths)
         except CorruptRecordError as exc:
             raise StartFailed(paths.job, f"cannot tell whether it runs elsewhere: {exc}") from exc
-        if owner is not None and self._alive(owner) and not self._exit_recorded(paths, owner):
-            where = f"pid {owner.pid}" if owner.pid is not None else owner.host
-            raise AlreadyRunning(paths.job, f"already running on worker {owner.worker} ({where})")
+        if owner is None or not self._alive(owner) or self._exit_recorded(paths, owner):
+            return
+        if supersede and owner.host != self._host:
+            log.warning(f"{self._EVENTS}.superseded", worker=self._worker, container=paths.job,
+                        stale_worker=owner.worker, stale_generation=owner.generation)  # fmt: skip
+            return
+        where = f"pid {owner.pid}" if owner.pid is not None else owner.host
+        raise AlreadyRunning(paths.job, f"already running on worker {owner.worker} ({where})")
 
     def _owned_here(self, paths: JobPaths) -> Owner:
         """The job's record if it names this worker and this host, else ``NoSuchContainer``."""

@@ -7,6 +7,7 @@ Layout under a root directory (the same for every backend that mounts the volume
                         checkpoints/     specon.checkpoint files ($SPECON_CHECKPOINT_DIR)
                         done             the job's done marker ($SPECON_DONE_FILE)
                         owner.json       who runs it now; absent when it runs nowhere
+                        generation.json  the newest run's generation (fencing, ``specon.fence``)
                         exits.jsonl      one ExitRecord per ended run
                         owner.lock       flock serialising start/forget across agents
                         stdout.log, stderr.log
@@ -98,6 +99,8 @@ class Owner:
     start_ticks: int | None = None
     # An opaque backend handle (a Docker container id, a pod name) for non-local backends.
     handle: str | None = None
+    # The run's generation (``generation.json`` as its start set it; None: an older agent's).
+    generation: int | None = None
 
     @property
     def provisional(self) -> bool:
@@ -194,7 +197,10 @@ class JobPaths:
             raise CorruptRecordError(f"{self.owner}: {codec.explain(e)}") from None
 
     def write_owner(self, owner: Owner) -> None:
-        atomic_write(self.owner, json.dumps(codec.to_data(owner, Owner), sort_keys=True).encode())
+        data = codec.to_data(owner, Owner)
+        if data.get("generation") is None:  # an older agent's record is written back as it was
+            data.pop("generation", None)
+        atomic_write(self.owner, json.dumps(data, sort_keys=True).encode())
         fsync_dir(self.dir)
 
     def clear_owner(self) -> None:
@@ -203,6 +209,23 @@ class JobPaths:
             fsync_dir(self.dir)
 
     # -- spec.json --------------------------------------------------------------------
+    # -- generation.json ----------------------------------------------------------------
+    @property
+    def generation(self) -> Path:
+        return self.dir / GENERATION_FILE
+
+    def read_generation(self) -> int:
+        """The newest run's generation (0: none started with one); ``CorruptRecordError``."""
+        return read_generation(self.generation)
+
+    def bump_generation(self) -> int:
+        """Start a new generation (call with the job's lock held): every older run is stale
+        from now on and a job using ``specon.jobkit`` stops at its next commit without writing."""
+        n = self.read_generation() + 1
+        atomic_write(self.generation, json.dumps({"generation": n}).encode())
+        fsync_dir(self.dir)
+        return n
+
     def read_spec(self) -> JobSpec:
         return read_spec(self.spec)
 
@@ -302,3 +325,20 @@ def iter_job_ids(root: Path) -> Iterator[ContainerId]:
     for name in names:
         with contextlib.suppress(ValueError):
             yield valid_job_id(name)
+
+
+GENERATION_FILE = "generation.json"
+
+
+def read_generation(path: Path) -> int:
+    """The generation in ``path`` (0: absent); ``CorruptRecordError`` if it cannot be read."""
+    try:
+        raw = json.loads(read_regular(path, OWNER_MAX))
+    except FileNotFoundError:
+        return 0
+    except (NotRegularFileError, FileTooLargeError, ValueError) as exc:
+        raise CorruptRecordError(f"{path}: {exc}") from exc
+    n = raw.get("generation") if isinstance(raw, dict) else None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise CorruptRecordError(f'{path}: expected {{"generation": N}}, got {str(raw)[:80]}')
+    return n

@@ -375,8 +375,10 @@ class FakeRuntime:
         self.weights[container_id] = weight
         return True
 
-    async def start(self, spec: JobSpec, *, checkpoint: Path | None = None) -> ContainerInfo:
-        self.calls.append(("start", spec.id))
+    async def start(
+        self, spec: JobSpec, *, checkpoint: Path | None = None, supersede: bool = False
+    ) -> ContainerInfo:
+        self.calls.append(("start", spec.id))  # ``supersede``: one fake volume sees every run
         self.volume.materialise(self.clock.now())
         if self._start_faults:
             raise StartFailed(spec.id, self._start_faults.pop(0))

@@ -9,7 +9,8 @@
 - ``fastpath``: msgspec's decode of a well-formed message, the codec's path for anything else;
 - ``checks``: the declared limits enforced on every decoded message, compiled per class;
 - ``validate``: the one rule for ids that cross a boundary, Kubernetes name rules, and number
-  ranges.
+  ranges;
+- ``operator``: the operator's messages (drain, uncordon), plain JSON outside the envelope.
 
 The manager's OpenAPI document (``specon_manager.openapi``) is derived from these.
 """

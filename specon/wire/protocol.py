@@ -67,7 +67,7 @@ from specon.wire.limits import (
     limit,
 )
 
-VERSION = "1.4"
+VERSION = "1.5"
 MAJOR, MINOR = (int(part) for part in VERSION.split("."))
 
 CONTENT_TYPE = "application/json"
@@ -263,6 +263,9 @@ class Command:
     # start: this start puts the job back on its source after a failed migration (a
     # rollback), not on the migration's target (protocol 1.1).
     rollback: bool = False
+    # start (protocol 1.5): the host of the job's last run is taken for lost; a run there the
+    # target cannot verify is fenced by the start's new generation instead of refusing it.
+    supersede: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ import pytest
 from specon_agent.core import Agent
 
 from specon.config import Policy
+from specon.fence import EXIT_FENCED
 from specon.model import ContainerId
 from specon.runtime import AlreadyRunning, ContainerState, JobSpec, StartFailed
 from specon.runtime.docker.backend import DockerRuntime
@@ -382,3 +383,31 @@ def stop_engine_keeping_containers(engine: Engine) -> None:
     engine.clients.clear()
     engine.process.send_signal(signal.SIGTERM)
     engine.process.wait(timeout=60)
+
+
+async def test_a_start_that_supersedes_a_lost_engines_run_fences_it_and_the_job_keeps_exactly_its_steps(
+    docker_engines: tuple[Engine, Engine], python_images: str, volume: Path
+) -> None:
+    # host-1 is cut off while its job trains: host-2 cannot verify that run, so a plain start
+    # is refused (never twice); once the manager takes host-1 for lost, its start supersedes
+    # the run in a new generation, and the stale copy stops at its next step without writing.
+    e1, _ = docker_engines
+    rt1, rt2 = runtimes(docker_engines, volume)
+    args = ("--steps", "120", "--checkpoint-every", "10", *held(volume, "fence-1"))
+    s = spec("fence-1", recipe(python_images, volume, *args))
+    await rt1.start(s)
+    await wait_step(volume, "fence-1", 15)
+    with pytest.raises(AlreadyRunning):
+        await rt2.start(rt2.job_spec(ContainerId("fence-1")) or s)
+    await rt2.start(rt2.job_spec(ContainerId("fence-1")) or s, supersede=True)
+    assert JobPaths(volume, ContainerId("fence-1")).read_generation() == 2
+    stale = e1.client().containers.list(all=True, filters={"label": f"{LABEL_JOB}=fence-1"})[0]
+    deadline = time.monotonic() + 60
+    while (stale.reload(), stale.status)[1] != "exited":
+        assert time.monotonic() < deadline, "the stale copy still runs"
+        await asyncio.sleep(0.2)
+    assert stale.attrs["State"]["ExitCode"] == EXIT_FENCED
+    release(release_file(volume, "fence-1"))
+    await wait_finished(rt2, "fence-1")
+    # One sequence of steps: the stale copy wrote nothing once the new generation started.
+    assert_exact_released(volume, "fence-1", 120)

@@ -20,11 +20,10 @@ this subpackage imports ``docker`` (an import contract keeps it so).
 - **start**: create a container from the recorded recipe (``docker_recipe``), checked
   against this host's rules, with the job's own directory as its only writable mount and the
   job contract's environment; a write-ahead owner record names the run before it exists.
-- **R(w, t)**: the engine's per-container CPU counters (``stats``, one shot).
-- **priority**: ``cpu_shares`` of the container (``docker update``); on a GPU, freezing it
-  (``docker pause``: the cgroup freezer) and its host PIDs for NVML (``freezer``).
-- **GPUs**: a job's device requests run where this host's rules allow them (``recipe``); its
-  spec carries their count, memory and product for placement (``gpu``).
+- **R(w, t)**: the engine's per-container CPU counters (``stats``, one shot). **priority**:
+  ``cpu_shares`` (``docker update``); on a GPU, ``docker pause`` and host PIDs (``freezer``).
+- **GPUs**: device requests run where this host's rules allow (``recipe``); the spec carries
+  their count, memory and product for placement (``gpu``).
 - **standbys** (``standby``, ``standby_pool``): a primed container per GPU and image this host
   names; a start that may use one is handed to it (renamed to the job), not created anew.
 """
@@ -208,7 +207,7 @@ class DockerRuntime(OwnerRecords[Container]):
     def job_spec(self, container_id: ContainerId) -> JobSpec | None:
         """The spec the agents recorded (outside the job's own, job-writable directory)."""
         try:
-            return self._read_spec(valid_job_id(container_id))
+            return read_spec(self._spec_path(valid_job_id(container_id)))
         except (CorruptRecordError, ValueError) as exc:
             log.warning("specon.docker.spec_unreadable", container=container_id, error=str(exc))
             return None
@@ -261,7 +260,9 @@ class DockerRuntime(OwnerRecords[Container]):
             return False
         return True
 
-    async def start(self, spec: JobSpec, *, checkpoint: Path | None = None) -> ContainerInfo:
+    async def start(
+        self, spec: JobSpec, *, checkpoint: Path | None = None, supersede: bool = False
+    ) -> ContainerInfo:
         paths = JobPaths(self.root, spec.id)
         if checkpoint is not None:
             manifest = checkpoint.with_suffix(".json")
@@ -284,7 +285,7 @@ class DockerRuntime(OwnerRecords[Container]):
         except OSError as exc:
             raise StartFailed(spec.id, f"cannot create the job's directories: {exc}") from exc
         async with self._locked(paths):
-            await self._offload(self._refuse_running, paths)
+            await self._offload(self._refuse_running, paths, supersede=supersede)
             here = (await asyncio.to_thread(self._managed)).get(spec.id)
             if here is not None and here.status in ("running", "restarting", "paused", "created"):
                 raise AlreadyRunning(spec.id, f"container {here.short_id} of this job exists on this engine")
@@ -393,9 +394,6 @@ class DockerRuntime(OwnerRecords[Container]):
     def _spec_path(self, job: ContainerId) -> Path:
         return self._agent_dir / "specs" / f"{job}.json"
 
-    def _read_spec(self, job: ContainerId) -> JobSpec:
-        return read_spec(self._spec_path(job))
-
     def _write_spec(self, spec: JobSpec) -> None:
         path = self._spec_path(spec.id)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -487,7 +485,7 @@ class DockerRuntime(OwnerRecords[Container]):
     def _info(self, job: ContainerId, c: Container) -> ContainerInfo | None:
         paths = JobPaths(self.root, job)
         try:
-            spec = self._read_spec(job)
+            spec = read_spec(self._spec_path(job))
         except CorruptRecordError as exc:
             self.skipped_records += 1
             log.warning("specon.docker.record_skipped", container=job, error=str(exc))
@@ -501,8 +499,10 @@ class DockerRuntime(OwnerRecords[Container]):
 
     async def _launch(self, spec: JobSpec, recipe: Recipe, paths: JobPaths) -> tuple[Owner, bool]:
         """Create and start the job's container (restoring a CRIU image of its last run, if
-        one is on record); the owner record is written ahead and completed after."""
-        provisional = self._write_ahead(spec.id, paths)
+        one is on record); the owner record is written ahead and completed after. A CRIU
+        restore continues the run it captured: no new generation (no stale copy: the dump
+        stopped it; its processes read their generation at their start)."""
+        provisional = self._write_ahead(spec.id, paths, fence=not self._criu.has_image(spec.id))
         if self.standbys is not None:
             handed = await asyncio.to_thread(self.standbys.launch, recipe, spec.id, paths, provisional)
             if handed is not None:

@@ -55,6 +55,11 @@ class CriuStore:
         target.mkdir(parents=True)
         docker_criu.checkpoint(self._api, str(c.id), run_id, target)
 
+    def has_image(self, job: ContainerId) -> bool:
+        """An image of the job's last run is on record here (its next start restores it)."""
+        store = self.dir(job)
+        return store.is_dir() and any(d.is_dir() for d in store.iterdir())
+
     def restore(self, job: ContainerId, c: Container) -> bool:
         """Restore the job's image into ``c`` (created, not started) if one is on record; the
         image is used once, whatever happens. False: start normally (the job contract)."""

@@ -287,9 +287,12 @@ class KubernetesRuntime:
             corrupt="the pod is gone without a verifiable checkpoint and every earlier one is corrupt",
         )
 
-    async def start(self, spec: JobSpec, *, checkpoint: Path | None = None) -> ContainerInfo:
+    async def start(
+        self, spec: JobSpec, *, checkpoint: Path | None = None, supersede: bool = False
+    ) -> ContainerInfo:
         """Restore job ``spec.id`` here. Only the id is used: what the copy runs comes from
-        the job's pod as the API server holds it, never from ``spec``."""
+        the job's pod as the API server holds it, never from ``spec``. ``supersede`` is not
+        used: no copy is created while any pod of the job has not terminated."""
         job = spec.id
         try:
             namespace, _ = pods.split_job_id(job)

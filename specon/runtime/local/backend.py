@@ -266,7 +266,9 @@ class LocalRuntime(OwnerRecords[Owner]):
         CPUs, where shares take effect (``CpuBudget.set_weight``, which logs a refusal)."""
         return self._budget.set_weight(container_id, weight)
 
-    async def start(self, spec: JobSpec, *, checkpoint: Path | None = None) -> ContainerInfo:
+    async def start(
+        self, spec: JobSpec, *, checkpoint: Path | None = None, supersede: bool = False
+    ) -> ContainerInfo:
         self._check_open()
         paths = JobPaths(self.root, spec.id)
         if checkpoint is not None:
@@ -283,7 +285,7 @@ class LocalRuntime(OwnerRecords[Owner]):
         except OSError as exc:  # e.g. a full volume
             raise StartFailed(spec.id, f"cannot create the job's directories: {exc}") from exc
         async with self._locked(paths):
-            self._refuse_running(paths)
+            self._refuse_running(paths, supersede=supersede)
             if paths.finished():
                 raise AlreadyFinished(spec.id, "already finished (done marker or final progress record)")
             try:
@@ -439,7 +441,8 @@ class LocalRuntime(OwnerRecords[Owner]):
         # Write-ahead: the run is on record before it exists, so a runtime killed between the
         # launch and the full record below leaves a record that names it (``_find_run``
         # finds its launcher by ``run_id``) instead of a running copy no record names.
-        run_id = self._write_ahead(spec.id, paths).run_id
+        ahead = self._write_ahead(spec.id, paths)
+        run_id = ahead.run_id
         pid = self._launch_warm(spec, paths, run_id)
         if pid is None:
             argv = launcher_argv(sys.executable, paths.exits, run_id, self._worker)
@@ -452,6 +455,7 @@ class LocalRuntime(OwnerRecords[Owner]):
             host=self._host,
             pid=pid,
             start_ticks=None if stat is None else stat.start_ticks,
+            generation=ahead.generation,
         )
         try:
             paths.write_owner(owner)

@@ -440,9 +440,9 @@ async def test_start_restores_from_the_checkpoint_and_watches_the_job(world: Wor
     starts: list[tuple[str, Path | None]] = []
     real_start = world.w1.start
 
-    async def spy(job: JobSpec, *, checkpoint: Path | None = None) -> ContainerInfo:
+    async def spy(job: JobSpec, *, checkpoint: Path | None = None, supersede: bool = False) -> ContainerInfo:
         starts.append((job.id, checkpoint))
-        return await real_start(job, checkpoint=checkpoint)
+        return await real_start(job, checkpoint=checkpoint, supersede=supersede)
 
     world.w1.start = spy  # type: ignore[method-assign,assignment]
 

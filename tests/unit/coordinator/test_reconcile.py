@@ -71,7 +71,8 @@ def test_a_lost_hosts_job_is_restored_on_a_live_worker_after_recovery_after(
     assert (m.container, m.source, m.target, m.reason) == (J, "a", "b", "recovered")
     assert m.checkpoint is None  # the newest complete checkpoint, as the target finds it
     start = only(coord.on_heartbeat(b.heartbeat()), Action.START)
-    assert (start.container, start.rollback) == (J, False)
+    # a is lost: a copy it may still run is fenced by this start's new generation.
+    assert (start.container, start.rollback, start.supersede) == (J, False, True)
     # b starts it: the copy runs and the recovery is done; a is never asked for anything.
     done = CommandResult(command=start.id, ok=True, finished_at=b.now())
     coord.on_heartbeat(b.heartbeat(report("j1"), results=(done,)))
@@ -107,6 +108,7 @@ def test_a_crashed_job_restarts_with_back_off_and_is_left_failed_past_the_limit(
         else:
             break  # none came: left failed
         start = only(batch, Action.START)
+        assert not start.supersede  # its worker is alive: it can tell that the copy ended
         starts_at.append(clock())
         # The restarted copy runs a while, then crashes again.
         ok = CommandResult(command=start.id, ok=True, finished_at=a.now())

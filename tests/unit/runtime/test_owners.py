@@ -201,6 +201,27 @@ def test_a_run_of_another_host_that_recorded_its_exit_no_longer_blocks_a_start(t
     here._refuse_running(paths)
 
 
+def test_a_start_superseding_a_lost_hosts_run_goes_on_in_a_new_generation(tmp_path: Path) -> None:
+    lost, here = FakeBackend(tmp_path, "w1", host="boot-b"), FakeBackend(tmp_path)
+    owner = lost.launch(JOB, 7)
+    paths = paths_of(here)
+    assert owner.generation == 1 and paths.read_generation() == 1
+    with pytest.raises(AlreadyRunning):
+        here._refuse_running(paths)  # it may still run there: never twice
+    with structlog.testing.capture_logs() as logs:
+        here._refuse_running(paths, supersede=True)  # the manager took w1 for lost
+    assert [(e["event"], e["stale_worker"], e["stale_generation"]) for e in logs] == [
+        ("specon.fake.superseded", "w1", 1)
+    ]
+    assert here._write_ahead(JOB, paths).generation == 2  # the stale run's jobkit stops on it
+    # A run this host can verify is never superseded: it is alive, here.
+    again = FakeBackend(tmp_path)
+    again.procs[42] = Proc()
+    paths.write_owner(replace(paths.read_owner() or owner, pid=42))
+    with pytest.raises(AlreadyRunning):
+        again._refuse_running(paths, supersede=True)
+
+
 def test_this_workers_own_record_from_an_earlier_boot_has_ended(tmp_path: Path) -> None:
     # The host rebooted under the same worker id: the old boot's run died with it. It neither
     # shows as running for ever nor blocks a start (here or, once listed ended, anywhere).

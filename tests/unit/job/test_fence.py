@@ -1,0 +1,63 @@
+"""At most one writer: a run that finds a newer generation of its job stops before writing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specon import checkpoint, jobkit
+from specon.fence import EXIT_FENCED, GENERATION_FILE, Fence, Fenced
+from specon.runtime.volume import JobPaths
+from specon.testing.progress_log import progress_records
+
+
+def _bump(job_dir: Path, n: int) -> None:
+    tmp = job_dir / "g.tmp"
+    tmp.write_text(json.dumps({"generation": n}))
+    tmp.replace(job_dir / GENERATION_FILE)  # atomically, as the runtime does
+
+
+def test_a_fence_is_stale_only_once_a_newer_generation_is_written(tmp_path: Path) -> None:
+    assert not Fence(None).stale()  # outside specon: never stale
+    _bump(tmp_path, 3)
+    fence = Fence(tmp_path / GENERATION_FILE)
+    assert fence.own == 3 and not fence.stale()
+    _bump(tmp_path, 3)  # rewritten, same generation (a CRIU restore continues the run)
+    assert not fence.stale()
+    _bump(tmp_path, 4)
+    assert fence.stale()
+    with pytest.raises(Fenced) as caught:
+        fence.check()
+    assert caught.value.code == EXIT_FENCED and (caught.value.own, caught.value.newer) == (3, 4)
+    (tmp_path / GENERATION_FILE).write_text("garbage")  # unreadable: never lowers what was seen
+    assert fence.stale()
+
+
+def test_a_run_without_a_generation_is_stale_once_any_run_starts_with_one(tmp_path: Path) -> None:
+    fence = Fence(tmp_path / GENERATION_FILE)
+    assert fence.own == 0 and not fence.stale()
+    _bump(tmp_path, 1)
+    assert fence.stale()
+
+
+def test_a_stale_job_writes_no_record_and_no_checkpoint_after_the_newer_generation(tmp_path: Path) -> None:
+    paths = JobPaths(tmp_path, "j")  # type: ignore[arg-type]
+    paths.create()
+    assert paths.bump_generation() == 1  # this run's start
+    job = jobkit.Job(steps=50, save=lambda: b"x", restore=lambda b: None, checkpoint_dir=paths.checkpoints,
+                     progress=paths.progress, checkpoint_every=5)  # fmt: skip
+    trained = 0
+    with pytest.raises(SystemExit) as caught, job:
+        for step in job.steps():
+            if step == 12:
+                assert paths.bump_generation() == 2  # another host starts the job now
+            job.log(step, 1.0)
+            trained = step
+    assert caught.value.code == EXIT_FENCED
+    assert trained == 11  # the step the newer generation began in was never logged
+    steps = [r["step"] for r in progress_records(paths.progress) if "loss" in r]
+    assert steps == list(range(1, 12))
+    newest = checkpoint.latest_complete(paths.checkpoints)
+    assert newest is not None and newest.step == 10
