@@ -88,9 +88,11 @@ gpu-wheels: $(DEV_STAMP) ## Download the wheels bench_gpu needs on a GPU machine
 CHAOS_SEED ?= 1
 CHAOS_MIGRATIONS ?= 100
 CHAOS_PARTITIONS ?= 30
-chaos: install ## Seeded chaos run on network hosts (two agents' clocks off): kills, hangs, >= 30 partitions while >= 100 jobs migrate; counts to bench/results/chaos.json
+CHAOS_HOST_LOSSES ?= 20
+chaos: install ## Seeded chaos run on network hosts (two agents' clocks off): kills, hangs, >= 30 partitions, >= 20 lost hosts, slow saves while >= 100 jobs migrate; counts to bench/results/chaos.json
 	cd tests/integration && $(abspath $(VENV))/bin/python chaos_run.py --seed $(CHAOS_SEED) \
 		--migrations $(CHAOS_MIGRATIONS) --min-partitions $(CHAOS_PARTITIONS) \
+		--min-host-losses $(CHAOS_HOST_LOSSES) \
 		--out $(abspath bench/results/chaos.json)
 
 clean: ## Remove build products (keeps .venv and the cache)

@@ -256,12 +256,9 @@ def _semantic_problems(p: Policy) -> list[codec.Problem]:
     need(ms.prune_after >= 2, "messaging.prune_after", f"must be >= 2, got {ms.prune_after}")
 
     rc = p.recovery
-    need(
-        math.isfinite(rc.after) and rc.after >= ms.worker_timeout,
-        "recovery.after",
-        f"must be >= worker_timeout ({ms.worker_timeout}): a worker is not lost before it is"
-        f" unreachable, got {rc.after}",
-    )
+    # Shorter than worker_timeout is taken as worker_timeout (a worker is not lost before it
+    # is unreachable): an older file with a long worker_timeout stays valid.
+    need(math.isfinite(rc.after) and rc.after > 0, "recovery.after", f"must be > 0, got {rc.after}")
     need(math.isfinite(rc.backoff) and rc.backoff >= 0, "recovery.backoff", f"must be >= 0, got {rc.backoff}")
     need(
         math.isfinite(rc.max_backoff) and rc.max_backoff >= rc.backoff,

@@ -432,7 +432,8 @@ DOCS: dict[str, str] = {
     "messaging.prune_after": "forget workers and finished containers unseen for this many worker_timeouts",
     "recovery": "Restoring jobs that run nowhere: lost hosts, crashed or stopped copies (SPEC §6.5)",
     "recovery.enabled": "restore every unfinished job that runs nowhere from its newest checkpoint",
-    "recovery.after": "seconds a worker may be silent before it is lost and its jobs are restored elsewhere",
+    "recovery.after": "seconds a worker may be silent before it is lost and its jobs are restored elsewhere "
+    "(at least worker_timeout)",
     "recovery.backoff": "seconds before a job's second recovery attempt; doubles with each attempt",
     "recovery.max_backoff": "longest wait between two recovery attempts of one job",
     "recovery.limit": "restarts of a job whose copy ended unfinished before it is left failed",

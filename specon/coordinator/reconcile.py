@@ -82,6 +82,11 @@ class Reconciler:
         # Jobs no worker can host now (logged once until one can).
         self._waiting: set[ContainerId] = set()
 
+    @property
+    def lost_after(self) -> float:
+        """Seconds of silence after which a worker is lost: never before it is unreachable."""
+        return max(self.cfg.after, self.policy.messaging.worker_timeout)
+
     def running(self, cid: ContainerId, now: float) -> None:
         """``cid`` was reported running: it is heard of, and once it has run ``max_backoff``
         seconds since the last attempt its back-off starts afresh (as a crash loop's does)."""
@@ -206,14 +211,15 @@ class Reconciler:
             reason: Reason = "crashed" if rec.report.phase == "failed" else "recovered"
             yield Recovery(cid, rec.worker, reason, since, counted=True)
         # Workers with unfinished jobs are never pruned (``Coordinator.prune``): a lost one stays.
+        after = self.lost_after
         for w in state.workers.values():
-            if now - w.last_seen < self.cfg.after:
+            if now - w.last_seen < after:
                 continue
             for cid in w.reported:
                 rec = state.containers.get(cid)
                 if rec is not None and rec.worker == w.id and rec.report.phase == "running":
                     yield Recovery(cid, w.id, "recovered", w.last_seen, counted=False)
-        if self._unheard and now - started_at >= self.cfg.after:
+        if self._unheard and now - started_at >= after:
             for cid, home in self._unheard.items():
                 if cid not in state.containers:
                     yield Recovery(cid, home, "recovered", started_at, counted=True)

@@ -16,7 +16,13 @@ at random points drawn from ``--seed``:
 * fill the volume (a size-limited tmpfs mounted for the run; needs root, skipped and said
   so otherwise) for a few seconds, mostly while a save is under way;
 * cut the link of the manager's host or an agent's (a partition) for a blip or for longer
-  than ``worker_timeout``, mostly while a save or a restore is in flight.
+  than ``worker_timeout``, mostly while a save or a restore is in flight;
+* lose a host: SIGKILL its agent and every job process on it at once, and bring the agent
+  back after a pause (a reboot: its jobs are gone); the manager restores them elsewhere
+  after ``recovery.after``.
+
+One job of each wave saves slowly (longer than ``worker_timeout``), so saves outlast the
+manager's view of their worker.
 
 Judged from the jobs' own progress logs and from ``/proc`` (``jobwatch``): no job lost
 (every job ends ``finished``), none ran twice at once (a ``/proc`` watchdog over every
@@ -84,6 +90,8 @@ class ChaosConfig:
     fault_every: tuple[float, float] = (0.5, 2.5)  # seconds between faults, uniform
     volume_bytes: int = 256 << 20  # the tmpfs the volume lives on (the full-disk fault)
     min_partitions: int = 0  # ... and at least this many partitions (where hosts can be cut)
+    min_host_losses: int = 0  # ... and at least this many lost hosts
+    slow_save: float = 4.5  # seconds one job per wave takes to save (> worker_timeout)
     # How long a partition lasts: a blip, or longer than the policy's worker_timeout (4 s).
     blip: tuple[float, float] = (0.5, 3.0)
     cut_off: tuple[float, float] = (5.0, 10.0)
@@ -104,6 +112,8 @@ class ChaosReport:
     skews: dict[str, float] = field(default_factory=dict)  # worker -> seconds its clock was off
     hosts_tag: str = ""  # what the run's network namespaces and links were named with
     recoveries: int = 0  # daemons restarted after a kill
+    # Journaled recoveries of jobs that ran nowhere, by reason (host lost, crashed).
+    restored: Counter[str] = field(default_factory=Counter)
     migrations: Counter[str] = field(default_factory=Counter)  # journaled, by final state
     max_copies: int = 0
     longest_down: float = 0.0
@@ -126,7 +136,8 @@ class ChaosReport:
             f"  partitions ({self.partitions}) by migration state in flight:"
             f" {dict(sorted(self.partitions_by_state.items()))}",
             f"  clocks off the manager's: {self.skews or 'none'}",
-            f"  recoveries: {self.recoveries}; migrations: {dict(sorted(self.migrations.items()))}",
+            f"  recoveries: {self.recoveries}; migrations: {dict(sorted(self.migrations.items()))};"
+            f" jobs restored after running nowhere: {dict(sorted(self.restored.items()))}",
             f"  most copies of one job at once: {self.max_copies}; longest unfinished job"
             f" running nowhere: {self.longest_down:.1f} s",
             *(f"  note: {n}" for n in self.notes),
@@ -141,6 +152,7 @@ class ChaosReport:
             "kills_by_state",
             "partitions_by_state",
             "migrations",
+            "restored",
         ):  # asdict mangles Counters
             data[name] = dict(sorted(getattr(self, name).items()))
         data["kills"] = self.kills
@@ -160,6 +172,7 @@ FAULT_WEIGHTS = {
     "corrupt": 2,
     "full-disk": 2,
     "partition": 10,
+    "host-loss": 3,
 }
 
 
@@ -173,6 +186,8 @@ def _policy(path: Path) -> Path:
         "            min_residence: 0}\n"
         # Migration safety is what is tested: every move Algorithm 2 picks is made, at once.
         "placement: {max_migrations_per_container: 3, require_gain: false}\n"
+        # A lost host's jobs come back well within lost_after.
+        "recovery: {after: 6, backoff: 1, max_backoff: 5}\n"
         'rebalance: {mode: "balanced", when: "always", max_rebalances_per_container: 3}\n'
     )
     return path
@@ -271,6 +286,16 @@ class Chaos:
                 dict(db.execute("SELECT state, COUNT(*) FROM migrations GROUP BY state").fetchall())
             )
 
+    def restored(self) -> Counter[str]:
+        """Journaled recoveries (jobs restored after running nowhere), by reason."""
+        path = self.c.root / "manager" / "journal.db"
+        if not path.exists():
+            return Counter()
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+            query = "SELECT reason, COUNT(*) FROM migrations WHERE reason IN (?, ?) GROUP BY reason"
+            rows = db.execute(query, ("recovered", "crashed")).fetchall()
+        return Counter(dict(rows))
+
     def finished_migrations(self) -> int:
         counts = self.journal_counts()
         return counts["done"] + counts["rolled_back"]
@@ -292,7 +317,9 @@ class Chaos:
 
     async def submit(self, jid: str, worker: WorkerId) -> None:
         """Submit as a user would: again, a moment later, when the volume is full."""
-        job = spec(jid, self.cfg.steps, "converge", step_seconds=self.cfg.step_seconds)
+        slow = jid.endswith("-0")  # one per wave saves for longer than worker_timeout
+        save = self.cfg.slow_save if slow else 0.0
+        job = spec(jid, self.cfg.steps, "converge", step_seconds=self.cfg.step_seconds, save_seconds=save)
         for _ in range(120):
             try:
                 await self.c.submit(job, worker)
@@ -370,6 +397,8 @@ class Chaos:
             await self.fill_volume()
         elif action == "partition":
             await self.partition()
+        elif action == "host-loss":
+            await self.lose_host(rng.choice(c.workers))
 
     async def pause(self, pid: int) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -447,6 +476,21 @@ class Chaos:
         finally:
             self.links[i].mend()
 
+    async def lose_host(self, w: WorkerId) -> None:
+        """The host dies: its agent and every job process on it at once, no goodbye, no save;
+        it comes back (a reboot) after a pause, its jobs gone."""
+        await self.mid_migration(within=self.rng.uniform(0.0, 4.0))
+        self.report.faults["host-loss"] += 1
+        self.c.kill(self.c.agents[w])
+        for procs in self.watch.pids.values():
+            for pid, worker in procs.items():
+                if worker == w:  # the job and its launcher: the whole process group
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(os.getpgid(pid), signal.SIGKILL)
+        await asyncio.sleep(self.rng.uniform(2.0, 10.0))
+        await restart_agent(self.c, w)
+        self.report.recoveries += 1
+
     async def faults(self, stop: asyncio.Event) -> None:
         lo, hi = self.cfg.fault_every
         while not stop.is_set():
@@ -469,6 +513,7 @@ class Chaos:
                 self.finished_migrations() < self.cfg.migrations
                 or self.report.kills < self.cfg.min_faults
                 or (self.links and self.report.partitions < self.cfg.min_partitions)
+                or self.report.faults["host-loss"] < self.cfg.min_host_losses
             ):
                 broken = [t for t in tasks if t.done()]
                 if broken:  # a fault or the submitter failed (e.g. a daemon did not come back)
@@ -506,6 +551,7 @@ class Chaos:
         r = self.report
         r.seconds, r.jobs = seconds, len(self.jobs)
         r.migrations = self.journal_counts()
+        r.restored = self.restored()
         r.max_copies = max(self.watch.max_copies.values(), default=0)
         r.longest_down = max(self.watch.longest_down.values(), default=0.0)
         for jid in self.jobs:
@@ -592,12 +638,18 @@ def main(argv: list[str] | None = None) -> int:
         default=30,
         help="partitions to reach as well, where hosts can be cut (default 30)",
     )
+    p.add_argument("--min-host-losses", type=int, default=20, help="lost hosts to reach as well (default 20)")
     p.add_argument("--out", type=Path, default=Path("chaos.json"), help="where to write the counts (JSON)")
     p.add_argument(
         "--dir", type=Path, default=None, help="keep the cluster's files here (default: a temp dir)"
     )
     args = p.parse_args(argv)
-    cfg = ChaosConfig(seed=args.seed, migrations=args.migrations, min_partitions=args.min_partitions)
+    cfg = ChaosConfig(
+        seed=args.seed,
+        migrations=args.migrations,
+        min_partitions=args.min_partitions,
+        min_host_losses=args.min_host_losses,
+    )
     # SIGTERM (a timeout, Ctrl-C's cousin) tears the cluster down like an interrupt does.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     # This process's own runtime (it submits the jobs) logs one line per job: errors only.

@@ -15,7 +15,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(600
 
 
 async def test_chaos_short_run_loses_nothing(tmp_path: Path) -> None:
-    cfg = ChaosConfig(seed=7, migrations=8, min_faults=10, min_partitions=4, max_seconds=400.0)
+    cfg = ChaosConfig(
+        seed=7, migrations=8, min_faults=10, min_partitions=4, min_host_losses=2, max_seconds=400.0
+    )
     report = await run_chaos(tmp_path, cfg)
     print(report.summary())
     assert not report.problems, report.summary()
@@ -23,6 +25,8 @@ async def test_chaos_short_run_loses_nothing(tmp_path: Path) -> None:
     assert report.migrations["done"] + report.migrations["rolled_back"] >= 8
     assert report.max_copies == 1
     assert report.recoveries >= report.faults["kill-manager"] + report.faults["kill-agent"]
+    # Hosts were lost with their jobs, and those jobs were restored elsewhere.
+    assert report.faults["host-loss"] >= 2 and report.restored["recovered"] + report.restored["crashed"] >= 1
     if available() is None:  # network hosts here: partitions happened, and nothing is left
         assert report.partitions >= 4 and report.hosts_tag
         assert leftovers(report.hosts_tag) == []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from specon_manager.metrics import ManagerMetrics
 
-from specon.config import default_policy
+from specon.config import default_policy, policy_from_dict
 from specon.coordinator.inline import InlineCoordinator
 from specon.coordinator.migration import Mark, Migration, State
 from specon.coordinator.reconcile import Reconciler, backoff
@@ -249,3 +249,11 @@ def test_reconciler_lists_a_job_once_even_if_two_facts_say_it_runs_nowhere() -> 
     st.ingest_reports(WorkerId("a"), [report("j1", phase="stopped")], START)
     due = rec.due(st, marks, set(), START + pol.recovery.after + 1, started_at=0.0)
     assert [r.container for r in due] == [J]
+
+
+def test_a_worker_is_lost_no_sooner_than_it_is_unreachable() -> None:
+    # A file with a long worker_timeout stays valid; recovery.after below it means worker_timeout.
+    pol = policy_from_dict(
+        {"apiVersion": "specon/v1alpha1", "kind": "Policy", "messaging": {"worker_timeout": 600}}
+    )
+    assert pol.recovery.after == 60.0 and Reconciler(pol, {}).lost_after == 600.0
