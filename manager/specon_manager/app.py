@@ -128,7 +128,8 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             return _error(403, f"{who.name} may not read the status: use the read token")
         if post and not who.agent and not (who.operator and request.path.startswith(WORKERS_PREFIX)):
             metrics.rejected.labels(reason="forbidden").inc()
-            return _error(403, f"{who.name} may not send this")
+            what = "may only drain and uncordon workers" if who.operator else "is read-only"
+            return _error(403, f"{who.name} {what}")
         request[IDENTITY] = who
     try:
         return await handler(request)

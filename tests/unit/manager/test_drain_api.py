@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from specon_manager.app import SHELL, create_app
 from specon_manager.auth import StaticTokens
 
@@ -82,3 +84,21 @@ async def test_bad_drains_get_a_clear_error(
         resp = await client.post(path, data=body, headers=bearer(OPERATOR))
         assert resp.status == status
         assert says in protocol.decode(await resp.read(), protocol.ErrorReply).error
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.floats(allow_nan=True) | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["deadline", "x"]), inner, max_size=2)
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.one_of(st.binary(max_size=64), JSON_VALUES.map(lambda v: json.dumps(v).encode())))
+async def test_any_drain_body_is_answered_202_or_400_never_500(tmp_path: Path, body: bytes) -> None:
+    clock = FakeClock()
+    async with serve(tmp_path / secrets.token_hex(4), clock) as client:
+        resp = await client.post("/v1/workers/a/drain", data=body, headers=bearer(OPERATOR))
+        assert resp.status in (202, 400), (body, resp.status, await resp.text())
