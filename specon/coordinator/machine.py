@@ -134,6 +134,8 @@ class Coordinator(Deciding, Draining):
         self._parked: set[str] = set()
         self.move_costs = learner_of(policy)  # what moves cost, learned (the policy's as the prior)
         self.reconciler = Reconciler(policy, self.marks)
+        # Jobs whose ``home`` or ``finished`` mark changed since the last ticker pass journaled them.
+        self._placed: set[ContainerId] = set()
         # Workers being drained (journaled): no new jobs, and their jobs move off.
         self.cordons: dict[WorkerId, Cordon] = {c.worker: c for c in recovered.cordons}
         for w in self.cordons:
@@ -258,6 +260,8 @@ class Coordinator(Deciding, Draining):
         job completions within a second as well.
         """
         timeout = self.policy.messaging.worker_timeout
+        if rebalance:
+            self._journal_placed()
         if rebalance and now - self._pruned_at >= self.policy.messaging.heartbeat_interval:
             self.prune(now)
         self.drive(now)
@@ -454,18 +458,29 @@ class Coordinator(Deciding, Draining):
             self._effects.append(Log("specon.manager.move_cost", fields, "info"))  # new estimates
 
     def _note_place(self, cid: ContainerId, worker: WorkerId, now: float) -> None:
-        """Journal where ``cid`` runs, or that it finished, when that changed (the reconciler's)."""
+        """Note where ``cid`` runs, or that it finished, when that changed (the reconciler's).
+        Journaled by the next ticker pass, not with this heartbeat: no command waits for it, and
+        a manager meeting thousands of jobs at once writes them in one transaction."""
         mk = self.marks.get(cid)
         if self.state.running_on(cid) == worker:
             if mk is None or mk.home != worker:
-                self._put_mark(replace(mk or Mark(cid), home=worker))
+                self.marks[cid] = replace(mk or Mark(cid), home=worker)
+                self._placed.add(cid)
             self.reconciler.running(cid, now)
         elif self.state.finished(cid) and (mk is None or not mk.finished):
-            self._put_mark(replace(mk or Mark(cid), finished=True))
+            self.marks[cid] = replace(mk or Mark(cid), finished=True)
+            self._placed.add(cid)
+
+    def _journal_placed(self) -> None:
+        for cid in self._placed:
+            self._written += 1
+            self._effects.append(PutMark(self._written, self.marks[cid]))
+        self._placed.clear()
 
     def _put_mark(self, new: Mark) -> None:
         cid = new.container
         self.marks[cid] = new
+        self._placed.discard(cid)  # written whole now
         self.state.touch(cid)
         self.revision += 1
         self._written += 1

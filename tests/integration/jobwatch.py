@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -40,6 +40,23 @@ CHECKPOINT_EVERY = 50
 # measurement: a move between skewed-clock hosts took over 15 s under the full suite's load
 # (the move's own time is a benchmark's, docs/benchmarks.md).
 LOST_AFTER = 60.0
+
+
+@contextlib.asynccontextmanager
+async def embedded_cluster(
+    root: Path, policy: str, *, workers: int = 2, cpus: float = 0.5
+) -> AsyncIterator[EmbeddedCluster]:
+    """An embedded cluster under ``root`` with the policy file ``policy`` (YAML text). Its
+    manager is SIGKILLed first at the end: a SIGTERMed manager waits out the agents' open long
+    polls, up to 20 s a test; its journal is write-ahead, so a kill loses nothing."""
+    path = root / "policy.yaml"
+    path.write_text("apiVersion: specon/v1alpha1\nkind: Policy\n" + policy)
+    async with EmbeddedCluster(root / "c", workers=workers, cpus_per_worker=cpus, policy=path) as c:
+        try:
+            yield c
+        finally:
+            if c.manager is not None:
+                c.kill(c.manager)
 
 
 def spec(

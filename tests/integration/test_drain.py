@@ -12,11 +12,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from jobwatch import Watchdog, assert_finished_once, finished, migration_of, records, spec, status, wait_for
+from jobwatch import (
+    Watchdog,
+    assert_finished_once,
+    embedded_cluster,
+    finished,
+    migration_of,
+    records,
+    spec,
+    status,
+    wait_for,
+)
 
 from specon.embedded.cluster import EmbeddedCluster
 from specon.model import WorkerId
@@ -29,20 +38,13 @@ STEPS = 200
 JOBS = ("d1", "d2", "d3")
 
 
-@contextlib.asynccontextmanager
-async def embedded(tmp_path: Path) -> AsyncIterator[EmbeddedCluster]:
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(
-        "apiVersion: specon/v1alpha1\nkind: Policy\n"
+def embedded(tmp_path: Path) -> contextlib.AbstractAsyncContextManager[EmbeddedCluster]:
+    return embedded_cluster(
+        tmp_path,
         "messaging: {heartbeat_interval: 0.5, worker_timeout: 2}\n"
-        'rebalance: {mode: "off"}\nplacement: {require_gain: true}\n'
+        'rebalance: {mode: "off"}\nplacement: {require_gain: true}\n',
+        cpus=1.5,
     )
-    async with EmbeddedCluster(tmp_path / "c", workers=2, cpus_per_worker=1.5, policy=policy) as c:
-        try:
-            yield c
-        finally:
-            if c.manager is not None:
-                c.kill(c.manager)
 
 
 async def specon_cli(c: EmbeddedCluster, *args: str, timeout: float = 90) -> tuple[int, str, str]:

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -27,6 +26,7 @@ from jobwatch import (
     agent_health,
     agent_metric,
     assert_finished_once,
+    embedded_cluster,
     finished,
     frozen,
     has_event,
@@ -58,33 +58,17 @@ HEARTBEAT = 0.5
 STEPS = 500  # of the converging job; held (``until_released``) until its test has moved it
 
 
-def policy(tmp_path: Path, *, worker_timeout: float = 4.0, grace: float = 10.0) -> Path:
-    path = tmp_path / "policy.yaml"
-    path.write_text(
-        "apiVersion: specon/v1alpha1\n"
-        "kind: Policy\n"
+def embedded(
+    tmp_path: Path, *, worker_timeout: float = 4.0, grace: float = 10.0
+) -> contextlib.AbstractAsyncContextManager[EmbeddedCluster]:
+    return embedded_cluster(
+        tmp_path,
         "monitor: {interval: 1, alpha: 0.02}\n"
         f"messaging: {{heartbeat_interval: {HEARTBEAT}, worker_timeout: {worker_timeout}}}\n"
         f"migration: {{grace_period: {grace}, min_residence: 0}}\n"
         "placement: {require_gain: false}\n"  # the mechanics are tested: Algorithm 2's move is made
-        'rebalance: {mode: "off"}\n'
+        'rebalance: {mode: "off"}\n',
     )
-    return path
-
-
-@contextlib.asynccontextmanager
-async def embedded(tmp_path: Path, **knobs: float) -> AsyncIterator[EmbeddedCluster]:
-    async with EmbeddedCluster(
-        tmp_path / "c", workers=2, cpus_per_worker=0.5, policy=policy(tmp_path, **knobs)
-    ) as c:
-        try:
-            yield c
-        finally:
-            # Crash the manager first: a SIGTERMed manager waits out the agents' open long
-            # polls (see the xfail test below), which would add up to 20 s to every test.
-            # Its journal is write-ahead, so a kill loses nothing.
-            if c.manager is not None:
-                c.kill(c.manager)
 
 
 def gate_of(tmp_path: Path, jid: str) -> Path:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from jobwatch import (
     CHECKPOINT_EVERY,
     Watchdog,
     assert_finished_once,
+    embedded_cluster,
     finished,
     in_state,
     job_processes,
@@ -40,23 +40,13 @@ AFTER = 4.0  # recovery.after: a silent worker is lost after this
 STEPS = 300
 
 
-@contextlib.asynccontextmanager
-async def embedded(tmp_path: Path) -> AsyncIterator[EmbeddedCluster]:
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(
-        "apiVersion: specon/v1alpha1\n"
-        "kind: Policy\n"
+def embedded(tmp_path: Path) -> contextlib.AbstractAsyncContextManager[EmbeddedCluster]:
+    return embedded_cluster(
+        tmp_path,
         f"messaging: {{heartbeat_interval: 0.5, worker_timeout: {WORKER_TIMEOUT}}}\n"
         f"recovery: {{after: {AFTER}, backoff: 1}}\n"
-        'rebalance: {mode: "off"}\n'
-        "placement: {require_gain: true}\n"
+        'rebalance: {mode: "off"}\nplacement: {require_gain: true}\n',
     )
-    async with EmbeddedCluster(tmp_path / "c", workers=2, cpus_per_worker=0.5, policy=policy) as c:
-        try:
-            yield c
-        finally:
-            if c.manager is not None:
-                c.kill(c.manager)
 
 
 def checkpointed(c: EmbeddedCluster, jid: str) -> bool:

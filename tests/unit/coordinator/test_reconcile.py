@@ -153,6 +153,7 @@ def test_a_restarted_manager_restores_a_job_its_journal_knows_and_nobody_reports
 ) -> None:
     coord = coordinator(tmp_path, clock)
     _two_workers(coord, clock)
+    coord.step(rebalance=True)  # the ticker's pass journals where jobs run
     coord.journal.close()
     # The manager restarts; host a died meanwhile and never reports to the new one.
     clock.advance(30.0)
