@@ -89,11 +89,13 @@ CHAOS_SEED ?= 1
 CHAOS_MIGRATIONS ?= 100
 CHAOS_PARTITIONS ?= 30
 CHAOS_HOST_LOSSES ?= 20
-chaos: install ## Seeded chaos run on network hosts (two agents' clocks off): kills, hangs, >= 30 partitions, >= 20 lost hosts, slow saves while >= 100 jobs migrate; counts to bench/results/chaos.json
+CHAOS_LONG_PARTITIONS ?= 20
+CHAOS_RECLAIMS ?= 5
+chaos: install ## Seeded chaos run on network hosts (two agents' clocks off): kills, hangs, >= 30 partitions (>= 20 past recovery.after), >= 20 lost hosts, >= 5 reclaim notices, slow saves while >= 100 jobs migrate; counts to bench/results/chaos.json
 	cd tests/integration && $(abspath $(VENV))/bin/python chaos_run.py --seed $(CHAOS_SEED) \
 		--migrations $(CHAOS_MIGRATIONS) --min-partitions $(CHAOS_PARTITIONS) \
-		--min-host-losses $(CHAOS_HOST_LOSSES) \
-		--out $(abspath bench/results/chaos.json)
+		--min-host-losses $(CHAOS_HOST_LOSSES) --min-long-partitions $(CHAOS_LONG_PARTITIONS) \
+		--min-reclaims $(CHAOS_RECLAIMS) --out $(abspath bench/results/chaos.json)
 
 clean: ## Remove build products (keeps .venv and the cache)
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
@@ -118,15 +120,21 @@ image: ## Build the container image $(IMAGE) (docker build)
 # tokens (TokenReview). deploy adds a random read token for the manager's status API and page
 # (components/read-token), made once and kept in .cache/deploy (never in git), through an
 # overlay there, and first creates the training namespaces of manifests/training that do
-# not exist yet (undeploy never deletes them).
+# not exist yet, each enforcing Pod Security baseline or stricter (scripts/training-namespaces.sh;
+# undeploy never deletes them).
 deploy: image ## Build the image and apply manifests/ to the current kube context
 	@mkdir -p $(DEPLOY_DIR)
 	@bash scripts/deploy-overlay.sh $(DEPLOY_DIR) $(IMAGE)
-	@for ns in $$($(KUBECTL) kustomize manifests/training \
-	    | awk '/^metadata:/ {m = 1; next} /^[^ ]/ {m = 0} m && /^  namespace: / {print $$2}' | sort -u); do \
-	  $(KUBECTL) get namespace $$ns >/dev/null 2>&1 || $(KUBECTL) create namespace $$ns; done
+	@bash scripts/training-namespaces.sh $(KUBECTL)
 	$(KUBECTL) apply -k $(DEPLOY_DIR)
 	$(KUBECTL) -n specon rollout status deployment/specon-manager --timeout=120s
 
-undeploy: ## Remove what manifests/ created (training pods and PersistentVolumes stay)
+# undeploy keeps what is labelled specon.io/keep-on-undeploy (the namespace with the journal,
+# the volume's claim), so a redeploy finds every migration and binds the same volume;
+# PURGE=1 deletes those too. Training namespaces and their pods always stay.
+undeploy: ## Remove specon from the current kube context; keeps its namespace, journal and volume claim (PURGE=1: everything)
+ifeq ($(PURGE),1)
 	$(KUBECTL) delete -k manifests/ --ignore-not-found
+else
+	$(KUBECTL) delete -k manifests/ --ignore-not-found -l 'specon.io/keep-on-undeploy!=true'
+endif

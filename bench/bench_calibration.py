@@ -40,13 +40,14 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bench.bench_migration import _after, _records, _wait
+from bench.bench_migration import _after, _wait
 from bench.figures import Figure
 from specon.config import load_policy
 from specon.embedded.demo import DemoJob, job_spec, make_workload, run_once
 from specon.embedded.live_policies import DEMO_POLICY
 from specon.evaluation import RunResult, percentile
 from specon.model import ContainerId, WorkerId
+from specon.progress.last import read_records
 from specon.runtime.base import JobSpec
 from specon.runtime.local.backend import LocalRuntime
 from specon.runtime.local.cluster import LocalCluster
@@ -119,7 +120,7 @@ def _step_at(path: Path, t: float) -> float:
     """The job's step at time ``t``, interpolated between its training records."""
     points = [
         (float(r["ts"]), float(r["step"]))  # type: ignore[arg-type]
-        for r in _records(path)
+        for r in read_records(path)
         if "loss" in r and isinstance(r.get("ts"), float | int) and isinstance(r.get("step"), int)
     ]
     before = [p for p in points if p[0] <= t]

@@ -15,7 +15,6 @@ Median and p95 of the downtime are reported per model; the target is judged on t
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -24,24 +23,11 @@ from pathlib import Path
 from bench.figures import Figure
 from specon.evaluation import percentile
 from specon.model import ContainerId, WorkerId
+from specon.progress.last import read_records
 from specon.runtime.base import JobSpec
 from specon.runtime.local.cluster import LocalCluster
 
 MODELS = ("vae", "gru", "birnn", "rnn", "dynrnn")
-
-
-def _records(path: Path) -> list[dict[str, object]]:
-    out: list[dict[str, object]] = []
-    if not path.exists():  # the job has not written its first record yet
-        return out
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
 
 
 async def _wait(cond: object, timeout: float = 120.0) -> None:
@@ -55,7 +41,7 @@ async def _wait(cond: object, timeout: float = 120.0) -> None:
 
 def _after(path: Path, t: float, *, event: str | None) -> float | None:
     """Timestamp of the first record after ``t`` with that event (None: a training sample)."""
-    for rec in _records(path):
+    for rec in read_records(path):
         ts = rec.get("ts")
         if not isinstance(ts, float | int) or ts <= t:
             continue

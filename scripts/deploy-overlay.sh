@@ -2,7 +2,7 @@
 # The overlay `make deploy` applies, written to DIR: manifests/ with a generated read token
 # (components/read-token) and TLS between agents and manager from a CA of this deployment
 # (components/tls, scripts/deploy-tls.sh). Both are made once and kept across deploys.
-# Usage: scripts/deploy-overlay.sh DIR IMAGE   (IMAGE: name[:tag])
+# Usage: scripts/deploy-overlay.sh DIR IMAGE   (IMAGE: [registry[:port]/]name[:tag][@digest])
 set -euo pipefail
 dir=$1 image=$2
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -10,14 +10,20 @@ mkdir -p "$dir"
 test -s "$dir/read-token" || (umask 077; openssl rand -hex 32 > "$dir/read-token")
 bash "$here/scripts/deploy-tls.sh" "$dir/tls" specon
 rel=$(realpath -m --relative-to="$dir" "$here/manifests")
-name=${image%%:*} tag=latest
-[[ $image == *:* ]] && tag=${image#*:}
+# A tag is what follows the last colon of the last path part (a registry's port is no tag);
+# a digest pins the image whatever its tag says.
+name=${image%%@*} digest=
+[[ $image == *@* ]] && digest=${image#*@}
+tag=latest
+last=${name##*/}
+if [[ $last == *:* ]]; then tag=${last##*:}; name=${name%:*}; fi
+if [[ -n $digest ]]; then pin="digest: \"$digest\""; else pin="newTag: \"$tag\""; fi
 cat > "$dir/kustomization.yaml" <<YAML
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources: [$rel]
 components: [$rel/components/read-token, $rel/components/tls]
-images: [{name: specon, newName: $name, newTag: "$tag"}]
+images: [{name: specon, newName: $name, $pin}]
 secretGenerator:
   - {name: specon-read-token, namespace: specon, files: [token=read-token]}
   - name: specon-manager-tls

@@ -21,11 +21,9 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 CACHE="${SPECON_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specon}/criu"
 BIN="$CACHE/bin"
 
-log() { printf '[install-criu %s] %s\n' "$(date +%T)" "$*" >&2; }
-impossible() {
-    log "cannot use CRIU here: $*"
-    exit 3
-}
+WHAT=CRIU
+# shellcheck source=scripts/private-apt.sh
+. "$HERE/private-apt.sh"
 
 # `criu check` through the wrapper in $1; its complaint on stderr when it fails.
 check() {
@@ -45,38 +43,13 @@ ready() {
 # wrappers into $1/bin.
 build() {
     local dest="$1"
-    command -v apt-get >/dev/null || impossible "no apt-get"
-    command -v dpkg-deb >/dev/null || impossible "no dpkg-deb"
-    # shellcheck source=scripts/debian-mirror.sh
-    . "$HERE/debian-mirror.sh"
-    local mirror keyring
-    read -r mirror keyring < <(debian_mirror "$SUITE") || true
-    [[ -n "${mirror:-}" ]] || impossible "no apt source for a Debian mirror in /etc/apt"
-
-    # Isolated apt configuration: own sources list, lists, cache and an empty dpkg status (so
-    # the whole closure is downloaded, libc included: the private root is self-contained).
+    private_apt "$dest" "$SUITE"
     local apt="$dest/apt"
-    mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$dest/root" "$dest/bin"
-    local opts=""
-    [[ -n "${keyring:-}" ]] && opts=" [signed-by=$keyring]"
-    echo "deb$opts $mirror $SUITE main" >"$apt/sources.list"
-    : >"$apt/status"
-    local aptopts=(
-        -o "DPkg::Lock::Timeout=600" # other apt runs on the machine must not make this fail
-        -o "Dir::Etc::SourceList=$apt/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-        -o "Dir::Etc::Preferences=/dev/null" -o "Dir::Etc::PreferencesParts=/dev/null"
-        -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o "Dir::State::status=$apt/status"
-        -o "APT::Sandbox::User=root" # the private dirs are root's; no _apt sandbox to hand them to
-        -o "APT::Install-Recommends=false" -o "APT::Get::AllowUnauthenticated=false"
-    )
-    log "fetching ${PACKAGES[*]} and their dependencies from $mirror ($SUITE)"
-    apt-get "${aptopts[@]}" update -q >"$dest/apt.log" 2>&1 || {
+    mkdir -p "$dest/root" "$dest/bin"
+    log "fetching ${PACKAGES[*]} and their dependencies"
+    apt-get "${APTOPTS[@]}" install -y -q --download-only "${PACKAGES[@]}" >>"$dest/apt.log" 2>&1 || {
         tail -n 5 "$dest/apt.log" >&2
-        impossible "apt-get update from $mirror ($SUITE) failed"
-    }
-    apt-get "${aptopts[@]}" install -y -q --download-only "${PACKAGES[@]}" >>"$dest/apt.log" 2>&1 || {
-        tail -n 5 "$dest/apt.log" >&2
-        impossible "apt-get --download-only ${PACKAGES[*]} from $mirror ($SUITE) failed"
+        impossible "apt-get --download-only ${PACKAGES[*]} ($SUITE) failed"
     }
     local deb n=0
     for deb in "$apt/cache/archives/"*.deb; do

@@ -16,11 +16,22 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 GENERATION_FILE = "generation.json"
 EXIT_FENCED = 76  # after EX_TEMPFAIL (75): a stale copy that stopped without writing
 _MAX_BYTES = 4096
+
+
+# The generation a runtime started the run in, in the run's environment.
+ENV_GENERATION = "SPECON_GENERATION"
+
+
+def env_generation(env: Mapping[str, str]) -> int | None:
+    """``$SPECON_GENERATION`` of ``env`` (None when unset or not a generation)."""
+    raw = env.get(ENV_GENERATION, "")
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 19 else None
 
 
 class Fenced(SystemExit):
@@ -34,17 +45,23 @@ class Fenced(SystemExit):
 class Fence:
     """The generation file of one job (None: the job runs outside specon, never stale)."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, own: int | None = None) -> None:
+        """``own``: the generation the runtime started this run in (``$SPECON_GENERATION``);
+        None: the file's as it reads now (a run started by an older runtime)."""
         self.path = path
         self._stamp = self._stat()
-        self.own = self._read()
-        self._newest = self.own
+        newest = self._read()
+        self.own = newest if own is None else own
+        self._newest = max(newest, self.own)
 
     @classmethod
     def of_job(cls, checkpoint_dir: Path | None) -> Fence:
         """The fence of the job whose checkpoints are in ``checkpoint_dir`` (the volume's
-        layout: ``jobs/<id>/checkpoints`` beside ``jobs/<id>/generation.json``)."""
-        return cls(None if checkpoint_dir is None else checkpoint_dir.parent / GENERATION_FILE)
+        layout: ``jobs/<id>/checkpoints`` beside ``jobs/<id>/generation.json``), in the
+        generation its runtime named. Read at the start a slow copy could take a newer start's
+        generation for its own, and two copies would share one."""
+        path = None if checkpoint_dir is None else checkpoint_dir.parent / GENERATION_FILE
+        return cls(path, env_generation(os.environ))
 
     def stale(self) -> bool:
         """Whether a newer generation than this run's own has started."""

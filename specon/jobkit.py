@@ -36,7 +36,8 @@ opened with ``O_APPEND`` so a tailer only ever sees whole lines:
 A full disk (ENOSPC, EDQUOT) is transient: refused records are written, in order, once there
 is room (up to ``PENDING_LIMIT`` bytes); a refused periodic checkpoint is retried after
 ``RETRY_AFTER_FULL`` s, the final one and ``done.json`` for ``FINISH_PATIENCE`` s. Event
-records carry no metric, so a reader looking for ``loss`` skips them.
+records carry no metric, so a reader looking for ``loss`` skips them; a fenced run's name
+its ``generation`` (``specon.fence``), so a reader can tell which copy wrote each.
 
 Exit codes: 0 = finished (``done.json`` exists); ``EXIT_CHECKPOINTED`` (75, EX_TEMPFAIL) =
 stopped on request after a complete checkpoint; ``EXIT_FENCED`` (76) = a newer copy started
@@ -172,7 +173,8 @@ class ProgressLog:
         self.write({"step": step, "loss": float(loss), "ts": time.time(), **_floats(metrics)})
 
     def event(self, name: str, **fields: Any) -> None:
-        self.write({"event": name, **fields, "ts": time.time()})
+        own = {} if self.fence is None or not self.fence.own else {"generation": self.fence.own}
+        self.write({"event": name, **fields, **own, "ts": time.time()})
 
     def close(self) -> None:
         if self._fd is not None:

@@ -56,6 +56,22 @@ class Direction(enum.StrEnum):
 # learns move costs per (specon.policy.move_costs). A node label of the same name wins.
 RUNTIME_LABEL = "specon.io/runtime"
 
+# Node taints a worker reports (``key[=value]:Effect``) with a meaning specon acts on. A
+# cordoned node carries the first (Kubernetes implies it for ``spec.unschedulable``); the
+# second list is the reclaim notices clouds and autoscalers put on a node about to go
+# (GKE, the AWS node termination handler, Karpenter v1 and before), and specon's own.
+TAINT_UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
+RECLAIM_TAINTS = (
+    "cloud.google.com/impending-node-termination",
+    "aws-node-termination-handler/spot-itn",
+    "aws-node-termination-handler/asg-lifecycle-termination",
+    "aws-node-termination-handler/scheduled-maintenance",
+    "aws-node-termination-handler/rebalance-recommendation",
+    "karpenter.sh/disrupted",
+    "karpenter.sh/disruption",
+    "specon.io/evacuate",
+)
+
 # GPUs: one vocabulary on every backend, NVIDIA's (the device plugin's resource name and the
 # node labels of its GPU feature discovery). Agents set the labels from NVML, so placement
 # reads a Docker host's or a local worker's GPUs as it reads a Kubernetes node's.

@@ -193,6 +193,13 @@ def build_parser() -> argparse.ArgumentParser:
         "GPUs) or off",
     )
     p.add_argument(
+        "--gpu-device-metrics",
+        action="store_true",
+        help="also export each GPU's utilisation and memory under the DCGM exporter's names "
+        "(DCGM_FI_DEV_*), for nodes without dcgm-exporter; off by default, where it runs they "
+        "would be counted twice. Per-job GPU series are always exported",
+    )
+    p.add_argument(
         "--token-file",
         help="file holding this agent's bearer token (its own, from the manager's --agent-tokens; or the "
         "shared token; default: $SPECON_TOKEN). Re-read when it changes (a projected ServiceAccount "
@@ -200,6 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--state-dir", type=Path, help="where monitor states persist (default <volume>/agents/<worker>)"
+    )
+    p.add_argument(
+        "--taints-file",
+        type=Path,
+        help="taints this host announces, one key[=value]:Effect a line, re-read when it changes: a "
+        "reclaim-notice hook writes e.g. specon.io/evacuate:NoSchedule and the manager drains the "
+        "worker (recovery.evacuate_taints)",
     )
     p.add_argument("--log-level", default="info", help="debug, info, warning, error (default info)")
     p.add_argument(
@@ -372,6 +386,7 @@ async def run(args: argparse.Namespace) -> int:
         state_file=state_dir / "monitor.json",
         settings=settings,
         gpus=gpus,
+        taints_file=args.taints_file,
     )
     client = ManagerClient(
         args.manager,
@@ -381,7 +396,7 @@ async def run(args: argparse.Namespace) -> int:
         insecure_http=args.insecure_http,
     )
     daemon = AgentDaemon(agent, client)
-    app = create_app(daemon)
+    app = create_app(daemon, gpu_device_metrics=args.gpu_device_metrics)
     app[REGISTRY].register(TLSErrorCollector(client))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

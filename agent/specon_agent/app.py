@@ -110,12 +110,13 @@ async def metrics(request: web.Request) -> web.Response:
     )
 
 
-def create_app(daemon: AgentDaemon) -> web.Application:
+def create_app(daemon: AgentDaemon, *, gpu_device_metrics: bool = False) -> web.Application:
+    """``gpu_device_metrics``: per-device GPU series under the DCGM exporter's names too."""
     app = web.Application()
     app[DAEMON] = daemon
     reg = CollectorRegistry()
     reg.register(AgentCollector(daemon))
-    reg.register(GpuCollector(daemon.agent))
+    reg.register(GpuCollector(daemon.agent, devices=gpu_device_metrics))
     app[REGISTRY] = reg
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)

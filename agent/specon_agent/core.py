@@ -39,6 +39,7 @@ from specon.runtime.base import (
     JobSpec,
     Runtime,
     RuntimeFailure,
+    Supersede,
 )
 from specon.runtime.gpu.nvml import NvmlReader
 from specon.runtime.gpu.sample import GpuSample, gpu_capacity, gpu_labels
@@ -56,6 +57,7 @@ from specon_agent.gpus import GpuUsage, device_reports, gpu_use
 from specon_agent.priority import Running, running_of
 from specon_agent.reports import ended_report, running_report, suspended_reports
 from specon_agent.resumed import FirstRecord, first_record_after, log_size, start_or_fall_back
+from specon_agent.taints_file import TaintsFile
 from specon_agent.watched import AgentCounters, Watched, append_curve, declare_steps, predicted_steps
 from specon_agent.weights import CpuWeights, state_path
 from specon_agent.window import LossWindows
@@ -79,13 +81,16 @@ class Agent:
         labels: dict[str, str] | None = None,
         settings: AgentSettings | None = None,
         gpus: NvmlReader | None = None,
+        taints_file: Path | None = None,
     ) -> None:
-        """``gpus``: the NVML reader of this worker's GPUs (None: GPUs are not read)."""
+        """``gpus``: the NVML reader of this worker's GPUs (None: GPUs are not read);
+        ``taints_file``: taints the host announces (``specon_agent.taints_file``)."""
         self.runtime = runtime
         self.policy = policy
         self.address = address
         self.state_file = state_file
         self.labels = labels or {}
+        self.taints_file = TaintsFile(taints_file) if taints_file else None
         self.settings = settings or AgentSettings()  # operational knobs (timeouts, memory, backoff)
         self.classifier = classifier_for(policy.monitor)
         self.watched: dict[ContainerId, Watched] = {}
@@ -373,7 +378,7 @@ class Agent:
             labels={**gpu_labels(gpus), **self.runtime.node_labels, **self.labels},
             # Reports carry each container's selector and tolerations, so the manager can
             # offer this worker only to containers that tolerate its taints.
-            taints=self.runtime.node_taints,
+            taints=self.runtime.node_taints + (self.taints_file.taints() if self.taints_file else ()),
             gpus=gpus,
         )
 
@@ -440,6 +445,8 @@ class Agent:
     async def _save(self, cmd: Command, remaining: float) -> CommandResult:
         grace = max(1.0, min(self.policy.migration.grace_period, remaining))
         w = self.watched.get(cmd.container)
+        # Its log, also when it is not watched yet (just started here): the save's lost steps.
+        progress = w.info.progress_path if w is not None else await self._progress_path(cmd.container)
         self.leaving.add(cmd.container)
         began = self.runtime.now()  # the job stops training at the SIGTERM: downtime starts here
         try:
@@ -451,7 +458,7 @@ class Agent:
             return CommandResult(command=cmd.id, ok=False, error=str(exc))
         now = self.runtime.now()
         # The step it had trained to: with the checkpoint's, what a save cut short lost.
-        last = None if w is None else await asyncio.to_thread(last_record, w.info.progress_path)
+        last = None if progress is None else await asyncio.to_thread(last_record, progress)
         if w is not None:
             self.saved_states[cmd.container] = w.state
             w.tailer.close()
@@ -469,9 +476,17 @@ class Agent:
                 "forced": res.forced,
                 "rolled_back": res.rolled_back,
                 "finished": res.finished,
-                "last_step": None if last is None else last.get("step"),
+                # No record yet: it had trained no step (None: its log is not known here).
+                "last_step": (0 if progress else None) if last is None else last.get("step"),
             },
         )
+
+    async def _progress_path(self, container: ContainerId) -> Path | None:
+        try:
+            listed = await self.runtime.list_containers()
+        except RuntimeFailure:
+            return None
+        return next((c.progress_path for c in listed if c.id == container), None)
 
     async def _start(self, cmd: Command) -> CommandResult:
         # What runs is the job as submitted, from this runtime's own record (the spec on
@@ -494,7 +509,8 @@ class Agent:
             self.saved_states[cmd.container] = self.classifier.mark_migrated(base, self.runtime.now())
         starting = self.runtime.now()
         try:
-            info = await self._start_from(spec, checkpoint, supersede=cmd.supersede)
+            supersede = (cmd.lost or True) if cmd.supersede else False  # 1.5 names no worker
+            info = await self._start_from(spec, checkpoint, supersede=supersede)
         except AlreadyRunning as exc:
             here = {i.id for i in await self.runtime.list_containers() if i.alive}
             if cmd.container in here:  # a repeated start: it is running here, as asked
@@ -537,9 +553,9 @@ class Agent:
         error = f"{cmd.container}: the started copy ended before its first progress record (exit code {code})"
         return CommandResult(command=cmd.id, ok=False, error=error, detail={"died": True})
 
-    async def _start_from(self, spec: JobSpec, checkpoint: Path | None, *, supersede: bool) -> ContainerInfo:
+    async def _start_from(self, spec: JobSpec, ckpt: Path | None, *, supersede: Supersede) -> ContainerInfo:
         spec = self.gpu_share.start_spec(spec)  # its MPS percentage, under mps and both
-        return await start_or_fall_back(self.runtime, spec, checkpoint, supersede=supersede)
+        return await start_or_fall_back(self.runtime, spec, ckpt, supersede=supersede)
 
     def _mark(self, cmd: Command) -> CommandResult:
         w = self.watched.get(cmd.container)

@@ -1,12 +1,14 @@
 """The agent's GPU metrics, read from its newest GPU sample at scrape time.
 
-Per device, the DCGM exporter's names and labels (``gpu``, ``UUID``, ``modelName``,
-``Hostname``: here the worker's id), so dashboards built for it read these too:
-``DCGM_FI_DEV_GPU_UTIL`` (%), ``DCGM_FI_DEV_FB_USED`` and ``DCGM_FI_DEV_FB_FREE`` (MiB). Per
-container, specon's own: its GPU memory in bytes and its SM utilisation (%; no series while
-NVML has no sample of it). Only the devices and containers of the newest sample have series:
-one that went has none to remove. The GPU sharing's counters (``specon_agent.gpu_share``):
-switches, freezes, thaws, suspends, resumes and refusals, and its jobs by state.
+Per container, specon's own: its GPU memory in bytes and its SM utilisation (%; no series
+while NVML has no sample of it). Per device, only with ``--gpu-device-metrics`` (off by
+default: where the DCGM exporter runs, as on a GPU operator's nodes, a second copy of its
+series double-counts in every sum), the DCGM exporter's names and labels (``gpu``, ``UUID``,
+``modelName``, ``Hostname``: here the worker's id), so dashboards built for it read these
+too: ``DCGM_FI_DEV_GPU_UTIL`` (%), ``DCGM_FI_DEV_FB_USED`` and ``DCGM_FI_DEV_FB_FREE`` (MiB).
+Only the devices and containers of the newest sample have series: one that went has none to
+remove. The GPU sharing's counters (``specon_agent.gpu_share``): switches, freezes, thaws,
+suspends, resumes and refusals, and its jobs by state.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ DCGM_LABELS = ["gpu", "UUID", "modelName", "Hostname"]
 
 
 class GpuCollector(Collector):
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Agent, *, devices: bool = False) -> None:
         self.agent = agent
+        self.devices = devices  # the per-device series under the DCGM exporter's names
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         a = self.agent
@@ -46,7 +49,7 @@ class GpuCollector(Collector):
             "SM utilisation of each container's processes (%, mean over its devices) where NVML sampled it",
             labels=["container"],
         )
-        for d in sample.devices if sample else ():
+        for d in sample.devices if sample and self.devices else ():
             labels = [str(d.index), d.uuid, d.name, a.worker]
             if d.utilisation is not None:
                 util.add_metric(labels, d.utilisation)
@@ -56,7 +59,8 @@ class GpuCollector(Collector):
             memory.add_metric([cid], use.memory)
             if use.utilisation is not None:
                 busy.add_metric([cid], use.utilisation)
-        yield from (util, used, free, memory, busy)
+        yield from (util, used, free) if self.devices else ()
+        yield from (memory, busy)
         yield GaugeMetricFamily(
             "specon_agent_gpu_available",
             "1 while NVML answers this agent",

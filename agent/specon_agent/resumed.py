@@ -25,7 +25,7 @@ import structlog
 from specon import checkpoint as ckpt
 from specon.checkpoint import open_regular
 from specon.progress.fields import TS_KEYS
-from specon.runtime.base import AlreadyRunning, ContainerInfo, JobSpec, Runtime, StartFailed
+from specon.runtime.base import AlreadyRunning, ContainerInfo, JobSpec, Runtime, StartFailed, Supersede
 
 log = structlog.get_logger()
 
@@ -118,7 +118,7 @@ async def first_record_after(
 
 
 async def start_or_fall_back(
-    runtime: Runtime, spec: JobSpec, checkpoint: Path | None, *, supersede: bool = False
+    runtime: Runtime, spec: JobSpec, checkpoint: Path | None, *, supersede: Supersede = False
 ) -> ContainerInfo:
     """Start ``spec`` from ``checkpoint``, or, if that no longer verifies, from the newest
     complete checkpoint beside it.

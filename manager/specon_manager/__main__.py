@@ -323,7 +323,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             journal.close()
             return 2
     try:
-        shell = ManagerShell(policy=policy, journal=journal, standby=elector is not None)
+        shell = ManagerShell(
+            policy=policy,
+            journal=journal,
+            standby=elector is not None,
+            journal_retention=settings.journal_retention,
+        )
     except Exception as exc:  # the journal could not be read back (a corrupt file, an API error)
         print(f"specon-manager: cannot read the journal: {exc}", file=sys.stderr)
         journal.close()

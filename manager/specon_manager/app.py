@@ -429,6 +429,7 @@ def create_app(
     app[STARTED] = time.time()
     m = ManagerMetrics()
     m.watch(shell.core)
+    m.watch_journal(lambda: shell.journal_failures, lambda: shell.journal_pruned)
     shell.on_event = m.on_event
     app[METRICS] = m
     app.router.add_post(protocol.HEARTBEAT_PATH, heartbeat)

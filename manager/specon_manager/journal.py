@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from specon.coordinator.migration import Mark, Migration, State
+from specon.coordinator.retention import prunable
 from specon.model import ContainerId
 from specon.wire import codec
 
@@ -107,6 +108,7 @@ class JournalStore(Protocol):
     def get(self, migration_id: str) -> Migration | None: ...
     def in_flight(self) -> list[Migration]: ...
     def all(self) -> list[Migration]: ...
+    def forget(self, now: float, older_than: float, keep_newest: int) -> int: ...
     def put_mark(self, mark: Mark) -> None: ...
     def marks(self) -> dict[ContainerId, Mark]: ...
     def get_meta(self, key: str) -> str | None: ...
@@ -178,6 +180,21 @@ class Journal:
 
     def all(self) -> list[Migration]:
         return list(self._rows("ORDER BY decided_at, id"))
+
+    def forget(self, now: float, older_than: float, keep_newest: int) -> int:
+        """Delete the ended migrations last updated more than ``older_than`` seconds before
+        ``now`` (the retention rule, ``retention.prunable``), except the ``keep_newest``
+        newest; how many went."""
+        terminal = tuple(s.value for s in State if s.terminal)
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT id, updated_at FROM migrations WHERE state IN ({','.join('?' * len(terminal))})",
+                terminal,
+            ).fetchall()
+            ids = prunable(((str(i), float(t)) for i, t in rows), now, older_than, keep_newest)
+            with self.transaction():
+                self._db.executemany("DELETE FROM migrations WHERE id = ?", [(i,) for i in ids])
+        return len(ids)
 
     # -- marks --------------------------------------------------------------------------
     def put_mark(self, mark: Mark) -> None:

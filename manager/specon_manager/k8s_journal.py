@@ -2,7 +2,7 @@
 node recovers every in-flight migration and every mark from the API alone.
 
 Same methods as ``specon_manager.journal.Journal`` (``put``, ``get``, ``in_flight``, ``all``,
-``put_mark``, ``marks``, ``get_meta``, ``set_meta``, ``close``). Where the records live, in the
+``forget``, ``put_mark``, ``marks``, ``get_meta``, ``set_meta``, ``close``). Where the records live, in the
 manager's namespace:
 
 * one ConfigMap per migration, ``<prefix>-migration-<id>``, data ``migration.json`` (the
@@ -36,6 +36,7 @@ import structlog
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from specon.coordinator.migration import Mark, Migration
+from specon.coordinator.retention import prunable
 from specon.model import ContainerId
 from specon.runtime.kubernetes.api import KubeApi, KubeError, pods_path
 from specon.runtime.kubernetes.pods import LABEL_JOB, meta
@@ -154,6 +155,20 @@ class KubeJournal:
 
     def all(self) -> list[Migration]:
         return sorted(self._migrations(f"{RECORD}=migration"), key=lambda m: (m.decided_at, m.id))
+
+    def forget(self, now: float, older_than: float, keep_newest: int) -> int:
+        """Delete the ConfigMaps of ended migrations last updated more than ``older_than``
+        seconds before ``now`` (``retention.prunable``), except the ``keep_newest`` newest;
+        how many went. One that is gone already counts as deleted."""
+        ended = self._migrations(f"{RECORD}=migration,{IN_FLIGHT}=false")
+        ids = prunable(((m.id, m.updated_at) for m in ended if not m.in_flight), now, older_than, keep_newest)
+        for i in ids:
+            try:
+                self.api.request("DELETE", f"{self._base}/{self.migration_name(i)}")
+            except KubeError as exc:
+                if exc.status != 404:
+                    raise JournalError(f"delete {self.migration_name(i)}: {exc}") from exc
+        return len(ids)
 
     def _migrations(self, selector: str) -> list[Migration]:
         data = self._call("GET", self._base, query={"labelSelector": selector})

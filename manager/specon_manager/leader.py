@@ -359,6 +359,10 @@ class FencedJournal:
         self._check(f"meta {key}")
         self.inner.set_meta(key, value)
 
+    def forget(self, now: float, older_than: float, keep_newest: int) -> int:
+        self._check("pruning the journal")
+        return self.inner.forget(now, older_than, keep_newest)
+
     def get(self, migration_id: str) -> Migration | None:
         return self.inner.get(migration_id)
 

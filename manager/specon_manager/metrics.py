@@ -6,7 +6,7 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from specon.coordinator.effects import Event
@@ -151,6 +151,27 @@ class ManagerMetrics:
         self.registry.register(_CategoryCollector(lambda: coord))
         self.registry.register(_GpuCollector(lambda: coord))
         self.registry.register(MoveCostCollector(lambda: coord))
+
+    def watch_journal(self, failures: Callable[[], int], pruned: Callable[[], int]) -> None:
+        """The journal's failed writes and pruned records, read at scrape time."""
+        self.registry.register(_JournalCollector(failures, pruned))
+
+
+class _JournalCollector(Collector):
+    def __init__(self, failures: Callable[[], int], pruned: Callable[[], int]) -> None:
+        self._failures, self._pruned = failures, pruned
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "specon_manager_journal_failures",
+            "Journal writes and prunings that failed (retried; see specon.manager.journal_failed)",
+            value=self._failures(),
+        )
+        yield CounterMetricFamily(
+            "specon_manager_journal_pruned",
+            "Ended migrations deleted from the journal past SPECON_MANAGER_JOURNAL_RETENTION",
+            value=self._pruned(),
+        )
 
 
 class _CategoryCollector(Collector):

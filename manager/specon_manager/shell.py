@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable
 
@@ -43,7 +44,8 @@ from specon.coordinator.effects import (
     cordons_from_text,
     write,
 )
-from specon.coordinator.machine import Coordinator
+from specon.coordinator.machine import RECENT_MIGRATIONS, Coordinator
+from specon.daemon.settings import ManagerSettings
 from specon.model import WorkerId
 from specon.wire.operator import DrainReply
 from specon.wire.protocol import CommandBatch, Heartbeat, ReallocationRequest
@@ -58,6 +60,8 @@ Clock = Callable[[], float]
 # Seconds between a standby's reads of the journal (its status shows what the leader wrote).
 # Each read lists every migration record: rarely, as only a person reads a standby's status.
 STANDBY_REFRESH = 30.0
+# Seconds between the leader's prunings of the journal (ended migrations past retention).
+PRUNE_EVERY = 3600.0
 
 
 def read_back(journal: JournalStore) -> Recovered:
@@ -88,8 +92,13 @@ class ManagerShell:
         clock: Clock = time.time,
         on_event: Callable[[Event], None] | None = None,
         standby: bool = False,
+        journal_retention: float = ManagerSettings().journal_retention,
     ) -> None:
+        """``journal_retention``: seconds an ended migration stays in the journal."""
         self.journal = journal
+        self.journal_retention = journal_retention
+        self._pruned = -math.inf  # the leader's last pruning of the journal: first at its first tick
+        self.journal_pruned = 0  # ended migrations deleted from the journal
         self.clock = clock
         self.on_event = on_event
         self.policy = policy
@@ -247,6 +256,25 @@ class ManagerShell:
         for w in set(self._wakeups) - self.core.state.workers.keys():
             self._wakeups.pop(w).set()  # a pruned worker's parked poll returns at once
         await self.flush()
+        if self.clock() - self._pruned >= PRUNE_EVERY:
+            await self.prune()
+
+    async def prune(self) -> None:
+        """Forget ended migrations past ``journal_retention`` (in a thread, between writes:
+        a deposed leader's deletion is refused like its writes). Logged; never raises."""
+        self._pruned = now = self.clock()
+        async with self._writer:
+            try:
+                gone = await asyncio.to_thread(
+                    self.journal.forget, now, self.journal_retention, RECENT_MIGRATIONS
+                )
+            except Exception as exc:
+                self.journal_failures += 1
+                log.error("specon.manager.journal_prune_failed", error=str(exc))
+                return
+        self.journal_pruned += gone
+        if gone:
+            log.info("specon.manager.journal_pruned", migrations=gone, older_than=self.journal_retention)
 
     async def poll(self, worker: WorkerId, timeout: float) -> CommandBatch:
         """Long poll: return as soon as ``worker`` has a command no reply or poll carried yet.

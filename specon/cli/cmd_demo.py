@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 
 from specon.config import PolicyError, load_policy, policy_to_yaml
+from specon.coordinator.reconcile import Reconciler
 from specon.daemon import logs
 from specon.embedded.demo import MODELS, PageKeeper, make_workload, run_once, screenshot
+from specon.embedded.host_loss import HostLoss, parse_loss
 from specon.embedded.live_policies import NAMES, SIM_ONLY, WITHOUT_DAEMONS, live_policy
 from specon.evaluation import Comparison, RunResult, compare
 
@@ -85,7 +87,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--keep", action="store_true", help="keep the runs' volumes and daemon logs under OUT/runs"
     )
+    p.add_argument(
+        "--lose",
+        action="append",
+        type=_loss,
+        default=[],
+        metavar="WORKER@SECONDS",
+        help="lose a host (repeatable; local runtime): SECONDS after each run starts, kill WORKER's "
+        "(w0, w1, ...) agent and every job process on it. With specon the manager restores its jobs "
+        "elsewhere from their newest checkpoints once the worker has been silent recovery.after (18 s "
+        "in the demo policy); in the DS run they restart from scratch after the same delay, as a "
+        "Kubernetes Job's do. The summary then shows hosts lost, recoveries and steps lost",
+    )
     p.set_defaults(func=main)
+
+
+def _loss(text: str) -> HostLoss:
+    try:
+        return parse_loss(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _restart_after(policy: Path | None) -> float:
+    """When the DS run restarts a lost job: when the compared policy's manager would find it
+    lost (the demo policy's, against ``ds``)."""
+    return Reconciler(load_policy(policy) if policy else live_policy("specon"), {}).lost_after
 
 
 def _policy_file(name: str, out: Path) -> Path | None:
@@ -141,10 +168,22 @@ def _table(base: RunResult, ours: RunResult, cmp: Comparison, name: str = "speco
         + ("n/a" if cmp.worst_slowdown is None else f"x{cmp.worst_slowdown:.2f} its DS JCT"),
         f"migrations    {cmp.migrations} (converged)   rebalances {cmp.rebalances}",
     ]
-    downs = [m.downtime for m in ours.migrations if m.downtime is not None]
+    lines += _losses(base, ours, name)
+    # A recovery's downtime includes the time to find the host lost: not a move's cost.
+    downs = [m.downtime for m in ours.migrations if m.downtime is not None and m.reason != "recovered"]
     if downs:
         lines.append(f"downtime      median {sorted(downs)[len(downs) // 2]:.2f} s   max {max(downs):.2f} s")
     return "\n".join(lines)
+
+
+def _losses(base: RunResult, ours: RunResult, name: str) -> list[str]:
+    """What the lost hosts cost each run (none: no line)."""
+    runs = [(label, r.meta["failures"]) for label, r in (("DS", base), (name, ours)) if "failures" in r.meta]
+    return [
+        f"host lost     {label}: {f['hosts_lost']} host(s), {f['recoveries']} job(s) recovered elsewhere, "
+        f"{f['lost_steps']} step(s) lost"
+        for label, f in runs
+    ]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -184,6 +223,14 @@ def main(args: argparse.Namespace) -> int:
         print(f"specon demo: --policy: {exc}", file=sys.stderr)
         return 2
     label = name if name in NAMES else "specon"
+    lost = sorted({loss.worker for loss in args.lose} - {f"w{i}" for i in range(workers)})
+    if lost or (args.lose and args.runtime != "local"):
+        why = (
+            f"unknown worker(s) {', '.join(lost)} (w0..w{workers - 1})" if lost else "the local runtime only"
+        )
+        print(f"specon demo: --lose: {why}", file=sys.stderr)
+        return 2
+    restart_after = _restart_after(policy)
     work = out / "runs" if args.keep else Path(tempfile.mkdtemp(prefix="specon-demo-"))
     deadline = RUN_DEADLINE[args.quick]
 
@@ -213,6 +260,8 @@ def main(args: argparse.Namespace) -> int:
                 label="DS",
                 runtime=args.runtime,
                 warm=not args.cold,
+                lose=args.lose,
+                restart_after=restart_after,
             )
         )
         ours = asyncio.run(
@@ -229,6 +278,8 @@ def main(args: argparse.Namespace) -> int:
                 runtime=args.runtime,
                 warm=not args.cold,
                 page=page,
+                lose=args.lose,
+                restart_after=restart_after,
             )
         )
     finally:
@@ -251,6 +302,7 @@ def main(args: argparse.Namespace) -> int:
         },
         "config": {"workers": workers, "cpus_per_worker": cpus, "jobs": n_jobs, "window": window,
                    "seed": args.seed, "quick": args.quick, "policy": name,
+                   "lose": [f"{loss.worker}@{loss.at:g}" for loss in args.lose],
                    "seconds": round(time.monotonic() - started, 1)},
     }  # fmt: skip
     json_path = args.json_path or out / "results.json"

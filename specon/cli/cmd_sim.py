@@ -7,10 +7,11 @@ table of DS, specon-paper, specon, balancer and the lower bound, beside the pape
 for a built-in; optionally writes JSON (``--json``), the table (``--markdown``) and PNG
 plots (``--plot``). Progress goes to stderr. ``--policy`` takes a policy name or a policy
 file (simulated as ``specon`` on top of that file); ``--params`` and the individual options
-override the simulator's measured parameters. Bad input (an unknown scenario or policy, an
-invalid scenario, policy or parameter file, invalid alpha/interval/weights, unreadable
-traces or arrivals) is reported on stderr with exit
-status 2.
+override the simulator's measured parameters. ``--mtbf`` (and ``--repair``) make any
+scenario's hosts fail (``specon.sim.failures``); the table then adds the lost work. Bad input
+(an unknown scenario or policy, an invalid scenario, policy or parameter file, invalid
+alpha/interval/weights/failure options, unreadable traces or arrivals) is reported on stderr
+with exit status 2.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import argparse
 import dataclasses
 import importlib
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -27,6 +29,7 @@ from specon.config import Policy, PolicyError, load_policy
 from specon.sim.calibration import load_params, params_from_dict
 from specon.sim.cluster import DEFAULT_PARAMS, SimParams
 from specon.sim.experiment import run_scenario
+from specon.sim.failures import DEFAULT_REPAIR
 from specon.sim.policies import POLICIES
 from specon.sim.report import markdown, to_json, write_plots
 from specon.sim.scenario_file import load_scenario
@@ -115,6 +118,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the multiplier grows as r ** G with r = jobs per core on the worker, G >= 0 "
         f"(default {DEFAULT_PARAMS.interference_exponent:g}, measured; 0 = constant; overrides --params)",
     )
+    p.add_argument(
+        "--mtbf",
+        type=float,
+        metavar="S",
+        help="hosts fail: each worker's mean time between failures, seconds (exponential, drawn from "
+        "the seed; every policy of a seed meets the same failures), for any scenario, replacing a "
+        "scenario file's own. A lost host's jobs are lost since their last checkpoint (every 200 steps "
+        "or 60 s); the manager restores them elsewhere after recovery.after (60 s); under ds they "
+        "restart from scratch after the same delay. The table then adds the lost work per policy",
+    )
+    p.add_argument(
+        "--repair",
+        type=float,
+        metavar="S",
+        help=f"with failures: seconds a lost worker stays down before it comes back empty "
+        f"(default {DEFAULT_REPAIR:g}, or the scenario file's)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=main)
 
@@ -176,6 +196,18 @@ def _scenario(value: str, arrivals: Path | None, traces: Traces) -> tuple[Scenar
     return load_scenario(path, traces), path
 
 
+def _failures(sc: Scenario, mtbf: float | None, repair: float | None) -> Scenario:
+    """``sc`` with ``--mtbf`` and ``--repair`` applied (``--repair`` alone needs failures)."""
+    for flag, value in (("--mtbf", mtbf), ("--repair", repair)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{flag} must be a number of seconds > 0, got {value:g}")
+    if mtbf is None and repair is None:
+        return sc
+    if mtbf is None and sc.failures is None:
+        raise ValueError("--repair: the scenario has no failures; give --mtbf too")
+    return sc.with_failures(mtbf=mtbf, repair=repair)
+
+
 def _params(args: argparse.Namespace) -> SimParams:
     """DEFAULT_PARAMS, then --params, then the individual options."""
     params = DEFAULT_PARAMS if args.params is None else load_params(args.params)
@@ -204,6 +236,7 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
         traces = load_traces(args.traces)
         sc, scenario_file = _scenario(args.scenario, args.arrivals, traces)
+        sc = _failures(sc, args.mtbf, args.repair)
     except (ValueError, ArrivalError, TraceError) as exc:  # Policy/ScenarioFileError are ValueErrors
         return _fail(str(exc))
     # A scenario file may name only trace files; its unknown models list what there is.

@@ -150,6 +150,12 @@ def _schema_rank(cls: type[Any] | None, path: tuple[codec.PathPart, ...]) -> tup
     return (i, *_schema_rank(below, path[1:]))
 
 
+# A taint's key as Kubernetes spells one: an optional DNS-subdomain prefix and "/", then a name.
+TAINT_KEY = re.compile(
+    r"(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+
+
 def _semantic_problems(p: Policy) -> list[codec.Problem]:
     """Checks a type cannot express. Paths are the keys in the file."""
     out: list[codec.Problem] = []
@@ -266,6 +272,13 @@ def _semantic_problems(p: Policy) -> list[codec.Problem]:
         f"must be >= backoff ({rc.backoff}), got {rc.max_backoff}",
     )
     at_least("recovery.limit", rc.limit, 0)
+    positive("recovery.evacuate_deadline", rc.evacuate_deadline)
+    for key in rc.evacuate_taints:
+        need(
+            TAINT_KEY.fullmatch(key) is not None,
+            "recovery.evacuate_taints",
+            f"each must be a taint key (prefix/name, no value or effect), got {key!r}",
+        )
     return out
 
 

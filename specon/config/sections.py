@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from specon.model import Direction
+from specon.model import RECLAIM_TAINTS, Direction
 from specon.policy.classifier import CLASSIFIERS
 from specon.policy.plugin import Plugin, choices_doc, section_docs
 from specon.policy.priority.rules import RULES
@@ -284,6 +284,14 @@ class RecoveryConfig:
     # that nobody reported after a manager restart, before it is left failed (a Job's
     # backoffLimit, also 6). Restores after a host loss do not count: not the job's fault.
     limit: int = 6
+    # A worker carrying one of these taint keys (a reclaim notice) is drained at once: each
+    # job is saved within evacuate_deadline seconds of the notice, else restored from its
+    # newest periodic checkpoint. GKE's notice comes 30 s before the node goes, an AWS spot
+    # interruption's 2 min: 25 s leaves the shortest a heartbeat to spare.
+    evacuate_taints: tuple[str, ...] = RECLAIM_TAINTS
+    evacuate_deadline: float = 25.0
+    # A cordoned worker (node.kubernetes.io/unschedulable) is drained too, with no deadline.
+    evacuate_cordoned: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,4 +445,7 @@ DOCS: dict[str, str] = {
     "recovery.backoff": "seconds before a job's second recovery attempt; doubles with each attempt",
     "recovery.max_backoff": "longest wait between two recovery attempts of one job",
     "recovery.limit": "restarts of a job whose copy ended unfinished before it is left failed",
+    "recovery.evacuate_taints": "taint keys of a reclaim notice: a worker carrying one is drained at once",
+    "recovery.evacuate_deadline": "seconds after a reclaim notice by which each job on the worker is saved",
+    "recovery.evacuate_cordoned": "drain a cordoned worker (node.kubernetes.io/unschedulable), no deadline",
 }

@@ -8,6 +8,7 @@ come out (journal writes, commands for agents, metric and log events); the shell
 - ``reconcile``: which jobs run nowhere and where each is restored (lost hosts, crashes),
   and which jobs a drain moves off;
 - ``draining``: cordoning and uncordoning workers (``specon drain``);
+- ``evacuation``: reclaim-notice and cordon taints as drains (pure rules);
 - ``state``: the manager's picture of the cluster, built from heartbeats;
 - ``migration``: a save/restore migration as a pure, journaled state machine (SPEC §6);
 - ``deadlines``: how long each migration step may take, and when it stops holding the budget;

@@ -1,7 +1,8 @@
 """Draining a worker: it takes no new jobs and its jobs move off, each with a fresh checkpoint
-(``specon drain``, SPEC §6.6). A part of ``specon.coordinator.machine.Coordinator``: the cordons
-are journaled, and the reconciler (``specon.coordinator.reconcile``) opens the ``evacuated``
-moves; the coordinator gives their saves the drain's deadline.
+(``specon drain``, a reclaim notice or a cordon: ``specon.coordinator.evacuation``; SPEC §6.6).
+A part of ``specon.coordinator.machine.Coordinator``: the cordons are journaled, and the
+reconciler (``specon.coordinator.reconcile``) opens the ``evacuated`` moves; the coordinator
+gives their saves the drain's deadline.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from specon.config import Policy
 from specon.coordinator.effects import Effect, PutCordons
+from specon.coordinator.evacuation import evacuations
 from specon.coordinator.migration import Cordon
 from specon.coordinator.state import ClusterState
 from specon.model import ContainerId, WorkerId
@@ -22,6 +25,7 @@ class UnknownWorkerError(LookupError):
 class Draining:
     """Cordon and uncordon workers (a mixin of ``Coordinator``)."""
 
+    policy: Policy
     state: ClusterState
     cordons: dict[WorkerId, Cordon]
     revision: int
@@ -60,6 +64,17 @@ class Draining:
         self._cordon(Cordon(worker, now), off=True)
         self._log("specon.manager.uncordon", worker=worker)
         return True
+
+    def _evacuate(self, now: float) -> None:
+        """Drain the workers a reclaim notice or a cordon taints; let go those it no longer does."""
+        todo = evacuations(self.state.workers.values(), self.cordons, self.policy.recovery, now)
+        for c in todo.put:
+            self._cordon(c)
+            self._log("specon.manager.evacuate", worker=c.worker, taint=c.taint, deadline=c.deadline,
+                      jobs=len(self.jobs_on(c.worker)))  # fmt: skip
+        for worker in todo.lift:
+            self._cordon(Cordon(worker, now), off=True)
+            self._log("specon.manager.evacuate_lifted", worker=worker)
 
     def _cordon(self, c: Cordon, *, off: bool = False) -> None:
         if off:

@@ -268,6 +268,7 @@ class Coordinator(Deciding, Draining):
         if self.restarted and now - self.started_at < timeout:
             return False  # a restarted manager decides only once every worker could have reported
         if rebalance:
+            self._evacuate(now)
             self._reconcile(now)
         rebalance = rebalance and self._rebalance_may_trigger()
         if not (self.requests or rebalance):
@@ -503,7 +504,11 @@ class Coordinator(Deciding, Draining):
         # The other side of the move is silent: a copy it may still run is fenced, not waited for.
         other = m.target if rollback else m.source
         lost = self.state.silent_for(other, now) >= self.policy.messaging.worker_timeout
-        return replace(cmd, supersede=True) if action is Action.START and other != worker and lost else cmd
+        return (
+            replace(cmd, supersede=True, lost=other)
+            if action is Action.START and other != worker and lost
+            else cmd
+        )
 
     def _send(self, worker: WorkerId, cmd: Command) -> None:
         if self.commands.put(worker, cmd, after_write=self._written):
@@ -552,11 +557,8 @@ class Coordinator(Deciding, Draining):
             began = res.detail.get("began_at")
             stopped = at - (res.finished_at - began) if isinstance(began, float) and res.finished_at else at
             last = res.detail.get("last_step")
-            lost = (
-                last - res.checkpoint_step
-                if isinstance(last, int) and res.checkpoint_step is not None
-                else None
-            )
+            # No checkpoint: it restarts from step 0, all it trained is lost.
+            lost = last - (res.checkpoint_step or 0) if isinstance(last, int) else None
             new = m.to(
                 State.SAVED,
                 at=at,

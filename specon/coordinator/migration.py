@@ -130,11 +130,14 @@ class Mark:
 @dataclass(frozen=True, slots=True)
 class Cordon:
     """A worker being drained: it takes no new jobs, and its jobs move off (``evacuated``),
-    each saved before ``deadline`` (manager clock; None: as long as a save takes)."""
+    each saved before ``deadline`` (manager clock; None: as long as a save takes).
+    ``taint``: the taint key that put it (``specon.coordinator.evacuation``), lifted with the
+    taint; None: an operator's drain, lifted only by ``uncordon``."""
 
     worker: WorkerId
     since: float
     deadline: float | None = None
+    taint: str | None = None
 
 
 # What the coordinator should do next for one migration.

@@ -204,9 +204,10 @@ class Reconciler:
         for cid, since in state.ended.items():
             rec = state.containers.get(cid)
             mk = marks.get(cid)
-            # Only a job seen running has a copy to keep (a job still waiting for its first
-            # start is its scheduler's); a GPU-suspended one resumes where it is.
-            if rec is None or mk is None or mk.home is None or mk.finished or suspended(rec.report):
+            # A worker listed it ended: it ran there, if only for a moment no heartbeat saw (a
+            # host lost right after a start, a copy that died at once), and keeps its copy. A
+            # GPU-suspended one resumes where it is.
+            if rec is None or (mk is not None and mk.finished) or suspended(rec.report):
                 continue
             reason: Reason = "crashed" if rec.report.phase == "failed" else "recovered"
             yield Recovery(cid, rec.worker, reason, since, counted=True)
@@ -215,7 +216,7 @@ class Reconciler:
         for w in state.workers.values():
             if now - w.last_seen < after:
                 continue
-            for cid in w.reported:
+            for cid in sorted(w.reported):  # one order whatever the hash seed (the simulator's runs)
                 rec = state.containers.get(cid)
                 if rec is not None and rec.worker == w.id and rec.report.phase == "running":
                     yield Recovery(cid, w.id, "recovered", w.last_seen, counted=False)

@@ -223,6 +223,12 @@ class ManagerSettings(_Settings):
         "Seconds between checks of `--tls-cert`/`--tls-key` for changed files (a renewed certificate "
         "serves new connections once loaded; a pair that does not load is logged and skipped).",
     )
+    journal_retention: float = _setting(
+        604_800.0,
+        "Seconds an ended migration stays in the journal (7 days); older ones are deleted, checked "
+        "hourly, except the newest 1,000 (the status's recent migrations). In-flight ones and "
+        "jobs' marks always stay.",
+    )
     session_ttl: float = _setting(
         43_200.0,
         "Seconds a browser's login to the status page lasts (its session cookie's lifetime; a "

@@ -36,7 +36,7 @@ import structlog
 import yaml
 
 from specon.embedded.network_host import Host
-from specon.model import WorkerId
+from specon.model import ContainerId, WorkerId
 from specon.runtime.base import ContainerInfo, JobSpec, Runtime
 from specon.runtime.local.cluster import LocalCluster
 from specon.wire import protocol
@@ -124,6 +124,9 @@ class EmbeddedCluster:
         self.root = root
         self.volume = root / "volume"
         self.logs = root / "logs"
+        # Each agent's ``--taints-file`` (``taints/<worker>``): a reclaim notice for a worker
+        # with no Node, as a spot VM's hook would write it (``set_taints``).
+        self.taints_dir = root / "taints"
         self.n_workers = workers
         self.cpus = cpus_per_worker
         self.policy = policy
@@ -277,6 +280,7 @@ class EmbeddedCluster:
                 argv.append("--warm")
         if self.policy is not None:
             argv += ["--policy", str(self.policy)]
+        argv += ["--taints-file", str(self.taints_dir / worker)]
         argv += self.agent_args
         if self.tls is not None:
             argv += ["--ca-file", str(self.tls.ca)]
@@ -321,12 +325,36 @@ class EmbeddedCluster:
                 await asyncio.sleep(0.1)
         raise TimeoutError(f"{d.name} not healthy after {timeout}s; see {d.log_path}")
 
+    def set_taints(self, worker: WorkerId, *taints: str) -> None:
+        """Announce ``taints`` (``key[=value]:Effect``) on ``worker``, as its host's notice hook
+        would; none: take them all back. Its agent reports them at its next heartbeat."""
+        self.taints_dir.mkdir(parents=True, exist_ok=True)
+        path = self.taints_dir / worker
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(f"{t}\n" for t in taints))
+        tmp.replace(path)  # the agent never reads half a file
+
     def kill(self, d: Daemon, sig: int = signal.SIGKILL) -> None:
         """Signal a daemon (SIGKILL: a crash, for fault tests) and reap it."""
         with contextlib.suppress(ProcessLookupError):
             d.proc.send_signal(sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             d.proc.wait(timeout=30)
+
+    async def lose_host(self, worker: WorkerId) -> list[ContainerId]:
+        """``worker``'s host dies: its agent and every job process on it are SIGKILLed at once
+        (no goodbye, no save), as ``tests/integration/test_recovery.py`` does; the jobs killed.
+        The local runtime only (a Docker worker's processes are its engine's)."""
+        if self.cluster is None:
+            raise RuntimeError("a host loss is played on the local runtime only")
+        agent = self.agents.pop(worker, None)
+        if agent is not None:
+            self.kill(agent)
+        running = await self.runtime(worker).pids()
+        for pid in sorted({pid for pids in running.values() for pid in pids}):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return sorted(running)
 
     async def stop(self) -> None:
         """Stop agents and manager (SIGTERM, then SIGKILL), kill every job, remove cgroups."""

@@ -32,9 +32,10 @@ from pathlib import Path
 import aiohttp
 
 from specon.embedded.cluster import EmbeddedCluster, RuntimeName
+from specon.embedded.host_loss import HostLoss, HostLosses, lost_steps
 from specon.evaluation import JobResult, MigrationRecord, RunResult
 from specon.model import ContainerId, Resources, WorkerId
-from specon.progress.last import last_record
+from specon.progress.last import last_record, read_records
 from specon.runtime.base import ContainerInfo, JobSpec
 from specon.sim.detection import SMOOTH_HALF_WIDTH_STEPS, ground_truth_index
 from specon.wire import protocol
@@ -221,11 +222,15 @@ async def run_once(
     page: PageKeeper | None = None,
     spec_of: Callable[[DemoJob], JobSpec] = job_spec,
     agent_args: Sequence[str] = (),
+    lose: Sequence[HostLoss] = (),
+    restart_after: float = 60.0,
 ) -> RunResult:
     """One run: submit at the arrival times, watch until every job finished (or the deadline).
     ``warm``: jobs start and restore from a warm interpreter per worker (local runtime);
     ``page``: where the specon run keeps its status page; ``spec_of``: each job's spec (the
-    built-in workloads on the CPU by default); ``agent_args``: more for every agent."""
+    built-in workloads on the CPU by default); ``agent_args``: more for every agent;
+    ``lose``: hosts to lose (``specon.embedded.host_loss``), whose jobs the manager restores
+    or, without specon, the driver restarts from scratch ``restart_after`` seconds later."""
     wids = [WorkerId(f"w{i}") for i in range(workers)]
     async with EmbeddedCluster(
         root,
@@ -244,6 +249,13 @@ async def run_once(
                 f"(or: specon status --manager {url} --token-file {token})"
             )
         t0 = time.time()
+        by_id = {j.id: j for j in jobs}
+        losses = HostLosses(
+            lose,
+            restart_after=None if with_specon else restart_after,
+            spec_of=lambda jid: spec_of(by_id[jid]),
+            say=lambda line: say(f"[{label} {time.time() - t0:6.1f}s] {line}"),
+        )
         pending = list(jobs)
         where: dict[str, list[tuple[float, str]]] = {}
         finish: dict[str, tuple[float, int]] = {}
@@ -266,6 +278,7 @@ async def run_once(
                 infos[job.id] = info
                 where[job.id] = [(round(job.submit, 3), worker)]
                 say(f"[{label} {now:6.1f}s] submit {job.id} ({job.model}, {job.steps} steps) -> {worker}")
+            await losses.step(cluster, now, lambda jid: jid in finish)
             running: dict[str, int] = dict.fromkeys(wids, 0)
             for c in await cluster.containers():
                 if c.alive:
@@ -312,6 +325,13 @@ async def run_once(
                             m.container, m.source, m.target, m.reason, round(m.decided_at - t0, 3), m.downtime
                         )
                     )
+        meta: dict[str, object] = {}
+        if lose:  # a recovery is a ``recovered`` move (specon) or a restart from scratch (DS)
+            meta["failures"] = {
+                "hosts_lost": len(losses.dead),
+                "lost_steps": sum(lost_steps(read_records(i.progress_path)) for i in infos.values()),
+                "recoveries": losses.restarts + sum(m.reason == "recovered" for m in migrations),
+            }
     results = tuple(
         JobResult(
             id=j.id,
@@ -325,4 +345,4 @@ async def run_once(
         )
         for j in jobs
     )
-    return RunResult(jobs=results, migrations=tuple(migrations))
+    return RunResult(jobs=results, migrations=tuple(migrations), meta=meta)

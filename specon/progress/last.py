@@ -1,6 +1,7 @@
-"""The last record of a JSON-lines progress log: how runtimes and tools tell a job's state.
+"""A JSON-lines progress log's last record (how runtimes and tools tell a job's state), and
+all its records (``read_records``, for a report after the run).
 
-Reads only the log's tail. The last line may be half-written and the first one cut by
+``last_record`` reads only the log's tail. The last line may be half-written and the first one cut by
 the seek; both are skipped, never an error. Anything but a regular file at the path (a
 FIFO, a device, a symlink) has no record: it is never waited on and never read.
 """
@@ -45,3 +46,21 @@ def last_event(progress: Path) -> str | None:
     record = last_record(progress)
     event = None if record is None else record.get("event")
     return event if isinstance(event, str) else None
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """A progress log's whole records, read at once ([] without one; a line cut short by a
+    killed writer is skipped): for a report after the run, not a tailer."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out

@@ -51,6 +51,11 @@ def valid_job_id(value: str) -> ContainerId:
     return valid_id(value, what="job id")
 
 
+# A start's leave to fence a run of the job instead of refusing it: the worker the manager
+# has taken for lost (True: of whichever worker the job's last run was, a 1.5 manager's).
+Supersede = WorkerId | bool
+
+
 class ContainerState(enum.StrEnum):
     RUNNING = "running"
     # A save (SIGTERM, wait for the checkpoint) or stop is in progress on this worker.
@@ -269,15 +274,15 @@ class Runtime(Protocol):
         ...
 
     async def start(
-        self, spec: JobSpec, *, checkpoint: Path | None = None, supersede: bool = False
+        self, spec: JobSpec, *, checkpoint: Path | None = None, supersede: Supersede = False
     ) -> ContainerInfo:
         """Start (or resume, from the newest complete checkpoint) a container here, in a new
         generation of the job (``generation.json``: older runs are stale from then on).
 
         ``checkpoint``, if given, must still verify. ``AlreadyRunning`` if the job runs
         anywhere; ``StartFailed`` for any other refusal. ``supersede``: the manager has taken
-        the host of the last run for lost; a run there that cannot be verified from here is
-        fenced by the new generation instead of refusing the start.
+        that worker (True: a protocol-1.5 manager's, the last run's) for lost; a run of it is
+        fenced by the new generation instead of refusing the start; any other still refuses.
         """
         ...
 

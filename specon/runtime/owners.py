@@ -37,6 +37,7 @@ import structlog
 
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import (
+    AlreadyFinished,
     AlreadyRunning,
     ContainerInfo,
     ContainerState,
@@ -45,6 +46,7 @@ from specon.runtime.base import (
     SaveFailed,
     StartFailed,
     StillRunning,
+    Supersede,
 )
 from specon.runtime.saving import unrecoverable
 from specon.runtime.volume import CorruptRecordError, JobPaths, Owner, job_lock
@@ -165,14 +167,39 @@ class OwnerRecords(abc.ABC, Generic[RunT]):
 
     def _write_ahead(self, job: ContainerId, paths: JobPaths, *, fence: bool = True) -> Owner:
         """Record a new run, in a new generation (``fence``), before it exists (``StartFailed``
-        if that fails: nothing started). Call with the job's lock held."""
+        if that fails: nothing started). Call with the job's lock held.
+
+        ``AlreadyFinished`` if the job finished by the time its new generation is on record:
+        a superseded copy on a host out of reach may complete between the start's first look
+        and the bump; one that completes after the bump is fenced before its ``finished``
+        record (and a start after it resumes at the end and only records it)."""
+        try:
+            before = paths.read_owner()
+        except CorruptRecordError:
+            before = None
         try:
             generation = paths.bump_generation() if fence else paths.read_generation()
             owner = Owner(self._worker, uuid.uuid4().hex, self.now(), self._host, generation=generation)
             paths.write_owner(owner)
         except (OSError, CorruptRecordError) as exc:
             raise StartFailed(job, f"cannot record the owner: {exc}") from exc
+        if paths.finished():  # the run that finished keeps its record (its host lists it ended)
+            with contextlib.suppress(OSError):
+                if before is not None:
+                    paths.write_owner(before)
+                else:
+                    paths.clear_owner()
+            raise AlreadyFinished(job, "already finished (done marker or final progress record)")
         return owner
+
+    def _abandon(self, paths: JobPaths, owner: Owner, kill: Callable[[], object]) -> None:
+        """A launched run that cannot be recorded: SIGKILLed (``kill``; it runs no more code
+        once the signal is sent) and its provisional record removed (an unlink works on a full
+        volume), so a dead run's record refuses no later start anywhere."""
+        with contextlib.suppress(OSError):
+            kill()
+        with contextlib.suppress(OSError):
+            self._clear_owner(paths, owner)
 
     def _clear_owner(self, paths: JobPaths, owner: Owner) -> None:
         """Remove owner.json if it still records *this* run (call with the lock held)."""
@@ -187,21 +214,25 @@ class OwnerRecords(abc.ABC, Generic[RunT]):
         return job_lock(paths, self.sleep)
 
     # -- checks --------------------------------------------------------------------------------
-    def _refuse_running(self, paths: JobPaths, *, supersede: bool = False) -> None:
+    def _refuse_running(self, paths: JobPaths, *, supersede: Supersede = False) -> Owner | None:
         """Start's check, with the job's lock held: ``AlreadyRunning`` while any host may run
-        it, ``StartFailed`` if its record cannot tell. ``supersede``: the manager has taken that
-        other host for lost; a run there that cannot be verified from here is fenced instead
-        (the start's new generation makes it stale) and the start goes on."""
+        it, ``StartFailed`` if its record cannot tell. ``supersede``: the manager has taken the
+        worker of that run for lost (True: whichever it is); a run of it, seen alive here or
+        not (network-namespace hosts share one kernel and ``/proc``), is fenced instead (the
+        start's new generation makes it stale; a local launcher kills it) and the start goes
+        on: returned, so a backend that can reach it ends it first. A run of any other worker
+        refuses it: that worker may be alive and well."""
         try:
             owner = self._read_owner(paths)
         except CorruptRecordError as exc:
             raise StartFailed(paths.job, f"cannot tell whether it runs elsewhere: {exc}") from exc
         if owner is None or not self._alive(owner) or self._exit_recorded(paths, owner):
-            return
-        if supersede and owner.host != self._host:
+            return None
+        lost = supersede is True or (bool(supersede) and supersede == owner.worker)
+        if lost and (owner.host != self._host or owner.worker != self._worker):
             log.warning(f"{self._EVENTS}.superseded", worker=self._worker, container=paths.job,
                         stale_worker=owner.worker, stale_generation=owner.generation)  # fmt: skip
-            return
+            return owner
         where = f"pid {owner.pid}" if owner.pid is not None else owner.host
         raise AlreadyRunning(paths.job, f"already running on worker {owner.worker} ({where})")
 

@@ -40,6 +40,7 @@ from specon.checkpoint import (
     open_regular,
     read_regular,
 )
+from specon.fence import ENV_GENERATION
 from specon.model import ContainerId, WorkerId
 from specon.progress.last import last_event
 from specon.runtime.base import (
@@ -163,8 +164,9 @@ class JobPaths:
     def create(self) -> None:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
 
-    def env(self, spec: JobSpec, worker: WorkerId) -> dict[str, str]:
-        """The environment a local run of ``spec`` on ``worker`` gets (the job contract's)."""
+    def env(self, spec: JobSpec, worker: WorkerId, generation: int | None = None) -> dict[str, str]:
+        """The environment a local run of ``spec`` on ``worker`` gets (the job contract's),
+        naming the ``generation`` the run starts in (``specon.fence``)."""
         # Never the agent's own secrets: a job is not the agent (its token speaks for the
         # worker, and under systemd the credentials directory holds it).
         env = {k: v for k, v in os.environ.items() if k not in AGENT_ONLY_ENV}
@@ -179,6 +181,8 @@ class JobPaths:
                 ENV_DONE_FILE: str(self.done),
             }
         )
+        if generation is not None:
+            env[ENV_GENERATION] = str(generation)
         return env
 
     # -- owner.json -------------------------------------------------------------------

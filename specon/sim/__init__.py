@@ -7,10 +7,12 @@ It drives the manager's own coordinator (``specon.coordinator.inline``) and the 
 - ``cluster``: the simulated runtime (workers, training jobs, migrations, CPU contention);
   ``params``: its measured parameters; ``gpu``: GPU sharing (time-slicing, freezing, MPS,
   suspend and restore); ``gpu_placement``: GPU workers and jobs as the manager sees them;
-- ``runner``: one simulated run of a workload under a policy;
+- ``runner``: one simulated run of a workload under a policy; ``reports``: what its agents report;
+- ``failures``: hosts that fail, jobs' checkpoints and the work lost; ``hosts``: failures played out
+  in a run (the manager's recovery, or DS's restarts from scratch);
 - ``policies``: the policies compared and the lower bound; ``experiment``: runs over seeds;
 - ``scenarios``: arrival processes and the paper's A1-A5; ``scenario_file``: a user's own cluster
-  (``scenario_gpu``: its GPU keys);
+  (``scenario_gpu``: its GPU keys; ``scenario_failures``: its ``failures:``);
 - ``trace``: loss-curve traces; ``curves``: synthetic ones; ``record``: recording real ones;
 - ``calibration``: the simulator against the local runtime; ``detection``: the detection benchmark;
   ``oracle``: detection by the ground truth (``specon-oracle``);

@@ -30,6 +30,10 @@ its share of its device (``specon.sim.gpu``: time-slicing, freezing, MPS, suspen
 restore costs, as measured), not of the worker's CPU; the CPU jobs share the CPU among
 themselves as above.
 
+Host failures (``specon.sim.failures``, played by ``specon.sim.hosts``): ``lose`` kills a
+worker's jobs, each falling back to its last checkpoint, tracked where ``checkpoints`` is set
+(else to where its current run started: a restart from scratch).
+
 Migration cost: a moved job stops when the move is decided (saved on the source) and
 runs again on the target after a downtime; no progress is lost (the job contract
 checkpoints on SIGTERM). Each move draws its downtime from a log-normal law of median
@@ -53,6 +57,7 @@ from specon.model import WEIGHT_DEFAULT, WorkerId
 from specon.policy.monitor import MonitorState
 from specon.sim.detection import ground_truth_step
 from specon.sim.engine import COMPLETE, Engine, Handle
+from specon.sim.failures import Checkpoints, Failures
 from specon.sim.gpu import Device, GpuModel, GpuSlot, devices_of
 from specon.sim.params import DEFAULT_PARAMS, SimParams, draw_downtime, fit_downtime, measured_moves
 from specon.sim.trace import Trace
@@ -142,10 +147,13 @@ class JobPlan:
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """Workers and jobs; jobs are kept in submission order (ties by id)."""
+    """Workers and jobs; jobs are kept in submission order (ties by id). ``failures``: its
+    hosts' failures, drawn from ``key`` (the scenario and seed)."""
 
     workers: tuple[WorkerSpec, ...]
     jobs: tuple[JobPlan, ...]
+    failures: Failures | None = None
+    key: str = ""
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -159,6 +167,8 @@ class Workload:
         unknown = {j.worker for j in self.jobs if j.worker is not None} - set(wids)
         if unknown:
             raise ValueError(f"jobs placed on unknown workers: {sorted(unknown)}")
+        if self.failures is not None and (lost := {e.worker for e in self.failures.events} - set(wids)):
+            raise ValueError(f"failures on unknown workers: {sorted(lost)}")
         by_id = {w.id: w for w in self.workers}
         for j in self.jobs:
             hosts = [by_id[j.worker]] if j.worker is not None else self.workers
@@ -198,6 +208,7 @@ class Phase(enum.Enum):
     RUNNING = "running"
     MOVING = "moving"  # saved on the source, not yet running on the target
     DONE = "done"
+    LOST = "lost"  # its host died: it runs nowhere until restored or restarted
 
 
 class _TraceData:
@@ -237,6 +248,10 @@ class SimJob:
     started: float | None = None
     finish: float | None = None
     history: list[tuple[float, str]] = field(default_factory=list)
+    # Its last checkpoint: the step, when, and the CPU- (GPU-) seconds used by then.
+    ckpt_step: float = 0.0
+    ckpt_at: float = 0.0
+    ckpt_cpu: float = 0.0
 
     @property
     def id(self) -> str:
@@ -298,6 +313,9 @@ class Cluster:
                 job.gpu = GpuSlot(plan.gpu_memory, ckpt)
         self.unfinished = len(self.jobs)
         self._live: dict[str, SimJob] = {}  # running or moving
+        # The jobs' checkpoint schedule, where a loss falls back to it (None: not tracked).
+        self.checkpoints: Checkpoints | None = None
+        self.restored = 0  # lost jobs started again
 
     # -- contention --------------------------------------------------------------------
     def _settle(self, w: SimWorker) -> None:
@@ -305,10 +323,15 @@ class Cluster:
         now = self.engine.now
         n = w.cpu_jobs
         fair = min(self.params.job_cores, w.spec.cpu / n) if n else 0.0
+        law = self.checkpoints
         for job in w.jobs.values():
             dt = now - job.updated
             job.fair += (fair if job.gpu is None else job.gpu.fair) * dt
             before = job.done
+            since = (job.ckpt_step, job.ckpt_at)
+            if law is not None and (ck := law.last(since, t0=job.updated, s0=before, rate=job.rate, now=now)):
+                job.ckpt_step, job.ckpt_at = min(ck[0], job.plan.steps), ck[1]
+                job.ckpt_cpu = job.cpu + job.cores * (ck[1] - job.updated)
             job.done = min(job.plan.steps, before + job.rate * dt)
             if job.quality_time is None and job.done >= (q := job.data.quality_at * job.plan.steps):
                 # The rate was constant since ``updated``: the crossing is exact.
@@ -427,10 +450,13 @@ class Cluster:
         w = self.workers[worker]
         self._settle(w)
         now = self.engine.now
+        self.restored += job.phase is Phase.LOST
         job.phase = Phase.RUNNING
         job.worker = worker
         job.updated = now
         job.rate = 0.0
+        # A run starts from a checkpoint (or from scratch) and counts its interval from now.
+        job.ckpt_step, job.ckpt_at, job.ckpt_cpu = job.done, now, job.cpu
         if job.started is None:
             job.started = now
             self._live[job.id] = job
@@ -453,6 +479,30 @@ class Cluster:
         job.rate = job.cores = 0.0
         job.phase = Phase.MOVING
         self._rerate(w)
+
+    def lose(self, worker: WorkerId, *, from_scratch: bool = False) -> list[tuple[SimJob, float, float]]:
+        """``worker``'s host dies: its running jobs fall back to their last checkpoint (to step 0
+        ``from_scratch``) and run nowhere (``LOST``), as do the jobs restoring onto it; each
+        with the steps it lost and the CPU- (GPU-) seconds spent on them since that point (on
+        its current run, ``from_scratch``)."""
+        w = self.workers[worker]
+        self._settle(w)
+        out = []
+        for job in list(w.jobs.values()):
+            del w.jobs[job.id]
+            if job.gpu is not None:
+                self.gpu.detach(w.devices, job.id, job.gpu)
+            kept = 0.0 if from_scratch else job.ckpt_step
+            out.append((job, job.done - kept, job.cpu - job.ckpt_cpu))
+            job.done = kept
+            job.logged = min(job.logged, job.done)  # it logs those steps' losses again
+            if job.quality_time is not None and job.done < job.data.quality_at * job.plan.steps:
+                job.quality_time = None
+        out += [(j, 0.0, 0.0) for j in self._live.values() if j.phase is Phase.MOVING and j.worker == worker]
+        for job, _, _ in out:
+            job.phase, job.worker, job.rate, job.cores = Phase.LOST, None, 0.0, 0.0
+        self._rerate(w)
+        return out
 
     def downtime(self, job: SimJob) -> float:
         """The downtime of ``job``'s next move (``draw_downtime``)."""

@@ -66,11 +66,15 @@ METRICS = (
     "migrations",
     "rebalances",
 )
+# Summarised too where hosts fail (``specon.sim.failures.LostWork``): per run, hosts lost, jobs
+# they hit, steps trained and lost, CPU- (GPU-) seconds spent on those, jobs brought back.
+FAILURE_METRICS = ("hosts_lost", "jobs_lost", "lost_steps", "lost_seconds", "recoveries")
 
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """Mean and CI half-width of each of ``METRICS`` over the seeds."""
+    """Mean and CI half-width of each of ``METRICS`` (and ``FAILURE_METRICS``, where hosts
+    failed) over the seeds."""
 
     mean: Mapping[str, float]
     ci95: Mapping[str, float]
@@ -78,12 +82,18 @@ class Summary:
     # The largest value over the seeds (the worst job's slowdown is a promise, not an average).
     high: Mapping[str, float] = field(default_factory=dict)
 
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The figures it summarises, in report order."""
+        return METRICS + tuple(k for k in FAILURE_METRICS if k in self.mean)
+
 
 def summarise(rows: Sequence[Mapping[str, float | None]]) -> Summary:
     mean: dict[str, float] = {}
     ci: dict[str, float] = {}
     high: dict[str, float] = {}
-    for key in METRICS:
+    failed = any("lost_steps" in r for r in rows)
+    for key in METRICS + (FAILURE_METRICS if failed else ()):
         values = [v for r in rows if (v := r.get(key)) is not None]
         mean[key], ci[key] = mean_ci(values)
         high[key] = max(values, default=math.nan)
@@ -92,7 +102,9 @@ def summarise(rows: Sequence[Mapping[str, float | None]]) -> Summary:
 
 def run_figures(ds: RunResult, run: RunResult) -> dict[str, float | None]:
     c = compare(ds, run)
+    lost = run.meta.get("failures", {})
     return {
+        **{k: float(lost[k]) for k in FAILURE_METRICS if k in lost},
         "avg_jct": run.avg_jct,
         "makespan": run.makespan,
         "avg_jct_reduction": c.avg_jct_reduction,

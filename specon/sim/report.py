@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from specon.sim.cluster import SimParams
-from specon.sim.experiment import METRICS, PointResult, ScenarioResult, Summary
+from specon.sim.experiment import FAILURE_METRICS, PointResult, ScenarioResult, Summary
+from specon.sim.failures import Failures
 from specon.sim.scenarios import PaperNumbers
 
 _NA = "-"
@@ -179,19 +180,54 @@ def markdown(result: ScenarioResult) -> str:
         "",
         *point_table(result.main, policies=result.policies),
     ]
+    if sc.failures is not None:
+        lines += ["", failures_line(sc.failures), "", *failure_table(result.main, policies=result.policies)]
     if result.sweep:
         lines += ["", f"Table III sweep ({sc.name}): change against DS, ours beside the paper's.", ""]
         lines += sweep_table(result)
     return "\n".join(lines) + "\n"
 
 
+def failures_line(f: Failures) -> str:
+    """What failed in the run, and how jobs checkpointed."""
+    what = [f"MTBF {f.mtbf:g} s per worker"] if f.mtbf is not None else []
+    if f.events:
+        notices = sum(e.notice is not None for e in f.events)
+        what.append(f"{len(f.events)} listed event{'s' if len(f.events) != 1 else ''} ({notices} notices)")
+    ck = f.checkpoints
+    every = " or ".join(
+        x for x in (f"{ck.every} steps" if ck.every else "", f"{ck.interval:g} s" if ck.interval else "") if x
+    )
+    return (
+        f"Host failures: {', '.join(what)}; a lost worker is back after {f.repair:g} s; jobs "
+        f"checkpoint every {every or 'never'}. Lost work per run (mean ± 95 % CI): steps trained "
+        "and lost, and the CPU-seconds spent on them; recoveries: lost jobs started again."
+    )
+
+
+def failure_table(point: PointResult, *, policies: tuple[str, ...]) -> list[str]:
+    lines = [
+        "| policy | hosts lost | jobs hit | steps lost | CPU-s lost | recoveries |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name in policies:
+        s = point.summaries.get(name)
+        if s is None or "lost_steps" not in s.mean:
+            continue
+        digits = (1, 1, 0, 0, 1)  # per FAILURE_METRICS
+        cells = (_pm(s, k, d) for k, d in zip(FAILURE_METRICS, digits, strict=True))
+        lines.append("| " + " | ".join([name, *cells]) + " |")
+    return lines
+
+
 def _summary_json(s: Summary) -> dict[str, Any]:
     def clean(x: float) -> float | None:
         return None if not math.isfinite(x) else round(x, 6)
 
-    out: dict[str, Any] = {k: clean(s.mean[k]) for k in METRICS}
-    out["ci95"] = {k: clean(s.ci95[k]) for k in METRICS}
-    out["max"] = {k: clean(s.high.get(k, math.nan)) for k in METRICS}
+    keys = s.metrics
+    out: dict[str, Any] = {k: clean(s.mean[k]) for k in keys}
+    out["ci95"] = {k: clean(s.ci95[k]) for k in keys}
+    out["max"] = {k: clean(s.high.get(k, math.nan)) for k in keys}
     out["seeds"] = s.seeds
     return out
 
@@ -218,7 +254,10 @@ def to_json(result: ScenarioResult) -> dict[str, Any]:
     largest over the seeds); reductions, jobs_improved, best_reduction, worst_slowdown
     (slowest job's JCT over its DS JCT) and ttq_reduction (mean time-to-quality) against
     DS on the same seed; ``migrations`` counts every move (``rebalances`` those by
-    rebalancing)."""
+    rebalancing). Where hosts fail, each policy also has ``hosts_lost``, ``jobs_lost``,
+    ``lost_steps``, ``lost_seconds`` (CPU-, or GPU-, seconds spent on the lost steps) and
+    ``recoveries`` (lost jobs started again), means per run, and the run has ``failures`` (its
+    ``failures:`` section)."""
     sc = result.scenario
     main = _point_json(result.main)
     out: dict[str, Any] = {
@@ -239,11 +278,22 @@ def to_json(result: ScenarioResult) -> dict[str, Any]:
         },
         "policies": main["policies"],
         "paper": main["paper"],
+        **({"failures": _failures_json(sc.failures)} if sc.failures is not None else {}),
         "cpu_seconds": round(result.seconds, 3),
     }
     if result.sweep:
         out["sweep"] = [_point_json(p) for p in result.sweep]
     return out
+
+
+def _failures_json(f: Failures) -> dict[str, Any]:
+    return {
+        "mtbf": f.mtbf,
+        "repair": f.repair,
+        "checkpoint_every": f.checkpoints.every,
+        "checkpoint_interval": f.checkpoints.interval,
+        "events": [asdict(e) for e in f.events],
+    }
 
 
 def write_plots(result: ScenarioResult, directory: Path) -> list[Path]:

@@ -39,7 +39,8 @@ from specon.config import Policy, default_policy
 from specon.coordinator.effects import CommandQueued, Event, MemoryJournal
 from specon.coordinator.inline import InlineCoordinator
 from specon.coordinator.migration import State
-from specon.coordinator.state import WORK_RESOLUTION, ClusterState
+from specon.coordinator.reconcile import Reconciler
+from specon.coordinator.state import ClusterState
 from specon.evaluation import JobResult, MigrationRecord, RunResult
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.policy.classifier import Classifier, classifier_for, horizon
@@ -51,16 +52,16 @@ from specon.policy.remaining import Fit, refit
 from specon.sim import gpu_placement, oracle
 from specon.sim.cluster import DEFAULT_PARAMS, Cluster, Phase, SimJob, SimParams, Workload
 from specon.sim.engine import ARRIVE, COMPLETE, PASS, TICK, Engine
+from specon.sim.hosts import Hosts, horizon_of
 from specon.sim.policies import SimPolicy
+from specon.sim.reports import REPORTED, Seen, quantised, report_of
 from specon.wire.protocol import (
     Action,
     Command,
     CommandResult,
-    ContainerReport,
     Heartbeat,
     ReallocationRequest,
 )
-from specon.wire.protocol import Phase as ReportPhase
 
 
 @dataclass(slots=True)
@@ -80,18 +81,11 @@ def simulate(
     params: SimParams = DEFAULT_PARAMS,
     max_time: float = math.inf,
 ) -> RunResult:
-    """Run ``workload`` under ``policy``; jobs unfinished at ``max_time`` have no finish."""
+    """Run ``workload`` under ``policy``; jobs unfinished at ``max_time`` have no finish (with
+    failures, at the latest ``failures.horizon``)."""
     run = _Run(workload, policy, params)
-    run.run(max_time)
+    run.run(max_time if workload.failures is None else min(max_time, horizon_of(workload)))
     return run.result()
-
-
-_REPORTED: dict[Phase, ReportPhase] = {
-    Phase.WAITING: "stopped",
-    Phase.RUNNING: "running",
-    Phase.MOVING: "stopped",
-    Phase.DONE: "finished",
-}
 
 
 def simulated_manager(
@@ -101,50 +95,23 @@ def simulated_manager(
     journal: MemoryJournal | None = None,
     on_event: Callable[[Event], None] | None = None,
     on_command: Callable[[CommandQueued], None] | None = None,
+    failures: bool = False,
 ) -> InlineCoordinator:
     """The manager as the simulator runs it: the real coordinator, its effects performed
-    inline, an in-memory journal, workers that never fail (``always_heard``)."""
+    inline, an in-memory journal; without ``failures``, workers that never fail
+    (``always_heard``) and nothing to recover."""
+    if not failures:
+        # Its jobs end only by finishing: nothing to recover (a job waiting for a slot is
+        # reported stopped, and is the simulator's to start).
+        policy = dataclasses.replace(policy, recovery=dataclasses.replace(policy.recovery, enabled=False))
     return InlineCoordinator(
-        # Its workers never fail and its jobs end only by finishing: nothing to recover (a
-        # job waiting for a slot is reported stopped, and is the simulator's to start).
-        policy=dataclasses.replace(policy, recovery=dataclasses.replace(policy.recovery, enabled=False)),
+        policy=policy,
         journal=journal if journal is not None else MemoryJournal(),
         clock=clock,
-        state=ClusterState(always_heard=True),
+        state=ClusterState(always_heard=not failures),
         on_event=on_event,
         on_command=on_command,
     )
-
-
-# What the manager sees of a job; a report travels only when it changes (the remaining
-# work as its agent estimates it, in steps of the manager's ``WORK_RESOLUTION``).
-_Seen = tuple[ReportPhase, Category, float | None, bool, bool, float | None]
-
-
-def _report_of(job: SimJob, seen: _Seen) -> ContainerReport:
-    phase, category, t_cc, migrated, pending, remaining = seen
-    plan = job.plan
-    return ContainerReport(
-        id=ContainerId(job.id),
-        category=category,
-        phase=phase,
-        t_cc=t_cc,
-        migrated=migrated,
-        pending_request=pending,
-        remaining_work=remaining,
-        # A GPU job's request, as its pod or recipe gives it (a CPU job's: none).
-        requests=gpu_placement.requests(plan) if plan.gpu else Resources(),
-        selector=gpu_placement.selector(plan),
-        gpu_memory=plan.gpu_memory,
-    )
-
-
-def _quantised(work: float | None) -> float | None:
-    """``work`` rounded to the manager's resolution (geometric steps of WORK_RESOLUTION)."""
-    if work is None or work <= 1.0:
-        return None if work is None else round(work, 1)
-    step = math.log1p(WORK_RESOLUTION)
-    return math.exp(round(math.log(work) / step) * step)
 
 
 class _Run:
@@ -181,18 +148,29 @@ class _Run:
         self.stats = RunStats()
         self.journal = MemoryJournal()
         self.coord: InlineCoordinator | None = None
-        if policy.manager is not None:
+        failures = workload.failures
+        # Where hosts fail, every policy with daemons has its manager: the recovery is its.
+        manager = policy.manager or (policy.daemons if failures is not None else None)
+        if manager is not None:
             self.coord = simulated_manager(
-                policy.manager,
+                manager,
                 lambda: self.engine.now,
                 journal=self.journal,
                 on_event=self._event,
                 on_command=self._command,
+                failures=failures is not None,
             )
         # Running jobs whose agent holds a request the manager has not answered.
         self._pending: set[str] = set()
-        self._seen: dict[str, _Seen] = {}
+        self._seen: dict[str, Seen] = {}
         self._stale_workers: set[WorkerId] = set()
+        self.hosts: Hosts | None = None
+        if failures is not None:
+            restores = manager is not None and manager.recovery.enabled
+            if restores:
+                self.cluster.checkpoints = failures.checkpoints
+            delay = Reconciler(manager or default_policy(), {}).lost_after  # when a loss is seen
+            self.hosts = Hosts(self, failures, workload.key, restores=restores, delay=delay)
 
     # -- schedule ----------------------------------------------------------------------
     def run(self, max_time: float) -> None:
@@ -200,7 +178,10 @@ class _Run:
         if not jobs:
             return
         if self.coord is not None:
-            self._join_workers()
+            for wid in sorted(self.cluster.workers):
+                self.hello(wid)
+        if self.hosts is not None:
+            self.hosts.start()
         for plan in jobs:
             self.engine.at(plan.submit, partial(self._arrive, self.cluster.jobs[plan.id]), priority=ARRIVE)
         t0 = jobs[0].submit
@@ -223,30 +204,37 @@ class _Run:
 
         self.engine.at(t0 + period, partial(fire, 1), priority=priority)
 
-    def _join_workers(self) -> None:
-        """Every agent's first heartbeat: its worker and capacity, nothing running yet."""
+    def hello(self, wid: WorkerId) -> None:
+        """An agent's first heartbeat: its worker and capacity, nothing running yet."""
         assert self.coord is not None
-        for wid in sorted(self.cluster.workers):
-            spec = self.cluster.workers[wid].spec
-            hb = Heartbeat(
-                worker=wid,
-                address=f"{wid}:0",
-                seq=1,
-                sent_at=0.0,
-                capacity=gpu_placement.capacity(spec),
-                usage=0.0,
-                labels=gpu_placement.labels(spec),
-            )
-            self.coord.on_heartbeat(hb)
+        spec = self.cluster.workers[wid].spec
+        w = self.coord.state.workers.get(wid)
+        hb = Heartbeat(
+            worker=wid,
+            address=f"{wid}:0",
+            seq=1 if w is None else w.seq + 1,
+            sent_at=self.engine.now,
+            capacity=gpu_placement.capacity(spec),
+            usage=0.0,
+            labels=gpu_placement.labels(spec),
+        )
+        self.coord.on_heartbeat(hb)
+
+    def forget(self, job: SimJob) -> None:
+        """``job`` was lost with its host: its agent's view of it went too."""
+        self._pending.discard(job.id)
+        self._seen.pop(job.id, None)  # its next report, from a new host, travels
+        if self.classifier is not None:
+            job.state = self.classifier.initial()
 
     # -- agents: what they report ----------------------------------------------------------
-    def _seen_of(self, job: SimJob) -> _Seen:
+    def _seen_of(self, job: SimJob) -> Seen:
         """What the job's agent reports of it (one that does not classify: no convergence)."""
         st = job.state
         remaining = self._remaining(job) if self.reports_work else None
         if st is None:
-            return (_REPORTED[job.phase], Category.PROGRESSING, job.started, False, False, remaining)
-        return (_REPORTED[job.phase], st.display, st.t_cc, st.migrated, st.pending_request, remaining)
+            return (REPORTED[job.phase], Category.PROGRESSING, job.started, False, False, remaining)
+        return (REPORTED[job.phase], st.display, st.t_cc, st.migrated, st.pending_request, remaining)
 
     def _remaining(self, job: SimJob) -> float | None:
         """The job's remaining work as its agent reports it (None until it stepped)."""
@@ -254,9 +242,9 @@ class _Run:
             return None
         p = self._progress(job)
         left, cost = p.steps_left, p.cpu_per_step
-        return None if left is None or cost is None else _quantised(left * cost)
+        return None if left is None or cost is None else quantised(left * cost)
 
-    def _report(
+    def report(
         self, job: SimJob, worker: WorkerId, *, result: CommandResult | None = None, drive: bool = False
     ) -> None:
         """Send ``job``'s report from ``worker`` if it changed, and ``result`` if any (a
@@ -275,7 +263,7 @@ class _Run:
         core.reports(
             worker,
             now,
-            containers=(_report_of(job, seen),) if changed else (),
+            containers=(report_of(job, seen),) if changed else (),
             results=() if result is None else (result,),
             step=False,
         )
@@ -286,27 +274,31 @@ class _Run:
     def _flush_usage(self) -> None:
         """Workers whose jobs changed report their new usage R(w, t)."""
         assert self.coord is not None
+        down = self.hosts.down if self.hosts is not None else ()
         for wid in sorted(self._stale_workers):
-            self.coord.core.reports(wid, self.engine.now, usage=self.cluster.usage(wid), step=False)
+            if wid not in down:
+                self.coord.core.reports(wid, self.engine.now, usage=self.cluster.usage(wid), step=False)
         self._stale_workers.clear()
 
     def _arrive(self, job: SimJob) -> None:
         if self.classifier is not None:
             job.state = self.classifier.initial()
-        worker = self._host(job)
+        worker = self.host(job)
         if worker is None:
             self._waiting.append(job)
             return
         self.cluster.start(job, worker)
-        self._report(job, worker)
+        self.report(job, worker)
 
-    def _host(self, job: SimJob) -> WorkerId | None:
+    def host(self, job: SimJob) -> WorkerId | None:
         """Where an arriving job starts: its initial worker; a GPU job the first worker from
         there (round-robin; only its own where the file pins it) with a GPU free for it by
-        ``placement.fits``, the rule the manager's moves follow; None: none is free."""
+        ``placement.fits``, the rule the manager's moves follow; None: none is free. A worker
+        down or drained is skipped (a CPU job then starts on ``Hosts.spare``)."""
         preferred = self.placement[job.id]
+        out = self.hosts.unavailable if self.hosts is not None else ()
         if not job.plan.gpu:
-            return preferred
+            return preferred if preferred not in out or self.hosts is None else self.hosts.spare()
         specs = [w.spec for w in self.cluster.workers.values()]
         if job.plan.worker is not None:
             order = [self.cluster.workers[preferred].spec]
@@ -317,23 +309,23 @@ class _Run:
         for other in self.cluster.live():  # running, or moving to its target
             if other.plan.gpu and other.worker is not None:
                 used[other.worker] = used.get(other.worker, Resources()) + gpu_placement.requests(other.plan)
-        return gpu_placement.first_fit(job.plan, order, used)
+        return gpu_placement.first_fit(job.plan, [w for w in order if w.id not in out], used)
 
-    def _place_waiting(self) -> None:
-        """A GPU was freed: start the waiting jobs that fit now, first come first."""
+    def place_waiting(self) -> None:
+        """A GPU or a worker was freed: start the waiting jobs that fit now, first come first."""
         for job in list(self._waiting):
-            worker = self._host(job)
+            worker = self.host(job)
             if worker is not None:
                 self._waiting.remove(job)
                 self.cluster.start(job, worker)
-                self._report(job, worker)
+                self.report(job, worker)
 
     def _finished(self, job: SimJob) -> None:
         self._pending.discard(job.id)
         if job.worker is not None:
-            self._report(job, job.worker)
+            self.report(job, job.worker)
         if self._waiting and job.plan.gpu:
-            self._place_waiting()
+            self.place_waiting()
 
     def _worker_changed(self, worker: str) -> None:
         self._stale_workers.add(WorkerId(worker))
@@ -419,7 +411,7 @@ class _Run:
                     self._pending.add(job.id)
                 else:
                     self._pending.discard(job.id)
-                self._report(job, w.id)
+                self.report(job, w.id)
             raised += (w.jobs[cid] for cid in result.requests)
             if self.reweighs:
                 self.cluster.reweigh(w.id)
@@ -451,6 +443,8 @@ class _Run:
 
     def _heartbeat(self) -> None:
         assert self.coord is not None
+        if self.hosts is not None:
+            self.hosts.ping()
         core = self.coord.core
         for jid in sorted(self._pending, key=self._start_order):
             job = self.cluster.jobs[jid]
@@ -491,13 +485,14 @@ class _Run:
     def _execute(self, worker: WorkerId, cmd: Command) -> None:
         job = self.cluster.jobs.get(cmd.container)
         now = self.engine.now
-        if job is None:
-            return
+        hosts = self.hosts
+        if job is None or (hosts is not None and worker in hosts.down):
+            return  # a dead agent does nothing
         if cmd.action is Action.MARK_MIGRATED:
             if self.classifier is not None and job.state is not None and job.phase is Phase.RUNNING:
                 job.state = self.classifier.mark_migrated(job.state, now)
                 self._pending.discard(job.id)
-            self._report(job, worker, result=CommandResult(command=cmd.id, ok=True, finished_at=now))
+            self.report(job, worker, result=CommandResult(command=cmd.id, ok=True, finished_at=now))
         elif cmd.action is Action.SAVE:
             if job.phase is Phase.RUNNING and job.worker == worker:
                 self.cluster.suspend(job)
@@ -509,25 +504,28 @@ class _Run:
                 done = CommandResult(command=cmd.id, ok=True, finished_at=now, detail={"finished": True})
             else:
                 done = CommandResult(command=cmd.id, ok=False, error="not running here", finished_at=now)
-            self._report(job, worker, result=done, drive=True)
+            self.report(job, worker, result=done, drive=True)
             if self._waiting and job.plan.gpu and job.phase is Phase.MOVING:
-                self._place_waiting()  # its GPU on the source is free
+                self.place_waiting()  # its GPU on the source is free
         elif cmd.action is Action.START:
+            epoch = None if hosts is None else hosts.epoch[worker]
             self.engine.after(
-                self.cluster.downtime(job), partial(self._started, worker, cmd), priority=COMPLETE
+                self.cluster.downtime(job), partial(self._started, worker, cmd, epoch), priority=COMPLETE
             )
 
-    def _started(self, worker: WorkerId, cmd: Command) -> None:
+    def _started(self, worker: WorkerId, cmd: Command, epoch: int | None = None) -> None:
         job = self.cluster.jobs[cmd.container]
         now = self.engine.now
+        if self.hosts is not None and self.hosts.epoch[worker] != epoch:
+            return  # its host died during the restore
         if job.phase is Phase.RUNNING or job.phase is Phase.DONE:
             res = CommandResult(command=cmd.id, ok=False, error="already running", finished_at=now)
-            self._report(job, worker, result=res, drive=True)
+            self.report(job, worker, result=res, drive=True)
             return
         self.cluster.start(job, worker)
         if cmd.migrated and self.classifier is not None and job.state is not None:
             job.state = self.classifier.mark_migrated(job.state, now)  # restored frozen in CC
-        self._report(job, worker, result=CommandResult(command=cmd.id, ok=True, finished_at=now))
+        self.report(job, worker, result=CommandResult(command=cmd.id, ok=True, finished_at=now))
         self._passes()  # the pass drives the migration to done first
 
     # -- result ------------------------------------------------------------------------
@@ -572,4 +570,7 @@ class _Run:
         }
         if any(j.gpu is not None for j in self.cluster.jobs.values()):
             meta["gpu"] = dataclasses.asdict(self.cluster.gpu.stats)
+        if self.hosts is not None:
+            self.hosts.lost.recoveries = self.cluster.restored
+            meta["failures"] = self.hosts.lost.as_dict()
         return RunResult(jobs=jobs, migrations=moves, meta=meta)

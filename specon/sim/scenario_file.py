@@ -13,6 +13,12 @@
     # ... or a generator, drawn anew for every seed:
     # jobs: {count: 30, models: [vae, gru], arrivals: {uniform: [0, 600]}, steps: [4000, 20000]}
 
+Hosts that fail (``specon.sim.scenario_failures``): a ``failures:`` section gives each
+worker's MTBF (``mtbf``, seconds), the seconds a lost worker stays down (``repair``, default
+600), the jobs' checkpoint schedule (``checkpoint_every`` steps, ``checkpoint_interval``
+seconds: jobkit's 200 and 60 by default) and listed losses and reclaim notices
+(``events: [{worker, at[, notice]}]``).
+
 GPU workers and jobs (``specon.sim.gpu``): a worker may have ``gpus`` (devices),
 ``gpu_memory`` (GiB per device, required with gpus), ``gpu_product`` and ``gpu_share`` (GPU
 jobs per device, default 1); a job in a list may be a GPU job: ``gpu: 1``, ``gpu_step``
@@ -44,6 +50,7 @@ from specon.config import API_VERSION
 from specon.config.yaml12 import YamlError, load_yaml
 from specon.model import WorkerId
 from specon.sim.cluster import JobPlan, WorkerSpec, Workload
+from specon.sim.scenario_failures import FailureChecks
 from specon.sim.scenario_gpu import GPU_JOB_KEYS, WORKER_GPU_KEYS, GpuChecks, GpuNeeds
 from specon.sim.scenarios import (
     FixedInterval,
@@ -58,7 +65,7 @@ from specon.sim.trace import Trace, TraceError, read_trace_file
 from specon.wire import codec
 
 KIND = "Scenario"
-TOP_KEYS = ("apiVersion", "kind", "name", "description", "workers", "jobs")
+TOP_KEYS = ("apiVersion", "kind", "name", "description", "workers", "jobs", "failures")
 WORKER_KEYS = ("name", "cpu", *WORKER_GPU_KEYS)
 JOB_KEYS = ("submit", "model", "steps", "id", "worker", *GPU_JOB_KEYS)
 GENERATOR_KEYS = ("count", "models", "arrivals", "steps")
@@ -167,7 +174,7 @@ def parse_scenario(text: str, traces: Traces, *, base_dir: Path, source: str = "
     except YamlError as e:
         raise ScenarioFileError([str(e)], source=source) from None
     if data is None:
-        needed = ", ".join(k for k in TOP_KEYS if k != "description")
+        needed = ", ".join(k for k in TOP_KEYS if k not in ("description", "failures"))
         raise ScenarioFileError([f"empty scenario; it needs {needed}"], source=source)
     return scenario_from_data(data, traces, base_dir=base_dir, source=source)
 
@@ -236,7 +243,7 @@ def _shown(value: object) -> str:
     return codec.describe(value)
 
 
-class _Reader(GpuChecks):
+class _Reader(GpuChecks, FailureChecks):
     """One pass over the file: every check appends its problems and returns the value, or
     None when it is unusable, so later checks still run and everything is reported once."""
 
@@ -330,12 +337,14 @@ class _Reader(GpuChecks):
         description = self.typed(str, top["description"], ("description",)) if "description" in top else None
         workers = self.workers(top["workers"]) if "workers" in top else None
         jobs = self.jobs(top["jobs"]) if "jobs" in top else None
+        failures = self.failures_of(top["failures"]) if "failures" in top else None
         if name is None or workers is None or jobs is None or self.problems:
             return None
         return Scenario(
             name,
             description or title(workers, jobs),
             FileWorkload(workers, jobs, dict(self.files)),
+            failures=failures,
         )
 
     def workers(self, value: object) -> tuple[WorkerSpec, ...] | None:

@@ -44,6 +44,7 @@ from typing import Protocol
 
 from specon.model import WorkerId
 from specon.sim.cluster import JobPlan, WorkerSpec, Workload
+from specon.sim.failures import Failures
 from specon.sim.trace import Trace
 
 PAPER_MODELS = ("vae", "gru", "birnn", "rnn", "dynrnn")  # SpeCon Table II, as our workloads name them
@@ -270,10 +271,21 @@ class Scenario:
     paper: PaperNumbers = field(default_factory=PaperNumbers)
     # A2: the (alpha, interval) points of Table III.
     sweep: tuple[tuple[float, float], ...] = ()
+    # Its hosts' failures (``specon.sim.failures``); None: hosts never fail.
+    failures: Failures | None = None
 
     def workload(self, seed: int, traces: Traces) -> Workload:
         """The seeded workload; ``traces`` by model (``load_traces()``)."""
-        return self.plan.workload(random.Random(f"{self.name}/{seed}"), traces, f"scenario {self.name}")
+        key = f"{self.name}/{seed}"
+        w = self.plan.workload(random.Random(key), traces, f"scenario {self.name}")
+        return w if self.failures is None else replace(w, failures=self.failures, key=key)
+
+    def with_failures(self, *, mtbf: float | None = None, repair: float | None = None) -> Scenario:
+        """The scenario with its workers failing every ``mtbf`` seconds on average and back
+        after ``repair`` (``--mtbf``, ``--repair``: each replaces the scenario's own)."""
+        f = self.failures or Failures()
+        f = replace(f, mtbf=f.mtbf if mtbf is None else mtbf, repair=f.repair if repair is None else repair)
+        return replace(self, failures=f)
 
     def with_arrivals(self, arrivals: Arrivals, jobs: int | None = None) -> Scenario:
         """The scenario with other arrivals (``--arrivals``): only the paper's workload model

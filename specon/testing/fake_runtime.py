@@ -36,6 +36,7 @@ from specon.runtime.base import (
     SaveResult,
     StartFailed,
     StillRunning,
+    Supersede,
     WorkerUsage,
 )
 from specon.runtime.volume import JobPaths
@@ -376,7 +377,7 @@ class FakeRuntime:
         return True
 
     async def start(
-        self, spec: JobSpec, *, checkpoint: Path | None = None, supersede: bool = False
+        self, spec: JobSpec, *, checkpoint: Path | None = None, supersede: Supersede = False
     ) -> ContainerInfo:
         self.calls.append(("start", spec.id))  # ``supersede``: one fake volume sees every run
         self.volume.materialise(self.clock.now())

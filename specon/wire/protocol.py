@@ -29,7 +29,7 @@ commands ride on the next heartbeat until a batch acknowledges it (``ack``). On 
 the agent POSTs a ``Goodbye``. Between heartbeats the agent keeps one ``Poll`` open at
 ``POLL_PATH`` so a command reaches it as soon as the manager issues it.
 ``GET STATUS_PATH`` returns a ``Status``. A rejected message is answered with an
-``ErrorReply``. Every request carries ``AUTH_HEADER: Bearer <token>``.
+``ErrorReply``; every request carries ``AUTH_HEADER: Bearer <token>``.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from specon.wire.limits import (
     limit,
 )
 
-VERSION = "1.5"
+VERSION = "1.6"
 MAJOR, MINOR = (int(part) for part in VERSION.split("."))
 
 CONTENT_TYPE = "application/json"
@@ -89,9 +89,8 @@ class ProtocolError(ValueError):
         self.path = path
 
 
-# --- messages ---------------------------------------------------------------------------
-# A field's limits beyond its type are declared on it, ``field(metadata=limit(...))``
-# (``specon.wire.limits``): the checks (``specon.wire.checks``) and the manager's OpenAPI
+# --- messages: a field's limits beyond its type are declared on it, ``field(metadata=limit(...))``
+# (``specon.wire.limits``); the checks (``specon.wire.checks``) and the manager's OpenAPI
 # document are derived from these and state no bound of their own.
 
 
@@ -263,9 +262,10 @@ class Command:
     # start: this start puts the job back on its source after a failed migration (a
     # rollback), not on the migration's target (protocol 1.1).
     rollback: bool = False
-    # start (protocol 1.5): the host of the job's last run is taken for lost; a run there the
-    # target cannot verify is fenced by the start's new generation instead of refusing it.
+    # start: the worker of the job's last run is taken for lost (1.5; ``lost`` names it, 1.6):
+    # a run of it is fenced by the start's new generation instead of refusing the start.
     supersede: bool = False
+    lost: WorkerId | None = field(default=None, metadata=limit(ID))
 
 
 @dataclass(frozen=True, slots=True)

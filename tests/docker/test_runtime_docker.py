@@ -385,6 +385,33 @@ def stop_engine_keeping_containers(engine: Engine) -> None:
     engine.process.wait(timeout=60)
 
 
+async def test_a_lost_engines_copy_that_never_checks_its_generation_is_killed_when_it_comes_back(
+    docker_engines: tuple[Engine, Engine], python_images: str, volume: Path
+) -> None:
+    # A plain container (no jobkit: it never looks at generation.json) on host-1, superseded by
+    # a start on host-2 while host-1 was taken for lost: the first time host-1's runtime lists
+    # its containers again, it kills the stale copy and does not report it.
+    e1, e2 = docker_engines
+    rt1, rt2 = runtimes(docker_engines, volume)
+    deaf = replace(
+        recipe(python_images, volume), command=(sys.executable, "-c", "import time\nwhile 1: time.sleep(1)")
+    )
+    s = spec("plain-1", deaf)
+    await rt1.start(s)
+    assert [c.id for c in await rt1.list_containers() if c.alive] == ["plain-1"]
+    await rt2.start(rt2.job_spec(ContainerId("plain-1")) or s, supersede=True)
+    assert [c.id for c in await rt1.list_containers() if c.alive] == [], "the stale copy is not reported"
+    (stale,) = e1.client().containers.list(all=True, filters={"label": f"{LABEL_JOB}=plain-1"})
+    deadline = time.monotonic() + 30
+    while (stale.reload(), stale.status)[1] == "running":
+        assert time.monotonic() < deadline, "the stale copy still runs"
+        await asyncio.sleep(0.2)
+    assert [c.id for c in await rt2.list_containers() if c.alive] == ["plain-1"], "the new copy runs on"
+    (fresh,) = e2.client().containers.list(filters={"label": f"{LABEL_JOB}=plain-1"})
+    assert fresh.status == "running"
+    await rt2.stop(ContainerId("plain-1"), grace=1)
+
+
 async def test_a_start_that_supersedes_a_lost_engines_run_fences_it_and_the_job_keeps_exactly_its_steps(
     docker_engines: tuple[Engine, Engine], python_images: str, volume: Path
 ) -> None:

@@ -6,12 +6,22 @@ the TLS files, and the hosts whose links the partition fault cuts. Where somethi
 had here it says so in ``notes`` and the run goes on without it: no network namespaces (not
 root, no ``ip``): loopback addresses, no partitions; no ``specon.testing.certs``: plain HTTP
 (``--insecure-http``); no libfaketime: every clock right. Everything is removed on exit.
+
+Each agent's host also has a boot id of its own (``OwnBootHost``: ``/proc/sys/kernel/random/
+boot_id`` bind-mounted over in a mount namespace of its own), as separate machines do: a run
+recorded by one host cannot be verified from another, so a job restored away from a host the
+manager took for lost supersedes the copy still running there (which fencing then stops),
+where one kernel's boot id would let the target see that copy alive and refuse the start.
+Without ``unshare`` or the right to mount, the one boot id is kept and ``notes`` says so.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import shutil
+import subprocess
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +43,41 @@ class Placement:
     skews: dict[str, float] = field(default_factory=dict)  # worker -> seconds its clock is off
     notes: list[str] = field(default_factory=list)
     tag: str = ""  # the names of the namespaces and links made for the run start with it
+    boot_ids: dict[str, str] = field(default_factory=dict)  # worker -> its host's boot id
+
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+# Bind-mounts the file "$0" over the boot id, then execs the command (its pid stays the same).
+_MOUNT_BOOT_ID = f'mount --bind "$0" {BOOT_ID} && exec "$@"'
+
+
+@dataclass(frozen=True)
+class OwnBootHost:
+    """``host``, but what runs there reads the boot id in ``boot_file``."""
+
+    host: Host
+    boot_file: Path
+
+    @property
+    def address(self) -> str:
+        return self.host.address
+
+    def wrap(self, argv: Sequence[str]) -> list[str]:
+        cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", _MOUNT_BOOT_ID]
+        return self.host.wrap([*cmd, str(self.boot_file), *argv])
+
+
+def _own_boot_ids_work(root: Path) -> str | None:
+    """None if a command can be given a boot id of its own here, else why not."""
+    if shutil.which("unshare") is None:
+        return "no unshare"
+    probe = root / "boot-id-probe"
+    probe.write_text(str(uuid.uuid4()) + "\n")
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", _MOUNT_BOOT_ID]
+    done = subprocess.run([*cmd, str(probe), "cat", BOOT_ID], capture_output=True, text=True, check=False)
+    if done.stdout != probe.read_text():
+        return f"cannot mount over {BOOT_ID}: {done.stderr.strip()[:200]}"
+    return None
 
 
 @contextlib.contextmanager
@@ -57,10 +102,17 @@ def placement(root: Path, skews: Sequence[float]) -> Iterator[Placement]:
             out.notes.append("no specon.testing.certs: plain HTTP between the hosts (--insecure-http)")
         out.links, out.tag = list(hosts), hosts.tag
         out.cluster_hosts = [hosts[0]]
+        if why := _own_boot_ids_work(root):
+            out.notes.append(f"one boot id for every host ({why}): a restore never supersedes a live copy")
         for worker, host, skew in zip(workers, hosts.hosts[1:], skews, strict=True):
+            placed: Host = host
             if skew and preload:
-                out.cluster_hosts.append(SkewedHost(host, skew, tuple(preload)))
+                placed = SkewedHost(host, skew, tuple(preload))
                 out.skews[worker] = skew
-            else:
-                out.cluster_hosts.append(host)
+            if not why:
+                boot = str(uuid.uuid4())
+                (root / f"boot-id-{worker}").write_text(boot + "\n")
+                placed = OwnBootHost(placed, root / f"boot-id-{worker}")
+                out.boot_ids[worker] = boot
+            out.cluster_hosts.append(placed)
         yield out

@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -27,6 +27,7 @@ import aiohttp
 from listening import IN_USE, listens
 
 from specon.embedded.cluster import Daemon, EmbeddedCluster
+from specon.fence import ENV_GENERATION, env_generation
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import JobSpec
 from specon.runtime.volume import JobPaths
@@ -129,6 +130,79 @@ def runs(c: EmbeddedCluster, jid: str) -> list[Run]:
     return out
 
 
+def stale_commits(recs: list[dict[str, Any]]) -> list[str]:
+    """The records of a job's progress log (in file order) that a stale copy wrote: what
+    fencing (``specon.fence``) must make impossible, one line each saying why.
+
+    Each start bumps the job's generation before the new copy exists, and jobkit names its
+    generation in every event record (``started``, ``checkpoint``, ``checkpointed``,
+    ``saving``, ``finished``, ``checkpoint_failed``) and checks the generation before every
+    write. The file is appended to in write order, so a record after a ``started`` record
+    of generation G was written after generation G had begun. Stale, then:
+
+    * an event record of a generation below the highest one a ``started`` record before it
+      names (a record without a generation, from an unfenced copy, counts as generation 0);
+    * any record (a training sample too) after a ``finished`` record and before the next
+      ``started``: the job's done marker is written just before ``finished``, and the copy
+      that wrote it writes nothing after it, so whoever did is a copy that was not stopped.
+      (A new start after the job finished is a start too many, not a stale write: the step
+      check, ``assert_exactly_its_steps``, rejects it.)
+
+    Training samples carry no generation, so between starts they cannot be told apart by
+    copy; two copies' samples interleaving shows in ``assert_exactly_its_steps`` instead.
+    """
+    out: list[str] = []
+    newest = 0  # the highest generation a started record named so far
+    done = False  # a finished record, and no start since
+    for n, r in enumerate(recs, 1):
+        event = r.get("event")
+        if event is None:
+            if done:
+                out.append(f"record {n}: a training sample (step {r.get('step')}) after the job finished")
+            continue
+        g = r.get("generation")
+        gen = g if isinstance(g, int) and not isinstance(g, bool) else 0
+        if gen < newest:
+            step = r.get("step")
+            out.append(f"record {n}: {event} (step {step}) of generation {gen} after {newest} started")
+        elif done and event != "started":
+            out.append(f"record {n}: {event} (step {r.get('step')}) after the job finished")
+        if event == "started" and gen >= newest:
+            newest, done = gen, False
+        elif event == "finished" and gen >= newest:
+            done = True
+    return out
+
+
+def handover_gaps(
+    seen: list[tuple[float, dict[str, Any]]], alive: Mapping[int, float] | None = None
+) -> list[tuple[float, dict[str, Any]]]:
+    """How long a job went without a live copy at each of its restarts, from its progress
+    log as an observer read it: ``seen`` is every record in file order with the time (the
+    observer's own clock, so the hosts' skewed clocks do not matter) it was first seen.
+
+    For every ``started`` record but the first (a restart: after a move, a crash, a lost
+    host, a fenced partition), the gap is the time from the record before it (whichever
+    copy wrote it: the last sign of life of the copy that ended, or of the stale copy that
+    was fenced) to the new copy's ``started`` record, which it writes once it has loaded its
+    checkpoint. ``alive``: the last time (same clock) a process of each generation was seen
+    running; an older copy seen alive later than its last record (silent: waiting out a full
+    disk, SIGSTOPped) was a live copy until then, up to the restart. It bounds the time the
+    job ran nowhere from above: it also counts the old copy's last moments (a save on
+    SIGTERM) and the new one's start and restore. Returned as (gap in seconds, the
+    ``started`` record), in file order."""
+    alive = alive or {}
+    out = []
+    for (t_prev, _), (t, r) in itertools.pairwise(seen):
+        if r.get("event") != "started":
+            continue
+        gen = r.get("generation")
+        older = [at for g, at in alive.items() if isinstance(gen, int) and g < gen]
+        last_sign = max(t_prev, min(t, max(older))) if older else t_prev
+        out.append((t - last_sign, r))
+    return out
+
+
 def assert_exactly_its_steps(
     c: EmbeddedCluster, jid: str, steps: int, *, corrupt: frozenset[int] = frozenset()
 ) -> list[Run]:
@@ -145,8 +219,18 @@ def assert_exactly_its_steps(
         lo = last if prev.ending == "checkpointed" and last not in corrupt else newest
         assert lo <= run.resumed_from <= last, f"{jid}: resumed at {run.resumed_from}, not in [{lo}, {last}]"
     for run in rs:
-        assert run.trained == list(range(run.resumed_from + 1, run.resumed_from + 1 + len(run.trained)))
-    assert rs[-1].ending == "finished" and rs[-1].trained[-1:] == [steps], f"{jid}: did not finish"
+        expected = list(range(run.resumed_from + 1, run.resumed_from + 1 + len(run.trained)))
+        if run.trained != expected:  # the first step out of order says where (two writers?)
+            got, want = next((s, e) for s, e in zip(run.trained, expected, strict=True) if s != e)
+            raise AssertionError(f"{jid}: the run from step {run.resumed_from} logged step {got}, not {want}")
+    for prev, run in itertools.pairwise(rs):
+        assert prev.ending != "finished", (
+            f"{jid}: started again (from step {run.resumed_from}) after it finished"
+        )
+    # A run killed between its final checkpoint and its ``finished`` record leaves the next
+    # one nothing to train: it resumes at ``steps`` and only records the end.
+    last = rs[-1].trained[-1] if rs[-1].trained else rs[-1].resumed_from
+    assert rs[-1].ending == "finished" and last == steps, f"{jid}: did not finish ({rs[-1]})"
     assert sorted(set().union(*(r.trained for r in rs))) == list(range(1, steps + 1))
     return rs
 
@@ -186,6 +270,12 @@ def job_environs() -> Iterator[tuple[int, list[bytes]]]:
         except OSError:  # gone meanwhile, or not ours
             continue
         yield int(name), env
+
+
+def generation_of(env: list[bytes]) -> int | None:
+    """The generation a job process was started in (``$SPECON_GENERATION``), None without."""
+    raw = next((e.split(b"=", 1)[1] for e in env if e.startswith(ENV_GENERATION.encode() + b"=")), b"")
+    return env_generation({ENV_GENERATION: raw.decode(errors="replace")})
 
 
 def worker_of(env: list[bytes]) -> str:
@@ -323,7 +413,8 @@ STARTS = 'specon_agent_commands_total{action="start"}'
 async def agent_metric(d: Daemon, name: str, *, default: float | None = None) -> float:
     async with (
         aiohttp.ClientSession() as s,
-        s.get(d.url + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as r,
+        # Generous: a loaded machine may hold a busy agent's answer for seconds.
+        s.get(d.url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r,
     ):
         text = await r.text()
     for line in text.splitlines():
@@ -399,3 +490,46 @@ def frozen(d: Daemon) -> Iterator[None]:
         yield
     finally:
         d.proc.send_signal(signal.SIGCONT)
+
+
+async def specon_cli(c: EmbeddedCluster, *args: str, timeout: float = 90) -> tuple[int, str, str]:
+    """Run ``specon ARGS`` against the cluster's manager with its operator token, verifying
+    the manager's certificate where it serves TLS (plain HTTP said out loud elsewhere)."""
+    assert c.manager is not None
+    tls = ["--ca-file", str(c.tls.ca)] if c.tls is not None else ["--insecure-http"]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "specon.cli.main", *args, "--manager", c.manager.url,
+        "--token-file", str(c.tokens_dir / "operator"), *tls,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def training(c: EmbeddedCluster, *jids: str) -> bool:
+    """Every one of ``jids`` has trained a step (its handlers are in: a SIGTERM now makes it
+    checkpoint; before, it only ends the process) and the manager lists it running."""
+    if not all(any("loss" in r for r in records(c, j)) for j in jids):
+        return False
+    st = await status(c)
+    running = {x.id for x in (st.containers if st else ()) if x.phase == "running"}
+    return running >= set(jids)
+
+
+async def drained_with_fresh_checkpoints(
+    c: EmbeddedCluster, jobs: tuple[str, ...], source: str, target: str
+) -> str:
+    """``specon drain SOURCE --wait`` with ``jobs`` training there: it says it moved each, and
+    each job's move is ``evacuated`` SOURCE -> TARGET, done, losing no step. Its output."""
+    code, out, err = await specon_cli(c, "drain", source, "--wait")
+    assert code == 0, (out, err)
+    lines = out.splitlines()
+    assert lines[0] == f"{source} cordoned: {len(jobs)} job(s) to move", out
+    assert lines[-1] == f"{source} drained: it runs no job", out
+    for j in jobs:
+        m = await migration_of(c, j)
+        assert m is not None and (m.reason, m.source, m.target, m.state.value) == (
+            "evacuated", source, target, "done"), m  # fmt: skip
+        assert m.lost_steps == 0 and f"  {j}: {source} -> {target} moved" in out, (m, out)
+    return out

@@ -9,21 +9,22 @@ periodic checkpoint and the steps it lost are reported. ``specon uncordon`` puts
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import sys
 from pathlib import Path
 
 import pytest
 from jobwatch import (
     Watchdog,
     assert_finished_once,
+    drained_with_fresh_checkpoints,
     embedded_cluster,
     finished,
     migration_of,
     records,
     spec,
+    specon_cli,
     status,
+    training,
     wait_for,
 )
 
@@ -47,25 +48,6 @@ def embedded(tmp_path: Path) -> contextlib.AbstractAsyncContextManager[EmbeddedC
     )
 
 
-async def specon_cli(c: EmbeddedCluster, *args: str, timeout: float = 90) -> tuple[int, str, str]:
-    """Run ``specon ARGS`` against the cluster's manager with its operator token."""
-    assert c.manager is not None
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "specon.cli.main", *args, "--manager", c.manager.url,
-        "--token-file", str(c.tokens_dir / "operator"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
-async def listed(c: EmbeddedCluster, *jids: str) -> bool:
-    st = await status(c)
-    running = {x.id for x in (st.containers if st else ()) if x.phase == "running"}
-    return running >= set(jids)
-
-
 def trained(c: EmbeddedCluster, jid: str) -> int:
     total = finished_steps(c.volume, jid)
     assert total >= STEPS, f"{jid}: finished after {total} steps, fewer than its {STEPS}"
@@ -80,22 +62,8 @@ async def test_drain_moves_every_job_off_with_a_fresh_checkpoint_and_uncordon_pu
         dogs = {j: await stack.enter_async_context(Watchdog(c, j)) for j in JOBS}
         for j in JOBS:
             await c.submit(spec(j, STEPS, "linear", until_released=gates[j]), W0)
-        await wait_for(lambda: listed(c, *JOBS), "the manager to list the jobs", timeout=30)
-        code, out, err = await specon_cli(c, "drain", "w0", "--wait")
-        assert code == 0, err
-        assert (
-            out.splitlines()[0] == "w0 cordoned: 3 job(s) to move"
-            and out.splitlines()[-1] == "w0 drained: it runs no job"
-        )
-        for j in JOBS:
-            m = await migration_of(c, j)
-            assert m is not None and (m.reason, m.source, m.target, m.state.value) == (
-                "evacuated",
-                W0,
-                W1,
-                "done",
-            )
-            assert m.lost_steps == 0 and f"  {j}: w0 -> w1 moved" in out
+        await wait_for(lambda: training(c, *JOBS), "the jobs training", timeout=60)
+        await drained_with_fresh_checkpoints(c, JOBS, W0, W1)
         st = await status(c)
         assert st is not None and next(w for w in st.workers if w.id == W0).cordoned
         code, out, _ = await specon_cli(c, "uncordon", "w0")
@@ -117,7 +85,7 @@ async def test_a_drain_deadline_cuts_a_slow_save_short_and_reports_the_steps_it_
         await c.submit(spec("slow", STEPS, "linear", save_seconds=20.0, until_released=gate), W0)
         checkpointed = lambda: any(r.get("event") == "checkpoint" for r in records(c, "slow"))  # noqa: E731
         await wait_for(checkpointed, "a checkpoint", timeout=40, watchdog=dog)
-        await wait_for(lambda: listed(c, "slow"), "the manager to list it", timeout=30)
+        await wait_for(lambda: training(c, "slow"), "it training", timeout=60)
         code, out, err = await specon_cli(c, "drain", "w0", "--deadline", "3", "--wait")
         assert code == 0, err
         m = await migration_of(c, "slow")

@@ -322,6 +322,26 @@ async def test_a_running_job_is_never_started_twice(cluster: LocalCluster, tmp_p
     assert owner is not None and owner.worker == WorkerId("w0")
 
 
+async def test_a_start_superseding_a_lost_workers_run_in_reach_ends_it_first(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    # Workers on one kernel (the embedded default, namespace hosts): the manager took w0 for
+    # lost, but its copy is alive here. The new copy starts only once the old one is gone.
+    job = spec(tmp_path, "taken", steps=10**6, every=5)
+    old = await cluster["w0"].start(job)
+    await wait_for(lambda: last_step(cluster["w0"], "taken") >= 6, "a checkpoint")
+    with pytest.raises(AlreadyRunning):
+        await cluster["w1"].start(job, supersede=WorkerId("w2"))  # w0 was not taken for lost
+    new = await cluster["w1"].start(job, supersede=WorkerId("w0"))
+    assert old.pid is not None and not group_alive(old.pid)
+    paths = JobPaths.of(cluster.root, "taken")
+    owner = paths.read_owner()
+    assert owner is not None and (owner.worker, owner.generation, owner.pid) == ("w1", 2, new.pid)
+    assert [(c.id, c.state) for c in await cluster["w1"].list_containers()] == [
+        ("taken", ContainerState.RUNNING)
+    ]
+
+
 async def test_a_restarted_agent_readopts_its_running_job(cluster: LocalCluster, tmp_path: Path) -> None:
     first = cluster["w0"]
     info = await first.start(spec(tmp_path, "adopt", steps=10**6))

@@ -258,6 +258,19 @@ async def test_an_unanswered_request_is_never_started_cold_and_its_record_stays(
     assert warm.launches == 1
 
 
+def running_with(env: str) -> list[int]:
+    """Live processes whose environment holds ``env`` (a zombie's reads empty)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if env.encode() in environ.split(b"\0"):
+            out.append(int(pid))
+    return out
+
+
 async def test_a_launch_whose_answer_cannot_be_delivered_is_killed(cluster: LocalCluster) -> None:
     """The other side of the same rule: a requester gone before the answer leaves nobody to
     record the run, so the server kills the launcher it forked."""
@@ -282,6 +295,9 @@ async def test_a_launch_whose_answer_cannot_be_delivered_is_killed(cluster: Loca
         s.sendall(req.encode())
         s.shutdown(socket.SHUT_RDWR)  # gone before the answer
     await wait_for(lambda: find_launcher(req.run_id) is None, "the undelivered launch to be killed")
+    # Its job went with it: the group's SIGKILL lands at once, the exit can take a while on a
+    # loaded machine (the fixture's teardown found it still in the worker's cgroup).
+    await wait_for(lambda: not running_with(f"SPECON_PROGRESS_FILE={paths.progress}"), "the job to be gone")
     steps = last_step(rt, "orphan")
     time.sleep(0.5)
     assert last_step(rt, "orphan") == steps, "nothing trains unrecorded"

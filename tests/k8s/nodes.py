@@ -293,6 +293,26 @@ class RealNodes:
         self.nodes.clear()
         shutil.rmtree(self._tmp, ignore_errors=True)
 
+    def lose(self, name: str) -> None:
+        """Node ``name`` dies at once: its kubelet, every container on it and its containerd are
+        SIGKILLed (what a power cut leaves: nobody tells the API server anything)."""
+        node = self.nodes[name]
+        if node.kubelet is not None:
+            node.kubelet.popen.kill()
+            node.kubelet.popen.wait()
+        if node.containerd is not None and node.containerd.popen.poll() is None:
+            self._remove_containers(node)
+            node.containerd.popen.kill()
+            node.containerd.popen.wait()
+        node.kubelet = node.containerd = None
+
+    def revive(self, name: str) -> None:
+        """Node ``name`` comes back (after ``lose``): containerd and a kubelet on its old state."""
+        node = self.nodes[name]
+        self._start_containerd(node)
+        self._start_kubelet(node)
+        self._wait_ready(node)
+
     def drain(self, namespace: str, timeout: float = 30.0) -> None:
         """Delete the namespace's pods gracefully (1 s) and wait for the kubelets to confirm,
         so no container of one test outlives it into the next."""
@@ -341,7 +361,7 @@ class RealNodes:
         return _Proc(f"{what} {node.name}", popen, log)
 
     def _start_containerd(self, node: Node) -> None:
-        (node.dir / "cni").mkdir()
+        (node.dir / "cni").mkdir(exist_ok=True)  # exists when the node is revived
         (node.dir / "cni" / "10-lo.conflist").write_text(CNI_CONF)
         config = node.dir / "containerd.toml"
         config.write_text(
@@ -370,7 +390,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         binds = []
         for name, root in LOG_ROOTS.items():
             Path(root).mkdir(parents=True, exist_ok=True)  # the mount point, on the host
-            (node.dir / "logs" / name).mkdir(parents=True)
+            (node.dir / "logs" / name).mkdir(parents=True, exist_ok=True)
             binds += [str(node.dir / "logs" / name), root]
         # A private mount namespace (root's propagation is private here: nothing leaks out);
         # the kubelet joins it (_start_kubelet), so both see the node's own log roots and the
@@ -408,6 +428,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "authorization": {"mode": "AlwaysAllow"},
             "serializeImagePulls": False,
             "nodeStatusUpdateFrequency": "4s",
+            # A lost node is told by its Lease (specon.runtime.kubernetes.takeover): 10 s, not
+            # 40, so a test waits less for it.
+            "nodeLeaseDurationSeconds": 10,
             "syncFrequency": "10s",
         }
         conf_file = node.dir / "kubelet.yaml"

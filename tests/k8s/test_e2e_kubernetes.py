@@ -53,6 +53,7 @@ messaging: {heartbeat_interval: 0.5, worker_timeout: 4}
 migration: {grace_period: 60, min_residence: 0}  # 60: room for manager_restart_recovers' held save
 placement: {require_gain: false}  # the mechanics are tested: Algorithm 2's move is made
 rebalance: {mode: "off"}
+recovery: {after: 8, evacuate_deadline: 60}  # a lost node's jobs back within the test's patience
 """
 
 

@@ -28,8 +28,9 @@ from specon_manager.k8s_journal import ANN_MIGRATIONS, KubeJournal
 from specon.config import default_policy, load_policy
 from specon.coordinator.migration import Mark, Migration, State
 from specon.daemon.manager_url import check_manager_url
-from specon.model import ContainerId, WorkerId
+from specon.model import RECLAIM_TAINTS, ContainerId, WorkerId
 from specon.runtime.base import JobSpec, SaveFailed, StartFailed
+from specon.runtime.kubernetes import takeover
 from specon.runtime.kubernetes.backend import KubeApi, KubeError, KubernetesRuntime
 from specon.runtime.kubernetes.restore import record_of
 from tests.k8s.cluster import KubeCluster
@@ -262,9 +263,41 @@ def test_make_deploy_adds_a_generated_read_token_and_tls(tmp_path: Path) -> None
     assert oct((tmp_path / "tls" / "manager.key").stat().st_mode & 0o777) == "0o600"
 
 
+@pytest.mark.parametrize(
+    "image",
+    [
+        "specon",
+        "specon:0.1.0",
+        "registry:5000/specon:0.1.0",
+        "registry:5000/team/specon",
+        "registry.example/specon@sha256:" + "a" * 64,
+        "registry:5000/specon:0.1.0@sha256:" + "b" * 64,
+    ],
+)
+def test_make_deploy_takes_any_image_reference(tmp_path: Path, image: str) -> None:
+    """A registry's port is no tag, and a digest pins the image (kustomize's ``digest``)."""
+    script = ROOT / "scripts" / "deploy-overlay.sh"
+    subprocess.run(["bash", str(script), str(tmp_path), image], check=True, capture_output=True)
+    docs = by_kind(render(tmp_path))
+    name = image.split("@", maxsplit=1)[0]
+    if ":" not in name.rsplit("/", 1)[-1]:
+        name += ":latest"
+    want = name.rsplit(":", 1)[0] + "@" + image.split("@")[1] if "@" in image else name
+    for d in (*docs["Deployment"], *docs["DaemonSet"]):
+        assert container(d)["image"] == want
+
+
 def test_dry_run_overlay_runs_the_manager_in_dry_run() -> None:
-    (manager,) = by_kind(render(MANIFESTS / "overlays" / "dry-run"))["Deployment"]
+    docs = render(MANIFESTS / "overlays" / "dry-run")
+    (manager,) = by_kind(docs)["Deployment"]
     assert "--dry-run" in manager["spec"]["template"]["spec"]["containers"][0]["args"]
+    # Everything a real deployment has, the training namespaces' Roles included.
+    everything = render(MANIFESTS)
+    assert sorted(_ids(docs)) == sorted(_ids(everything))
+
+
+def _ids(docs: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    return [(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]) for d in docs]
 
 
 def test_the_ha_component_runs_two_electing_replicas_and_the_default_one(tmp_path: Path) -> None:
@@ -434,8 +467,11 @@ async def test_the_agent_role_allows_every_call_the_runtime_makes(rbac: Rbac) ->
             assert info.handle == f"{ns}/r1-g{generation}"  # list + podtemplates get + create
             await until(lambda: running(rt, job), "r1 restored")
         await rt.stop(job, grace=5)  # delete
-        for inf in (rt._pods, rt._node_watch):
-            assert inf is not None and inf.errors == 0  # every list and watch was allowed
+        # A start that supersedes a lost node's copy reads that node and its Lease.
+        await takeover.lost_node(rt._call, rbac.node)  # a 403 would raise (a missing Lease: 404)
+        # The node's pods in every namespace (what the unmanaged ones request: k8s_others) too.
+        for inf in (rt._pods, rt._node_watch, rt._others.watch):
+            assert inf is not None and inf.synced and inf.errors == 0  # every list and watch was allowed
     finally:
         rt.close()
 
@@ -524,6 +560,9 @@ async def test_the_manager_role_allows_every_call_the_journal_and_tokenreview_ma
     assert (mk.migrated_at, mk.migrations) == (3.0, 1) and journal.marks()[ContainerId("m1")] == mk
     journal.set_meta("epoch", "7")
     assert journal.get_meta("epoch") == "7" and len(journal.all()) == 1
+    # Pruning: an ended migration past retention is deleted.
+    journal.put(m.to(State.SAVING, at=2.0).to(State.FAILED, at=3.0).to(State.ROLLED_BACK, at=4.0))
+    assert journal.forget(1_000.0, 60.0, keep_newest=0) == 1 and journal.all() == []
     # The journal's best-effort mirror onto pods is not granted: the manager writes no pod.
     pod = admin.request("GET", f"/api/v1/namespaces/{rbac.training}/pods/m1")
     assert ANN_MIGRATIONS not in (pod["metadata"].get("annotations") or {})
@@ -579,6 +618,19 @@ def test_the_cpu_weights_component_mounts_only_the_node_cgroups_into_the_agent(t
     assert all("hostPath" not in v for v in spec["volumes"] if v["name"] != "node-cgroups")
 
 
+def test_agents_run_on_training_nodes_and_never_on_the_control_plane() -> None:
+    """The DaemonSet tolerates the GPU taints, specon's own and every reclaim notice the
+    manager drains for, by key; nothing that matches any taint (an empty key), and never the
+    control plane's taints."""
+    (agent,) = by_kind(render(MANIFESTS))["DaemonSet"]
+    tolerations = agent["spec"]["template"]["spec"]["tolerations"]
+    assert all(t.get("key") for t in tolerations), tolerations
+    keys = {t["key"] for t in tolerations}
+    assert {"nvidia.com/gpu", "amd.com/gpu", *RECLAIM_TAINTS} <= keys
+    assert not keys & {"node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master"}
+    assert set(default_policy().recovery.evacuate_taints) <= keys
+
+
 def test_the_gpu_component_gives_the_agent_host_pids_and_nvml_but_no_gpu(tmp_path: Path) -> None:
     """components/gpu (with cpu-weights, for the freezer): hostPID for NVML's PIDs, the NVIDIA
     toolkit's variables for NVML, the GPU taint tolerated; no GPU requested, no privilege. The
@@ -592,7 +644,7 @@ def test_the_gpu_component_gives_the_agent_host_pids_and_nvml_but_no_gpu(tmp_pat
     (agent,) = by_kind(render(tmp_path))["DaemonSet"]
     spec = agent["spec"]["template"]["spec"]
     assert spec["hostPID"] is True and "runtimeClassName" not in spec
-    assert {"key": "nvidia.com/gpu", "operator": "Exists"} in spec["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists"} in spec["tolerations"]  # the base's
     c = container(agent)
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"

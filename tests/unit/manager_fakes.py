@@ -48,6 +48,7 @@ class FakeAgent:
         self.skew = skew  # agent clock = manager clock + skew
         self.cpu = cpu
         self.seq = 0
+        self.taints: tuple[str, ...] = ()  # as a Kubernetes node reports them
 
     def now(self) -> float:
         return self.clock() + self.skew
@@ -65,6 +66,7 @@ class FakeAgent:
             usage=usage,
             containers=containers,
             results=results,
+            taints=self.taints,
         )
 
 

@@ -9,6 +9,7 @@
 - ``cgroup``: CPU usage and processes from the containers' cgroups;
 - ``criu``: checkpoint/restore of a whole container with CRIU (the engine's API);
 - ``criu_store``: the jobs' CRIU images on the volume, from a save to the next start;
+- ``stale``: a lost host's copy of a job that moved on, killed when its engine lists it;
 - ``standby``: standby containers as plain data: their config, which jobs may use one, the
   hand-over request; ``standby_pool``: the agent's standby containers and the hand-over;
   ``standby_server``: a standby container's main process.

@@ -7,8 +7,7 @@ checkpoints in the job's directory, and ``owner.json`` naming the worker, the en
 container of the current run, so a restarted agent re-adopts its containers by listing them
 and no job is started while any engine runs it. That record's code (write-ahead, host checks,
 stop, forget) is ``specon.runtime.owners``, shared with the local backend; here are its hooks
-for containers. The engine calls are in ``engine``, the CRIU images in ``criu_store``; only
-this subpackage imports ``docker`` (an import contract keeps it so).
+for containers. The package's docstring lists its modules; only it imports ``docker``.
 
 - **save** (job contract, ``migration.mode: checkpoint``): SIGTERM, wait the grace period for
   the job to checkpoint to the volume and exit, SIGKILL past it, judge the checkpoint (the
@@ -60,6 +59,7 @@ from specon.runtime.base import (
     SaveFailed,
     SaveResult,
     StartFailed,
+    Supersede,
     WorkerUsage,
     cpu_shares,
     valid_job_id,
@@ -91,6 +91,7 @@ from specon.runtime.docker.recipe import (
     problems,
     unsafe_host_config,
 )
+from specon.runtime.docker.stale import stop_superseded
 from specon.runtime.docker.standby import LABEL_STANDBY, StandbyConfig, idle_standby
 from specon.runtime.docker.standby_pool import StandbyContainers
 from specon.runtime.owners import OwnerRecords
@@ -216,8 +217,8 @@ class DockerRuntime(OwnerRecords[Container]):
         return await asyncio.to_thread(self._list)
 
     def _list(self) -> list[ContainerInfo]:
-        infos = (self._info(job, c) for job, c in self._managed().items())
-        return [i for i in infos if i is not None]
+        managed = stop_superseded(self._managed(), self.root)  # a lost host's copy, come back
+        return [i for i in (self._info(job, c) for job, c in managed.items()) if i is not None]
 
     async def usage(self) -> WorkerUsage:
         """CPU use since the previous call from the engine's per-container counters."""
@@ -261,7 +262,7 @@ class DockerRuntime(OwnerRecords[Container]):
         return True
 
     async def start(
-        self, spec: JobSpec, *, checkpoint: Path | None = None, supersede: bool = False
+        self, spec: JobSpec, *, checkpoint: Path | None = None, supersede: Supersede = False
     ) -> ContainerInfo:
         paths = JobPaths(self.root, spec.id)
         if checkpoint is not None:
@@ -507,9 +508,8 @@ class DockerRuntime(OwnerRecords[Container]):
             handed = await asyncio.to_thread(self.standbys.launch, recipe, spec.id, paths, provisional)
             if handed is not None:
                 return handed, False
-        kwargs = create_kwargs(
-            spec, recipe, run_id=provisional.run_id, worker=self._worker, job_dir=paths.dir
-        )
+        kwargs = create_kwargs(spec, recipe, run_id=provisional.run_id, worker=self._worker,
+                               job_dir=paths.dir, generation=provisional.generation)  # fmt: skip
         try:
             c = await asyncio.to_thread(self.client.containers.create, **kwargs)
             restored = await asyncio.to_thread(self._criu.restore, spec.id, c)

@@ -24,6 +24,7 @@ import docker.errors
 import docker.types
 from docker.models.containers import Container
 
+from specon.fence import ENV_GENERATION
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import (
     ENV_CHECKPOINT_DIR,
@@ -179,7 +180,13 @@ def cpu_seconds(c: Container) -> float | None:
 
 
 def create_kwargs(
-    spec: JobSpec, recipe: Recipe, *, run_id: str, worker: WorkerId, job_dir: Path
+    spec: JobSpec,
+    recipe: Recipe,
+    *,
+    run_id: str,
+    worker: WorkerId,
+    job_dir: Path,
+    generation: int | None = None,
 ) -> dict[str, Any]:
     """``containers.create`` arguments for a run of ``spec``: the recipe, the job's directory
     (``job_dir`` on the volume) as its only writable mount, the job contract's environment,
@@ -196,6 +203,8 @@ def create_kwargs(
             ENV_DONE_FILE: str(inside / "done"),
         }
     )
+    if generation is not None:  # the run's own (specon.fence): read later, a newer start's could be
+        env[ENV_GENERATION] = str(generation)
     volumes = {b.source: {"bind": b.target, "mode": "ro"} for b in recipe.binds}
     volumes[str(job_dir)] = {"bind": str(inside), "mode": "rw"}
     labels = {k: v for k, v in recipe.labels if not k.startswith("specon.io/")}

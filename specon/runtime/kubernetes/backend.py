@@ -1,17 +1,12 @@
 """The Kubernetes runtime: a worker is a node, a container is a managed pod bound to it.
 
-The backend, one concern a module: ``k8s_api`` the REST client (plain JSON manifests over
-the official client's connection, and why it stays on threads), ``k8s_watch`` the list+watch
-cache, ``k8s_calls`` the REST calls on a job's pods and restore record, ``k8s_usage`` the
-usage readings, ``k8s_pods``/``k8s_nodes``/``k8s_restore``/``k8s_gpu`` the pure rules (applied
-to exactly what the API server sends), ``k8s_copying`` the pod a start creates,
-``k8s_freezer`` the pods' freezer and PIDs, and this module the runtime; the save skeleton it
-shares with the other backends is ``specon.runtime.saving``. The client names stay importable
-from here.
+One concern a module (the package's docstring lists them); the save skeleton shared with
+the other backends is ``specon.runtime.saving``; the client names are importable from here.
 
 One ``KubernetesRuntime`` per agent, for the agent's node. Pods on the node that match the
 label selector are its containers (kept current by a watch on the node's pods, relisting
-after ``410 Gone``); its node object is watched the same way for capacity, labels, taints.
+after ``410 Gone``); its node object is watched the same way for capacity, labels, taints,
+and all its pods for what the unmanaged ones request: not free to placement (``k8s_others``).
 A container is a job, identified by (namespace, job): its id is ``<namespace>.<job>``.
 
 Save (SPEC §6) first records the pod, as the API server holds it, in the job's restore
@@ -70,10 +65,11 @@ from specon.runtime.base import (
     SaveResult,
     StartFailed,
     StillRunning,
+    Supersede,
     WorkerUsage,
     valid_job_id,
 )
-from specon.runtime.kubernetes import copying, gpu, pods
+from specon.runtime.kubernetes import copying, gpu, others, pods, recording, takeover
 from specon.runtime.kubernetes.api import KubeApi, KubeError, load_api_client, pods_path
 from specon.runtime.kubernetes.calls import PodCalls, record_path
 from specon.runtime.kubernetes.cgroup import CGROUP_ROOT, PodCgroups, pod_cpu_limit
@@ -170,8 +166,10 @@ class KubernetesRuntime:
             if watch
             else None
         )
+        self._others = others.OtherPods(self.api, node, managed=self._ours, namespace=namespace, watch=watch)
         self._node: Manifest | None = None
         self._calls = PodCalls(self.api, selector)
+        self._recorder = recording.Recorder(self._calls, self._labels_of, include_owned=include_owned)
         self._usage = NodeUsage(self.api, node, metrics=metrics, proc=proc)
         self._cgroups = PodCgroups(cgroup_root)  # the pods' cgroups, where the node's are mounted
         self._procs = PodProcesses(self._cgroups, proc)  # their freezer and host PIDs
@@ -192,7 +190,9 @@ class KubernetesRuntime:
         await asyncio.sleep(seconds)
 
     async def list_containers(self) -> list[ContainerInfo]:
-        return [self._info(p) for p in self._one_per_job(await self._managed())]
+        found = self._one_per_job(await self._managed())
+        await self._recorder.first_sight(p.manifest for p in found)  # restorable however it goes
+        return [self._info(p) for p in found]
 
     def job_spec(self, container_id: ContainerId) -> JobSpec | None:
         """The job's spec from its pod as the API server holds it: a pod of the job here (the
@@ -213,7 +213,7 @@ class KubernetesRuntime:
             return None
 
     async def usage(self) -> WorkerUsage:
-        u = await self._usage.read(self._worker, await self._node_object())
+        u = await self._others.deduct(await self._usage.read(self._worker, await self._node_object()))
         seconds = await asyncio.to_thread(self._cgroups.cpu_seconds, await self._live())  # pod cgroups
         return replace(u, per_container=tuple(sorted(seconds.items())))
 
@@ -288,11 +288,11 @@ class KubernetesRuntime:
         )
 
     async def start(
-        self, spec: JobSpec, *, checkpoint: Path | None = None, supersede: bool = False
+        self, spec: JobSpec, *, checkpoint: Path | None = None, supersede: Supersede = False
     ) -> ContainerInfo:
         """Restore job ``spec.id`` here. Only the id is used: what the copy runs comes from
-        the job's pod as the API server holds it, never from ``spec``. ``supersede`` is not
-        used: no copy is created while any pod of the job has not terminated."""
+        the job's pod as the API server holds it, never from ``spec``. ``supersede``: a pod
+        of the job on a lost node is deleted first (``takeover``), any other refuses it."""
         job = spec.id
         try:
             namespace, _ = pods.split_job_id(job)
@@ -306,6 +306,12 @@ class KubernetesRuntime:
             raise StartFailed(job, f"cannot read the job's pods or restore record: {exc}") from exc
         except PodError as exc:
             raise StartFailed(job, f"refused: {exc}") from exc
+        try:
+            if supersede:
+                calls = takeover.Calls(self._call, self._delete, self._recorder.write)
+                existing = await takeover.take_over(job, existing, self.node, supersede, calls)
+        except (KubeError, SaveFailed, NoSuchContainer) as exc:
+            raise StartFailed(job, f"cannot take over from a lost node: {exc}") from exc
         trusted = copying.restorable(job, original, existing)
         here = await self._node_object()
         # A GPU job keeps to the product it ran on: a record holds its pin already; an ended
@@ -409,7 +415,7 @@ class KubernetesRuntime:
         return False
 
     def close(self) -> bool:
-        for inf in (self._pods, self._node_watch):
+        for inf in (self._pods, self._node_watch, self._others.watch):
             if inf is not None:
                 inf.stop()
         return True
@@ -434,9 +440,9 @@ class KubernetesRuntime:
     async def _raw_pods(self) -> list[Manifest]:
         """This node's managed pods: from the watch cache, or listed when it is not ready."""
         if self._pods is not None:
-            self._pods.start()
-            if self._node_watch is not None:
-                self._node_watch.start()
+            for inf in (self._pods, self._node_watch, self._others.watch):
+                if inf is not None:
+                    inf.start()
             deadline = time.monotonic() + _SYNC_WAIT_S
             while not self._pods.synced and time.monotonic() < deadline:
                 await asyncio.sleep(_POLL_S)
@@ -524,7 +530,7 @@ class KubernetesRuntime:
     def _finished(p: _Pod) -> bool:
         return copying.finished(p.progress, p.checkpoints)
 
-    async def _delete(self, manifest: Manifest, *, grace: int) -> None:
+    async def _delete(self, manifest: Manifest, *, grace: int = 0) -> None:
         await asyncio.to_thread(self._calls.delete, manifest, grace=grace)
 
     async def _current(self, p: _Pod) -> Manifest | None:

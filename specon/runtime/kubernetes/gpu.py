@@ -2,9 +2,10 @@
 
 A pod asks for GPUs as NVIDIA's device plugin has them: ``nvidia.com/gpu`` limits (an extended
 resource is set as a limit; its request, if given, must equal it), summed over the pod's
-containers into ``JobSpec.requests.gpu`` (``k8s_nodes.pod_requests``). A node offers its
-allocatable ``nvidia.com/gpu`` (``k8s_nodes.node_capacity``) and, with GPU feature discovery,
-labels ``nvidia.com/gpu.product`` and ``nvidia.com/gpu.memory`` (MiB per device), which reach
+containers as the scheduler does into ``JobSpec.requests.gpu`` (``k8s_nodes.pod_requests``).
+A node offers its allocatable ``nvidia.com/gpu`` (``k8s_nodes.node_capacity``) less what its
+unmanaged pods request (``k8s_others``) and, with GPU feature discovery, labels
+``nvidia.com/gpu.product`` and ``nvidia.com/gpu.memory`` (MiB per device), which reach
 placement as the worker's labels.
 
 Two job settings beside the resource:

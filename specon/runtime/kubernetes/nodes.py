@@ -7,8 +7,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
+from specon.model import TAINT_UNSCHEDULABLE as TAINT_UNSCHEDULABLE  # noqa: PLC0414 (re-exported)
 from specon.model import Resources
 from specon.policy.placement import ANY_KEY
 
@@ -59,19 +61,54 @@ def _resources(values: Mapping[str, Any]) -> Resources:
     )
 
 
+def _requested(container: Mapping[str, Any]) -> Resources:
+    """A container's requests; limits stand in where a request is missing, as the API server
+    defaults them."""
+    res = container.get("resources") or {}
+    return _resources({**(res.get("limits") or {}), **(res.get("requests") or {})})
+
+
+def _peak(a: Resources, b: Resources) -> Resources:
+    return Resources(max(a.cpu, b.cpu), max(a.memory, b.memory), max(a.gpu, b.gpu))
+
+
 def pod_requests(pod: Mapping[str, Any]) -> Resources:
-    """The sum of the containers' requests (limits stand in where a request is missing,
-    as the API server defaults them)."""
+    """What the pod holds of its node, as the kube-scheduler counts it (NodeResourcesFit's
+    ``PodRequests``) and the kubelet admits it: the sum of its containers' requests, with its
+    sidecars' (init containers with ``restartPolicy: Always``), or each resource's peak
+    while an init container runs (with the sidecars started before it) where that is more;
+    pod-level ``spec.resources`` for CPU and memory where given; plus ``spec.overhead``
+    (its RuntimeClass's). One definition for a managed job's requests and for the node's
+    other pods (``k8s_others``)."""
+    spec = pod.get("spec") or {}
     total = Resources()
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        res = c.get("resources") or {}
-        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
-        total = total + _resources(merged)
-    return total
+    for c in spec.get("containers") or []:
+        if isinstance(c, dict):
+            total = total + _requested(c)
+    peak = sidecars = Resources()
+    for c in spec.get("initContainers") or []:
+        if not isinstance(c, dict):
+            continue
+        own = _requested(c)
+        if c.get("restartPolicy") == "Always":  # a sidecar runs beside the containers
+            total, sidecars = total + own, sidecars + own
+            peak = _peak(peak, sidecars)
+        else:
+            peak = _peak(peak, own + sidecars)
+    total = _peak(total, peak)
+    res = spec.get("resources") or {}  # pod-level resources (KEP 2837): CPU and memory only
+    declared = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+    if "cpu" in declared or "memory" in declared:
+        level = _resources(declared)
+        total = Resources(
+            cpu=level.cpu if "cpu" in declared else total.cpu,
+            memory=level.memory if "memory" in declared else total.memory,
+            gpu=total.gpu,
+        )
+    return total + _resources(spec.get("overhead") or {})
 
 
 # -- nodes -------------------------------------------------------------------------------------
-TAINT_UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
 TAINT_NOT_READY = "node.kubernetes.io/not-ready"
 
 
@@ -80,6 +117,39 @@ def node_ready(node: Mapping[str, Any]) -> bool:
         if isinstance(cond, dict) and cond.get("type") == "Ready":
             return cond.get("status") == "True"
     return False
+
+
+# What a kubelet's Lease lasts when it does not say (kubelet's nodeLeaseDurationSeconds).
+LEASE_SECONDS = 40.0
+
+
+def node_lost(node: Mapping[str, Any] | None, lease: Mapping[str, Any] | None, now: float) -> bool:
+    """The node's kubelet has been silent a whole lease: neither its Lease renewed nor its
+    Ready condition posted within ``leaseDurationSeconds`` of ``now`` (epoch seconds): the
+    node the node lifecycle controller marks NotReady, judged from the same heartbeats, so it
+    holds where no such controller runs. A Node object that is gone is lost; one with no
+    heartbeat on record is not (nothing says its kubelet stopped)."""
+    if node is None:
+        return True
+    spec = (lease or {}).get("spec") or {}
+    duration = spec.get("leaseDurationSeconds")
+    seconds = float(duration) if isinstance(duration, int) and duration > 0 else LEASE_SECONDS
+    beats = [_epoch(spec.get("renewTime"))]
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type") == "Ready":
+            beats.append(_epoch(cond.get("lastHeartbeatTime")))
+    heard = [b for b in beats if b is not None]
+    return bool(heard) and now - max(heard) >= seconds
+
+
+def _epoch(raw: object) -> float | None:
+    """An API time (RFC 3339, ``Z`` or an offset, micro-seconds or none) in epoch seconds."""
+    if not isinstance(raw, str):
+        return None
+    try:
+        return datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def node_schedulable(node: Mapping[str, Any]) -> bool:

@@ -1,4 +1,5 @@
-"""Usage readings of one Kubernetes node: allocatable capacity from the node object, CPU
+"""Usage readings of one Kubernetes node: allocatable capacity from the node object (the
+runtime then deducts what the node's unmanaged pods request: ``k8s_others``), CPU
 utilisation from metrics.k8s.io when it is served, else from ``/proc/stat`` deltas (a node's
 agent sees the node's)."""
 

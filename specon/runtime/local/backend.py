@@ -55,6 +55,7 @@ from specon.runtime.base import (
     RuntimeFailure,
     SaveResult,
     StartFailed,
+    Supersede,
     WorkerUsage,
     valid_job_id,
 )
@@ -69,7 +70,14 @@ from specon.runtime.local.cgroups import (
     read_stat,
 )
 from specon.runtime.local.freezer import report, report_refusal
-from specon.runtime.local.launcher import REASON_KILLED, REASON_LOST, ExitRecord, find_launcher, launcher_argv
+from specon.runtime.local.launcher import (
+    REASON_FENCED,
+    REASON_KILLED,
+    REASON_LOST,
+    ExitRecord,
+    find_launcher,
+    launcher_argv,
+)
 from specon.runtime.local.standby_pool import StandbyPool, StandbySpec
 from specon.runtime.local.warm import WarmInterpreter, WarmLaunchError, WarmNoAnswerError, WarmSpec
 from specon.runtime.local.zygote import Request
@@ -267,7 +275,7 @@ class LocalRuntime(OwnerRecords[Owner]):
         return self._budget.set_weight(container_id, weight)
 
     async def start(
-        self, spec: JobSpec, *, checkpoint: Path | None = None, supersede: bool = False
+        self, spec: JobSpec, *, checkpoint: Path | None = None, supersede: Supersede = False
     ) -> ContainerInfo:
         self._check_open()
         paths = JobPaths(self.root, spec.id)
@@ -285,7 +293,12 @@ class LocalRuntime(OwnerRecords[Owner]):
         except OSError as exc:  # e.g. a full volume
             raise StartFailed(spec.id, f"cannot create the job's directories: {exc}") from exc
         async with self._locked(paths):
-            self._refuse_running(paths, supersede=supersede)
+            stale = self._refuse_running(paths, supersede=supersede)
+            if stale is not None and stale.host == self._host:
+                # One kernel (workers of the embedded default, namespace hosts): the lost
+                # worker's copy is in reach, so it ends before the new one starts rather than
+                # at its launcher's next look. Elsewhere the generation fences it.
+                await self._kill(paths, stale, reason=REASON_FENCED)
             if paths.finished():
                 raise AlreadyFinished(spec.id, "already finished (done marker or final progress record)")
             try:
@@ -434,7 +447,8 @@ class LocalRuntime(OwnerRecords[Owner]):
         )
 
     def _exit_record(self, owner: Owner, reason: str, sig: int | None) -> ExitRecord:
-        return ExitRecord(owner.run_id, self._worker, owner.pid or 0, None, sig, reason, time.time())
+        # The run's worker, not ours: a start superseding a lost worker's run ends that run here.
+        return ExitRecord(owner.run_id, owner.worker, owner.pid or 0, None, sig, reason, time.time())
 
     def _launch(self, spec: JobSpec, paths: JobPaths) -> Owner:
         """Start the job detached, in the worker's budget, and record it as the owner."""
@@ -443,10 +457,10 @@ class LocalRuntime(OwnerRecords[Owner]):
         # finds its launcher by ``run_id``) instead of a running copy no record names.
         ahead = self._write_ahead(spec.id, paths)
         run_id = ahead.run_id
-        pid = self._launch_warm(spec, paths, run_id)
+        pid = self._launch_warm(spec, paths, run_id, ahead.generation)
         if pid is None:
             argv = launcher_argv(sys.executable, paths.exits, run_id, self._worker)
-            pid = self._launch_cold(spec, paths, argv)
+            pid = self._launch_cold(spec, paths, argv, ahead.generation)
         stat = read_stat(pid, proc=self._proc)  # an unreaped child is readable even if dead
         owner = Owner(
             worker=self._worker,
@@ -460,12 +474,11 @@ class LocalRuntime(OwnerRecords[Owner]):
         try:
             paths.write_owner(owner)
         except OSError as exc:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+            self._abandon(paths, ahead, lambda: os.killpg(pid, signal.SIGKILL))
             raise StartFailed(spec.id, f"cannot record the owner, job killed: {exc}") from exc
         return owner
 
-    def _launch_warm(self, spec: JobSpec, paths: JobPaths, run_id: str) -> int | None:
+    def _launch_warm(self, spec: JobSpec, paths: JobPaths, run_id: str, generation: int | None) -> int | None:
         """Hand the job to its GPU's primed standby, else fork it from the warm interpreter;
         None where neither can run it (start cold)."""
         standby = None if self.standby is None else self.standby.take(spec)
@@ -477,7 +490,7 @@ class LocalRuntime(OwnerRecords[Owner]):
             module=server.module,
             args=args,
             cwd=str(paths.dir),
-            env=paths.env(spec, self._worker) | ({} if standby is None else standby.env),
+            env=paths.env(spec, self._worker, generation) | ({} if standby is None else standby.env),
             stdout=str(paths.stdout),
             stderr=str(paths.stderr),
             exits=str(paths.exits),
@@ -493,7 +506,7 @@ class LocalRuntime(OwnerRecords[Owner]):
         except WarmNoAnswerError as exc:  # the provisional record stays: it names the run
             raise StartFailed(spec.id, f"{exc}; a later start finds it if it runs") from exc
 
-    def _launch_cold(self, spec: JobSpec, paths: JobPaths, argv: list[str]) -> int:
+    def _launch_cold(self, spec: JobSpec, paths: JobPaths, argv: list[str], generation: int | None) -> int:
         """Start the job under ``launcher.py`` in a fresh interpreter; the launcher's pid."""
         try:
             # Never through a symlink or into a FIFO planted in the job's directory.
@@ -501,7 +514,7 @@ class LocalRuntime(OwnerRecords[Owner]):
                 child = subprocess.Popen(
                     [*argv, *spec.command],
                     cwd=paths.dir,
-                    env=paths.env(spec, self._worker),
+                    env=paths.env(spec, self._worker, generation),
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
@@ -564,7 +577,7 @@ class LocalRuntime(OwnerRecords[Owner]):
             await self.sleep(_POLL_S)
         return True
 
-    async def _kill(self, paths: JobPaths, run: Owner) -> None:
+    async def _kill(self, paths: JobPaths, run: Owner, *, reason: str = REASON_KILLED) -> None:
         # The group, not only the launcher: a job's children may outlive it.
         if run.pid is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -572,8 +585,10 @@ class LocalRuntime(OwnerRecords[Owner]):
         if not await self._wait_ended(run, _KILL_WAIT_S):
             raise RuntimeFailure(paths.job, f"process group {run.pid} survived SIGKILL")
         if paths.exit_of(run.run_id) is None:
-            paths.append_exit(self._exit_record(run, REASON_KILLED, int(signal.SIGKILL)))
-        log.warning("specon.runtime.killed", worker=self._worker, container=paths.job, pid=run.pid)
+            paths.append_exit(self._exit_record(run, reason, int(signal.SIGKILL)))
+        log.warning(
+            "specon.runtime.killed", worker=self._worker, container=paths.job, pid=run.pid, reason=reason
+        )
 
 
 def _append(path: Path) -> BinaryIO:

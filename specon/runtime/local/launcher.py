@@ -9,6 +9,12 @@ It is run *by path* with ``python -I -S``, so it must import nothing but the sta
 library; the runtime imports :class:`ExitRecord` from here so the record format has one
 definition.
 
+Fencing: it also watches the job's ``generation.json`` beside the exit log (a ``stat`` a
+second, ``specon.fence``). Once a newer generation has started (the manager took this host
+for lost and restored the job elsewhere), it SIGKILLs the job and its process group and
+records the exit as ``fenced``: a stale copy stops within a second even where the job does
+not check its generation itself and no agent is left to stop it.
+
 Signals: the runtime signals the whole process group, so the job receives SIGTERM itself.
 The launcher only ignores it (a no-op handler, not ``SIG_IGN``, because ``SIG_IGN`` would be
 inherited across ``exec`` and make the job deaf to SIGTERM) and never forwards it: a
@@ -19,9 +25,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from types import FrameType
 
@@ -29,7 +37,11 @@ from types import FrameType
 REASON_EXITED = "exited"  # the job ended by itself or after a signal; the launcher saw it
 REASON_KILLED = "killed"  # the runtime SIGKILLed the process group (the launcher died too)
 REASON_LOST = "lost"  # the runtime found the job dead with no record (e.g. host reboot)
+REASON_FENCED = "fenced"  # a newer generation started elsewhere: the launcher killed its job
 EXEC_FAILED = 127  # the shell's convention for "command not found / not executable"
+GENERATION_FILE = "generation.json"  # ``specon.fence``'s (this module imports nothing of specon)
+ENV_GENERATION = "SPECON_GENERATION"  # the run's generation, as the runtime started it
+FENCE_POLL_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,21 +167,91 @@ def main(argv: list[str]) -> int:
         except OSError as exc:
             print(f"specon launcher: cannot run {command[0]!r}: {exc}", file=sys.stderr, flush=True)
         os._exit(EXEC_FAILED)
-    return wait_and_record(child, exit_log, run_id, worker)
+    return wait_and_record(child, exit_log, run_id, worker, run_generation(os.environ))
 
 
-def wait_and_record(child: int, exit_log: str, run_id: str, worker: str) -> int:
+def run_generation(env: Mapping[str, str]) -> int | None:
+    """The generation the runtime started the run in (its environment's), if it says."""
+    raw = env.get(ENV_GENERATION, "")
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 19 else None
+
+
+def wait_and_record(
+    child: int, exit_log: str, run_id: str, worker: str, generation: int | None = None
+) -> int:
     """Wait for the job ``child``, append its exit record, and return the status this
-    launcher exits with (the job's code, or 128 + the signal that ended it)."""
-    _, status = os.waitpid(child, 0)  # retried on EINTR (PEP 475)
+    launcher exits with (the job's code, or 128 + the signal that ended it). A job fenced
+    by a newer generation than ``generation`` (None: the file's now) is killed with its
+    group, this launcher included, once recorded."""
+    path = os.path.join(os.path.dirname(os.path.abspath(exit_log)), GENERATION_FILE)
+    fence = Generation(path, generation)
+    status, fenced = _wait(child, fence)
     code = os.waitstatus_to_exitcode(status)
     sig = -code if code < 0 else None
     exit_code = code if code >= 0 else None
-    append_exit(
-        exit_log,
-        ExitRecord(run_id, worker, os.getpid(), exit_code, sig, REASON_EXITED, time.time()),
-    )
+    reason = REASON_FENCED if fenced else REASON_EXITED
+    append_exit(exit_log, ExitRecord(run_id, worker, os.getpid(), exit_code, sig, reason, time.time()))
+    if fenced and os.getpgrp() == os.getpid():  # what the job started goes with it
+        os.killpg(os.getpid(), signal.SIGKILL)
     return code if code >= 0 else 128 + (sig or 0)
+
+
+class Generation:
+    """A job's ``generation.json``: the generation it holds when this run began, and whether
+    a newer one has started since (a ``stat`` per look, a read only when it changed). The
+    rule of ``specon.fence.Fence``, written again: this file runs by path, alone (see above)."""
+
+    def __init__(self, path: str, own: int | None = None) -> None:
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = None  # the first look reads the file
+        self.own = self._read() if own is None else own
+
+    def moved_on(self) -> bool:
+        if not self.own:
+            return False  # started outside a fencing runtime: nothing to compare with
+        stamp = self._stat()
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        return self._read() > self.own
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _read(self) -> int:
+        try:
+            with open(self.path, "rb") as f:
+                n = json.loads(f.read(4096)).get("generation")
+        except (OSError, ValueError, AttributeError):
+            return 0  # absent or unreadable: never a reason to kill the job
+        return n if isinstance(n, int) and not isinstance(n, bool) else 0
+
+
+def _wait(child: int, fence: Generation) -> tuple[int, bool]:
+    """The job's wait status, and whether it was fenced (killed for a newer generation)."""
+    try:
+        pidfd: int | None = os.pidfd_open(child)
+    except OSError:  # a kernel before 5.3: look every tenth of a second instead
+        pidfd = None
+    try:
+        while True:
+            if pidfd is None:
+                time.sleep(0.1)
+            else:
+                select.select([pidfd], [], [], FENCE_POLL_S)
+            pid, status = os.waitpid(child, os.WNOHANG)  # retried on EINTR (PEP 475)
+            if pid:
+                return status, False
+            if fence.moved_on():
+                os.kill(child, signal.SIGKILL)
+                return os.waitpid(child, 0)[1], True
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,13 @@ from dataclasses import dataclass
 
 from specon import checkpoint as ckpt
 from specon.runtime.local.cgroup_entry import Entry, enter
-from specon.runtime.local.launcher import fork_job, ignore_job_signals, wait_and_record, warm_comm
+from specon.runtime.local.launcher import (
+    fork_job,
+    ignore_job_signals,
+    run_generation,
+    wait_and_record,
+    warm_comm,
+)
 
 # The built-in workloads: the module a request may name, and what to import ahead for it.
 WORKLOADS_MODULE = "specon.workloads"
@@ -195,7 +201,7 @@ def _launcher(req: Request, ready: int) -> int:
     child = fork_job()
     if child == 0:
         os._exit(run_job(req))
-    return wait_and_record(child, req.exits, req.run_id, req.worker)
+    return wait_and_record(child, req.exits, req.run_id, req.worker, run_generation(req.env))
 
 
 def _fork(req: Request) -> int:

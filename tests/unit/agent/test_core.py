@@ -179,6 +179,7 @@ async def test_refresh_closes_the_progress_log_of_an_ended_container(world: Worl
     agent = world.agent()
     await agent.refresh()
     world.w0.crash("a")
+    gc.collect()  # what earlier tests in this process left unclosed is theirs, not the agent's
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
@@ -355,6 +356,18 @@ async def test_save_checkpoints_the_job_and_stops_watching_it(world: World) -> N
     assert "a" not in reports(agent, world.clock)
     await tick(agent, world.clock)
     assert "a" not in agent.watched and not agent.leaving
+
+
+async def test_a_save_of_a_job_not_watched_yet_reports_the_step_it_trained_to(world: World) -> None:
+    await world.run("a")
+    agent = world.agent()
+    await world.clock.advance(TICK)  # the job logs records; the agent has not looked yet
+    assert "a" not in agent.watched
+
+    res = await execute(agent, world.clock, command("save-a", Action.SAVE, "a"))
+
+    assert res.ok and isinstance(res.detail["last_step"], int), "the move's lost steps need it"
+    assert res.detail["last_step"] >= (res.checkpoint_step or 0)
 
 
 async def test_a_refresh_that_raced_the_save_does_not_readopt_the_container(world: World) -> None:

@@ -258,7 +258,7 @@ async def client(world: World) -> AsyncIterator[Client]:
     agent = world.agent()
     await world.sample(agent)
     daemon = AgentDaemon(agent, ManagerClient("http://127.0.0.1:9", "unused"))
-    async with TestClient(TestServer(create_app(daemon))) as c:
+    async with TestClient(TestServer(create_app(daemon, gpu_device_metrics=True))) as c:
         yield c
 
 
@@ -291,6 +291,18 @@ async def test_metrics_use_dcgm_names_per_device_and_specon_names_per_container(
     assert got["specon_agent_gpu_read_failures_total", ()] == 0.0
     assert got["specon_agent_gpu_freezes_total", ()] == 0.0  # the GPU sharing's counters
     assert got["specon_agent_gpu_jobs", (("state", "frozen"),)] == 0.0
+
+
+async def test_per_device_series_are_off_by_default_beside_a_dcgm_exporter(world: World) -> None:
+    await world.start("a")
+    world.runtime.pid_map = {A: frozenset({100, 101})}
+    agent = world.agent()
+    await world.sample(agent)
+    daemon = AgentDaemon(agent, ManagerClient("http://127.0.0.1:9", "unused"))
+    async with TestClient(TestServer(create_app(daemon))) as c:
+        got = await metrics(c)
+    assert not [name for name, _ in got if name.startswith("DCGM_")]
+    assert got["specon_agent_container_gpu_memory_bytes", (("container", "a"),)] == 4.5 * GIB
 
 
 async def test_healthz_counts_the_gpus(client: Client) -> None:

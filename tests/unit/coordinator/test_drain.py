@@ -113,3 +113,77 @@ def test_cordons_survive_a_manager_restart(tmp_path: Path, clock: FakeClock) -> 
     assert again.on_uncordon(A)
     again.journal.close()
     assert coordinator(tmp_path, clock).core.cordons == {}
+
+
+SPOT = "aws-node-termination-handler/spot-itn=true:NoSchedule"
+CORDONED = "node.kubernetes.io/unschedulable:NoSchedule"
+
+
+def test_a_reclaim_notice_drains_the_worker_within_the_policys_deadline_and_lifts_with_it(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    coord, a, _ = _cluster(tmp_path, clock)
+    a.taints = (SPOT,)
+    coord.on_heartbeat(a.heartbeat(*(report(j) for j in JOBS)))
+    coord.step(rebalance=True)
+    c = coord.core.cordons[A]
+    deadline = coord.core.policy.recovery.evacuate_deadline
+    assert (c.taint, c.deadline) == ("aws-node-termination-handler/spot-itn", clock() + deadline)
+    batch = coord.on_heartbeat(a.heartbeat(*(report(j) for j in JOBS)))
+    saves = commands(batch, Action.SAVE)
+    assert sorted(s.container for s in saves) == sorted(JOBS)
+    assert all(batch.remaining(s) == pytest.approx(deadline) for s in saves)
+    a.taints = ()  # the notice withdrawn: the worker takes jobs again (moves under way go on)
+    coord.on_heartbeat(a.heartbeat(*(report(j) for j in JOBS)))
+    coord.step(rebalance=True)
+    assert A not in coord.core.cordons and coord.state.cordoned == set()
+
+
+def test_a_cordon_drains_with_no_deadline_a_notice_then_sets_one_and_operators_drain_stays(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    coord, a, b = _cluster(tmp_path, clock)
+    a.taints = (CORDONED,)
+    coord.on_heartbeat(a.heartbeat(*(report(j) for j in JOBS)))
+    coord.step(rebalance=True)
+    assert (
+        coord.core.cordons[A].deadline is None
+        and coord.core.cordons[A].taint == "node.kubernetes.io/unschedulable"
+    )
+    clock.advance(5)
+    a.taints = (CORDONED, SPOT)
+    coord.on_heartbeat(a.heartbeat(*(report(j) for j in JOBS)))
+    coord.step(rebalance=True)
+    c = coord.core.cordons[A]
+    assert c.since == clock() - 5 and c.deadline == clock() + coord.core.policy.recovery.evacuate_deadline
+    # An operator's drain is not the taint's: it outlives it.
+    coord.on_drain(B)
+    b.taints = (CORDONED,)
+    coord.on_heartbeat(b.heartbeat())
+    b.taints = ()
+    coord.on_heartbeat(b.heartbeat())
+    coord.step(rebalance=True)
+    assert B in coord.core.cordons and coord.core.cordons[B].taint is None
+
+
+def test_evacuation_off_by_policy_ignores_cordons_and_notices(tmp_path: Path, clock: FakeClock) -> None:
+    coord = coordinator(tmp_path, clock, policy(recovery={"evacuate_taints": [], "evacuate_cordoned": False}))
+    a = FakeAgent("a", clock)
+    a.taints = (CORDONED, SPOT)
+    coord.on_heartbeat(a.heartbeat(*(report(j) for j in JOBS)))
+    coord.step(rebalance=True)
+    assert coord.core.cordons == {}
+
+
+def test_a_save_with_no_checkpoint_loses_every_step_the_job_had_trained(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    # Killed before its first checkpoint (or before its handlers were in): it restarts from 0.
+    coord, a, _ = _cluster(tmp_path, clock)
+    coord.on_drain(A)
+    save = commands(coord.on_heartbeat(a.heartbeat(*(report(j) for j in JOBS))), Action.SAVE)[0]
+    res = CommandResult(command=save.id, ok=True, checkpoint=None, checkpoint_step=None, finished_at=a.now(),
+                        detail={"rolled_back": True, "last_step": 7})  # fmt: skip
+    coord.on_heartbeat(a.heartbeat(results=(res,)))
+    (m,) = [m for m in _evacuations(coord) if m.container == save.container]
+    assert m.lost_steps == 7

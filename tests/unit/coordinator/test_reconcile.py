@@ -72,7 +72,7 @@ def test_a_lost_hosts_job_is_restored_on_a_live_worker_after_recovery_after(
     assert m.checkpoint is None  # the newest complete checkpoint, as the target finds it
     start = only(coord.on_heartbeat(b.heartbeat()), Action.START)
     # a is lost: a copy it may still run is fenced by this start's new generation.
-    assert (start.container, start.rollback, start.supersede) == (J, False, True)
+    assert (start.container, start.rollback, start.supersede, start.lost) == (J, False, True, "a")
     # b starts it: the copy runs and the recovery is done; a is never asked for anything.
     done = CommandResult(command=start.id, ok=True, finished_at=b.now())
     coord.on_heartbeat(b.heartbeat(report("j1"), results=(done,)))
@@ -126,6 +126,20 @@ def test_a_crashed_job_restarts_with_back_off_and_is_left_failed_past_the_limit(
         metrics.on_event(e)
     assert metrics.recoveries.labels(reason="crashed")._value.get() == 2
     assert metrics.recoveries_skipped.labels(reason="crashed", why="gave_up")._value.get() == 1
+
+
+def test_a_job_no_heartbeat_saw_running_is_restored_once_its_worker_lists_it_ended(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    # Started on a, which died before a heartbeat listed the job: the rebooted host lists it
+    # stopped (its run from the earlier boot), the only word the manager ever gets of it.
+    coord = coordinator(tmp_path, clock)
+    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
+    coord.on_heartbeat(b.heartbeat())
+    coord.on_heartbeat(a.heartbeat(report("j1", phase="stopped")))
+    coord.step(rebalance=True)
+    (m,) = _recoveries(coord)
+    assert (m.reason, m.source) == ("recovered", "a") and m.target in ("a", "b")
 
 
 def test_a_refused_recovery_start_ends_and_the_next_attempt_backs_off(

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from specon import checkpoint, jobkit
-from specon.fence import EXIT_FENCED, GENERATION_FILE, Fence, Fenced
+from specon.fence import ENV_GENERATION, EXIT_FENCED, GENERATION_FILE, Fence, Fenced
+from specon.model import ContainerId, WorkerId
+from specon.runtime.base import JobSpec
 from specon.runtime.volume import JobPaths
 from specon.testing.progress_log import progress_records
 
@@ -61,3 +63,23 @@ def test_a_stale_job_writes_no_record_and_no_checkpoint_after_the_newer_generati
     assert steps == list(range(1, 12))
     newest = checkpoint.latest_complete(paths.checkpoints)
     assert newest is not None and newest.step == 10
+
+
+def test_a_slow_starting_copy_keeps_the_generation_its_runtime_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Launched in generation 3; a newer start bumped to 4 before this copy's Job began: read
+    # at start it would take 4 for its own and two copies would share it, neither fenced.
+    _bump(tmp_path, 4)
+    monkeypatch.setenv(ENV_GENERATION, "3")
+    fence = Fence.of_job(tmp_path / "checkpoints")
+    assert fence.own == 3 and fence.stale()
+    monkeypatch.setenv(ENV_GENERATION, "not a number")  # an older runtime's run: the file's
+    assert Fence.of_job(tmp_path / "checkpoints").own == 4
+
+
+def test_the_runtime_names_the_runs_generation_in_its_environment(tmp_path: Path) -> None:
+    paths = JobPaths(tmp_path, ContainerId("j"))
+    spec = JobSpec(id=ContainerId("j"), command=("train",))
+    assert paths.env(spec, WorkerId("w0"), 7)[ENV_GENERATION] == "7"
+    assert ENV_GENERATION not in paths.env(spec, WorkerId("w0"))

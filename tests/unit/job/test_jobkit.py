@@ -339,9 +339,15 @@ def _reference(script: Path, tmp_path: Path, steps: int) -> dict[str, Any]:
 
 def test_sigterm_subprocess_exits_with_a_checkpoint(script: Path, tmp_path: Path) -> None:
     proc = _start(script, tmp_path, steps=10_000, delay=0.002, every=1000)
-    _wait_until_started(tmp_path / "progress.jsonl", 1, time.monotonic() + 20)
+    progress = tmp_path / "progress.jsonl"
+    _wait_until_started(progress, 1, time.monotonic() + 20)
+    deadline = time.monotonic() + 20  # a step trained (a loaded machine may not have yet)
+    while not any("loss" in r for r in _records(progress)):
+        assert time.monotonic() < deadline, "no step trained in time"
+        time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=20) == jobkit.EXIT_CHECKPOINTED
+    proc.communicate(timeout=20)  # and its pipes closed
+    assert proc.returncode == jobkit.EXIT_CHECKPOINTED
     last = _records(tmp_path / "progress.jsonl")[-1]
     assert last["event"] == "checkpointed"
     latest = checkpoint.latest_complete(tmp_path / "ckpt")
@@ -388,7 +394,7 @@ def test_sigkill_redoes_only_the_steps_after_the_last_checkpoint(script: Path, t
         assert time.monotonic() < deadline, "no checkpoint at step 50 in time"
         time.sleep(0.01)
     proc.kill()
-    proc.wait(timeout=20)
+    proc.communicate(timeout=20)
     proc = _start(script, tmp_path, steps=steps, delay=0.0, every=25)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,24 @@ def test_migrations_survive_reopen_and_in_flight_filters_terminal(tmp_path: Path
     assert got == _m("1", State.SAVING)
     assert j2.get("nope") is None
     assert len(j2.all()) == 3
+
+
+def _ended(mid: str, state: State, at: float) -> Migration:
+    return replace(_m(mid, state), updated_at=at)
+
+
+def test_forget_deletes_ended_migrations_past_retention_but_the_newest_and_the_open(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "j.db")
+    for mid, state, at in [("old1", State.DONE, 10.0), ("old2", State.ROLLED_BACK, 20.0),
+                           ("old3", State.DONE, 30.0), ("new", State.DONE, 95.0)]:  # fmt: skip
+        j.put(_ended(mid, state, at))
+    j.put(_m("open", State.SAVING))  # in flight since t=1: never forgotten
+    assert j.forget(100.0, 50.0, keep_newest=2) == 2  # old3 is one of the two newest ended
+    assert sorted(m.id for m in j.all()) == ["new", "old3", "open"]
+    assert j.forget(100.0, 50.0, keep_newest=0) == 1
+    assert sorted(m.id for m in j.all()) == ["new", "open"]
+    j.close()
+    assert sorted(m.id for m in Journal(tmp_path / "j.db").all()) == ["new", "open"]
 
 
 def test_put_replaces_state(tmp_path: Path) -> None:
@@ -159,6 +178,10 @@ class ConfigMapApi(KubeApi):
             if name not in self.maps:
                 raise KubeError(404, "NotFound", name)
             return copy.deepcopy(self.maps[name])
+        if method == "DELETE":
+            if self.maps.pop(name, None) is None:
+                raise KubeError(404, "NotFound", name)
+            return {}
         assert method in ("POST", "PUT"), method
         self.maps[body["metadata"]["name"]] = copy.deepcopy(body)
         return body
@@ -210,6 +233,16 @@ def test_configmaps_written_before_the_codec_still_read_and_are_written_the_same
     stored = json.loads(api.maps[j.migration_name("m1")]["data"]["migration.json"])
     assert stored == json.loads(OLD_MIGRATION) and list(stored) == sorted(stored)
     assert api.maps["specon-marks"]["data"] == {"ml.job-1": OLD_MARK}
+
+
+def test_kube_journal_forgets_ended_migrations_by_the_same_rule() -> None:
+    j, api = kube_journal()
+    j.put(_ended("old", State.DONE, 10.0))
+    j.put(_ended("new", State.DONE, 95.0))
+    j.put(_m("open", State.SAVING))
+    assert j.forget(100.0, 50.0, keep_newest=0) == 1
+    assert sorted(m.id for m in j.all()) == ["new", "open"]
+    assert j.migration_name("old") not in api.maps
 
 
 def test_kube_journal_round_trips_through_the_codec() -> None:

@@ -7,10 +7,11 @@ import threading
 from pathlib import Path
 
 from specon_manager.journal import Journal
-from specon_manager.shell import ManagerShell
+from specon_manager.shell import PRUNE_EVERY, ManagerShell
 
-from specon.coordinator.migration import Mark, Migration
-from specon.model import Category
+from specon.coordinator.machine import RECENT_MIGRATIONS
+from specon.coordinator.migration import Mark, Migration, State
+from specon.model import Category, ContainerId, WorkerId
 from specon.wire.protocol import Action, CommandResult, Heartbeat
 from tests.unit.manager_fakes import FakeAgent, FakeClock, only, policy, report, shell
 
@@ -145,3 +146,32 @@ async def test_a_heartbeat_with_nothing_to_journal_does_not_wait_for_anothers_wr
     assert other.ack is not None and not beat.done()
     journal.gate.set()
     assert only(await asyncio.wait_for(beat, 5.0), Action.SAVE).container == "c1"
+
+
+async def test_the_leader_prunes_ended_migrations_past_retention_every_hour(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    week = 7 * 86_400.0
+    journal = Journal(tmp_path / "journal.db")
+
+    def ended(n: int, at: float) -> Migration:
+        return Migration(f"m{n}", ContainerId(f"c{n}"), WorkerId("a"), WorkerId("b"), "converged",
+                         State.DONE, at, at)  # fmt: skip
+
+    with journal.transaction():  # the status's newest RECENT_MIGRATIONS always stay
+        for n in range(RECENT_MIGRATIONS + 2):
+            journal.put(ended(n, clock() - week - 10_000 + n))
+    sh = ManagerShell(policy=policy(), journal=journal, clock=clock, journal_retention=week)
+    await sh.tick()  # the first pass prunes
+    assert len(journal.all()) == RECENT_MIGRATIONS and sh.journal_pruned == 2
+    assert {m.id for m in journal.all()} == {f"m{n}" for n in range(2, RECENT_MIGRATIONS + 2)}
+    journal.put(ended(-1, clock() - 2 * week))
+    await sh.tick()  # not an hour since
+    assert len(journal.all()) == RECENT_MIGRATIONS + 1
+    clock.advance(PRUNE_EVERY)
+    await sh.tick()
+    assert len(journal.all()) == RECENT_MIGRATIONS and sh.journal_pruned == 3
+    # A standby never deletes anything.
+    standby = ManagerShell(policy=policy(), journal=journal, clock=clock, standby=True, journal_retention=0.0)
+    await standby.tick()
+    assert len(journal.all()) == RECENT_MIGRATIONS

@@ -16,6 +16,7 @@ import structlog
 from specon import checkpoint
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import (
+    AlreadyFinished,
     AlreadyRunning,
     ContainerInfo,
     ContainerState,
@@ -214,10 +215,16 @@ def test_a_start_superseding_a_lost_hosts_run_goes_on_in_a_new_generation(tmp_pa
         ("specon.fake.superseded", "w1", 1)
     ]
     assert here._write_ahead(JOB, paths).generation == 2  # the stale run's jobkit stops on it
-    # A run this host can verify is never superseded: it is alive, here.
+    # Network-namespace hosts share one kernel: the lost worker's run is alive in this /proc.
+    # It is superseded all the same when the start names its worker, never when it names another.
     again = FakeBackend(tmp_path)
     again.procs[42] = Proc()
-    paths.write_owner(replace(paths.read_owner() or owner, pid=42))
+    paths.write_owner(replace(owner, pid=42, host=again._host))
+    with pytest.raises(AlreadyRunning):
+        again._refuse_running(paths, supersede=WorkerId("w2"))  # w1 was not taken for lost
+    assert again._refuse_running(paths, supersede=WorkerId("w1")) == replace(owner, pid=42, host=again._host)
+    # This worker's own run, alive here, is never superseded.
+    paths.write_owner(replace(owner, pid=42, worker=again._worker, host=again._host))
     with pytest.raises(AlreadyRunning):
         again._refuse_running(paths, supersede=True)
 
@@ -398,3 +405,28 @@ async def test_forget_waits_for_the_jobs_lock(tmp_path: Path) -> None:
         assert not forgetting.done() and paths_of(rt).read_owner() is not None
     await forgetting
     assert paths_of(rt).read_owner() is None
+
+
+def test_a_job_that_finished_before_its_new_generation_is_on_record_is_not_started(rt: FakeBackend) -> None:
+    # A superseded copy on a host out of reach completes between the start's first look and
+    # the bump: the start sees it once the generation is on record, and starts nothing.
+    paths = paths_of(rt)
+    paths.create()
+    first = rt._write_ahead(JOB, paths)
+    paths.done.write_text("{}")
+    with pytest.raises(AlreadyFinished):
+        rt._write_ahead(JOB, paths)
+    assert paths.read_generation() == first.generation + 1  # any copy left is fenced
+    assert paths.read_owner() == first  # the refused run's record is not left behind
+
+
+def test_a_run_that_cannot_be_recorded_is_killed_and_leaves_no_record(rt: FakeBackend) -> None:
+    # The volume filled between the write-ahead and the full record: the run is killed and
+    # its provisional record goes, so a start on another worker is not refused by a dead run.
+    paths = paths_of(rt)
+    paths.create()
+    ahead = rt._write_ahead(JOB, paths)
+    killed: list[bool] = []
+    rt._abandon(paths, ahead, lambda: killed.append(True))
+    assert killed == [True] and paths.read_owner() is None
+    FakeBackend(rt.root, "w1", host="boot-b")._refuse_running(paths)  # nothing refuses it now

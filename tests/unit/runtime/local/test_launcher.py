@@ -1,12 +1,16 @@
 """The cold launcher's signals: it outlives the group's SIGTERM, the job it execs starts with
 the defaults and nothing held back (``fork_job``: held across the fork, let through before
-the exec, since a signal mask survives exec)."""
+the exec, since a signal mask survives exec); and its fence: a newer generation of the job
+kills the job with its group."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from specon.runtime.local import launcher
@@ -52,3 +56,86 @@ def test_fork_job_gives_the_child_the_defaults_and_leaves_the_launcher_deaf(tmp_
         [sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=60, check=True
     )
     assert json.loads(out.stdout) == {"child": 0, "held": []}
+
+
+# A job that ignores SIGTERM and never looks at its generation, with a child of its own.
+STUBBORN = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print("up", flush=True)
+time.sleep(600)
+"""
+
+
+def _launch(tmp_path: Path, job: str) -> tuple[subprocess.Popen[str], Path]:
+    exits = tmp_path / "exits.jsonl"
+    argv = [*launcher.launcher_argv(sys.executable, exits, "run-1", "w0"), sys.executable, "-c", job]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "up\n"
+    return proc, exits
+
+
+def test_a_newer_generation_kills_the_job_and_its_group_and_records_it_fenced(tmp_path: Path) -> None:
+    generation = tmp_path / launcher.GENERATION_FILE
+    generation.write_text('{"generation": 3}')
+    proc, exits = _launch(tmp_path, STUBBORN)
+    try:
+        generation.write_text('{"generation": 4}')  # another copy started elsewhere
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    (record,) = [json.loads(line) for line in exits.read_text().splitlines()]
+    assert record["reason"] == launcher.REASON_FENCED and record["signal"] == signal.SIGKILL
+    assert not _alive_in_group(proc.pid), "the job's own child goes with the group"
+
+
+def _alive_in_group(pgid: int) -> list[int]:
+    """Processes of group ``pgid`` not dead (a killed orphan may wait a moment to be reaped)."""
+    alive = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            alive.append(int(pid))
+    return alive
+
+
+def test_the_same_generation_rewritten_or_unreadable_leaves_the_job_alone(tmp_path: Path) -> None:
+    generation = tmp_path / launcher.GENERATION_FILE
+    generation.write_text('{"generation": 3}')
+    proc, exits = _launch(tmp_path, STUBBORN)
+    try:
+        generation.write_text('{"generation":3} ')  # changed on disk, not newer
+        time.sleep(1.5 * launcher.FENCE_POLL_S)
+        generation.write_text("{half")
+        time.sleep(1.5 * launcher.FENCE_POLL_S)
+        assert proc.poll() is None
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not exits.exists()
+
+
+def test_a_launcher_fences_by_the_generation_its_runtime_named_not_the_files_at_its_start(
+    tmp_path: Path,
+) -> None:
+    # A newer start bumped generation.json before this launcher began: it is stale from birth.
+    (tmp_path / launcher.GENERATION_FILE).write_text('{"generation": 5}')
+    exits = tmp_path / "exits.jsonl"
+    argv = [*launcher.launcher_argv(sys.executable, exits, "run-1", "w0"), sys.executable, "-c", STUBBORN]
+    env = {**os.environ, launcher.ENV_GENERATION: "4"}
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, text=True, start_new_session=True, env=env)
+    try:
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    (record,) = [json.loads(line) for line in exits.read_text().splitlines()]
+    assert record["reason"] == launcher.REASON_FENCED

@@ -1,0 +1,137 @@
+"""The node's other pods: what the pods bound to it that specon does not manage request.
+
+The kubelet admits a pod only where its requests and those of every pod already bound to the
+node fit the node's allocatable (the scheduler's NodeResourcesFit rule). The manager counts
+the managed pods (their requests come with each heartbeat); the others (other teams'
+workloads, DaemonSets, system pods) only the node's agent sees. So the capacity the agent
+reports is the allocatable less their requests (``OtherPods.deduct``), and placement never
+sends a restored copy to a node whose kubelet would refuse it (``OutOfcpu``).
+
+Which pods: every pod bound to the node (``spec.nodeName``, in every namespace) that the
+runtime does not manage (not of its namespace, where it has one, or not matching its label
+selector: its own ``managed`` predicate) and that has not finished (Succeeded or Failed pods
+hold nothing; a terminating one still does). Each pod's requests are
+``k8s_nodes.pod_requests``, the scheduler's sum. They come from a watch of the node's pods
+(``k8s_watch.Informer``), so a heartbeat costs no API call; without a watch, or until its
+first list, from a list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import replace
+
+import structlog
+
+from specon.model import Resources
+from specon.runtime.base import WorkerUsage
+from specon.runtime.kubernetes import pods
+from specon.runtime.kubernetes.api import KubeApi, KubeError
+from specon.runtime.kubernetes.pods import Manifest, PodError
+from specon.runtime.kubernetes.watch import Informer
+
+log = structlog.get_logger()
+
+ALL_PODS = "/api/v1/pods"  # every namespace: the kubelet counts them all
+
+
+def holds_resources(pod: Manifest) -> bool:
+    """Its requests count on its node: not finished (``pods.alive``: Pending, Running,
+    Unknown; a terminating pod still runs)."""
+    return pods.alive(pod)
+
+
+def requests_of(found: list[Manifest]) -> Resources:
+    """The sum of the pods' requests (``pod_requests``); an unreadable one counts nothing."""
+    total = Resources()
+    for pod in found:
+        try:
+            total = total + pods.pod_requests(pod)
+        except PodError as exc:  # the API server validates quantities: not expected
+            log.warning("specon.k8s.requests_unreadable", pod="/".join(pods.key_of(pod)), error=str(exc))
+    return total
+
+
+def remaining(allocatable: Resources, used: Resources) -> Resources:
+    """``allocatable`` less ``used``, each resource at least 0."""
+    return Resources(
+        cpu=max(0.0, allocatable.cpu - used.cpu),
+        memory=max(0, allocatable.memory - used.memory),
+        gpu=max(0, allocatable.gpu - used.gpu),
+    )
+
+
+class OtherPods:
+    """The pods bound to ``node`` that the runtime does not manage, and their requests.
+
+    ``managed``: the runtime's own test of a pod (its label selector); ``namespace``: the
+    runtime's, where it manages pods of one namespace only (those of any other are others).
+    """
+
+    def __init__(
+        self,
+        api: KubeApi,
+        node: str,
+        *,
+        managed: Callable[[Manifest], bool],
+        namespace: str | None = None,
+        watch: bool = True,
+    ) -> None:
+        self.api = api
+        self.node = node
+        self.managed = managed
+        self.namespace = namespace
+        self.query = {"fieldSelector": f"spec.nodeName={node}"}
+        self.watch = (
+            Informer(api, ALL_PODS, name=f"others-{node}", query=self.query, accept=self.counted)
+            if watch
+            else None
+        )
+        self._last: tuple[Resources, int] | None = None  # the last sum and count (logged)
+
+    def counted(self, pod: Manifest) -> bool:
+        """Bound here, holding resources, and not a pod the manager counts already."""
+        if pods.node_of(pod) != self.node or not holds_resources(pod):
+            return False
+        return self.namespace not in (None, pods.key_of(pod)[0]) or not self.managed(pod)
+
+    def start(self) -> None:
+        if self.watch is not None:
+            self.watch.start()
+
+    def stop(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+
+    async def requests(self) -> Resources | None:
+        """What the node's other pods request: the last sum read when they cannot be read
+        now, None before any was."""
+        self.start()
+        if self.watch is not None and self.watch.synced:
+            found = self.watch.items()
+        else:
+            try:
+                data = await asyncio.to_thread(self.api.request, "GET", ALL_PODS, query=self.query)
+            except KubeError as exc:
+                log.warning("specon.k8s.other_pods_unreadable", node=self.node, error=str(exc))
+                return None if self._last is None else self._last[0]
+            found = [o for o in data.get("items") or [] if isinstance(o, dict) and self.counted(o)]
+        total = requests_of(found)
+        if self._last != (total, len(found)):  # once per change
+            self._last = (total, len(found))
+            log.info(
+                "specon.k8s.unmanaged_requests",
+                node=self.node,
+                pods=len(found),
+                cpu=total.cpu,
+                memory=total.memory,
+                gpu=total.gpu,
+            )
+        return total
+
+    async def deduct(self, usage: WorkerUsage) -> WorkerUsage:
+        """``usage`` with the capacity left to managed pods: its capacity (the node's
+        allocatable) less the others' requests."""
+        used = await self.requests()
+        return usage if used is None else replace(usage, capacity=remaining(usage.capacity, used))
