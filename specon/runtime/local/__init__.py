@@ -3,7 +3,8 @@
 - ``backend``: ``LocalRuntime``, one worker's runtime (its owner records:
   ``specon.runtime.owners``);
 - ``cluster``: ``LocalCluster``, several workers on one machine sharing one volume;
-- ``launcher``: the tiny supervisor every local job runs under;
+- ``launcher``: the tiny supervisor every local job runs under; ``cold``: starting it in a
+  fresh interpreter, which joins the worker's budget itself;
 - ``warm``, ``zygote``: the warm interpreter that starts restored jobs without a cold import;
 - ``standby``, ``standby_pool``: a primed interpreter per GPU that becomes a restored GPU job;
 - ``cgroups``, ``cpuset``, ``cgroup_entry``: CPU budgets, pinning, and where a process goes;

@@ -33,13 +33,10 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import BinaryIO
 
 import structlog
 
@@ -59,6 +56,7 @@ from specon.runtime.base import (
     WorkerUsage,
     valid_job_id,
 )
+from specon.runtime.local import cold
 from specon.runtime.local.cgroups import (
     CGROUP_ROOT,
     PROC,
@@ -76,7 +74,6 @@ from specon.runtime.local.launcher import (
     REASON_LOST,
     ExitRecord,
     find_launcher,
-    launcher_argv,
 )
 from specon.runtime.local.standby_pool import StandbyPool, StandbySpec
 from specon.runtime.local.warm import WarmInterpreter, WarmLaunchError, WarmNoAnswerError, WarmSpec
@@ -89,17 +86,6 @@ log = structlog.get_logger()
 
 _POLL_S = 0.05  # between liveness checks while waiting for a job to exit
 _KILL_WAIT_S = 5.0  # for a SIGKILLed group to disappear
-
-# Children of *this OS process*, by pid. Reaping is per process, not per runtime: a second
-# LocalRuntime in the same process (an agent restart in tests, a LocalCluster) reaps the
-# first one's children, and no Popen is garbage-collected while its job still runs.
-_children: dict[int, subprocess.Popen[bytes]] = {}
-
-
-def _reap() -> None:
-    for pid, child in list(_children.items()):
-        if child.poll() is not None:
-            del _children[pid]
 
 
 class LocalRuntime(OwnerRecords[Owner]):
@@ -305,7 +291,7 @@ class LocalRuntime(OwnerRecords[Owner]):
                 paths.write_spec(spec)
             except OSError as exc:  # e.g. a full volume: nothing started
                 raise StartFailed(spec.id, f"cannot record the job spec: {exc}") from exc
-            owner = self._launch(spec, paths)
+            owner = await self._launch(spec, paths)
         newest = ckpt.latest_complete(paths.checkpoints)
         log.info(
             "specon.runtime.started",
@@ -450,7 +436,7 @@ class LocalRuntime(OwnerRecords[Owner]):
         # The run's worker, not ours: a start superseding a lost worker's run ends that run here.
         return ExitRecord(owner.run_id, owner.worker, owner.pid or 0, None, sig, reason, time.time())
 
-    def _launch(self, spec: JobSpec, paths: JobPaths) -> Owner:
+    async def _launch(self, spec: JobSpec, paths: JobPaths) -> Owner:
         """Start the job detached, in the worker's budget, and record it as the owner."""
         # Write-ahead: the run is on record before it exists, so a runtime killed between the
         # launch and the full record below leaves a record that names it (``_find_run``
@@ -459,8 +445,7 @@ class LocalRuntime(OwnerRecords[Owner]):
         run_id = ahead.run_id
         pid = self._launch_warm(spec, paths, run_id, ahead.generation)
         if pid is None:
-            argv = launcher_argv(sys.executable, paths.exits, run_id, self._worker)
-            pid = self._launch_cold(spec, paths, argv, ahead.generation)
+            pid = await self._launch_cold(spec, paths, ahead)
         stat = read_stat(pid, proc=self._proc)  # an unreaped child is readable even if dead
         owner = Owner(
             worker=self._worker,
@@ -506,29 +491,24 @@ class LocalRuntime(OwnerRecords[Owner]):
         except WarmNoAnswerError as exc:  # the provisional record stays: it names the run
             raise StartFailed(spec.id, f"{exc}; a later start finds it if it runs") from exc
 
-    def _launch_cold(self, spec: JobSpec, paths: JobPaths, argv: list[str], generation: int | None) -> int:
+    async def _launch_cold(self, spec: JobSpec, paths: JobPaths, ahead: Owner) -> int:
         """Start the job under ``launcher.py`` in a fresh interpreter; the launcher's pid."""
         try:
-            # Never through a symlink or into a FIFO planted in the job's directory.
-            with _append(paths.stdout) as out, _append(paths.stderr) as err:
-                child = subprocess.Popen(
-                    [*argv, *spec.command],
-                    cwd=paths.dir,
-                    env=paths.env(spec, self._worker, generation),
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    start_new_session=True,  # survives the agent; a process group to signal
-                    # Joins the budget (its own group in it) before exec, race-free. Safe despite threads:
-                    # the child only makes raw syscalls (open/write/close/sched_setaffinity), no lock.
-                    preexec_fn=self._budget.preexec(spec.id),  # noqa: PLW1509
-                    close_fds=True,
-                )
-        except (OSError, subprocess.SubprocessError) as exc:
-            paths.clear_owner()
+            return await cold.launch(
+                spec.command,
+                exits=paths.exits,
+                run_id=ahead.run_id,
+                worker=self._worker,
+                entry=self._budget.entry(spec.id),
+                cwd=paths.dir,
+                env=paths.env(spec, self._worker, ahead.generation),
+                stdout=paths.stdout,
+                stderr=paths.stderr,
+            )
+        except cold.LaunchError as exc:  # nothing runs: no record may name it
+            with contextlib.suppress(OSError):
+                self._clear_owner(paths, ahead)
             raise StartFailed(spec.id, f"cannot launch {spec.command[0]!r}: {exc}") from exc
-        _children[child.pid] = child
-        return child.pid
 
     # -- OwnerRecords hooks: a run is a process group on this host ------------------------------
     # ``_offload`` stays inline: reading /proc is quick, and ``_reap`` must not run in two
@@ -541,7 +521,7 @@ class LocalRuntime(OwnerRecords[Owner]):
         return replace(owner, pid=pid, start_ticks=stat.start_ticks)
 
     def _alive_here(self, owner: Owner) -> bool:
-        _reap()  # an exited child stays a zombie (its /proc entry) until reaped
+        cold.reap()  # an exited child stays a zombie (its /proc entry) until reaped
         return process_alive(owner.pid, owner.start_ticks, proc=self._proc)
 
     async def _run(self, paths: JobPaths, owner: Owner) -> Owner:
@@ -589,10 +569,6 @@ class LocalRuntime(OwnerRecords[Owner]):
         log.warning(
             "specon.runtime.killed", worker=self._worker, container=paths.job, pid=run.pid, reason=reason
         )
-
-
-def _append(path: Path) -> BinaryIO:
-    return os.fdopen(ckpt.open_regular(path, ckpt.APPEND_FLAGS), "ab")
 
 
 def _implements_runtime(rt: LocalRuntime) -> Runtime:

@@ -1,6 +1,7 @@
 """Where a new process of a worker goes (its cgroups and CPUs), as plain data, and how the
 process gets there itself. Standard library only: the warm interpreter
-(``specon.runtime.local.zygote``) applies an entry the runtime computed (``CpuBudget.entry``)."""
+(``specon.runtime.local.zygote``) and the cold launcher (``specon.runtime.local.launcher``,
+which loads this file from beside it) apply an entry the runtime computed (``CpuBudget.entry``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +20,18 @@ class Entry:
 
     files: tuple[tuple[str, str | None], ...] = ()
     affinity: tuple[int, ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"files": [list(f) for f in self.files], "affinity": self.affinity}
+
+    @classmethod
+    def from_json(cls, e: Mapping[str, Any]) -> Entry:
+        """``to_json``'s inverse; ``KeyError``, ``TypeError`` or ``ValueError`` if malformed."""
+        affinity = e.get("affinity")
+        return cls(
+            files=tuple((str(f), None if alt is None else str(alt)) for f, alt in e["files"]),
+            affinity=None if affinity is None else tuple(int(c) for c in affinity),
+        )
 
 
 def make_entry(

@@ -5,8 +5,8 @@ Each worker is a CPU budget, ``<own>/<parent>/<cluster>/<worker>`` below the age
 (so nesting works inside a container too): on cgroup v2 one group (``cgroup_v2``: ``cpu.max``,
 ``cpu.weight``, ``cpu.stat``, controllers delegated level by level), on cgroup v1 the same
 path in the ``cpu`` and ``cpuacct`` hierarchies (``cgroup_v1``: ``cpu.cfs_quota_us``,
-``cpu.shares``, ``cpuacct.usage``). Jobs join race-free: the forked child writes ``0`` into
-each ``cgroup.procs`` before it execs (``CpuBudget.preexec``).
+``cpu.shares``, ``cpuacct.usage``). Jobs join race-free: a job's launcher writes ``0`` into
+each ``cgroup.procs`` (``CpuBudget.entry``, ``cgroup_entry.enter``) before it forks the job.
 
 Each job has a group of its own below its worker's (``<worker>/job-<id>``): its CPU weight
 among the worker's jobs, its CPU seconds, and where it is frozen (``freezer``; on v1 the
@@ -29,14 +29,14 @@ import enum
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
 import structlog
 
 from specon.model import ContainerId
-from specon.runtime.local.cgroup_entry import Entry, enter, make_entry
+from specon.runtime.local.cgroup_entry import Entry, make_entry
 from specon.runtime.local.cgroup_files import (
     CGROUP_ROOT,
     JOB_PREFIX,
@@ -320,15 +320,6 @@ class CpuBudget:
         ):
             files.append(self.cpuset.procs_file)
         return make_entry(files, self.affinity, fallback)
-
-    def preexec(self, job: ContainerId | None = None) -> Callable[[], None]:
-        """The ``preexec_fn`` of a new process of the worker: ``enter`` its ``entry``."""
-        entry = self.entry(job)
-
-        def preexec() -> None:
-            enter(entry)
-
-        return preexec
 
     def set_cpus(self, cpus: float) -> None:
         quota_us(cpus)

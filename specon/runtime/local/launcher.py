@@ -6,8 +6,15 @@ job's parent instead: it forks and execs the job command, waits for it, and appe
 exit record to the job's ``exits.jsonl`` on the persistent volume.
 
 It is run *by path* with ``python -I -S``, so it must import nothing but the standard
-library; the runtime imports :class:`ExitRecord` from here so the record format has one
-definition.
+library (and ``cgroup_entry.py`` beside it, which is standard library only); the runtime
+imports :class:`ExitRecord` from here so the record format has one definition.
+
+Budget: the launcher joins the worker's cgroups and CPUs itself (``--entry``) before it forks
+the job, and says so on ``--ready`` (``ok``, or why not). The runtime does not join them in a
+``preexec_fn``: a child forked from the threaded agent can deadlock before its exec (the
+``subprocess`` documentation's warning), and such a child holds every descriptor of the
+agent: its listening socket and the job's ``flock``, so the agent cannot come back and no
+host can start the job.
 
 Fencing: it also watches the job's ``generation.json`` beside the exit log (a ``stat`` a
 second, ``specon.fence``). Once a newer generation has started (the manager took this host
@@ -23,6 +30,7 @@ forwarded copy would reach the job twice.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import select
@@ -31,7 +39,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from types import FrameType
+from types import FrameType, ModuleType
 
 # How an exit record came to be written.
 REASON_EXITED = "exited"  # the job ended by itself or after a signal; the launcher saw it
@@ -42,6 +50,7 @@ EXEC_FAILED = 127  # the shell's convention for "command not found / not executa
 GENERATION_FILE = "generation.json"  # ``specon.fence``'s (this module imports nothing of specon)
 ENV_GENERATION = "SPECON_GENERATION"  # the run's generation, as the runtime started it
 FENCE_POLL_S = 1.0
+READY = b"ok"  # what a launcher tells on ``--ready`` once it is in the worker's budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,9 +130,31 @@ def fork_job() -> int:
     return pid
 
 
-def launcher_argv(python: str, exit_log: os.PathLike[str] | str, run_id: str, worker: str) -> list[str]:
-    """How a runtime starts a job under this launcher (the job's command follows)."""
-    return [python, "-I", "-S", os.path.abspath(__file__), os.fspath(exit_log), run_id, worker, "--"]
+def launcher_argv(
+    python: str,
+    exit_log: os.PathLike[str] | str,
+    run_id: str,
+    worker: str,
+    *,
+    entry: Mapping[str, object] | None = None,
+    ready: int | None = None,
+) -> list[str]:
+    """How a runtime starts a job under this launcher (the job's command follows): in the
+    cgroups and CPUs of ``entry`` (``Entry.to_json``), telling the outcome on the inherited
+    descriptor ``ready``."""
+    options = [] if entry is None else ["--entry", json.dumps(entry)]
+    options += [] if ready is None else ["--ready", str(ready)]
+    return [
+        python,
+        "-I",
+        "-S",
+        os.path.abspath(__file__),
+        *options,
+        os.fspath(exit_log),
+        run_id,
+        worker,
+        "--",
+    ]
 
 
 def warm_comm(run_id: str) -> str:
@@ -152,12 +183,27 @@ def find_launcher(run_id: str, proc: os.PathLike[str] | str = "/proc") -> int | 
     return None
 
 
+USAGE = "usage: launcher.py [--entry JSON] [--ready FD] EXIT_LOG RUN_ID WORKER -- COMMAND..."
+
+
 def main(argv: list[str]) -> int:
-    """``launcher.py EXIT_LOG RUN_ID WORKER -- COMMAND...``"""
+    """``launcher.py [--entry JSON] [--ready FD] EXIT_LOG RUN_ID WORKER -- COMMAND...``"""
+    options: dict[str, str] = {}
+    while len(argv) >= 2 and argv[0] in ("--entry", "--ready"):
+        options[argv[0]], argv = argv[1], argv[2:]
     if len(argv) < 5 or argv[3] != "--":
-        print("usage: launcher.py EXIT_LOG RUN_ID WORKER -- COMMAND...", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     exit_log, run_id, worker, command = argv[0], argv[1], argv[2], argv[4:]
+    ready = int(options["--ready"]) if options.get("--ready", "").isdigit() else None
+    try:
+        if "--entry" in options:
+            cgroup_entry = _cgroup_entry()
+            cgroup_entry.enter(cgroup_entry.Entry.from_json(json.loads(options["--entry"])))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        _tell(ready, f"cannot join the worker's budget: {exc}")
+        return 1
+    _tell(ready, READY.decode())
     # Installed before the fork so there is no window in which a group SIGTERM kills us.
     ignore_job_signals()
     child = fork_job()
@@ -168,6 +214,49 @@ def main(argv: list[str]) -> int:
             print(f"specon launcher: cannot run {command[0]!r}: {exc}", file=sys.stderr, flush=True)
         os._exit(EXEC_FAILED)
     return wait_and_record(child, exit_log, run_id, worker, run_generation(os.environ))
+
+
+def _tell(ready: int | None, outcome: str) -> None:
+    """Tell the runtime how the set-up went (``ok`` or why not); the job never inherits it."""
+    if ready is None:
+        if outcome != "ok":
+            print(f"specon launcher: {outcome}", file=sys.stderr, flush=True)
+        return
+    try:
+        os.write(ready, outcome.encode())
+    except OSError:  # the runtime gave up waiting: it kills this launcher
+        pass
+    finally:
+        os.close(ready)
+
+
+def read_ready(fd: int, timeout: float) -> bytes | None:
+    """What a launcher told on its ``--ready`` descriptor (``READY``, or why it could not set
+    up; empty if it ended without a word), or None if it said nothing within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    told = b""
+    while len(told) < 4096:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        told += chunk
+    return told
+
+
+def _cgroup_entry() -> ModuleType:
+    """``specon.runtime.local.cgroup_entry``, loaded from beside this file: it runs by path,
+    without ``specon`` on its path."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cgroup_entry.py")
+    spec = importlib.util.spec_from_file_location("specon_cgroup_entry", path)
+    if spec is None or spec.loader is None:  # pragma: no cover - a file path always has one
+        raise OSError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_generation(env: Mapping[str, str]) -> int | None:

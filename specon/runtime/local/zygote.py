@@ -86,7 +86,7 @@ class Request:
             "exits": self.exits,
             "run_id": self.run_id,
             "worker": self.worker,
-            "entry": {"files": [list(f) for f in self.entry.files], "affinity": self.entry.affinity},
+            "entry": self.entry.to_json(),
         }
         return json.dumps(data).encode() + b"\n"
 
@@ -95,8 +95,6 @@ class Request:
         """Parse one request; ``ValueError`` saying what is wrong."""
         try:
             d = json.loads(raw)
-            e = d["entry"]
-            affinity = e.get("affinity")
             return cls(
                 module=str(d["module"]),
                 args=tuple(str(a) for a in d["args"]),
@@ -107,10 +105,7 @@ class Request:
                 exits=str(d["exits"]),
                 run_id=str(d["run_id"]),
                 worker=str(d["worker"]),
-                entry=Entry(
-                    files=tuple((str(f), None if alt is None else str(alt)) for f, alt in e["files"]),
-                    affinity=None if affinity is None else tuple(int(c) for c in affinity),
-                ),
+                entry=Entry.from_json(d["entry"]),
             )
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"bad request: {exc!r}") from exc
@@ -165,8 +160,8 @@ def run_job(req: Request) -> int:
 
 
 def _setup(req: Request) -> None:
-    """The launcher's set-up, which a cold launch does in ``preexec_fn`` and ``Popen``: its
-    own session and group, the worker's cgroups and CPUs, the job's files and directory."""
+    """The launcher's set-up, which a cold launch does with ``Popen`` and ``launcher.main``:
+    its own session and group, the worker's cgroups and CPUs, the job's files and directory."""
     os.setsid()
     ignore_job_signals()  # it outlives the job's SIGTERM to record the exit, as the cold one
     take_place(req)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from specon.model import ContainerId
 from specon.runtime.base import cpu_shares
+from specon.runtime.local.cgroup_entry import enter
 from specon.runtime.local.cgroups import (
     CLK_TCK,
     PRUNE_GRACE,
@@ -242,14 +243,14 @@ def test_pick_cpus_rotates_by_offset() -> None:
 
 
 # -- the budget -------------------------------------------------------------------------------
-def test_budget_uses_cgroups_when_available_and_preexec_joins_every_hierarchy(tmp_path: Path) -> None:
+def test_budget_uses_cgroups_when_available_and_entry_joins_every_hierarchy(tmp_path: Path) -> None:
     budget = CpuBudget.establish(
         cpus=0.5, path=("specon", "c", "w0"), cgroup_root=fake_v1(tmp_path), proc=fake_proc(tmp_path, {})
     )
     assert budget.enforcement is Enforcement.CGROUP and budget.group is not None
     for procs in budget.group.procs_files:  # cgroupfs provides these; the fake tree must not
         procs.touch()
-    budget.preexec()()  # what the forked child runs before exec
+    enter(budget.entry())  # what a new process of the worker runs first
     assert [p.read_text() for p in budget.group.procs_files] == ["0", "0"]
     (budget.group.cpuacct_dir / "cpuacct.usage").write_text("3000000000")
     assert budget.cpu_seconds({})[0] == pytest.approx(3.0)
@@ -321,13 +322,13 @@ def weighted_budget(tmp_path: Path, *, cpuset: bool = True) -> CpuBudget:
 def test_each_job_joins_a_group_of_its_own_inside_the_worker(tmp_path: Path) -> None:
     budget = weighted_budget(tmp_path)
     job = ContainerId("j1")
-    preexec = budget.preexec(job)  # made by the parent, before the fork
+    entry = budget.entry(job)  # made by the runtime, before the launch
     own, worker = budget.job_group(job), budget.group
     assert worker is not None and own.cpu_dir == worker.cpu_dir / "job-j1"
     assert own.cpu_dir.is_dir() and own.cpuacct_dir.is_dir()
     for procs in own.procs_files:
         procs.touch()
-    preexec()
+    enter(entry)
     assert [p.read_text() for p in own.procs_files] == ["0", "0"]
     (own.cpuacct_dir / "cpuacct.usage").write_text("2500000000\n")
     (worker.cpuacct_dir / "cpuacct.usage").write_text("4000000000\n")
@@ -338,7 +339,7 @@ def test_each_job_joins_a_group_of_its_own_inside_the_worker(tmp_path: Path) -> 
 def test_a_weight_pins_the_worker_to_a_cpuset_then_sets_the_jobs_shares(tmp_path: Path) -> None:
     budget = weighted_budget(tmp_path)
     job = ContainerId("j1")
-    budget.preexec(job)
+    budget.entry(job)
     own = budget.job_group(job)
     (own.cpu_dir / "cgroup.procs").write_text("4242\n4243\n")  # the job's processes now
     with structlog.testing.capture_logs() as logs:
@@ -359,7 +360,7 @@ def test_a_weight_pins_the_worker_to_a_cpuset_then_sets_the_jobs_shares(tmp_path
     for procs in budget.job_group(ContainerId("j2")).procs_files:
         procs.parent.mkdir(exist_ok=True)
         procs.touch()
-    budget.preexec(ContainerId("j2"))()
+    enter(budget.entry(ContainerId("j2")))
     assert (worker / "cgroup.procs").read_text() == "0"
     assert budget.set_weight(ContainerId("j2"), 1)
     assert (budget.job_group(ContainerId("j2")).cpu_dir / "cpu.shares").read_text() == "10"
@@ -367,11 +368,11 @@ def test_a_weight_pins_the_worker_to_a_cpuset_then_sets_the_jobs_shares(tmp_path
 
 def test_without_a_cpuset_hierarchy_pinning_falls_back_to_affinity(tmp_path: Path) -> None:
     budget = weighted_budget(tmp_path, cpuset=False)
-    budget.preexec(ContainerId("j1"))
+    budget.entry(ContainerId("j1"))
     assert budget.cpuset is None
     with structlog.testing.capture_logs() as logs:
         assert budget.set_weight(ContainerId("j1"), 200)
-    assert budget.affinity == budget.pinned  # new jobs get it in preexec
+    assert budget.affinity == budget.pinned  # new jobs get it on entry
     assert logs[0]["how"] == "affinity"
 
 
@@ -397,7 +398,7 @@ def test_a_job_without_a_group_of_its_own_gets_no_weight(tmp_path: Path) -> None
 def test_groups_of_ended_jobs_are_pruned_and_close_removes_everything(tmp_path: Path) -> None:
     budget = weighted_budget(tmp_path)
     for job in ("gone", "runs", "busy"):
-        budget.preexec(ContainerId(job))
+        budget.entry(ContainerId(job))
     (budget.job_group(ContainerId("busy")).cpu_dir / "cgroup.procs").write_text("7\n")  # tasks left
     budget.prune_jobs([ContainerId("runs")])
     assert budget.group is not None
@@ -423,7 +424,7 @@ def test_a_launch_whose_group_was_pruned_meanwhile_joins_the_workers_group(tmp_p
     # making it and the child joining it: the job still starts, in its worker's budget.
     budget = weighted_budget(tmp_path)
     assert budget.group is not None
-    enter = budget.preexec(ContainerId("late"))
+    entry = budget.entry(ContainerId("late"))
     own = budget.job_group(ContainerId("late"))
     for d in (own.cpu_dir, own.cpuacct_dir):
         for f in d.iterdir():
@@ -432,9 +433,9 @@ def test_a_launch_whose_group_was_pruned_meanwhile_joins_the_workers_group(tmp_p
     for f in budget.group.procs_files:
         f.write_text("")
     pid = os.fork()
-    if pid == 0:  # the child runs the preexec as Popen would, and reports by exit status
+    if pid == 0:  # the child enters as a launcher would, and reports by exit status
         try:
-            enter()
+            enter(entry)
         except BaseException:
             os._exit(1)
         os._exit(0)
@@ -464,7 +465,7 @@ def test_a_worker_pins_to_the_cpus_its_siblings_use_least(tmp_path: Path) -> Non
     sibling = tmp_path / "cgroup" / "cpuset" / "specon" / "c" / "w1"  # another agent's worker
     sibling.mkdir(parents=True)
     (sibling / "cpuset.cpus").write_text(f"{available[0]}\n")
-    budget.preexec(ContainerId("j1"))
+    budget.entry(ContainerId("j1"))
     assert budget.set_weight(ContainerId("j1"), 100)
     assert budget.pinned == {available[1]}
     # A restarted agent of the same worker keeps the CPUs it had, whatever the siblings do.
