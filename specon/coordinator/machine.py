@@ -51,6 +51,7 @@ from specon.coordinator.migration import (
     Wait,
     learn_cost,
     next_step,
+    save_lost_steps,
     why_failed,
 )
 from specon.coordinator.outbox import Outbox, migration_command
@@ -556,16 +557,14 @@ class Coordinator(Deciding, Draining):
             # The job stopped training at the SIGTERM, before the checkpoint was written.
             began = res.detail.get("began_at")
             stopped = at - (res.finished_at - began) if isinstance(began, float) and res.finished_at else at
-            last = res.detail.get("last_step")
-            # No checkpoint: it restarts from step 0, all it trained is lost.
-            lost = last - (res.checkpoint_step or 0) if isinstance(last, int) else None
+            lost = save_lost_steps(res)
             new = m.to(
                 State.SAVED,
                 at=at,
                 checkpoint=res.checkpoint,
                 checkpoint_step=res.checkpoint_step,
                 stopped_at=stopped,
-                lost_steps=None if lost is None else max(0, lost),
+                lost_steps=lost,
             )
             self.record(new)
             self.migrations[m.id] = new

@@ -27,6 +27,7 @@ from specon.policy.move_costs import MoveCosts, Observation, backend_of, bucket_
 
 if TYPE_CHECKING:  # state.py imports this module
     from specon.coordinator.state import ClusterState
+    from specon.wire.protocol import CommandResult
 
 Reason = Literal["converged", "rebalance", "recovered", "crashed", "evacuated"]
 # A recovery restores a job that runs nowhere (``specon.coordinator.reconcile``): it begins at
@@ -246,6 +247,18 @@ def why_failed(m: Migration, running_on: WorkerId | None, finished: bool) -> str
     if running_on is not None and running_on not in (m.source, m.target):
         return f"container seen running on {running_on}"
     return f"gave up in state {m.state.value} (worker unreachable or container moved)"
+
+
+def save_lost_steps(res: CommandResult) -> int | None:
+    """The steps a save lost: those its job trained past the checkpoint it resumes from
+    (``last_step``, the agent's read of the job's log; no checkpoint: from step 0). A save
+    the job completed itself (not SIGKILLed, a checkpoint newer than the request) lost none
+    by the job contract, also where the log said no step (None: unknown otherwise)."""
+    last = res.detail.get("last_step")
+    if isinstance(last, int) and not isinstance(last, bool):
+        return max(0, last - (res.checkpoint_step or 0))
+    fresh = res.checkpoint is not None and not res.detail.get("forced") and not res.detail.get("rolled_back")
+    return 0 if fresh else None
 
 
 def learn_cost(costs: MoveCosts, m: Migration, state: ClusterState) -> dict[str, object] | None:

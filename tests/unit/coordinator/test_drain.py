@@ -9,7 +9,7 @@ import pytest
 
 from specon.coordinator.draining import UnknownWorkerError
 from specon.coordinator.inline import InlineCoordinator
-from specon.coordinator.migration import Migration, State
+from specon.coordinator.migration import Migration, State, save_lost_steps
 from specon.model import WorkerId
 from specon.wire.protocol import Action, CommandResult
 from tests.unit.manager_fakes import FakeAgent, FakeClock, commands, coordinator, policy, report
@@ -187,3 +187,27 @@ def test_a_save_with_no_checkpoint_loses_every_step_the_job_had_trained(
     coord.on_heartbeat(a.heartbeat(results=(res,)))
     (m,) = [m for m in _evacuations(coord) if m.container == save.container]
     assert m.lost_steps == 7
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "detail", "lost"),
+    [
+        ("/vol/ckpt-80.json", {"last_step": 80}, 0),
+        ("/vol/ckpt-80.json", {"last_step": 95, "forced": True, "rolled_back": True}, 15),
+        (None, {"last_step": 12}, 12),  # never checkpointed: restarts from step 0
+        # Its log said no step (not watched there, a record without one): a save the job
+        # made itself at its SIGTERM lost nothing; one cut short lost what is unknown.
+        ("/vol/ckpt-80.json", {"last_step": None}, 0),
+        ("/vol/ckpt-80.json", {"last_step": None, "forced": True}, None),
+        ("/vol/ckpt-50.json", {"last_step": None, "rolled_back": True}, None),
+        (None, {"last_step": None}, None),
+    ],
+)
+def test_a_saves_lost_steps_come_from_the_jobs_log_else_from_how_it_saved(
+    checkpoint: str | None, detail: dict[str, object], lost: int | None
+) -> None:
+    step = None if checkpoint is None else int(checkpoint.rsplit("-", 1)[1].split(".")[0])
+    res = CommandResult(
+        command="c1", ok=True, checkpoint=checkpoint, checkpoint_step=step, finished_at=1.0, detail=detail
+    )
+    assert save_lost_steps(res) == lost
