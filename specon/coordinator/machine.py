@@ -377,6 +377,8 @@ class Coordinator(Deciding, Draining):
                 finished=self.state.finished(m.container),
                 alive=alive,
                 saving=save_may_stop(self.commands.awaited_save(m.id, m.source), now, self.policy),
+                cordoned=self.state.cordoned,
+                refused=self._refusals.get(m.id, 0),
             )
             if isinstance(step, Advance):
                 self._advance(m, step.state, now)

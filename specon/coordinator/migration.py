@@ -19,6 +19,7 @@ result says the copy runs.
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -176,6 +177,8 @@ def next_step(
     finished: bool,
     alive: frozenset[WorkerId],
     saving: bool = False,
+    cordoned: Collection[WorkerId] = (),
+    refused: int = 0,
 ) -> Step:
     """Decide the next action for ``m`` from its journaled state and the heartbeat facts.
 
@@ -183,7 +186,9 @@ def next_step(
     (None: no agent reports it running); ``finished`` says the job has completed its
     work (nothing left to move); ``alive`` are the workers with a fresh heartbeat;
     ``saving`` says a save of ``m`` reached its source and may still be under way (no
-    result yet, and not older than a save can last).
+    result yet, and not older than a save can last); ``cordoned``: workers being drained,
+    where a rollback goes only if no other of its two workers can take it; ``refused``: the
+    rollback starts refused so far (``rollback_home``).
     Saves and starts are idempotent per migration on the agent, so repeating one after
     a lost message or a manager restart is always safe.
     """
@@ -230,10 +235,23 @@ def next_step(
             # would leave it running nowhere. Its result restarts it from the checkpoint.
             return Wait("its save may still stop it")
         return Advance(State.ROLLED_BACK)
-    home = m.source if m.source in alive else (m.target if m.target in alive else None)
+    home = rollback_home(m, alive, cordoned, refused)
     if home is None:
         return Wait("no live worker to restart on")
     return IssueStart(home, m.checkpoint, rollback=True)
+
+
+def rollback_home(
+    m: Migration, alive: Collection[WorkerId], cordoned: Collection[WorkerId], refused: int = 0
+) -> WorkerId | None:
+    """Where a failed move restarts its job: its source, else its target, a cordoned one only
+    when the other cannot take it (a drain moves it off again); each refused restart tries
+    the next of them, so one worker refusing for good (its capacity taken, a kubelet's
+    refusal) leaves the job running on the other, not nowhere."""
+    order = [w for w in (m.source, m.target) if w in alive and w not in cordoned]
+    order += [w for w in (m.source, m.target) if w in alive and w in cordoned]
+    homes = list(dict.fromkeys(order))
+    return homes[refused % len(homes)] if homes else None
 
 
 # The journal's reason for a migration whose job completed while it was being moved.

@@ -211,3 +211,33 @@ def test_a_saves_lost_steps_come_from_the_jobs_log_else_from_how_it_saved(
         command="c1", ok=True, checkpoint=checkpoint, checkpoint_step=step, finished_at=1.0, detail=detail
     )
     assert save_lost_steps(res) == lost
+
+
+def test_a_drained_job_whose_restore_failed_goes_back_to_its_target_not_the_cordoned_source(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    coord, a, b = _cluster(tmp_path, clock)
+    coord.on_drain(A)
+    saves = commands(coord.on_heartbeat(a.heartbeat(*(report(j) for j in JOBS))), Action.SAVE)
+    results = tuple(
+        CommandResult(
+            command=c.id,
+            ok=True,
+            checkpoint=f"/vol/{c.container}/ckpt-10.json",
+            checkpoint_step=10,
+            finished_at=a.now(),
+            detail={"last_step": 10},
+        )  # fmt: skip
+        for c in saves
+    )
+    coord.on_heartbeat(a.heartbeat(results=results))
+    starts = commands(coord.on_heartbeat(b.heartbeat()), Action.START)
+    refused = tuple(
+        CommandResult(command=c.id, ok=False, error="no room", finished_at=b.now()) for c in starts
+    )
+    coord.on_heartbeat(b.heartbeat(results=refused))
+    clock.advance(60.0)
+    coord.on_heartbeat(a.heartbeat())
+    again = commands(coord.on_heartbeat(b.heartbeat()), Action.START)
+    assert sorted(c.container for c in again) == sorted(JOBS) and all(c.rollback for c in again)
+    assert commands(coord.on_heartbeat(a.heartbeat()), Action.START) == []  # never the drained one

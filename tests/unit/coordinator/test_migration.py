@@ -82,6 +82,32 @@ def test_failed_restarts_on_source_else_target_never_while_running() -> None:
     assert next_step(m, running_on=A, finished=False, alive=ALL) == Advance(State.ROLLED_BACK)
 
 
+def test_a_rollback_avoids_a_source_cordoned_meanwhile_and_turns_after_each_refusal() -> None:
+    m = mig(State.FAILED, checkpoint="/c")
+    # Drained while its job was moving: the target takes it back if it can.
+    assert next_step(m, running_on=None, finished=False, alive=ALL, cordoned={A}) == IssueStart(
+        B, "/c", rollback=True
+    )
+    # Each refused restart turns to the other worker: one that refuses for good (its
+    # capacity taken) never leaves the job running nowhere while the other could take it.
+    assert next_step(m, running_on=None, finished=False, alive=ALL, refused=1) == IssueStart(
+        B, "/c", rollback=True
+    )
+    assert next_step(m, running_on=None, finished=False, alive=ALL, refused=2) == IssueStart(
+        A, "/c", rollback=True
+    )
+    assert next_step(m, running_on=None, finished=False, alive=ALL, cordoned={A}, refused=1) == IssueStart(
+        A, "/c", rollback=True
+    )
+    # Both cordoned, or the other silent: the cordoned one rather than nowhere (a drain moves it again).
+    assert next_step(m, running_on=None, finished=False, alive=ALL, cordoned={A, B}) == IssueStart(
+        A, "/c", rollback=True
+    )
+    assert next_step(
+        m, running_on=None, finished=False, alive=frozenset({A}), cordoned={A}, refused=3
+    ) == IssueStart(A, "/c", rollback=True)
+
+
 def test_failed_waits_while_its_save_may_still_stop_the_job_on_the_source() -> None:
     # Rolled back now, the save that then stops the job would leave it running nowhere.
     m = mig(State.FAILED, checkpoint=None)
