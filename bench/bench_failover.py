@@ -3,8 +3,9 @@
 Each run is ``tests/k8s/test_failover.py``'s scenario on a real kube-apiserver (built and
 cached by ``tests/k8s/build-apiserver.sh``): two ``specon-manager --leader-elect`` replicas
 with the default lease settings (8 s lease, 5 s renew deadline, 1 s retry), a TCP proxy
-standing in for the Service (it routes to the replica whose ``/readyz`` answers 200, probed
-every 0.2 s), two local-runtime agents behind it, a converged job whose save is held in
+standing in for the HA component's Service (it routes to a replica that answers ``/healthz``
+and whose pod object carries the leader's label, probed every 0.2 s), two local-runtime
+agents behind it, a converged job whose save is held in
 flight when the leader is SIGKILLed. Times from the SIGKILL, on this machine's clock, from
 the processes' own JSON logs:
 

@@ -8,7 +8,8 @@ An I/O shell around ``specon.coordinator``: no algorithm and no message schema l
 - ``auth``: bearer tokens and identities; ``auth_kubernetes``: ServiceAccount tokens (TokenReview);
 - ``journal``: the write-ahead journal in SQLite; ``k8s_journal``: the same in the Kubernetes API;
 - ``leader``: leader election between replicas (a Lease), the journal fenced by it; ``lease``: its
-  decisions; ``standby``: /readyz and what a standby answers;
+  decisions; ``leader_pod``: the leader's label on its own pod, which the HA Service selects;
+  ``standby``: /readyz and what a standby answers;
 - ``status``: the paged status JSON; ``page``: the status page (and its login form), with
   ``page_workers`` (each worker's load and jobs) and ``page_jobs`` (each job's loss curve,
   progress, history and moves); ``metrics``: Prometheus; ``cost_metrics``: the learned move costs;

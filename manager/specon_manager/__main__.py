@@ -208,6 +208,13 @@ def _election_options(p: argparse.ArgumentParser) -> None:
         help="this replica's holderIdentity, unique per process (default $POD_NAME, else the host "
         "name, plus _ and a random suffix)",
     )
+    ha.add_argument(
+        "--leader-elect-label-pod",
+        metavar="POD",
+        help="label this pod (in the Lease's namespace) specon.io/leader=true while leading, for a "
+        "Service that selects the leader by it while every replica is Ready (the HA component "
+        "passes $(POD_NAME))",
+    )
     timing = Timing()
     for flag, field, what in (
         ("lease-duration", "lease_duration", "how long a lease lasts unrenewed before a standby takes it, "
@@ -305,18 +312,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, sqlite3.Error) as exc:  # state dir not creatable, file not a journal
             print(f"specon-manager: cannot open the journal in {args.state_dir}: {exc}", file=sys.stderr)
             return 2
-    elector = None
+    elector = leader_pod = None
     if args.leader_elect:
         from specon_manager.leader import elector_for  # noqa: PLC0415  (the kubernetes client)
 
         try:
-            elector, journal = elector_for(
+            elector, journal, leader_pod = elector_for(
                 journal,
                 kubeconfig=args.kubeconfig,
                 namespace=args.leader_elect_namespace or args.journal_namespace,
                 name=args.leader_elect_lease_name,
                 identity=args.leader_elect_identity,
                 timing=timing,
+                label_pod=args.leader_elect_label_pod,
             )
         except ValueError as exc:  # the Lease cannot be read: no API, or the Role does not allow it
             print(f"specon-manager: --leader-elect: {exc}", file=sys.stderr)
@@ -339,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         from specon_manager.leader import attach  # noqa: PLC0415
 
-        attach(app, shell, elector, registry=app[METRICS].registry)
+        attach(app, shell, elector, registry=app[METRICS].registry, pod=leader_pod)
     host, port = args.listen
     if tls is not None:
         app[METRICS].registry.register(ReloadCollector(tls))

@@ -5,7 +5,8 @@ it, renews it every retry period; the decisions are ``specon_manager.lease``'s (
 semantics). ``attach`` ties it to a manager app whose shell starts as a standby:
 
 * elected: the shell ``lead``s (rebuilds its coordinator from the journal as it is now), and
-  only then does ``/readyz`` answer 200, so the Service routes the agents to this replica;
+  only then does ``/readyz`` answer 200 and does it mark its pod (``--leader-elect-label-pod``,
+  ``specon_manager.leader_pod``), so the Service routes the agents to this replica;
 * not elected: the standby serves ``/healthz``, ``/readyz`` (503), ``/metrics`` and the
   status read from the journal, and refuses protocol POSTs (``specon_manager.standby``);
 * leadership lost (no renewal within the renew deadline, or another holder seen): the shell
@@ -54,6 +55,7 @@ from specon.model import ContainerId
 from specon.runtime.kubernetes.api import KubeApi, KubeError, load_api_client
 from specon_manager import lease, standby
 from specon_manager.journal import JournalStore
+from specon_manager.leader_pod import LeaderPod
 from specon_manager.lease import Acquire, Follow, Record, Seen, Timing
 from specon_manager.shell import ManagerShell
 
@@ -390,9 +392,11 @@ def elector_for(
     name: str,
     identity: str | None,
     timing: Timing,
-) -> tuple[LeaseElector, FencedJournal]:
-    """The elector of ``specon-manager --leader-elect`` and ``journal`` fenced by it; reads the
-    Lease once (absent is fine) so that a missing permission fails at start: ``ValueError``."""
+    label_pod: str | None = None,
+) -> tuple[LeaseElector, FencedJournal, LeaderPod | None]:
+    """The elector of ``specon-manager --leader-elect``, ``journal`` fenced by it and, with
+    ``label_pod``, the pod it marks while leading; reads the Lease once (absent is fine) so
+    that a missing permission fails at start: ``ValueError``."""
     try:
         client = load_api_client(kubeconfig)
     except Exception as exc:  # the client raises several unrelated types for a bad config
@@ -406,7 +410,12 @@ def elector_for(
         elector.check()
     except KubeError as exc:
         raise ValueError(f"cannot read the Lease {namespace}/{name}: {exc}") from exc
-    return elector, FencedJournal(journal, elector.holds)
+    pod = (
+        None
+        if not label_pod
+        else LeaderPod(api, namespace=namespace, pod=label_pod, retry_period=timing.retry_period)
+    )
+    return elector, FencedJournal(journal, elector.holds), pod
 
 
 def _exit_as_standby(_reason: str) -> None:
@@ -422,10 +431,12 @@ def attach(
     *,
     registry: CollectorRegistry,
     on_lost: Callable[[str], None] = _exit_as_standby,
+    pod: LeaderPod | None = None,
 ) -> None:
     """Run ``elector`` with ``app`` (before it starts): ``shell`` (built with
     ``standby=True`` on a ``FencedJournal``) leads when elected; the standby's HTTP face;
-    the leader/transition metrics in ``registry``; the lease released on a graceful stop."""
+    the leader/transition metrics in ``registry``; the lease released on a graceful stop;
+    ``pod`` (this replica's) marked while it leads (``specon_manager.leader_pod``)."""
     elector.metrics = ElectionMetrics(registry)
     elector.metrics.leader.set(0)
     standby.install(app, shell, leader=lambda: elector.leader)
@@ -442,8 +453,15 @@ def attach(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    async def lead() -> None:
+        await shell.lead()
+        if pod is not None:  # taken over: the Service may send the agents here now
+            await pod.keep_marking(True, still=lambda: elector.leading)
+
     async def campaign(_app: web.Application) -> AsyncIterator[None]:
-        tasks.append(asyncio.create_task(elector.run(shell.lead, lost), name="specon-manager-election"))
+        if pod is not None:  # an earlier process's mark on this pod (it was killed leading)
+            await pod.unmark()
+        tasks.append(asyncio.create_task(elector.run(lead, lost), name="specon-manager-election"))
         yield
         await stop_campaign()
         elector.close()
@@ -454,6 +472,8 @@ def attach(
         # land, then hand the lease over.
         shell.stand_down()
         await stop_campaign()
+        if pod is not None and pod.marked:  # no agent is sent here from now on
+            await pod.unmark()
         await shell.settle()
         await elector.release()
 

@@ -3,8 +3,10 @@
 Each manager is a real ``specon-manager --journal kubernetes --leader-elect`` process against
 the test kube-apiserver; the agents are real ``specon-agent`` processes with the local runtime
 running real training jobs (``tests/integration/jobs/curve_job.py``); between them, a small
-TCP proxy stands in for the Service: each new connection goes to the replica whose ``/readyz``
-answered 200 at its last probe, as a Service's endpoints follow readiness. The leader is
+TCP proxy stands in for the HA component's Service: each new connection goes to a replica that
+is Ready (``/healthz`` 200 at its last probe) and whose pod (a pod object in the API server,
+one per replica, never scheduled) carries the leader's label, as the Service's endpoints are
+the Ready pods its selector matches. The leader is
 SIGKILLed while a migration's save is in flight: the standby takes the lease, recovers the
 migration from the journal and finishes it, and the job trains exactly its steps, saved once.
 ``bench/bench_failover.py`` times the same failover.
@@ -29,6 +31,7 @@ import aiohttp
 import pytest
 from specon_manager.k8s_journal import KubeJournal
 from specon_manager.leader import LeaseElector, Outcome
+from specon_manager.leader_pod import LEADER_LABEL, MERGE_PATCH
 from specon_manager.lease import Record, Timing
 
 from specon.coordinator.migration import Migration, State
@@ -61,9 +64,10 @@ rebalance: {{mode: "off"}}
 
 # -- the Service stand-in ----------------------------------------------------------------------
 class ServiceProxy:
-    """A TCP proxy on 127.0.0.1: a new connection goes to the first backend whose ``/readyz``
-    answered 200 at the last probe (every ``period`` s); with none ready it is closed at once,
-    as a Service without endpoints refuses. Open connections stay where they went."""
+    """A TCP proxy on 127.0.0.1: a new connection goes to the first backend (the selected ones,
+    ``backends``) whose ``/healthz`` answered 200 at the last probe (every ``period`` s); with
+    none it is closed at once, as a Service without endpoints refuses. Open connections stay
+    where they went."""
 
     def __init__(self, backends: Callable[[], Iterable[str]], period: float = 0.2) -> None:
         self.backends = backends  # base URLs, http://127.0.0.1:PORT
@@ -99,11 +103,12 @@ class ServiceProxy:
         async with aiohttp.ClientSession(timeout=timeout) as s:
             while True:
                 ready = []
-                for url in list(self.backends()):
-                    with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-                        async with s.get(url + "/readyz") as r:
-                            if r.status == 200:
-                                ready.append(url)
+                with contextlib.suppress(KubeError):
+                    for url in await asyncio.to_thread(lambda: list(self.backends())):
+                        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                            async with s.get(url + "/healthz") as r:
+                                if r.status == 200:
+                                    ready.append(url)
                 self.ready = ready
                 await asyncio.sleep(self.period)
 
@@ -181,7 +186,8 @@ class Replicas:
         self.embedded = EmbeddedCluster(
             self.root / "c", workers=2, cpus_per_worker=0.5, policy=self.policy, with_specon=False
         )
-        self.proxy = ServiceProxy(lambda: [m.url for m in self.managers.values() if m.proc.poll() is None])
+        self.service_selector = ha_service_selector(self.root / "ha")
+        self.proxy = ServiceProxy(self.selected)
         self.admin = KubeApi(self.cluster.api_client())
         self._starts = 0
 
@@ -207,10 +213,42 @@ class Replicas:
             raise
         return Record.of(obj)
 
+    def selected(self) -> list[str]:
+        """The URLs of the running replicas whose pods the HA Service selects (the leader's
+        label; ``KubeError`` if the API cannot say)."""
+        pods = self.admin.request(
+            "GET", f"/api/v1/namespaces/{self.namespace}/pods", query={"labelSelector": self.service_selector}
+        )
+        names = {p["metadata"]["name"] for p in pods.get("items", [])}
+        return [m.url for n, m in self.managers.items() if f"manager-{n}" in names and m.proc.poll() is None]
+
+    def marked(self, name: str) -> bool:
+        """Whether replica ``name``'s pod carries the leader's label."""
+        pod = self.admin.request("GET", f"/api/v1/namespaces/{self.namespace}/pods/manager-{name}")
+        return (pod["metadata"].get("labels") or {}).get(LEADER_LABEL) == "true"
+
+    def _pod(self, name: str) -> None:
+        """Replica ``name``'s pod object (never scheduled: only its labels matter here)."""
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"manager-{name}", "labels": {"app.kubernetes.io/name": "specon-manager"}},
+            "spec": {
+                "containers": [{"name": "manager", "image": "specon:test"}],
+                "automountServiceAccountToken": False,
+            },
+        }
+        try:
+            self.admin.request("POST", f"/api/v1/namespaces/{self.namespace}/pods", body=pod)
+        except KubeError as exc:
+            if exc.status != 409:  # a restarted replica keeps its pod, as a container restart does
+                raise
+
     async def start_manager(self, name: str) -> Manager:
         """A replica; ``name`` plus a start count is its identity (unique per process)."""
         self._starts += 1
         identity = f"{name}-{self._starts}"
+        self._pod(name)
         log = self.root / f"manager-{name}.log"
         tokens = self.embedded.tokens_dir
         argv = [
@@ -223,6 +261,7 @@ class Replicas:
             "--leader-elect",
             "--leader-elect-namespace", self.namespace,
             "--leader-elect-identity", identity,
+            "--leader-elect-label-pod", f"manager-{name}",
             "--policy", str(self.policy),
             "--state-dir", str(self.root / f"state-{name}"),
             *self.lease,
@@ -313,6 +352,18 @@ class Replicas:
                 await asyncio.to_thread(p.wait)
         await self.proxy.stop()
         await self.embedded.stop()  # kills every job, removes the cgroups
+
+
+def ha_service_selector(workdir: Path) -> str:
+    """The selector of the agents' Service in the base patched by components/ha, as a
+    ``labelSelector`` query."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    rel = os.path.relpath(MANIFESTS, workdir)
+    (workdir / "kustomization.yaml").write_text(f"resources: [{rel}]\ncomponents: [{rel}/components/ha]\n")
+    (svc,) = [
+        d for d in render(workdir) if d["kind"] == "Service" and d["metadata"]["name"] == "specon-manager"
+    ]
+    return ",".join(f"{k}={v}" for k, v in sorted(svc["spec"]["selector"].items()))
 
 
 def _env() -> dict[str, str]:
@@ -451,6 +502,10 @@ async def test_the_standby_takes_over_from_a_leader_killed_mid_migration(
         await until(lambda: r.readyz(again), "the restarted replica to serve", timeout=60)
         assert await r.readyz(again) == 503
         assert (await r.leader()) is r.managers["b"]
+        # The killed leader's mark was on its pod; the restarted process took it off.
+        await until(
+            lambda: r.selected() == [r.managers["b"].url], "the Service to select b alone", timeout=30
+        )
 
 
 async def test_a_standby_refuses_writes_and_a_graceful_stop_hands_over_at_once(
@@ -461,6 +516,7 @@ async def test_a_standby_refuses_writes_and_a_graceful_stop_hands_over_at_once(
     async with replicas(kube_cluster, kube_namespace, tmp_path, "--leader-elect-lease-duration", "60") as r:
         first = await r.start_manager("a")
         await until(r.leader, "the first replica to lead", timeout=60)
+        await until(lambda: r.selected() == [first.url], "the leader to mark its pod", timeout=30)
         second = await r.start_manager("b")
         # Serving is not enough: until its first read of the lease a standby knows no leader.
         await until(
@@ -496,6 +552,10 @@ async def test_a_standby_refuses_writes_and_a_graceful_stop_hands_over_at_once(
         assert first.events("specon.manager.leader_released")
         new = await until(r.leader, "the standby to lead after the release", timeout=30)
         assert new is second
+        assert not r.marked("a")  # a took its mark off as it stopped
+        await until(lambda: r.selected() == [second.url], "the new leader to mark its pod", timeout=30)
+        async with aiohttp.ClientSession() as s, s.get(second.url + "/healthz") as resp:
+            assert resp.status == 200  # both replicas were Ready all along: the label chose
         record = r.lease_record()
         assert record is not None and record.holder == second.identity and record.duration == 60
 
@@ -522,24 +582,41 @@ async def test_a_leader_that_loses_the_lease_stops_at_once_and_exits_1(
 def test_the_ha_deployment_applies_server_side(
     kube_cluster: KubeCluster, kube_namespace: str, tmp_path: Path
 ) -> None:
-    """The base patched by components/ha is a valid Deployment (probes, anti-affinity, env)."""
+    """The base patched by components/ha is a valid Deployment (probes, anti-affinity, env,
+    the leader's label passed its pod name) and Service (selecting the leader's label). Every
+    replica is Ready when it serves: readiness is /healthz, not the leader-only /readyz. (Its
+    PodDisruptionBudget is policy/v1, which this v1.20 server does not serve.)"""
     rel = os.path.relpath(MANIFESTS, tmp_path)
     (tmp_path / "kustomization.yaml").write_text(f"resources: [{rel}]\ncomponents: [{rel}/components/ha]\n")
     admin = KubeApi(kube_cluster.api_client())
+    where = {
+        "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
+        "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+        "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+        "Service": "/api/v1/namespaces/{ns}/services",
+    }
+    applied = set()
     for d in render(tmp_path):
-        if d["kind"] in ("Deployment", "Role", "RoleBinding") and "manager" in d["metadata"]["name"]:
+        if d["kind"] in where and "manager" in d["metadata"]["name"]:
             d["metadata"]["namespace"] = kube_namespace
-            prefix = "/apis/apps/v1" if d["kind"] == "Deployment" else "/apis/rbac.authorization.k8s.io/v1"
-            plural = {"Deployment": "deployments", "Role": "roles", "RoleBinding": "rolebindings"}[d["kind"]]
-            admin.request(
-                "POST", f"{prefix}/namespaces/{kube_namespace}/{plural}", query={"dryRun": "All"}, body=d
+            made = admin.request(
+                "POST", where[d["kind"]].format(ns=kube_namespace), query={"dryRun": "All"}, body=d
             )
+            applied.add(d["kind"])
+            if d["kind"] == "Service":
+                assert made["spec"]["selector"][LEADER_LABEL] == "true"
+            if d["kind"] == "Deployment":
+                (c,) = made["spec"]["template"]["spec"]["containers"]
+                assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
+                assert "--leader-elect-label-pod=$(POD_NAME)" in c["args"]
+    assert applied == set(where)
 
 
 async def test_the_ha_role_allows_the_elector_and_nothing_more(kube_rbac_cluster: KubeCluster) -> None:
     """The HA component's Role under --authorization-mode=RBAC, as the manager's
     ServiceAccount: every call of the elector is allowed; other Leases can be created (RBAC
-    cannot restrict a create by name) but not read or changed; none can be deleted."""
+    cannot restrict a create by name) but not read or changed; none can be deleted; pods'
+    labels can be patched (the leader's mark), pods neither read, listed, created nor deleted."""
     cluster = kube_rbac_cluster
     admin = KubeApi(cluster.api_client())
     rbac = [d for d in render(MANIFESTS / "components" / "ha") if d["kind"] in ("Role", "RoleBinding")]
@@ -579,6 +656,24 @@ async def test_the_ha_role_allows_the_elector_and_nothing_more(kube_rbac_cluster
             ("GET", f"{path}/elsewhere", None),
             ("GET", path, None),
             ("DELETE", f"{path}/{LEASE}", None),
+        ):
+            with pytest.raises(KubeError) as denied:
+                manager.request(method, where, body=body)
+            assert denied.value.status == 403, (method, where)
+        # Its own pod's label (any pod of its namespace: RBAC cannot name one made later), and
+        # nothing else of pods: no read, list, create or delete.
+        pods = f"/api/v1/namespaces/{ns}/pods"
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "manager-a"},
+               "spec": {"containers": [{"name": "m", "image": "specon:test"}]}}  # fmt: skip
+        admin.request("POST", pods, body=pod)
+        mark = {"metadata": {"labels": {LEADER_LABEL: "true"}}}
+        manager.request("PATCH", f"{pods}/manager-a", body=mark, content_type=MERGE_PATCH)
+        assert admin.request("GET", f"{pods}/manager-a")["metadata"]["labels"] == {LEADER_LABEL: "true"}
+        for method, where, body in (
+            ("GET", f"{pods}/manager-a", None),
+            ("GET", pods, None),
+            ("POST", pods, {**pod, "metadata": {"name": "another"}}),
+            ("DELETE", f"{pods}/manager-a", None),
         ):
             with pytest.raises(KubeError) as denied:
                 manager.request(method, where, body=body)

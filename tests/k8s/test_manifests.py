@@ -24,6 +24,7 @@ from specon_agent.__main__ import build_parser as agent_parser
 from specon_manager.__main__ import build_parser as manager_parser
 from specon_manager.auth_kubernetes import TokenReviewAuthenticator
 from specon_manager.k8s_journal import ANN_MIGRATIONS, KubeJournal
+from specon_manager.leader_pod import LEADER_LABEL
 
 from specon.config import default_policy, load_policy
 from specon.coordinator.migration import Mark, Migration, State
@@ -301,8 +302,9 @@ def _ids(docs: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
 
 
 def test_the_ha_component_runs_two_electing_replicas_and_the_default_one(tmp_path: Path) -> None:
-    """components/ha: two replicas electing a leader on the Lease its Role names, ready only
-    while leading, on different nodes; without it, one replica and no election."""
+    """components/ha: two replicas electing a leader on the Lease its Role names, both Ready
+    when serving, the Service selecting the leader's label, on different nodes, one kept
+    through evictions; without it, one replica and no election."""
     (single,) = by_kind(render(MANIFESTS))["Deployment"]
     assert (
         single["spec"]["replicas"] == 1
@@ -315,26 +317,27 @@ def test_the_ha_component_runs_two_electing_replicas_and_the_default_one(tmp_pat
     c = container(manager)
     args = manager_parser().parse_args(c["args"])  # every flag is one the manager knows
     assert manager["spec"]["replicas"] == 2 and args.leader_elect and args.journal == "kubernetes"
-    assert manager["spec"]["strategy"]["type"] == "Recreate"  # a standby never becomes Ready
     assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in c["env"]
-    assert (
-        c["readinessProbe"]["httpGet"]["path"] == "/readyz"
-        and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    )
+    assert args.leader_elect_label_pod == "$(POD_NAME)"  # the kubelet expands it from the env
+    assert c["readinessProbe"]["httpGet"]["path"] == c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    (service,) = [s for s in docs["Service"] if s["metadata"]["name"] == "specon-manager"]
+    assert service["spec"]["selector"] == {**manager["spec"]["selector"]["matchLabels"], LEADER_LABEL: "true"}
     (term,) = manager["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]
     assert term["topologyKey"] == "kubernetes.io/hostname"
     assert term["labelSelector"]["matchLabels"] == manager["spec"]["selector"]["matchLabels"]
-    assert "PodDisruptionBudget" not in docs  # it would block draining the leader's node
+    (pdb,) = docs["PodDisruptionBudget"]
+    assert pdb["spec"] == {"minAvailable": 1, "selector": manager["spec"]["selector"]}
     (role,) = [r for r in docs["Role"] if r["metadata"]["name"] == "specon-manager-leader-election"]
     by_verbs = {tuple(sorted(rule["verbs"])): rule for rule in role["rules"]}
-    assert set(by_verbs) == {("get", "update"), ("create",)}
+    assert set(by_verbs) == {("get", "update"), ("create",), ("patch",)}
     assert by_verbs[("get", "update")]["resourceNames"] == [args.leader_elect_lease_name]
     assert all(
-        rule["resources"] == ["leases"] and rule["apiGroups"] == ["coordination.k8s.io"]
-        for rule in role["rules"]
+        by_verbs[v]["resources"] == ["leases"] and by_verbs[v]["apiGroups"] == ["coordination.k8s.io"]
+        for v in (("get", "update"), ("create",))
     )
+    assert by_verbs[("patch",)]["resources"] == ["pods"] and by_verbs[("patch",)]["apiGroups"] == [""]
     (binding,) = [b for b in docs["RoleBinding"] if b["metadata"]["name"] == role["metadata"]["name"]]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "specon-manager", "namespace": "specon"}
