@@ -227,7 +227,7 @@ def test_a_drained_job_whose_restore_failed_goes_back_to_its_target_not_the_cord
             checkpoint_step=10,
             finished_at=a.now(),
             detail={"last_step": 10},
-        )  # fmt: skip
+        )
         for c in saves
     )
     coord.on_heartbeat(a.heartbeat(results=results))
