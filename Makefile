@@ -117,9 +117,9 @@ image: ## Build the container image $(IMAGE) (docker build)
 	docker build -t $(IMAGE) .
 
 # manifests/ ships no credential: agents authenticate with their pods' ServiceAccount
-# tokens (TokenReview). deploy adds a random read token for the manager's status API and page
-# (components/read-token), made once and kept in .cache/deploy (never in git), through an
-# overlay there, and first creates the training namespaces of manifests/training that do
+# tokens (TokenReview). deploy adds the two Secrets manifests/ mounts, a random read token for
+# the status API and page and the manager's certificate from a CA of the deployment, made once
+# and kept in .cache/deploy (never in git), through an overlay there, and first creates the training namespaces of manifests/training that do
 # not exist yet, each enforcing Pod Security baseline or stricter (scripts/training-namespaces.sh;
 # undeploy never deletes them).
 deploy: image ## Build the image and apply manifests/ to the current kube context

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The overlay `make deploy` applies, written to DIR: manifests/ with a generated read token
-# (components/read-token) and TLS between agents and manager from a CA of this deployment
-# (components/tls, scripts/deploy-tls.sh). Both are made once and kept across deploys.
+# The overlay `make deploy` applies, written to DIR: manifests/ (which serves TLS and wants a
+# read token: components/tls, components/read-token) with the two Secrets generated from a
+# random read token and a CA of this deployment (scripts/deploy-tls.sh), made once in DIR and
+# kept across deploys.
 # Usage: scripts/deploy-overlay.sh DIR IMAGE   (IMAGE: [registry[:port]/]name[:tag][@digest])
 set -euo pipefail
 dir=$1 image=$2
@@ -22,8 +23,11 @@ cat > "$dir/kustomization.yaml" <<YAML
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources: [$rel]
-components: [$rel/components/read-token, $rel/components/tls]
 images: [{name: specon, newName: $name, $pin}]
+# The names manifests/ mounts and components/monitoring's ServiceMonitor reads its CA from, as
+# scripts/deploy-secrets.sh makes them (no hash suffix: the manager re-reads its certificate
+# when the Secret changes; the read token is made once and kept).
+generatorOptions: {disableNameSuffixHash: true}
 secretGenerator:
   - {name: specon-read-token, namespace: specon, files: [token=read-token]}
   - name: specon-manager-tls

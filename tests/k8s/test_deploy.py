@@ -44,10 +44,48 @@ def make(target: str, config: Path, *extra: str) -> str:
 
 
 def apply(config: Path) -> None:
-    """What ``make deploy`` does but the image and its overlay: the training namespaces, then
-    ``manifests/``."""
+    """The plain path docs/kubernetes.md gives: the training namespaces, the Secrets, then
+    ``kubectl apply -k manifests/``."""
     run("bash", "scripts/training-namespaces.sh", kubectl(), "--kubeconfig", str(config))
+    run(
+        "bash",
+        "scripts/deploy-secrets.sh",
+        str(config.parent / "deploy"),
+        kubectl(),
+        "--kubeconfig",
+        str(config),
+    )
     run(kubectl(), "--kubeconfig", str(config), "apply", "-k", str(MANIFESTS))
+
+
+def test_deploy_secrets_makes_what_manifests_mount_once_and_keeps_it(
+    private_cluster: tuple[KubeCluster, Path],
+) -> None:
+    cluster, config = private_cluster
+    core = client.CoreV1Api(cluster.api_client())
+    script = (
+        "bash",
+        "scripts/deploy-secrets.sh",
+        str(config.parent / "deploy"),
+        kubectl(),
+        "--kubeconfig",
+        str(config),
+    )
+    run(*script)
+    mounted = {
+        v["secret"]["secretName"]: {i["key"] for i in v["secret"].get("items", [])}
+        for d in render(MANIFESTS)
+        if d["kind"] in ("Deployment", "DaemonSet")
+        for v in d["spec"]["template"]["spec"]["volumes"]
+        if "secret" in v
+    }
+    made = {name: core.read_namespaced_secret(name, "specon") for name in mounted}
+    for name, keys in mounted.items():
+        assert keys <= set(made[name].data), name  # every key a pod mounts is there
+    assert made["specon-manager-tls"].type == "kubernetes.io/tls"
+    run(*script)  # again: the same token and CA (agents keep trusting it), nothing else changed
+    again = {name: core.read_namespaced_secret(name, "specon").data for name in mounted}
+    assert again == {name: s.data for name, s in made.items()}
 
 
 def pod_security(core: client.CoreV1Api, ns: str) -> dict[str, str]:

@@ -224,7 +224,7 @@ def test_make_deploy_adds_a_generated_read_token_and_tls(tmp_path: Path) -> None
     script = ROOT / "scripts" / "deploy-overlay.sh"
     subprocess.run(["bash", str(script), str(tmp_path), "registry.example/specon:1.2"], check=True)
     docs = by_kind(render(tmp_path))
-    secrets = {s["metadata"]["name"].rsplit("-", 1)[0]: s for s in docs["Secret"]}
+    secrets = {s["metadata"]["name"]: s for s in docs["Secret"]}  # the names manifests/ mounts
     (manager,) = docs["Deployment"]
     (agent,) = docs["DaemonSet"]
     assert container(manager)["image"] == "registry.example/specon:1.2"
@@ -669,8 +669,36 @@ def _agent_scheme(agent: dict[str, Any]) -> str:
 
 
 def test_the_base_agent_starts_with_its_manager_url() -> None:
-    (agent,) = by_kind(render(MANIFESTS))["DaemonSet"]
+    (agent,) = by_kind(render(MANIFESTS / "base"))["DaemonSet"]
     _agent_scheme(agent)  # plain HTTP to the Service: needs --insecure-http (or components/tls)
+
+
+@pytest.mark.parametrize("tree", ["", "overlays/dry-run"])
+def test_kubectl_apply_k_manifests_serves_tls_and_guards_the_status_as_make_deploy_does(
+    tree: str, tmp_path: Path
+) -> None:
+    """``kubectl apply -k manifests/`` (and the dry-run overlay): the agents verify an https
+    manager, the status API wants the read token; the Secrets scripts/deploy-secrets.sh makes
+    are the ones it mounts. The same as ``make deploy``'s overlay, but for the generated names."""
+    docs = by_kind(render(MANIFESTS / tree))
+    (manager,) = docs["Deployment"]
+    (agent,) = docs["DaemonSet"]
+    assert _agent_scheme(agent) == "https" and "--insecure-http" not in container(agent)["args"]
+    assert arg(manager, "--read-token-file") and arg(manager, "--tls-cert") and arg(manager, "--tls-key")
+    mounted = {
+        v["secret"]["secretName"]
+        for d in (manager, agent)
+        for v in d["spec"]["template"]["spec"]["volumes"]
+        if "secret" in v
+    }
+    assert mounted == {"specon-read-token", "specon-manager-tls"}
+    assert "Secret" not in docs  # no credential in git: made by the script, or make deploy
+    subprocess.run(["bash", str(ROOT / "scripts" / "deploy-overlay.sh"), str(tmp_path), "specon"], check=True)
+    deployed = by_kind(render(tmp_path))
+    for kind, extra in (("Deployment", ["--dry-run"] if tree else []), ("DaemonSet", [])):
+        (made,) = deployed[kind]
+        (here,) = docs[kind]
+        assert sorted(container(made)["args"] + extra) == sorted(container(here)["args"]), kind
 
 
 def _secret_command(component: Path) -> list[str]:
@@ -693,7 +721,7 @@ def test_the_tls_component_serves_https_and_gives_the_agents_only_the_ca(tmp_pat
     rel = os.path.relpath(MANIFESTS, tmp_path)
     (tmp_path / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources: [{rel}]\ncomponents: [{rel}/components/tls]\n"
+        f"resources: [{rel}/base]\ncomponents: [{rel}/components/tls]\n"
         "secretGenerator: [{name: specon-manager-tls, namespace: specon, type: kubernetes.io/tls, "
         "files: [tls.crt=tls/server.crt, tls.key=tls/server.key, ca.crt=ca/ca.crt]}]\n"
     )
@@ -729,7 +757,7 @@ def test_the_tls_component_serves_https_and_gives_the_agents_only_the_ca(tmp_pat
         "--manager=https://specon-manager:7700"
     ]
     assert _agent_scheme(agent) == "https"
-    base_args = container(by_kind(render(MANIFESTS))["DaemonSet"][0])["args"]
+    base_args = container(by_kind(render(MANIFESTS / "base"))["DaemonSet"][0])["args"]
     # --manager replaced, --insecure-http removed, --ca-file added.
     assert len(container(agent)["args"]) == len(base_args)
     assert "--insecure-http" in base_args and "--insecure-http" not in container(agent)["args"]

@@ -67,6 +67,15 @@ def test_the_monitors_scrape_the_daemons_ports_by_their_labels(tmp_path: Path) -
     assert [e["port"] for e in svc_monitor["spec"]["endpoints"]] == [
         p["name"] for p in service["spec"]["ports"]
     ]
+    # The manager serves TLS (manifests/ has components/tls): scraped over https, verified
+    # against the CA in the Secret the manager's pod mounts its certificate from.
+    (endpoint,) = svc_monitor["spec"]["endpoints"]
+    (manager,) = docs["Deployment"]
+    secrets = {
+        v["secret"]["secretName"] for v in manager["spec"]["template"]["spec"]["volumes"] if "secret" in v
+    }
+    assert endpoint["scheme"] == "https" and endpoint["tlsConfig"]["ca"]["secret"]["name"] in secrets
+    assert endpoint["tlsConfig"]["serverName"] == f"{service['metadata']['name']}.specon.svc"
     pod_labels = agent["spec"]["template"]["metadata"]["labels"]
     assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     ports = {p["name"] for c in agent["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
