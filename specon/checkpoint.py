@@ -143,6 +143,12 @@ def _stem(step: int) -> str:
     return f"ckpt-{step:012d}"
 
 
+def step_of(manifest_path: Path) -> int | None:
+    """The step a manifest's name says (``ckpt-<step>.json``); None for any other name."""
+    m = _NAME.match(manifest_path.name)
+    return int(m.group(1)) if m else None
+
+
 def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

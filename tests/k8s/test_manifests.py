@@ -214,7 +214,7 @@ def test_a_training_namespace_is_one_line() -> None:
     made = sorted((d["kind"], d["metadata"]["namespace"]) for d in docs)
     assert made == [(k, ns) for k in ("Role", "RoleBinding") for ns in ("training", "vision")]
     (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] == "vision"]
-    assert {res for _, res, _ in rules_of(role)} == {"pods", "pods/eviction", "podtemplates"}
+    assert {res for _, res, _ in rules_of(role)} == {"pods", "pods/eviction", "podtemplates", "events"}
 
 
 def test_make_deploy_adds_a_generated_read_token_and_tls(tmp_path: Path) -> None:
@@ -470,6 +470,8 @@ async def test_the_agent_role_allows_every_call_the_runtime_makes(rbac: Rbac) ->
             assert info.handle == f"{ns}/r1-g{generation}"  # list + podtemplates get + create
             await until(lambda: running(rt, job), "r1 restored")
         await rt.stop(job, grace=5)  # delete
+        await rt.events.drain()  # Converged, Saving, Saved, Restored: create (and patch, a series)
+        assert rt.events.counters.failed == 0 and rt.events.counters.sent >= 4
         # A start that supersedes a lost node's copy reads that node and its Lease.
         await takeover.lost_node(rt._call, rbac.node)  # a 403 would raise (a missing Lease: 404)
         # The node's pods in every namespace (what the unmanaged ones request: k8s_others) too.
@@ -509,6 +511,13 @@ async def test_the_agent_writes_pods_only_in_the_training_namespaces(rbac: Rbac)
             agent, "POST", f"/api/v1/namespaces/{ns}/podtemplates", body=_record(pod, ns), query=dry
         )
         assert forbidden(agent, "GET", f"/api/v1/namespaces/{ns}/podtemplates/any"), ns
+        event = {"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "x.1"},
+                 "eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": "specon.io/agent",
+                 "reportingInstance": "a", "action": "Save", "reason": "Saving", "type": "Normal",
+                 "regarding": {"kind": "Pod", "namespace": ns, "name": "x"}}  # fmt: skip
+        assert forbidden(
+            agent, "POST", f"/apis/events.k8s.io/v1/namespaces/{ns}/events", body=event, query=dry
+        )
     # No secrets or configuration anywhere, not even in the training namespace.
     for ns in (rbac.training, rbac.home):
         assert forbidden(agent, "GET", f"/api/v1/namespaces/{ns}/secrets")

@@ -269,6 +269,26 @@ async def test_save_by_eviction_then_restore_on_another_node_runs_exactly_its_st
     assert sorted(trained(volume, "j1")) == list(range(1, total + 1))  # each step exactly once
     ended = await until(lambda: _ended(runtimes["node-2"], "j1"), "node-2 to see j1 ended")
     assert ended.finished and ended.exit_code == 0
+    # What `kubectl describe pod` shows: the save on the evicted pod, the restore on its copy.
+    for rt in runtimes.values():
+        await rt.events.drain()
+    listed = await asyncio.to_thread(
+        admin.request, "GET", f"/apis/events.k8s.io/v1/namespaces/{kube_namespace}/events"
+    )
+    said = {
+        (e["regarding"]["name"], e["reason"]): e
+        for e in listed["items"]
+        if e.get("reportingController") == "specon.io/agent"
+    }
+    assert {("train", "Saving"), ("train", "Saved"), ("train-g2", "Restored")} <= said.keys()
+    assert said["train", "Saved"]["note"].startswith(f"checkpoint at step {res.step}, in ")
+    restored = said["train-g2", "Restored"]
+    assert restored["reportingInstance"] == "specon-agent-node-2" and restored["type"] == "Normal"
+    assert restored["note"] == (
+        f"restored on node node-2 from the checkpoint at step {res.step}, generation 2, after pod train"
+    )
+    assert restored["regarding"]["uid"] == pod["metadata"]["uid"]
+    assert all(rt.events.counters.failed == 0 for rt in runtimes.values())
 
 
 async def _ended(rt: KubernetesRuntime, job: str) -> ContainerInfo | None:

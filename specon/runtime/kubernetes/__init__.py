@@ -12,7 +12,17 @@
 - ``usage``, ``cgroup``: CPU usage and weights of a node's pods;
 - ``others``: what the node's unmanaged pods request, not free to placement;
 - ``freezer``: freezing a node's pods and their host PIDs (for NVML);
-- ``watch``: the pod and node watches.
+- ``watch``: the pod and node watches;
+- ``events``: Kubernetes Events on the pods, what specon did to each.
+
+GPUs (``k8s_gpu``): a pod's ``nvidia.com/gpu`` limits are its GPU request; a GPU job keeps
+to its node's ``nvidia.com/gpu.product`` (in its spec's selector, its restore record and so its
+copy) unless it allows any. ``freeze``/``thaw`` use the pod's cgroup freezer and ``pids`` its
+cgroup's host PIDs (``k8s_freezer``); a save or stop thaws a frozen pod before its SIGTERM.
+
+Deviations from the local runtime, inherent to pods: a saved or stopped pod is deleted, so
+it is no longer listed afterwards; ``forget`` deletes an ended pod (and a finished job's
+restore record).
 
 Only this subpackage (and the manager's Kubernetes journal and TokenReview) imports
 ``kubernetes`` (import contract ``kubernetes-backend``).

@@ -28,14 +28,7 @@ restore record), in the job's own namespace, pinned with ``spec.nodeName`` (see
 terminated exists anywhere (``AlreadyRunning``); pod names are unique per generation, so two
 racing starts cannot both create one. ``job_spec`` answers from the same trusted sources.
 
-GPUs (``k8s_gpu``): a pod's ``nvidia.com/gpu`` limits are its GPU request; a GPU job keeps
-to its node's ``nvidia.com/gpu.product`` (in its spec's selector, its restore record and so its
-copy) unless it allows any. ``freeze``/``thaw`` use the pod's cgroup freezer and ``pids`` its
-cgroup's host PIDs (``k8s_freezer``); a save or stop thaws a frozen pod before its SIGTERM.
-
-Deviations from the local runtime, inherent to pods: a saved or stopped pod is deleted, so
-it is no longer listed afterwards; ``forget`` deletes an ended pod (and a finished job's
-restore record).
+Events on the pods say what was done to them (``events``).
 """
 
 from __future__ import annotations
@@ -69,7 +62,7 @@ from specon.runtime.base import (
     WorkerUsage,
     valid_job_id,
 )
-from specon.runtime.kubernetes import copying, gpu, others, pods, recording, takeover
+from specon.runtime.kubernetes import copying, events, gpu, others, pods, recording, takeover
 from specon.runtime.kubernetes.api import KubeApi, KubeError, load_api_client, pods_path
 from specon.runtime.kubernetes.calls import PodCalls, record_path
 from specon.runtime.kubernetes.cgroup import CGROUP_ROOT, PodCgroups, pod_cpu_limit
@@ -173,6 +166,7 @@ class KubernetesRuntime:
         self._usage = NodeUsage(self.api, node, metrics=metrics, proc=proc)
         self._cgroups = PodCgroups(cgroup_root)  # the pods' cgroups, where the node's are mounted
         self._procs = PodProcesses(self._cgroups, proc)  # their freezer and host PIDs
+        self.events = events.EventRecorder(self.api, f"specon-agent-{node}")
 
     # -- the Runtime interface -------------------------------------------------------------
     @property
@@ -274,7 +268,7 @@ class KubernetesRuntime:
             # from a plain process; with no exit code, outliving the grace period tells.
             return code in (_SIGKILL_EXIT, -9) or (code is None and seconds >= grace)
 
-        return await run_save(
+        save = run_save(
             container_id,
             self._worker,
             grace=grace,
@@ -286,6 +280,7 @@ class KubernetesRuntime:
             context={"node": self.node, "pod": p.name},
             corrupt="the pod is gone without a verifiable checkpoint and every earlier one is corrupt",
         )
+        return await events.saved(self.events, p.manifest, grace, save)
 
     async def start(
         self, spec: JobSpec, *, checkpoint: Path | None = None, supersede: Supersede = False
@@ -352,6 +347,7 @@ class KubernetesRuntime:
             generation=pods.generation(body),
             restore_checkpoint=restore_in_pod,
         )
+        events.restored(self.events, created, self.node, checkpoint)
         return self._info(p)
 
     async def stop(self, container_id: ContainerId, *, grace: float) -> ContainerInfo:
@@ -411,6 +407,7 @@ class KubernetesRuntime:
         it has none here or the patch failed (best effort: the agent's state file rules)."""
         for p in await self._managed():
             if p.job == container_id and pods.alive(p.manifest):
+                events.classified(self.events, p.manifest, annotations)
                 return await asyncio.to_thread(self._calls.annotate, p.manifest, annotations)
         return False
 
@@ -418,6 +415,7 @@ class KubernetesRuntime:
         for inf in (self._pods, self._node_watch, self._others.watch):
             if inf is not None:
                 inf.stop()
+        self.events.close()
         return True
 
     # -- internals ---------------------------------------------------------------------------
