@@ -11,7 +11,7 @@ from specon.coordinator.draining import UnknownWorkerError
 from specon.coordinator.inline import InlineCoordinator
 from specon.coordinator.migration import Migration, State, save_lost_steps
 from specon.model import WorkerId
-from specon.wire.protocol import Action, CommandResult
+from specon.wire.protocol import Action, Command, CommandResult
 from tests.unit.manager_fakes import FakeAgent, FakeClock, commands, coordinator, policy, report
 
 A, B = WorkerId("a"), WorkerId("b")
@@ -20,6 +20,21 @@ JOBS = ("j1", "j2", "j3", "j4")
 
 def _evacuations(coord: InlineCoordinator) -> list[Migration]:
     return [m for m in coord.journal.all() if m.reason == "evacuated"]
+
+
+def _saved_at_10(saves: list[Command], agent: FakeAgent) -> tuple[CommandResult, ...]:
+    """Each save's result: the job stopped at its checkpoint of step 10."""
+    return tuple(
+        CommandResult(
+            command=c.id,
+            ok=True,
+            checkpoint=f"/vol/{c.container}/ckpt-10.json",
+            checkpoint_step=10,
+            finished_at=agent.now(),
+            detail={"last_step": 10},
+        )
+        for c in saves
+    )
 
 
 def _cluster(tmp_path: Path, clock: FakeClock) -> tuple[InlineCoordinator, FakeAgent, FakeAgent]:
@@ -43,18 +58,7 @@ def test_a_drain_saves_every_job_at_once_and_restores_each_on_another_worker(
     assert sorted(c.container for c in saves) == sorted(JOBS)  # all four, past a budget of one
     assert {(m.source, m.target, m.state) for m in _evacuations(coord)} == {(A, B, State.SAVING)}
     # The saves stop the jobs at their checkpoints; b starts each.
-    results = tuple(
-        CommandResult(
-            command=c.id,
-            ok=True,
-            checkpoint=f"/vol/{c.container}/ckpt-10.json",
-            checkpoint_step=10,
-            finished_at=a.now(),
-            detail={"last_step": 10},
-        )
-        for c in saves
-    )
-    coord.on_heartbeat(a.heartbeat(results=results))
+    coord.on_heartbeat(a.heartbeat(results=_saved_at_10(saves, a)))
     starts = commands(coord.on_heartbeat(b.heartbeat()), Action.START)
     assert sorted(c.container for c in starts) == sorted(JOBS)
     ok = tuple(CommandResult(command=c.id, ok=True, finished_at=b.now()) for c in starts)
@@ -219,18 +223,7 @@ def test_a_drained_job_whose_restore_failed_goes_back_to_its_target_not_the_cord
     coord, a, b = _cluster(tmp_path, clock)
     coord.on_drain(A)
     saves = commands(coord.on_heartbeat(a.heartbeat(*(report(j) for j in JOBS))), Action.SAVE)
-    results = tuple(
-        CommandResult(
-            command=c.id,
-            ok=True,
-            checkpoint=f"/vol/{c.container}/ckpt-10.json",
-            checkpoint_step=10,
-            finished_at=a.now(),
-            detail={"last_step": 10},
-        )
-        for c in saves
-    )
-    coord.on_heartbeat(a.heartbeat(results=results))
+    coord.on_heartbeat(a.heartbeat(results=_saved_at_10(saves, a)))
     starts = commands(coord.on_heartbeat(b.heartbeat()), Action.START)
     refused = tuple(
         CommandResult(command=c.id, ok=False, error="no room", finished_at=b.now()) for c in starts
