@@ -31,9 +31,6 @@ from jobwatch import (
     assert_finished_once,
     drained_with_fresh_checkpoints,
     finished,
-    in_state,
-    job_processes,
-    migration_of,
     spec,
     training,
     wait_for,
@@ -43,7 +40,9 @@ from test_recovery_hosts import (
     OnHosts,
     checkpointed,
     cut_off_past_recovery_after,
+    kill_the_host,
     policy,
+    recovered,
     tls_available,
     trained,
 )
@@ -53,7 +52,7 @@ from specon.embedded.docker_hosts import DockerUnavailable
 from specon.model import WorkerId
 from specon.runtime.base import JobSpec
 from specon.testing.held_jobs import release, release_file
-from specon.testing.host_kill import in_image, kill_host
+from specon.testing.host_kill import in_image
 from specon.testing.net_hosts import NetHosts
 from tests.hosts import tls_for
 
@@ -113,16 +112,9 @@ async def test_a_dead_docker_hosts_jobs_resume_on_another_host_with_exactly_thei
             await wait_for(
                 lambda j=j: checkpointed(c, j), f"{j}'s first checkpoint", timeout=60, watchdog=dogs[j]
             )
-        before = {j: set(job_processes(c, j)) for j in jobs}
-        killed = kill_host(c, W0, h.host_of(W0))
-        assert c.agents[W0].proc.pid in killed
+        kill_the_host(h, W0, jobs)
         for j in jobs:
-            assert before[j] and before[j] <= killed, (j, before[j], killed)
-            assert not job_processes(c, j), f"{j} still runs"
-        for j in jobs:
-            await wait_for(in_state(c, j, "done"), f"{j}'s recovery", timeout=60, watchdog=dogs[j])
-            m = await migration_of(c, j)
-            assert m is not None and (m.reason, m.source, m.target) == ("recovered", W0, W1), m
+            await recovered(c, j, dogs[j])
         for j in jobs:
             release(gates[j])
         for j in jobs:

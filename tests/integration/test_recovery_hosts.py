@@ -178,6 +178,25 @@ def trained(c: EmbeddedCluster, jid: str) -> int:
     return total
 
 
+def kill_the_host(h: Any, worker: WorkerId, jobs: tuple[str, ...]) -> None:
+    """The host of ``worker`` dies: its agent and every process of its jobs at once, no save,
+    no goodbye (``h``: hosts with ``c`` and ``host_of``, local or Docker)."""
+    c = h.c
+    before = {j: set(job_processes(c, j)) for j in jobs}
+    killed = kill_host(c, worker, h.host_of(worker))
+    assert c.agents[worker].proc.pid in killed
+    for j in jobs:
+        assert before[j] and before[j] <= killed, (j, before[j], killed)
+        assert not job_processes(c, j), f"{j} still runs"
+
+
+async def recovered(c: EmbeddedCluster, job: str, dog: Watchdog) -> None:
+    """``job`` restored on w1 by a ``recovered`` migration from w0, done."""
+    await wait_for(in_state(c, job, "done"), f"{job}'s recovery", timeout=60, watchdog=dog)
+    m = await migration_of(c, job)
+    assert m is not None and (m.reason, m.source, m.target) == ("recovered", W0, W1), m
+
+
 # -- 1a: a host dies -----------------------------------------------------------------------------------
 async def test_a_dead_hosts_jobs_resume_on_another_host_with_exactly_their_steps(
     net_hosts: Hosts, tmp_path: Path
@@ -193,17 +212,9 @@ async def test_a_dead_hosts_jobs_resume_on_another_host_with_exactly_their_steps
             await wait_for(
                 lambda j=j: checkpointed(c, j), f"{j}'s first checkpoint", timeout=40, watchdog=dogs[j]
             )
-        # The host dies: its agent and every process of its jobs at once, no save, no goodbye.
-        before = {j: set(job_processes(c, j)) for j in jobs}
-        killed = kill_host(c, W0, h.host_of(W0))
-        assert c.agents[W0].proc.pid in killed
+        kill_the_host(h, W0, jobs)
         for j in jobs:
-            assert before[j] and before[j] <= killed, (j, before[j], killed)
-            assert not job_processes(c, j), f"{j} still runs"
-        for j in jobs:
-            await wait_for(in_state(c, j, "done"), f"{j}'s recovery", timeout=60, watchdog=dogs[j])
-            m = await migration_of(c, j)
-            assert m is not None and (m.reason, m.source, m.target) == ("recovered", W0, W1), m
+            await recovered(c, j, dogs[j])
             # Restored by w1's agent: in w1's host.
             await wait_for(lambda j=j: runs_in_host(h, j, W1), f"{j} in w1's host", timeout=10)
         for j in jobs:
