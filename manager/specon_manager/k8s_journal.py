@@ -38,7 +38,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_at
 from specon.coordinator.migration import Mark, Migration
 from specon.coordinator.retention import prunable
 from specon.model import ContainerId
-from specon.runtime.kubernetes.api import KubeApi, KubeError, pods_path
+from specon.runtime.kubernetes.api import MERGE_PATCH, KubeApi, KubeError, pods_path
 from specon.runtime.kubernetes.pods import LABEL_JOB, meta
 from specon.wire import codec
 from specon.wire.validate import LABEL_VALUE
@@ -221,7 +221,7 @@ class KubeJournal:
                     "PATCH",
                     f"{pods_path(str(m.get('namespace')))}/{m.get('name')}",
                     body={"metadata": {"annotations": annotations}},
-                    content_type="application/merge-patch+json",
+                    content_type=MERGE_PATCH,
                 )
         except KubeError as exc:  # display only: the ConfigMap is the record
             log.info("specon.journal.mirror_failed", container=mk.container, error=str(exc))

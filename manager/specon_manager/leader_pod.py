@@ -18,12 +18,11 @@ from typing import Any, Protocol
 
 import structlog
 
-from specon.runtime.kubernetes.api import KubeError
+from specon.runtime.kubernetes.api import MERGE_PATCH, KubeError
 
 log = structlog.get_logger()
 
 LEADER_LABEL = "specon.io/leader"
-MERGE_PATCH = "application/merge-patch+json"
 
 
 class PodApi(Protocol):

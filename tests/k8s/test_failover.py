@@ -31,14 +31,14 @@ import aiohttp
 import pytest
 from specon_manager.k8s_journal import KubeJournal
 from specon_manager.leader import LeaseElector, Outcome
-from specon_manager.leader_pod import LEADER_LABEL, MERGE_PATCH
+from specon_manager.leader_pod import LEADER_LABEL
 from specon_manager.lease import Record, Timing
 
 from specon.coordinator.migration import Migration, State
 from specon.embedded.cluster import EmbeddedCluster
 from specon.model import Resources, WorkerId
 from specon.runtime.base import JobSpec
-from specon.runtime.kubernetes.api import KubeApi, KubeError
+from specon.runtime.kubernetes.api import MERGE_PATCH, KubeApi, KubeError
 from specon.testing.progress_log import job_records
 from specon.wire import protocol
 from specon.wire.protocol import ErrorReply, Status

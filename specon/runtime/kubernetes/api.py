@@ -30,6 +30,8 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+MERGE_PATCH = "application/merge-patch+json"  # the Content-Type of a JSON merge patch (RFC 7386)
+
 
 class KubeError(Exception):
     """An API call failed: ``status`` is the HTTP status (0: no answer), ``reason`` the

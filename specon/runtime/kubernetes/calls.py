@@ -17,7 +17,7 @@ import structlog
 from specon.model import ContainerId
 from specon.runtime.base import NoSuchContainer, SaveFailed
 from specon.runtime.kubernetes import gpu, pods, restore
-from specon.runtime.kubernetes.api import KubeApi, KubeError, pods_path
+from specon.runtime.kubernetes.api import MERGE_PATCH, KubeApi, KubeError, pods_path
 from specon.runtime.kubernetes.pods import Manifest, PodError
 
 log = structlog.get_logger()
@@ -161,7 +161,7 @@ class PodCalls:
                 "PATCH",
                 f"{pods_path(ns)}/{name}",
                 body={"metadata": {"annotations": dict(annotations)}},
-                content_type="application/merge-patch+json",
+                content_type=MERGE_PATCH,
             )
         except KubeError as exc:
             log.warning("specon.k8s.annotate_failed", pod=f"{ns}/{name}", error=str(exc))

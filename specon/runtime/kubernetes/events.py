@@ -31,7 +31,7 @@ import structlog
 
 from specon.checkpoint import step_of
 from specon.runtime.base import RuntimeFailure, SaveResult
-from specon.runtime.kubernetes.api import KubeError
+from specon.runtime.kubernetes.api import MERGE_PATCH, KubeError
 from specon.runtime.kubernetes.pods import ANN_GENERATION, ANN_RESTORED_FROM, meta
 
 log = structlog.get_logger()
@@ -41,7 +41,6 @@ SERIES_WINDOW_S = 6 * 60.0  # a repeat within this joins the first Event's serie
 BURST = 25  # events per pod at once (client-go's spam filter)
 REFILL_S = 300.0  # then one per this many seconds
 QUEUE = 1000  # events waiting to be posted; beyond, dropped
-MERGE_PATCH = "application/merge-patch+json"
 NOTE_MAX = 1024  # the API's limit on an Event's note
 
 

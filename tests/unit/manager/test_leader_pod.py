@@ -14,11 +14,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from specon_manager.app import METRICS, create_app
 from specon_manager.journal import Journal
 from specon_manager.leader import FencedJournal, LeaseElector, attach
-from specon_manager.leader_pod import LEADER_LABEL, MERGE_PATCH, LeaderPod
+from specon_manager.leader_pod import LEADER_LABEL, LeaderPod
 from specon_manager.lease import Timing
 from specon_manager.shell import ManagerShell
 
-from specon.runtime.kubernetes.api import KubeError
+from specon.runtime.kubernetes.api import MERGE_PATCH, KubeError
 from tests.unit.manager.test_leader import FakeLeases
 from tests.unit.manager.test_leader_standby import TOKEN, until
 from tests.unit.manager_fakes import policy
