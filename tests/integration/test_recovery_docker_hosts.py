@@ -41,6 +41,7 @@ from test_recovery_hosts import (
     checkpointed,
     cut_off_past_recovery_after,
     kill_the_host,
+    mend_and_stop_manager,
     policy,
     recovered,
     tls_available,
@@ -90,11 +91,7 @@ async def docker_on_hosts(net_hosts: Hosts, tmp_path: Path, *, cpus: float) -> A
     try:
         yield OnHosts(c, hosts)
     finally:
-        for host in hosts:
-            if host.is_cut():
-                host.mend()
-        if c.manager is not None:
-            c.kill(c.manager)
+        mend_and_stop_manager(c, hosts)
         await c.stop()
 
 

@@ -30,7 +30,7 @@ import importlib.util
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,11 +121,7 @@ async def on_hosts(net_hosts: Hosts, tmp_path: Path, *, cpus: float) -> AsyncIte
         try:
             yield OnHosts(c, hosts)
         finally:
-            for host in hosts:
-                if host.is_cut():
-                    host.mend()
-            if c.manager is not None:
-                c.kill(c.manager)
+            mend_and_stop_manager(c, hosts)
 
 
 # -- a job's processes in a host's namespace -------------------------------------------------------
@@ -176,6 +172,15 @@ def trained(c: EmbeddedCluster, jid: str) -> int:
     total = finished_steps(c.volume, jid)
     assert total >= STEPS, f"{jid}: finished after {total} steps, fewer than its {STEPS}"
     return total
+
+
+def mend_and_stop_manager(c: EmbeddedCluster, hosts: Sequence[NetHost]) -> None:
+    """A test's end, before the cluster stops: every link mended, the manager SIGKILLed."""
+    for host in hosts:
+        if host.is_cut():
+            host.mend()
+    if c.manager is not None:
+        c.kill(c.manager)
 
 
 def kill_the_host(h: Any, worker: WorkerId, jobs: tuple[str, ...]) -> None:
