@@ -76,6 +76,14 @@ class Draining:
             self._cordon(Cordon(worker, now), off=True)
             self._log("specon.manager.evacuate_lifted", worker=worker)
 
+    def _forget_notice(self, worker: WorkerId, now: float) -> None:
+        """A forgotten worker's cordon that a notice put goes with it (a reclaimed node is
+        deleted: no heartbeat will ever show the taint gone); an operator's drain stays."""
+        c = self.cordons.get(worker)
+        if c is not None and c.taint is not None:
+            self._cordon(Cordon(worker, now), off=True)
+            self._log("specon.manager.evacuate_lifted", worker=worker)
+
     def _cordon(self, c: Cordon, *, off: bool = False) -> None:
         if off:
             self.cordons.pop(c.worker, None)

@@ -307,6 +307,7 @@ class Coordinator(Deciding, Draining):
             for w in before_w - self.state.workers.keys():
                 self.emit(Event("worker_forgotten", {"worker": w}))
                 self.commands.forget(w)
+                self._forget_notice(w, now)
             for cid in [c for c in self.requests if c not in self.state.containers]:
                 del self.requests[cid]
                 self._deferred.discard(cid)

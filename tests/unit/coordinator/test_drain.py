@@ -234,3 +234,22 @@ def test_a_drained_job_whose_restore_failed_goes_back_to_its_target_not_the_cord
     again = commands(coord.on_heartbeat(b.heartbeat()), Action.START)
     assert sorted(c.container for c in again) == sorted(JOBS) and all(c.rollback for c in again)
     assert commands(coord.on_heartbeat(a.heartbeat()), Action.START) == []  # never the drained one
+
+
+def test_a_forgotten_workers_notice_cordon_goes_with_it_an_operators_drain_stays(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    coord, _, b = _cluster(tmp_path, clock)
+    c, d = FakeAgent("c", clock), FakeAgent("d", clock)
+    c.taints = (SPOT,)  # a reclaimed node: deleted after its notice, never heard of again
+    coord.on_heartbeat(c.heartbeat())
+    coord.on_heartbeat(d.heartbeat())
+    coord.on_drain(WorkerId("d"))
+    coord.step(rebalance=True)
+    assert set(coord.core.cordons) == {"c", "d"}
+    msg = coord.core.policy.messaging
+    clock.advance(msg.prune_after * msg.worker_timeout + 1)
+    coord.on_heartbeat(b.heartbeat())
+    coord.core.prune(clock())
+    assert {"c", "d"}.isdisjoint(coord.state.workers)  # both forgotten
+    assert set(coord.core.cordons) == {"d"} and coord.state.cordoned == {"d"}
