@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from specon.config import PolicyError, load_policy, policy_to_yaml
-from specon.coordinator.reconcile import Reconciler
+from specon.coordinator.reconcile import lost_after
 from specon.daemon import logs
 from specon.embedded.demo import MODELS, PageKeeper, make_workload, run_once, screenshot
 from specon.embedded.host_loss import HostLoss, parse_loss
@@ -112,7 +112,7 @@ def _loss(text: str) -> HostLoss:
 def _restart_after(policy: Path | None) -> float:
     """When the DS run restarts a lost job: when the compared policy's manager would find it
     lost (the demo policy's, against ``ds``)."""
-    return Reconciler(load_policy(policy) if policy else live_policy("specon"), {}).lost_after
+    return lost_after(load_policy(policy) if policy else live_policy("specon"))
 
 
 def _policy_file(name: str, out: Path) -> Path | None:

@@ -18,16 +18,12 @@ from specon.config import RecoveryConfig
 from specon.coordinator.migration import Cordon
 from specon.coordinator.state import WorkerRecord
 from specon.model import TAINT_UNSCHEDULABLE, WorkerId
-
-
-def taint_key(taint: str) -> str:
-    """``key`` of ``key[=value][:Effect]``."""
-    return taint.split(":", 1)[0].split("=", 1)[0]
+from specon.policy.placement import split_taint
 
 
 def notice(taints: Iterable[str], cfg: RecoveryConfig) -> str | None:
     """The taint key in ``taints`` that calls for a drain: a reclaim notice before a cordon."""
-    keys = {taint_key(t) for t in taints}
+    keys = {split_taint(t)[0] for t in taints}
     for key in cfg.evacuate_taints:
         if key in keys:
             return key

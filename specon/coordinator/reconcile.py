@@ -60,6 +60,11 @@ class Skip:
     gave_up: bool = False
 
 
+def lost_after(policy: Policy) -> float:
+    """Seconds of silence after which a worker is lost: never before it is unreachable."""
+    return max(policy.recovery.after, policy.messaging.worker_timeout)
+
+
 def backoff(attempts: int, cfg: RecoveryConfig) -> float:
     """Seconds to wait after ``attempts`` attempts before the next (0 before the first)."""
     if attempts == 0:
@@ -84,8 +89,7 @@ class Reconciler:
 
     @property
     def lost_after(self) -> float:
-        """Seconds of silence after which a worker is lost: never before it is unreachable."""
-        return max(self.cfg.after, self.policy.messaging.worker_timeout)
+        return lost_after(self.policy)
 
     def running(self, cid: ContainerId, now: float) -> None:
         """``cid`` was reported running: it is heard of, and once it has run ``max_backoff``

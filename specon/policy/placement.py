@@ -92,7 +92,7 @@ def gpu_memory_of(worker: WorkerSnapshot) -> int:
 ANY_KEY = "*"
 
 
-def _split(text: str) -> tuple[str, str | None, str]:
+def split_taint(text: str) -> tuple[str, str | None, str]:
     """``key[=value][:Effect]`` as (key, value or None when there is no ``=``, effect)."""
     body, colon, effect = text.rpartition(":")
     if not colon:
@@ -103,8 +103,8 @@ def _split(text: str) -> tuple[str, str | None, str]:
 
 def tolerates(toleration: str, taint: str) -> bool:
     """Whether ``toleration`` tolerates ``taint`` (both in the notation above)."""
-    t_key, t_value, t_effect = _split(toleration)
-    key, value, effect = _split(taint)
+    t_key, t_value, t_effect = split_taint(toleration)
+    key, value, effect = split_taint(taint)
     if t_effect and t_effect != effect:
         return False
     if t_key not in (ANY_KEY, key):

@@ -39,7 +39,7 @@ from specon.config import Policy, default_policy
 from specon.coordinator.effects import CommandQueued, Event, MemoryJournal
 from specon.coordinator.inline import InlineCoordinator
 from specon.coordinator.migration import State
-from specon.coordinator.reconcile import Reconciler
+from specon.coordinator.reconcile import lost_after
 from specon.coordinator.state import ClusterState
 from specon.evaluation import JobResult, MigrationRecord, RunResult
 from specon.model import Category, ContainerId, Resources, WorkerId
@@ -169,7 +169,7 @@ class _Run:
             restores = manager is not None and manager.recovery.enabled
             if restores:
                 self.cluster.checkpoints = failures.checkpoints
-            delay = Reconciler(manager or default_policy(), {}).lost_after  # when a loss is seen
+            delay = lost_after(manager or default_policy())  # when a loss is seen
             self.hosts = Hosts(self, failures, workload.key, restores=restores, delay=delay)
 
     # -- schedule ----------------------------------------------------------------------
