@@ -472,7 +472,7 @@ def attach(
         # land, then hand the lease over.
         shell.stand_down()
         await stop_campaign()
-        if pod is not None and pod.marked:  # no agent is sent here from now on
+        if pod is not None and pod.wanted:  # no agent is sent here from now on (also a mark in flight)
             await pod.unmark()
         await shell.settle()
         await elector.release()

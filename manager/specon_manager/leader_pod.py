@@ -13,6 +13,7 @@ answers them 503 until they retry: a delay, never a second leader (the Lease dec
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -38,6 +39,11 @@ class LeaderPod:
         self.api, self.namespace, self.pod = api, namespace, pod
         self.retry_period = retry_period
         self.marked: bool | None = None  # as last written (None: not yet)
+        # What is wanted now, set on the event loop as each call is made. A mark's thread
+        # outlives its cancelled task (a replica standing down mid-mark), so every write, one
+        # at a time, sends what is wanted when it runs: the last to land is the last asked.
+        self.wanted: bool | None = None
+        self._one_at_a_time = threading.Lock()
 
     @property
     def path(self) -> str:
@@ -45,17 +51,24 @@ class LeaderPod:
 
     def mark(self, leading: bool) -> None:
         """Set or remove the label (blocking); ``KubeError`` if the API refuses."""
-        body: dict[str, Any] = {"metadata": {"labels": {LEADER_LABEL: "true" if leading else None}}}
-        self.api.request("PATCH", self.path, body=body, content_type=MERGE_PATCH)
-        self.marked = leading
+        self.wanted = leading
+        self._write()
+
+    def _write(self) -> None:
+        with self._one_at_a_time:
+            leading = bool(self.wanted)
+            body: dict[str, Any] = {"metadata": {"labels": {LEADER_LABEL: "true" if leading else None}}}
+            self.api.request("PATCH", self.path, body=body, content_type=MERGE_PATCH)
+            self.marked = leading
 
     async def keep_marking(self, leading: bool, still: Callable[[], bool] | None = None) -> None:
         """``mark`` until it succeeds (every ``retry_period``; each distinct error logged once),
         or ``still()`` turns false."""
         failing = None
+        self.wanted = leading
         while still is None or still():
             try:
-                await asyncio.to_thread(self.mark, leading)
+                await asyncio.to_thread(self._write)
             except KubeError as exc:
                 if str(exc) != failing:
                     log.warning(
@@ -69,8 +82,9 @@ class LeaderPod:
 
     async def unmark(self) -> bool:
         """Remove the label once (best effort: the process may be stopping); True if removed."""
+        self.wanted = False
         try:
-            await asyncio.to_thread(self.mark, False)
+            await asyncio.to_thread(self._write)
         except KubeError as exc:
             log.warning("specon.manager.leader_mark_failed", pod=self.pod, leading=False, error=str(exc))
             return False

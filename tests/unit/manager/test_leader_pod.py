@@ -5,6 +5,7 @@ campaigns, and an API that refuses the label is retried, not given up."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from pathlib import Path
 from typing import Any
@@ -36,11 +37,18 @@ class FakePods:
         self.lock = threading.Lock()
         self.refuse = False
         self.patches = 0
+        self.hold: threading.Event | None = None  # a mark (label set) blocks until it is set
+        self.holding = threading.Event()  # a held mark is blocked
+        self.landed = threading.Event()  # the held mark was applied
 
     def request(self, method: str, path: str, *, body: object = None, content_type: str = "") -> Any:
         assert method == "PATCH" and content_type == MERGE_PATCH and isinstance(body, dict)
         prefix = f"/api/v1/namespaces/{NS}/pods/"
         assert path.startswith(prefix)
+        held = self.hold is not None and body["metadata"]["labels"].get(LEADER_LABEL) == "true"
+        if held and self.hold is not None:
+            self.holding.set()
+            self.hold.wait(10)
         with self.lock:
             self.patches += 1
             if self.refuse:
@@ -51,6 +59,8 @@ class FakePods:
                     labels.pop(k, None)
                 else:
                     labels[k] = v
+            if held:
+                self.landed.set()
             return {"metadata": {"labels": dict(labels)}}
 
     def selected(self) -> list[str]:
@@ -101,3 +111,25 @@ async def test_a_refused_mark_is_retried_until_the_api_allows_it(tmp_path: Path)
         assert pods.selected() == []
         pods.refuse = False
         await until(lambda: pods.selected() == ["pod-a"], "the mark once allowed")
+
+
+async def test_a_replica_stopping_while_its_mark_is_in_flight_leaves_no_mark(tmp_path: Path) -> None:
+    leases, pods = FakeLeases(), FakePods("pod-a")
+    pods.hold = threading.Event()  # the API answers the mark only once the replica is stopping
+    timing = Timing(lease_duration=30, renew_deadline=10, retry_period=0.05)
+    elector = LeaseElector(leases, namespace=NS, name="specon-manager", identity="a", timing=timing)
+    sh = ManagerShell(
+        policy=policy(), journal=FencedJournal(Journal(tmp_path / "j.db"), elector.holds), standby=True
+    )
+    app = create_app(sh, token=TOKEN, tick=False)
+    attach(app, sh, elector, registry=app[METRICS].registry, on_lost=lambda _: None,
+           pod=LeaderPod(pods, namespace=NS, pod="pod-a", retry_period=0.05))  # fmt: skip
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    await until(pods.holding.is_set, "a to lead and send its mark")
+    stopping = asyncio.create_task(client.close())  # a graceful stop, the mark still in flight
+    await asyncio.sleep(0.2)
+    pods.hold.set()  # the mark lands now, after the stop began
+    await stopping
+    await until(pods.landed.is_set, "the held mark to land")
+    assert pods.selected() == []  # the stop's unmark came after it: no agent is sent here
