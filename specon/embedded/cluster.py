@@ -35,6 +35,7 @@ import aiohttp
 import structlog
 import yaml
 
+from specon.checkpoint import atomic_write
 from specon.embedded.network_host import Host
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import ContainerInfo, JobSpec, Runtime
@@ -330,9 +331,7 @@ class EmbeddedCluster:
         would; none: take them all back. Its agent reports them at its next heartbeat."""
         self.taints_dir.mkdir(parents=True, exist_ok=True)
         path = self.taints_dir / worker
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(f"{t}\n" for t in taints))
-        tmp.replace(path)  # the agent never reads half a file
+        atomic_write(path, "".join(f"{t}\n" for t in taints).encode())  # never half a file
 
     def kill(self, d: Daemon, sig: int = signal.SIGKILL) -> None:
         """Signal a daemon (SIGKILL: a crash, for fault tests) and reap it."""

@@ -228,7 +228,7 @@ class OwnerRecords(abc.ABC, Generic[RunT]):
             raise StartFailed(paths.job, f"cannot tell whether it runs elsewhere: {exc}") from exc
         if owner is None or not self._alive(owner) or self._exit_recorded(paths, owner):
             return None
-        lost = supersede is True or (bool(supersede) and supersede == owner.worker)
+        lost = supersede is True or supersede == owner.worker
         if lost and (owner.host != self._host or owner.worker != self._worker):
             log.warning(f"{self._EVENTS}.superseded", worker=self._worker, container=paths.job,
                         stale_worker=owner.worker, stale_generation=owner.generation)  # fmt: skip

@@ -528,7 +528,7 @@ class KubernetesRuntime:
     def _finished(p: _Pod) -> bool:
         return copying.finished(p.progress, p.checkpoints)
 
-    async def _delete(self, manifest: Manifest, *, grace: int = 0) -> None:
+    async def _delete(self, manifest: Manifest, *, grace: int) -> None:
         await asyncio.to_thread(self._calls.delete, manifest, grace=grace)
 
     async def _current(self, p: _Pod) -> Manifest | None:

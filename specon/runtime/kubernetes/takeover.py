@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -30,7 +30,14 @@ log = structlog.get_logger("specon.k8s")
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
 
 Get = Callable[..., Awaitable[Any]]  # the backend's API call: (method, path)
-Delete = Callable[[Manifest], Awaitable[None]]
+
+
+class Delete(Protocol):
+    """The backend's pod deletion, with its grace period in seconds."""
+
+    def __call__(self, manifest: Manifest, *, grace: int) -> Awaitable[None]: ...
+
+
 Record = Callable[[Manifest], Awaitable[None]]
 
 
@@ -74,6 +81,6 @@ async def take_over(
             kept.append(pod)
             continue
         await calls.record(pod)
-        await calls.delete(pod)
+        await calls.delete(pod, grace=0)  # its node is lost: nothing there to wait for
         log.warning("specon.k8s.lost_pod_deleted", container=job, pod="/".join(pods.key_of(pod)), node=node)
     return kept

@@ -73,8 +73,9 @@ class Api:
             raise KubeError(404, "NotFound", f"{path} not found")
         return self.objects[path]
 
-    async def delete(self, manifest: dict[str, Any]) -> None:
+    async def delete(self, manifest: dict[str, Any], *, grace: int) -> None:
         assert manifest["metadata"]["name"] in self.recorded, "recorded before it is deleted"
+        assert grace == 0, "a lost node's pod goes at once"
         self.deleted.append(manifest["metadata"]["name"])
 
     async def record(self, manifest: dict[str, Any]) -> None:
