@@ -8,7 +8,9 @@ Before each write (a progress record, a checkpoint, the done marker) it looks ag
 the job has started since (the manager took this one's host for lost and restored the job
 elsewhere): this copy is stale, and stops at once without writing (``EXIT_FENCED``).
 
-Light on purpose: ``specon.jobkit`` imports it in every training process.
+Light on purpose: ``specon.jobkit`` imports it in every training process, and the local
+launcher (``specon.runtime.local.launcher``, run by path with no ``specon`` on its path)
+loads this file by path: standard library only.
 """
 
 from __future__ import annotations

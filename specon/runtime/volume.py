@@ -40,7 +40,7 @@ from specon.checkpoint import (
     open_regular,
     read_regular,
 )
-from specon.fence import ENV_GENERATION
+from specon.fence import ENV_GENERATION, GENERATION_FILE
 from specon.model import ContainerId, WorkerId
 from specon.progress.last import last_event
 from specon.runtime.base import (
@@ -329,9 +329,6 @@ def iter_job_ids(root: Path) -> Iterator[ContainerId]:
     for name in names:
         with contextlib.suppress(ValueError):
             yield valid_job_id(name)
-
-
-GENERATION_FILE = "generation.json"
 
 
 def read_generation(path: Path) -> int:

@@ -6,8 +6,9 @@ job's parent instead: it forks and execs the job command, waits for it, and appe
 exit record to the job's ``exits.jsonl`` on the persistent volume.
 
 It is run *by path* with ``python -I -S``, so it must import nothing but the standard
-library (and ``cgroup_entry.py`` beside it, which is standard library only); the runtime
-imports :class:`ExitRecord` from here so the record format has one definition.
+library; the two modules of specon it needs, ``cgroup_entry`` and ``specon.fence`` (standard
+library only, both), it loads by path (``_load``). The runtime imports :class:`ExitRecord`
+from here so the record format has one definition.
 
 Budget: the launcher joins the worker's cgroups and CPUs itself (``--entry``) before it forks
 the job, and says so on ``--ready`` (``ok``, or why not). The runtime does not join them in a
@@ -39,7 +40,12 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from types import FrameType, ModuleType
+
+TYPE_CHECKING = False  # not typing's: this file runs by path and should not import typing
+if TYPE_CHECKING:
+    from specon.fence import Fence
 
 # How an exit record came to be written.
 REASON_EXITED = "exited"  # the job ended by itself or after a signal; the launcher saw it
@@ -47,8 +53,6 @@ REASON_KILLED = "killed"  # the runtime SIGKILLed the process group (the launche
 REASON_LOST = "lost"  # the runtime found the job dead with no record (e.g. host reboot)
 REASON_FENCED = "fenced"  # a newer generation started elsewhere: the launcher killed its job
 EXEC_FAILED = 127  # the shell's convention for "command not found / not executable"
-GENERATION_FILE = "generation.json"  # ``specon.fence``'s (this module imports nothing of specon)
-ENV_GENERATION = "SPECON_GENERATION"  # the run's generation, as the runtime started it
 FENCE_POLL_S = 1.0
 READY = b"ok"  # what a launcher tells on ``--ready`` once it is in the worker's budget
 
@@ -213,7 +217,7 @@ def main(argv: list[str]) -> int:
         except OSError as exc:
             print(f"specon launcher: cannot run {command[0]!r}: {exc}", file=sys.stderr, flush=True)
         os._exit(EXEC_FAILED)
-    return wait_and_record(child, exit_log, run_id, worker, run_generation(os.environ))
+    return wait_and_record(child, exit_log, run_id, worker, _fence().env_generation(os.environ))
 
 
 def _tell(ready: int | None, outcome: str) -> None:
@@ -246,23 +250,32 @@ def read_ready(fd: int, timeout: float) -> bytes | None:
     return told
 
 
-def _cgroup_entry() -> ModuleType:
-    """``specon.runtime.local.cgroup_entry``, loaded from beside this file: it runs by path,
-    without ``specon`` on its path."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cgroup_entry.py")
-    spec = importlib.util.spec_from_file_location("specon_cgroup_entry", path)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load(name: str, *parts: str) -> ModuleType:
+    """The standard-library-only module of specon at ``parts`` (relative to this file), loaded
+    by path once: this file runs without ``specon`` on its path."""
+    key = f"specon_launcher_{name}"
+    loaded = sys.modules.get(key)
+    if loaded is not None:
+        return loaded
+    path = os.path.normpath(os.path.join(_HERE, *parts))
+    spec = importlib.util.spec_from_file_location(key, path)
     if spec is None or spec.loader is None:  # pragma: no cover - a file path always has one
         raise OSError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    sys.modules[key] = module  # its dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
 
 
-def run_generation(env: Mapping[str, str]) -> int | None:
-    """The generation the runtime started the run in (its environment's), if it says."""
-    raw = env.get(ENV_GENERATION, "")
-    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 19 else None
+def _cgroup_entry() -> ModuleType:
+    return _load("cgroup_entry", "cgroup_entry.py")
+
+
+def _fence() -> ModuleType:
+    return _load("fence", os.pardir, os.pardir, "fence.py")
 
 
 def wait_and_record(
@@ -272,8 +285,8 @@ def wait_and_record(
     launcher exits with (the job's code, or 128 + the signal that ended it). A job fenced
     by a newer generation than ``generation`` (None: the file's now) is killed with its
     group, this launcher included, once recorded."""
-    path = os.path.join(os.path.dirname(os.path.abspath(exit_log)), GENERATION_FILE)
-    fence = Generation(path, generation)
+    fences = _fence()
+    fence = fences.Fence(Path(exit_log).absolute().parent / fences.GENERATION_FILE, generation)
     status, fenced = _wait(child, fence)
     code = os.waitstatus_to_exitcode(status)
     sig = -code if code < 0 else None
@@ -285,43 +298,10 @@ def wait_and_record(
     return code if code >= 0 else 128 + (sig or 0)
 
 
-class Generation:
-    """A job's ``generation.json``: the generation it holds when this run began, and whether
-    a newer one has started since (a ``stat`` per look, a read only when it changed). The
-    rule of ``specon.fence.Fence``, written again: this file runs by path, alone (see above)."""
-
-    def __init__(self, path: str, own: int | None = None) -> None:
-        self.path = path
-        self._stamp: tuple[int, int, int] | None = None  # the first look reads the file
-        self.own = self._read() if own is None else own
-
-    def moved_on(self) -> bool:
-        if not self.own:
-            return False  # started outside a fencing runtime: nothing to compare with
-        stamp = self._stat()
-        if stamp == self._stamp:
-            return False
-        self._stamp = stamp
-        return self._read() > self.own
-
-    def _stat(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
-
-    def _read(self) -> int:
-        try:
-            with open(self.path, "rb") as f:
-                n = json.loads(f.read(4096)).get("generation")
-        except (OSError, ValueError, AttributeError):
-            return 0  # absent or unreadable: never a reason to kill the job
-        return n if isinstance(n, int) and not isinstance(n, bool) else 0
-
-
-def _wait(child: int, fence: Generation) -> tuple[int, bool]:
-    """The job's wait status, and whether it was fenced (killed for a newer generation)."""
+def _wait(child: int, fence: Fence) -> tuple[int, bool]:
+    """The job's wait status, and whether it was fenced (killed for a newer generation than
+    ``fence``'s, a ``specon.fence.Fence``; a run started outside a fencing runtime, own
+    generation 0, never is)."""
     try:
         pidfd: int | None = os.pidfd_open(child)
     except OSError:  # a kernel before 5.3: look every tenth of a second instead
@@ -335,7 +315,7 @@ def _wait(child: int, fence: Generation) -> tuple[int, bool]:
             pid, status = os.waitpid(child, os.WNOHANG)  # retried on EINTR (PEP 475)
             if pid:
                 return status, False
-            if fence.moved_on():
+            if fence.own and fence.stale():
                 os.kill(child, signal.SIGKILL)
                 return os.waitpid(child, 0)[1], True
     finally:

@@ -53,8 +53,9 @@ import time
 import traceback
 from collections.abc import Sequence
 
+from specon.fence import env_generation
 from specon.runtime.local.cgroup_entry import enter
-from specon.runtime.local.launcher import fork_job, ignore_job_signals, run_generation, wait_and_record
+from specon.runtime.local.launcher import fork_job, ignore_job_signals, wait_and_record
 from specon.runtime.local.zygote import (
     MAX_REQUEST,
     WORKLOADS_MODULE,
@@ -256,7 +257,7 @@ def _keep(args: argparse.Namespace, standby: int, parent: int, ctl: int, ack: in
     with contextlib.suppress(OSError):  # the standby gone meanwhile: its end is recorded below
         _write_all(ack, b"ok")
     os.close(ack)
-    return wait_and_record(standby, req.exits, req.run_id, req.worker, run_generation(req.env))
+    return wait_and_record(standby, req.exits, req.run_id, req.worker, env_generation(req.env))
 
 
 def add_standby_arguments(p: argparse.ArgumentParser) -> None:

@@ -41,11 +41,11 @@ import traceback
 from dataclasses import dataclass
 
 from specon import checkpoint as ckpt
+from specon.fence import env_generation
 from specon.runtime.local.cgroup_entry import Entry, enter
 from specon.runtime.local.launcher import (
     fork_job,
     ignore_job_signals,
-    run_generation,
     wait_and_record,
     warm_comm,
 )
@@ -196,7 +196,7 @@ def _launcher(req: Request, ready: int) -> int:
     child = fork_job()
     if child == 0:
         os._exit(run_job(req))
-    return wait_and_record(child, req.exits, req.run_id, req.worker, run_generation(req.env))
+    return wait_and_record(child, req.exits, req.run_id, req.worker, env_generation(req.env))
 
 
 def _fork(req: Request) -> int:

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from specon.fence import ENV_GENERATION, GENERATION_FILE
 from specon.runtime.local import launcher
 
 PROBE = """
@@ -77,7 +78,7 @@ def _launch(tmp_path: Path, job: str) -> tuple[subprocess.Popen[str], Path]:
 
 
 def test_a_newer_generation_kills_the_job_and_its_group_and_records_it_fenced(tmp_path: Path) -> None:
-    generation = tmp_path / launcher.GENERATION_FILE
+    generation = tmp_path / GENERATION_FILE
     generation.write_text('{"generation": 3}')
     proc, exits = _launch(tmp_path, STUBBORN)
     try:
@@ -107,7 +108,7 @@ def _alive_in_group(pgid: int) -> list[int]:
 
 
 def test_the_same_generation_rewritten_or_unreadable_leaves_the_job_alone(tmp_path: Path) -> None:
-    generation = tmp_path / launcher.GENERATION_FILE
+    generation = tmp_path / GENERATION_FILE
     generation.write_text('{"generation": 3}')
     proc, exits = _launch(tmp_path, STUBBORN)
     try:
@@ -126,10 +127,10 @@ def test_a_launcher_fences_by_the_generation_its_runtime_named_not_the_files_at_
     tmp_path: Path,
 ) -> None:
     # A newer start bumped generation.json before this launcher began: it is stale from birth.
-    (tmp_path / launcher.GENERATION_FILE).write_text('{"generation": 5}')
+    (tmp_path / GENERATION_FILE).write_text('{"generation": 5}')
     exits = tmp_path / "exits.jsonl"
     argv = [*launcher.launcher_argv(sys.executable, exits, "run-1", "w0"), sys.executable, "-c", STUBBORN]
-    env = {**os.environ, launcher.ENV_GENERATION: "4"}
+    env = {**os.environ, ENV_GENERATION: "4"}
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, text=True, start_new_session=True, env=env)
     try:
         proc.wait(timeout=30)
