@@ -13,9 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from specon.checkpoint import open_regular
+from specon.checkpoint import open_regular, read_regular
 
 TAIL_BYTES = 4096
+WHOLE_MAX = 1 << 30  # the most ``read_records`` reads of one log
 
 
 def last_record(progress: Path, *, tail_bytes: int = TAIL_BYTES) -> dict[str, Any] | None:
@@ -50,10 +51,11 @@ def last_event(progress: Path) -> str | None:
 
 def read_records(path: Path) -> list[dict[str, Any]]:
     """A progress log's whole records, read at once ([] without one; a line cut short by a
-    killed writer is skipped): for a report after the run, not a tailer."""
+    killed writer is skipped): for a report after the run, not a tailer. Like the tail, never
+    anything but a regular file (a job could plant a FIFO there), and at most ``WHOLE_MAX``."""
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
+        lines = read_regular(path, WHOLE_MAX).decode("utf-8", errors="replace").splitlines()
+    except OSError:  # absent, not a regular file, or larger than any log a report reads
         return []
     out = []
     for line in lines:
