@@ -21,12 +21,12 @@ import signal
 import subprocess
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from specon.embedded.cluster import EmbeddedCluster
 from specon.embedded.host_image import REPO
 from specon.model import WorkerId
 from specon.runtime.base import JobSpec
+from specon.runtime.local.procfs import all_stats, process_alive
 from specon.testing.net_hosts import NetHost
 
 KILL_TIMEOUT = 10.0  # every process of a host gone within this, or the kill failed
@@ -40,12 +40,7 @@ def pids_in(host: NetHost) -> list[int]:
 
 def descendants(roots: set[int]) -> set[int]:
     """``roots`` and every live process below them, from /proc."""
-    parent: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = Path(f"/proc/{name}/stat").read_text()
-                parent[int(name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    parent = {st.pid: st.ppid for st in all_stats()}
     out, grew = set(roots), True
     while grew:
         below = {pid for pid, ppid in parent.items() if ppid in out} - out
@@ -56,10 +51,7 @@ def descendants(roots: set[int]) -> set[int]:
 
 def running(pid: int) -> bool:
     """Whether ``pid`` is a process that has not exited (a zombie has)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    return process_alive(pid, None)
 
 
 def kill_host(c: EmbeddedCluster, worker: WorkerId, host: NetHost) -> set[int]:
