@@ -68,23 +68,26 @@ class FakePods:
         return sorted(n for n, labels in self.labels.items() if labels.get(LEADER_LABEL) == "true")
 
 
+def replica(
+    tmp_path: Path, leases: FakeLeases, pods: FakePods, identity: str
+) -> tuple[web.Application, ManagerShell]:
+    """A manager replica electing on ``leases``, marking ``pod-<identity>`` in ``pods``."""
+    timing = Timing(lease_duration=30, renew_deadline=10, retry_period=0.05)  # only a release is fast
+    elector = LeaseElector(leases, namespace=NS, name="specon-manager", identity=identity, timing=timing)
+    sh = ManagerShell(
+        policy=policy(), journal=FencedJournal(Journal(tmp_path / "j.db"), elector.holds), standby=True
+    )
+    app = create_app(sh, token=TOKEN, tick=False)
+    pod = LeaderPod(pods, namespace=NS, pod=f"pod-{identity}", retry_period=0.05)
+    attach(app, sh, elector, registry=app[METRICS].registry, on_lost=lambda _: None, pod=pod)
+    return app, sh
+
+
 async def test_the_leaders_pod_alone_carries_the_label_and_it_moves_on_a_hand_over(tmp_path: Path) -> None:
     leases, pods = FakeLeases(), FakePods("pod-a", "pod-b")
     pods.labels["pod-b"][LEADER_LABEL] = "true"  # left by b's earlier process, killed leading
-    timing = Timing(lease_duration=30, renew_deadline=10, retry_period=0.05)
-
-    def replica(identity: str) -> tuple[web.Application, ManagerShell]:
-        elector = LeaseElector(leases, namespace=NS, name="specon-manager", identity=identity, timing=timing)
-        sh = ManagerShell(
-            policy=policy(), journal=FencedJournal(Journal(tmp_path / "j.db"), elector.holds), standby=True
-        )
-        app = create_app(sh, token=TOKEN, tick=False)
-        pod = LeaderPod(pods, namespace=NS, pod=f"pod-{identity}", retry_period=0.05)
-        attach(app, sh, elector, registry=app[METRICS].registry, on_lost=lambda _: None, pod=pod)
-        return app, sh
-
-    app_a, sh_a = replica("a")
-    app_b, sh_b = replica("b")
+    app_a, sh_a = replica(tmp_path, leases, pods, "a")
+    app_b, sh_b = replica(tmp_path, leases, pods, "b")
     async with TestClient(TestServer(app_a)) as a:
         await until(lambda: pods.selected() == ["pod-a", "pod-b"], "a to mark its pod")
         assert sh_a.leading
@@ -98,14 +101,7 @@ async def test_the_leaders_pod_alone_carries_the_label_and_it_moves_on_a_hand_ov
 async def test_a_refused_mark_is_retried_until_the_api_allows_it(tmp_path: Path) -> None:
     leases, pods = FakeLeases(), FakePods("pod-a")
     pods.refuse = True
-    timing = Timing(lease_duration=30, renew_deadline=10, retry_period=0.05)
-    elector = LeaseElector(leases, namespace=NS, name="specon-manager", identity="a", timing=timing)
-    sh = ManagerShell(
-        policy=policy(), journal=FencedJournal(Journal(tmp_path / "j.db"), elector.holds), standby=True
-    )
-    app = create_app(sh, token=TOKEN, tick=False)
-    attach(app, sh, elector, registry=app[METRICS].registry, on_lost=lambda _: None,
-           pod=LeaderPod(pods, namespace=NS, pod="pod-a", retry_period=0.05))  # fmt: skip
+    app, sh = replica(tmp_path, leases, pods, "a")
     async with TestClient(TestServer(app)):
         await until(lambda: sh.leading and pods.patches >= 4, "a to lead and try marking a few times")
         assert pods.selected() == []
@@ -116,14 +112,7 @@ async def test_a_refused_mark_is_retried_until_the_api_allows_it(tmp_path: Path)
 async def test_a_replica_stopping_while_its_mark_is_in_flight_leaves_no_mark(tmp_path: Path) -> None:
     leases, pods = FakeLeases(), FakePods("pod-a")
     pods.hold = threading.Event()  # the API answers the mark only once the replica is stopping
-    timing = Timing(lease_duration=30, renew_deadline=10, retry_period=0.05)
-    elector = LeaseElector(leases, namespace=NS, name="specon-manager", identity="a", timing=timing)
-    sh = ManagerShell(
-        policy=policy(), journal=FencedJournal(Journal(tmp_path / "j.db"), elector.holds), standby=True
-    )
-    app = create_app(sh, token=TOKEN, tick=False)
-    attach(app, sh, elector, registry=app[METRICS].registry, on_lost=lambda _: None,
-           pod=LeaderPod(pods, namespace=NS, pod="pod-a", retry_period=0.05))  # fmt: skip
+    app, _ = replica(tmp_path, leases, pods, "a")
     client = TestClient(TestServer(app))
     await client.start_server()
     await until(pods.holding.is_set, "a to lead and send its mark")
