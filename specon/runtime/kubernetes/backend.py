@@ -28,6 +28,11 @@ restore record), in the job's own namespace, pinned with ``spec.nodeName`` (see
 terminated exists anywhere (``AlreadyRunning``); pod names are unique per generation, so two
 racing starts cannot both create one. ``job_spec`` answers from the same trusted sources.
 
+Every write on a pod or a restore record (record, evict, create, delete, annotate) goes
+through the runtime's ``writes.PodWriter``: in a cluster the manager's pod broker, which makes
+it with the manager's identity after checking that it is this node's to ask for, so the
+agent's own credential only reads (``docs/kubernetes.md``, "Who may do what").
+
 Events on the pods say what was done to them (``events``).
 """
 
@@ -47,7 +52,6 @@ from kubernetes import client as k8s_client
 
 from specon.model import RUNTIME_LABEL, ContainerId, WorkerId
 from specon.runtime.base import (
-    AlreadyRunning,
     ContainerInfo,
     ContainerState,
     JobSpec,
@@ -62,14 +66,15 @@ from specon.runtime.base import (
     WorkerUsage,
     valid_job_id,
 )
-from specon.runtime.kubernetes import copying, events, gpu, others, pods, recording, takeover
+from specon.runtime.kubernetes import copying, events, gpu, others, pods, recording
 from specon.runtime.kubernetes.api import KubeApi, KubeError, load_api_client, pods_path
-from specon.runtime.kubernetes.calls import PodCalls, record_path
+from specon.runtime.kubernetes.calls import PodCalls
 from specon.runtime.kubernetes.cgroup import CGROUP_ROOT, PodCgroups, pod_cpu_limit
 from specon.runtime.kubernetes.freezer import PodProcesses
 from specon.runtime.kubernetes.pods import DEFAULT_CLAIM, DEFAULT_SELECTOR, Manifest, PodError, SharedVolume
 from specon.runtime.kubernetes.usage import NodeUsage
 from specon.runtime.kubernetes.watch import Informer
+from specon.runtime.kubernetes.writes import LocalWriter, PodRef, PodWriter, PodWrites
 from specon.runtime.saving import run_save
 
 __all__ = ["Informer", "KubeApi", "KubeError", "KubernetesRuntime", "load_api_client", "pods_path"]
@@ -119,6 +124,7 @@ class KubernetesRuntime:
         kill_slack: float = 30.0,
         proc: Path = Path("/proc"),
         cgroup_root: Path = CGROUP_ROOT,
+        writer: PodWriter | None = None,
     ) -> None:
         try:
             valid_job_id(node)
@@ -161,8 +167,12 @@ class KubernetesRuntime:
         )
         self._others = others.OtherPods(self.api, node, managed=self._ours, namespace=namespace, watch=watch)
         self._node: Manifest | None = None
-        self._calls = PodCalls(self.api, selector)
-        self._recorder = recording.Recorder(self._calls, self._labels_of, include_owned=include_owned)
+        self._calls = PodCalls(self.api, selector)  # reads: the job's pods, its restore record
+        # Writes: by default with this process's own identity (tests, one-identity setups).
+        self._writer = writer or LocalWriter(
+            PodWrites(self.api, selector=selector, volume=self.volume, include_owned=include_owned), node
+        )
+        self._recorder = recording.Recorder(self._writer, include_owned=include_owned)
         self._usage = NodeUsage(self.api, node, metrics=metrics, proc=proc)
         self._cgroups = PodCgroups(cgroup_root)  # the pods' cgroups, where the node's are mounted
         self._procs = PodProcesses(self._cgroups, proc)  # their freezer and host PIDs
@@ -251,11 +261,10 @@ class KubernetesRuntime:
             raise SaveFailed(container_id, f"pod {p.name} is owned by {', '.join(owners)}; left alone")
 
         async def halt(t0: float) -> bool:
-            # The recipe for the restore, from the API server, before the pod goes (a GPU job
-            # keeps to this node's product: the record says so).
-            await asyncio.to_thread(self._calls.write_record, p.job, p.manifest, self.node_labels)
             await self._thaw_for_signal(p)
-            await asyncio.to_thread(self._calls.evict, p.job, p.manifest, grace)
+            # The writer records the pod (the restore's recipe, from the API server; a GPU job
+            # keeps to this node's product) before it evicts it.
+            await self._writer.evict(p.job, PodRef.of(p.manifest), grace)
             if await self._wait_gone(p, grace + self.kill_slack) is not None:
                 raise SaveFailed(
                     container_id,
@@ -301,41 +310,20 @@ class KubernetesRuntime:
             raise StartFailed(job, f"cannot read the job's pods or restore record: {exc}") from exc
         except PodError as exc:
             raise StartFailed(job, f"refused: {exc}") from exc
-        try:
-            if supersede:
-                calls = takeover.Calls(self._call, self._delete, self._recorder.write)
-                existing = await takeover.take_over(job, existing, self.node, supersede, calls)
-        except (KubeError, SaveFailed, NoSuchContainer) as exc:
-            raise StartFailed(job, f"cannot take over from a lost node: {exc}") from exc
-        trusted = copying.restorable(job, original, existing)
-        here = await self._node_object()
-        # A GPU job keeps to the product it ran on: a record holds its pin already; an ended
-        # pod's is its node's.
-        source = pods.node_of(trusted)
-        labels = {} if source is None else await self._labels_of(source)
-        body = await asyncio.to_thread(
-            copying.restored_copy,
+        # What only this node can check, on its volume: the checkpoint and that the job has
+        # not finished; the writer checks the rest and makes the copy from the API server's
+        # own original (a pod of the job alive elsewhere refuses it: ``AlreadyRunning``).
+        trusted = copying.restorable(job, original, existing if not supersede else [])
+        name = await asyncio.to_thread(
+            copying.checked_checkpoint,
             trusted,
-            existing,
             job=job,
-            node=self.node,
             volume=self.volume,
             volume_root=self.volume_root,
             checkpoint=checkpoint,
-            source_labels=labels,
-            node_labels=pods.labels_of(here) if here else None,
         )
-        restore_in_pod = pods.env_of(pods.job_container(body)).get(pods.ENV_RESTORE_CHECKPOINT)
-        name = pods.key_of(body)[1]
-        try:
-            created = await self._call("POST", pods_path(namespace), body=body)
-        except KubeError as exc:
-            if exc.status == 409:
-                raise AlreadyRunning(job, f"pod {name} exists already: {exc}") from exc
-            raise StartFailed(job, f"cannot create pod {namespace}/{name}: {exc}") from exc
-        for old in existing:  # ended pods of the job are superseded: one pod per job
-            with contextlib.suppress(KubeError):
-                await self._delete(old, grace=0)
+        created = await self._writer.create(job, name, supersede)
+        restore_in_pod = pods.env_of(pods.job_container(created)).get(pods.ENV_RESTORE_CHECKPOINT)
         p = self._understand(created)
         if p is None:  # pragma: no cover - it was built from a pod that parsed
             raise StartFailed(job, "created a pod that cannot be read back")
@@ -344,7 +332,7 @@ class KubernetesRuntime:
             node=self.node,
             container=job,
             pod=p.name,
-            generation=pods.generation(body),
+            generation=pods.generation(created),
             restore_checkpoint=restore_in_pod,
         )
         events.restored(self.events, created, self.node, checkpoint)
@@ -357,7 +345,7 @@ class KubernetesRuntime:
         self._busy[container_id] = ContainerState.STOPPING
         try:
             await self._thaw_for_signal(p)
-            await self._delete(p.manifest, grace=math.ceil(grace))
+            await self._writer.delete(p.job, PodRef.of(p.manifest), math.ceil(grace))
             if await self._wait_gone(p, grace + self.kill_slack) is not None:
                 raise RuntimeFailure(container_id, f"pod {p.name} is still terminating")
         finally:
@@ -384,11 +372,11 @@ class KubernetesRuntime:
         p = await self._require(container_id)
         if container_id in self._busy or pods.alive(p.manifest):
             raise StillRunning(container_id, "cannot forget a running pod; stop or save it first")
-        with contextlib.suppress(KubeError):
-            await self._delete(p.manifest, grace=0)
+        with contextlib.suppress(KubeError, RuntimeFailure):
+            await self._writer.delete(p.job, PodRef.of(p.manifest), 0)
         if self._finished(p):  # nothing left to restore: the record goes too
-            with contextlib.suppress(KubeError, PodError):
-                await self._call("DELETE", record_path(container_id))
+            with contextlib.suppress(KubeError, RuntimeFailure):
+                await self._writer.forget_record(container_id)
         log.info("specon.k8s.forgotten", node=self.node, container=container_id, pod=p.name)
 
     # -- beyond the interface -----------------------------------------------------------------
@@ -408,7 +396,11 @@ class KubernetesRuntime:
         for p in await self._managed():
             if p.job == container_id and pods.alive(p.manifest):
                 events.classified(self.events, p.manifest, annotations)
-                return await asyncio.to_thread(self._calls.annotate, p.manifest, annotations)
+                try:
+                    return await self._writer.annotate(p.job, PodRef.of(p.manifest), annotations)
+                except (KubeError, RuntimeFailure) as exc:
+                    log.warning("specon.k8s.annotate_failed", pod=p.name, error=str(exc))
+                    return False
         return False
 
     def close(self) -> bool:
@@ -527,9 +519,6 @@ class KubernetesRuntime:
     @staticmethod
     def _finished(p: _Pod) -> bool:
         return copying.finished(p.progress, p.checkpoints)
-
-    async def _delete(self, manifest: Manifest, *, grace: int) -> None:
-        await asyncio.to_thread(self._calls.delete, manifest, grace=grace)
 
     async def _current(self, p: _Pod) -> Manifest | None:
         """The pod as it is now (same uid), None once it is gone."""

@@ -1,12 +1,13 @@
 """The pod a ``start`` creates: a copy of the job's trusted original (``k8s_restore``), pinned
-to this node, checked before it is sent (blocking: the checkpoint is hashed; call it off the
-event loop).
+to the target node, checked before it is sent.
 
-Checked, each refusal a ``StartFailed`` (or ``AlreadyFinished``) saying why: the checkpoint
-asked for is in the job's own directory and verifies, the job has not finished, the copy gains
-no privilege the original lacked, and a GPU job that keeps to a product (``k8s_gpu``) lands on
-a node of that product. The copy keeps the original's resources (its GPU limits included) and,
-for a GPU job, the product pin of the node the original ran on.
+Checked, each refusal a ``StartFailed`` (or ``AlreadyFinished``) saying why. On the target's
+volume, by its agent (``checked_checkpoint``; blocking: the checkpoint is hashed, call it off
+the event loop): the checkpoint asked for is in the job's own directory and verifies, the job
+has not finished. By whoever creates the pod (``restored_copy``, ``writes.PodWrites``): the
+copy gains no privilege the original lacked, and a GPU job that keeps to a product
+(``k8s_gpu``) lands on a node of that product. The copy keeps the original's resources (its
+GPU limits included) and, for a GPU job, the product pin of the node the original ran on.
 """
 
 from __future__ import annotations
@@ -49,32 +50,20 @@ def restorable(
     return original
 
 
-def restored_copy(
+def checked_checkpoint(
     original: Mapping[str, Any],
-    existing: Sequence[Mapping[str, Any]],
     *,
     job: ContainerId,
-    node: str,
     volume: SharedVolume,
     volume_root: Path,
     checkpoint: Path | None,
-    source_labels: Mapping[str, str],
-    node_labels: Mapping[str, str] | None,
-) -> Manifest:
-    """The pod to create for ``job`` on ``node``: ``original`` (pinned to the GPU product of
-    ``source_labels``, the labels of the node it ran on, where it keeps to one), generation one
-    above every pod of the job, with ``checkpoint`` as its restore point. ``node_labels``: this
-    node's labels (None: not known yet, the kubelet checks the product alone)."""
-    template = pods.template_of(gpu.pin_product(original, source_labels))
-    try:
-        probe = pods.restored_pod(
-            template, job=job, node=node, gen=1, restored_from=None, restore_checkpoint=None
-        )
-        files = pods.job_files(probe, volume)
-    except PodError as exc:
-        raise StartFailed(job, str(exc)) from exc
+) -> str | None:
+    """What the node's agent checks on the volume before it asks for a copy of ``job``: the
+    checkpoint is in the job's own directory (its files as ``original`` says) and verifies,
+    and the job has not finished. The checkpoint's manifest file name (None: from scratch)."""
+    files = _files(_probe(original, job), job, volume)
     ckpt_dir = volume_root / files.checkpoints
-    restore_in_pod = None
+    name = None
     if checkpoint is not None:
         manifest = checkpoint.with_suffix(".json")
         if manifest.parent.resolve() != ckpt_dir.resolve():
@@ -83,11 +72,52 @@ def restored_copy(
             ckpt.verify(manifest)
         except ckpt.CheckpointError as exc:
             raise StartFailed(job, f"checkpoint does not verify: {exc}") from exc
-        with contextlib.suppress(ValueError, PodError):
-            relative = PurePosixPath(manifest.relative_to(volume_root).as_posix())
-            restore_in_pod = pods.to_pod(probe, relative, volume)
+        name = manifest.name
     if finished(volume_root / files.progress, ckpt_dir):
         raise AlreadyFinished(job, "already finished (done marker or final progress record)")
+    return name
+
+
+def _probe(original: Mapping[str, Any], job: ContainerId) -> Manifest:
+    """A copy of ``original`` as a start would make it: where its files are."""
+    try:
+        return pods.restored_pod(
+            pods.template_of(original), job=job, node="-", gen=1, restored_from=None, restore_checkpoint=None
+        )
+    except PodError as exc:
+        raise StartFailed(job, str(exc)) from exc
+
+
+def _files(probe: Mapping[str, Any], job: ContainerId, volume: SharedVolume) -> pods.JobFiles:
+    try:
+        return pods.job_files(probe, volume)
+    except PodError as exc:
+        raise StartFailed(job, str(exc)) from exc
+
+
+def restored_copy(
+    original: Mapping[str, Any],
+    existing: Sequence[Mapping[str, Any]],
+    *,
+    job: ContainerId,
+    node: str,
+    volume: SharedVolume,
+    checkpoint: str | None,
+    source_labels: Mapping[str, str],
+    node_labels: Mapping[str, str] | None,
+) -> Manifest:
+    """The pod to create for ``job`` on ``node``: ``original`` (pinned to the GPU product of
+    ``source_labels``, the labels of the node it ran on, where it keeps to one), generation one
+    above every pod of the job, restoring from ``checkpoint`` (a manifest's file name in the
+    job's checkpoint directory: ``checked_checkpoint``). ``node_labels``: the target node's
+    labels (None: not known, the kubelet checks the product alone)."""
+    template = pods.template_of(gpu.pin_product(original, source_labels))
+    restore_in_pod = None
+    if checkpoint is not None:
+        probe = _probe(template, job)
+        files = _files(probe, job, volume)
+        with contextlib.suppress(ValueError, PodError):
+            restore_in_pod = pods.to_pod(probe, PurePosixPath(files.checkpoints, checkpoint), volume)
     gen = max([pods.generation(original), *(pods.generation(o) for o in existing)]) + 1
     try:
         body = pods.restored_pod(
