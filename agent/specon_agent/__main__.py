@@ -180,6 +180,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--host-path", help="or: a hostPath directory that is the shared volume's root (single-node setups)"
     )
     k8s.add_argument("--include-owned", action="store_true", help="also save pods owned by a controller")
+    k8s.add_argument(
+        "--pod-writes",
+        choices=("manager", "self"),
+        default="manager",
+        help="who writes the managed pods and their restore records (records, evictions, copies, "
+        "deletions, annotations): manager = the manager's pod broker (its --manage-pods), so this "
+        "agent's credential only reads (default); self = this agent's own credential (one identity "
+        "for everything: a test cluster)",
+    )
     k8s.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
     p.add_argument(
         "--policy", type=Path, help="policy YAML (apiVersion specon/v1alpha1); default: SPEC defaults"
@@ -292,6 +301,13 @@ async def run(args: argparse.Namespace) -> int:
     token = token or first
     host, port = args.listen
     gpus = NvmlReader() if args.gpu == "auto" else None
+    client = ManagerClient(
+        args.manager,
+        token,
+        source_address=args.source_address,
+        ssl_context=link,
+        insecure_http=args.insecure_http,
+    )
     runtime: Runtime
     if args.runtime == "kubernetes":
         if not args.node:
@@ -302,6 +318,8 @@ async def run(args: argparse.Namespace) -> int:
             return 2
         # Imported here only: the client is heavy and only this backend needs it.
         from specon.runtime.kubernetes.backend import KubernetesRuntime, load_api_client  # noqa: PLC0415
+        from specon.runtime.kubernetes.broker import BrokerWriter  # noqa: PLC0415
+        from specon_agent.k8s_pod_writes import manager_sender  # noqa: PLC0415
 
         try:
             api = load_api_client(args.kubeconfig)
@@ -317,6 +335,9 @@ async def run(args: argparse.Namespace) -> int:
             claim=args.claim,
             host_path=args.host_path,
             include_owned=args.include_owned,
+            writer=BrokerWriter(manager_sender(client), WorkerId(args.node))
+            if args.pod_writes == "manager"
+            else None,
         )
     elif args.runtime == "docker":
         if not args.worker:
@@ -387,13 +408,6 @@ async def run(args: argparse.Namespace) -> int:
         settings=settings,
         gpus=gpus,
         taints_file=args.taints_file,
-    )
-    client = ManagerClient(
-        args.manager,
-        token,
-        source_address=args.source_address,
-        ssl_context=link,
-        insecure_http=args.insecure_http,
     )
     daemon = AgentDaemon(agent, client)
     app = create_app(daemon, gpu_device_metrics=args.gpu_device_metrics)

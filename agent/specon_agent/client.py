@@ -26,6 +26,7 @@ import structlog
 from specon.daemon.manager_url import check_manager_url
 from specon.daemon.tls import client_context, failure_hint, failure_reason
 from specon.wire import protocol
+from specon.wire.pod_writes import POD_WRITES_PATH, PodWriteReply, PodWriteRequest
 from specon.wire.protocol import CommandBatch, ErrorReply, ProtocolError
 
 log = structlog.get_logger()
@@ -167,6 +168,22 @@ class ManagerClient:
 
     async def send(self, path: str, msg: protocol.Message, *, timeout: float = 10.0) -> CommandBatch:
         """POST ``msg`` and return the manager's ``CommandBatch``."""
+        body = await self._post(path, protocol.encode(msg), timeout)
+        try:
+            return protocol.decode(body, CommandBatch)
+        except ProtocolError as exc:
+            raise ManagerUnavailable(f"{self._base_url}{path}: unreadable reply: {exc}") from exc
+
+    async def pod_write(self, req: PodWriteRequest, *, timeout: float = 60.0) -> PodWriteReply:
+        """Ask the manager's pod broker for a write on this node's pods (Kubernetes)."""
+        body = await self._post(POD_WRITES_PATH, req.to_json(), timeout)
+        try:
+            return PodWriteReply.from_json(body)
+        except ValueError as exc:
+            raise ManagerUnavailable(f"{self._base_url}{POD_WRITES_PATH}: unreadable reply: {exc}") from exc
+
+    async def _post(self, path: str, data: bytes, timeout: float) -> bytes:
+        """POST ``data``; the body of a 200 reply (``ManagerUnavailable``, ``ManagerRejected``)."""
         try:
             token = self._token()
         except (OSError, ValueError) as exc:  # no token yet: like an unreachable manager, retry
@@ -176,7 +193,7 @@ class ManagerClient:
         try:
             async with self._sess().post(
                 url,
-                data=protocol.encode(msg),
+                data=data,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout),
                 allow_redirects=False,  # the token goes to the configured manager only
@@ -199,7 +216,4 @@ class ManagerClient:
             except ProtocolError:
                 err = body[:200].decode(errors="replace")
             raise ManagerRejected(status, err)
-        try:
-            return protocol.decode(body, CommandBatch)
-        except ProtocolError as exc:
-            raise ManagerUnavailable(f"{url}: unreadable reply: {exc}") from exc
+        return body

@@ -29,6 +29,7 @@ from specon.daemon.settings import ManagerSettings
 from specon.daemon.tls import ReloadCollector, ServerCertificate, TLSConfigError
 from specon_manager import standby
 from specon_manager.app import METRICS, create_app
+from specon_manager.app import PodBroker as PodBrokerLike
 from specon_manager.auth import Authenticator, Chain, StaticTokens, load_agent_tokens
 from specon_manager.journal import Journal, JournalStore
 from specon_manager.lease import Timing
@@ -120,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="kubeconfig for the kubernetes journal and --agent-auth kubernetes (default: in-cluster)",
     )
     p.add_argument("--dry-run", action="store_true", help="decide and record, but never touch a container")
+    _pod_options(p)
     _election_options(p)
     tls = p.add_argument_group("TLS (docs/tls.md)")
     tls.add_argument(
@@ -182,6 +184,47 @@ def _authenticator(args: argparse.Namespace) -> tuple[Authenticator, bool]:
     except Exception as exc:  # the client raises several unrelated types for a bad config
         raise ValueError(f"no Kubernetes configuration for --agent-auth kubernetes: {exc}") from exc
     return Chain(static, review), bool(read)
+
+
+def _pod_options(p: argparse.ArgumentParser) -> None:
+    pods = p.add_argument_group("Kubernetes pod writes (docs/kubernetes.md, Who may do what)")
+    pods.add_argument(
+        "--manage-pods",
+        action="store_true",
+        help="make the writes on managed pods that Kubernetes agents ask for (POST /v1/kubernetes/pods): "
+        "restore records, evictions, copies, deletions, specon's annotations, each only as this "
+        "manager's decisions and the pod's node allow; the agents' own credentials then only read",
+    )
+    pods.add_argument(
+        "--selector", default="specon.io/managed=true", help="label selector of managed pods (as the agents')"
+    )
+    pods.add_argument("--claim", default="specon-data", help="PVC name of the shared volume (as the agents')")
+    pods.add_argument(
+        "--host-path", help="or: the hostPath directory that is the shared volume (as the agents')"
+    )
+    pods.add_argument(
+        "--include-owned", action="store_true", help="also save pods owned by a controller (as the agents')"
+    )
+
+
+def _pod_broker(args: argparse.Namespace, shell: ManagerShell) -> PodBrokerLike | None:
+    """The pod broker ``--manage-pods`` asks for (``ValueError`` saying why it cannot be)."""
+    if not args.manage_pods:
+        return None
+    if missing := missing_extra("kubernetes", "kubernetes", "--manage-pods"):
+        raise ValueError(missing)
+    from specon.runtime.kubernetes.api import KubeApi, load_api_client  # noqa: PLC0415
+    from specon.runtime.kubernetes.pods import SharedVolume  # noqa: PLC0415
+    from specon.runtime.kubernetes.writes import PodWrites  # noqa: PLC0415
+    from specon_manager.pod_broker import PodBroker  # noqa: PLC0415
+
+    try:
+        api = KubeApi(load_api_client(args.kubeconfig))
+    except Exception as exc:  # the client raises several unrelated types for a bad config
+        raise ValueError(f"no Kubernetes configuration for --manage-pods: {exc}") from exc
+    volume = SharedVolume(claim=args.claim, host_path=args.host_path)
+    writes = PodWrites(api, selector=args.selector, volume=volume, include_owned=args.include_owned)
+    return PodBroker(shell, writes)
 
 
 def _election_options(p: argparse.ArgumentParser) -> None:
@@ -341,7 +384,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"specon-manager: cannot read the journal: {exc}", file=sys.stderr)
         journal.close()
         return 2
-    app = create_app(shell, auth=auth, guard_reads=guard_reads, settings=settings)
+    try:
+        broker = _pod_broker(args, shell)
+    except ValueError as exc:
+        print(f"specon-manager: {exc}", file=sys.stderr)
+        journal.close()
+        return 2
+    app = create_app(shell, auth=auth, guard_reads=guard_reads, settings=settings, pod_broker=broker)
     if elector is None:
         standby.install(app, shell)  # /readyz: always ready
     else:

@@ -16,10 +16,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol
 
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
 
 from specon.coordinator.draining import UnknownWorkerError
 from specon.coordinator.machine import NotHostedError
@@ -27,6 +29,7 @@ from specon.daemon.settings import ManagerSettings
 from specon.model import WorkerId
 from specon.wire import protocol
 from specon.wire.operator import DRAIN_PATH, UNCORDON_PATH, DrainRequest
+from specon.wire.pod_writes import POD_WRITES_PATH, PodWriteReply, PodWriteRequest
 from specon.wire.protocol import (
     CommandBatch,
     ErrorReply,
@@ -66,6 +69,19 @@ IDENTITY = web.RequestKey("identity", Identity)  # the caller, set by _guard
 BY_SESSION = web.RequestKey("by_session", bool)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class PodBroker(Protocol):
+    """``specon_manager.pod_broker.PodBroker`` (imported only with the kubernetes extra)."""
+
+    @property
+    def collector(self) -> Collector: ...  # its counters, for /metrics
+
+    async def write(self, who: Identity, req: PodWriteRequest) -> PodWriteReply: ...
+
+
+# Writes on Kubernetes pods for the agents (``--manage-pods``; absent: 404).
+POD_BROKER = web.AppKey("pod_broker", PodBroker)
 
 
 def _reply(msg: protocol.Message, status: int = 200) -> web.Response:
@@ -290,6 +306,16 @@ async def drain_status(request: web.Request) -> web.Response:
     return _json(drain_reply(core, worker).to_json())
 
 
+async def pod_writes(request: web.Request) -> web.Response:
+    """An agent's write on its node's pods, made by the broker if its checks allow."""
+    try:
+        req = PodWriteRequest.parse(await request.read())
+    except ValueError as exc:
+        request.app[METRICS].rejected.labels(reason="malformed").inc()
+        return _error(400, str(exc))
+    return _json((await request.app[POD_BROKER].write(request[IDENTITY], req)).to_json())
+
+
 def _json(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type=protocol.CONTENT_TYPE)
 
@@ -410,10 +436,12 @@ def create_app(
     guard_reads: bool = False,
     tick: bool = True,
     settings: ManagerSettings | None = None,
+    pod_broker: PodBroker | None = None,
 ) -> web.Application:
     """The manager app. ``auth`` decides who may call; ``token`` alone is a shared token
     (every worker). ``guard_reads``: status and the page need a read or shared token.
-    ``settings``: the operational knobs (default: ``ManagerSettings()``)."""
+    ``settings``: the operational knobs (default: ``ManagerSettings()``). ``pod_broker``:
+    serve ``POST /v1/kubernetes/pods`` (Kubernetes agents' pod writes)."""
     if auth is None:
         if not token:
             raise ValueError("the manager needs a bearer token or an authenticator")
@@ -446,6 +474,10 @@ def create_app(
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/openapi.json", openapi)
+    if pod_broker is not None:
+        app[POD_BROKER] = pod_broker
+        m.registry.register(pod_broker.collector)
+        app.router.add_post(POD_WRITES_PATH, pod_writes)
     if tick:
         app.cleanup_ctx.append(_ticker)
     app.on_shutdown.append(_release_polls)

@@ -130,6 +130,18 @@ class Outbox:
             for cid in [c for c, (_, cmd, _) in self._awaited.items() if cmd.migration == migration]:
                 del self._awaited[cid]
 
+    def pending(self, worker: WorkerId, container: ContainerId, action: Action) -> Command | None:
+        """A command of ``action`` for ``container`` that ``worker`` has not answered yet (a
+        save awaited after its migration failed included): what the manager's pod broker
+        lets the worker's agent have done on Kubernetes (``specon_manager.pod_broker``)."""
+        for cmd in self.boxes.get(worker, {}).values():
+            if cmd.container == container and cmd.action is action:
+                return cmd
+        for w, cmd, _ in self._awaited.values():
+            if w == worker and cmd.container == container and cmd.action is action:
+                return cmd
+        return None
+
     def awaited_save(self, migration: str, worker: WorkerId) -> float | None:
         """Since when a save of ``migration`` sent to ``worker`` is awaited (None: none is)."""
         for w, cmd, since in self._awaited.values():

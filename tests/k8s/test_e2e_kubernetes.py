@@ -67,10 +67,12 @@ from aiohttp import web
 from specon_manager.app import create_app
 from specon_manager.auth_kubernetes import TokenReviewAuthenticator
 from specon_manager.k8s_journal import KubeJournal
+from specon_manager.pod_broker import PodBroker
 from specon_manager.shell import ManagerShell
 from specon.daemon import logs
 from specon.config import load_policy
-from specon.runtime.kubernetes.backend import load_api_client
+from specon.runtime.kubernetes.backend import KubeApi, load_api_client
+from specon.runtime.kubernetes.writes import PodWrites
 
 kubeconfig, namespace, policy, port, audience = sys.argv[1:6]
 logs.configure(level="info", fmt="console")
@@ -79,7 +81,9 @@ shell = ManagerShell(policy=load_policy(policy), journal=journal)
 auth = TokenReviewAuthenticator(
     load_api_client(kubeconfig), audience=audience, service_account=f"{namespace}/specon-agent"
 )
-web.run_app(create_app(shell, auth=auth), host="127.0.0.1", port=int(port), print=None)
+# --manage-pods: the agents' pod writes (their --pod-writes manager, the default).
+broker = PodBroker(shell, PodWrites(KubeApi(load_api_client(kubeconfig))))
+web.run_app(create_app(shell, auth=auth, pod_broker=broker), host="127.0.0.1", port=int(port), print=None)
 """
 
 

@@ -264,7 +264,10 @@ class KubernetesRuntime:
             await self._thaw_for_signal(p)
             # The writer records the pod (the restore's recipe, from the API server; a GPU job
             # keeps to this node's product) before it evicts it.
-            await self._writer.evict(p.job, PodRef.of(p.manifest), grace)
+            try:
+                await self._writer.evict(p.job, PodRef.of(p.manifest), grace)
+            except KubeError as exc:
+                raise SaveFailed(container_id, f"cannot evict pod {p.name}: {exc}; it keeps running") from exc
             if await self._wait_gone(p, grace + self.kill_slack) is not None:
                 raise SaveFailed(
                     container_id,
@@ -322,7 +325,10 @@ class KubernetesRuntime:
             volume_root=self.volume_root,
             checkpoint=checkpoint,
         )
-        created = await self._writer.create(job, name, supersede)
+        try:
+            created = await self._writer.create(job, name, supersede)
+        except KubeError as exc:
+            raise StartFailed(job, f"cannot create the job's copy: {exc}") from exc
         restore_in_pod = pods.env_of(pods.job_container(created)).get(pods.ENV_RESTORE_CHECKPOINT)
         p = self._understand(created)
         if p is None:  # pragma: no cover - it was built from a pod that parsed
@@ -345,7 +351,10 @@ class KubernetesRuntime:
         self._busy[container_id] = ContainerState.STOPPING
         try:
             await self._thaw_for_signal(p)
-            await self._writer.delete(p.job, PodRef.of(p.manifest), math.ceil(grace))
+            try:
+                await self._writer.delete(p.job, PodRef.of(p.manifest), math.ceil(grace))
+            except KubeError as exc:
+                raise RuntimeFailure(container_id, f"cannot delete pod {p.name}: {exc}") from exc
             if await self._wait_gone(p, grace + self.kill_slack) is not None:
                 raise RuntimeFailure(container_id, f"pod {p.name} is still terminating")
         finally:

@@ -164,12 +164,17 @@ class PodWrites:
         await self._write_record(job, pod)  # the recipe of the restore, before the pod goes
         await asyncio.to_thread(self.calls.evict, job, pod, grace)
 
-    async def delete(self, job: ContainerId, ref: PodRef, node: str, grace: int) -> None:
-        """Delete the job's pod on ``node`` (gone already is fine)."""
+    async def delete(
+        self, job: ContainerId, ref: PodRef, node: str, grace: int, *, alive: bool = True
+    ) -> None:
+        """Delete the job's pod on ``node`` (gone already is fine); ``alive``: also one that
+        has not ended (a stop), else only an ended one."""
         try:
             pod = await self.pod_on(job, ref, node)
         except NoSuchContainer:
             return
+        if pods.alive(pod) and not alive:
+            raise Forbidden(job, f"pod {ref.label} has not ended: only a stop deletes it")
         await asyncio.to_thread(self.calls.delete, pod, grace=max(0, grace))
 
     async def forget_record(self, job: ContainerId, node: str) -> None:
