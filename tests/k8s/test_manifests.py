@@ -23,7 +23,7 @@ import yaml
 from specon_agent.__main__ import build_parser as agent_parser
 from specon_manager.__main__ import build_parser as manager_parser
 from specon_manager.auth_kubernetes import TokenReviewAuthenticator
-from specon_manager.k8s_journal import ANN_MIGRATIONS, KubeJournal
+from specon_manager.k8s_journal import KubeJournal
 from specon_manager.leader_pod import LEADER_LABEL
 
 from specon.config import default_policy, load_policy
@@ -34,6 +34,7 @@ from specon.runtime.base import JobSpec, SaveFailed, StartFailed
 from specon.runtime.kubernetes import takeover
 from specon.runtime.kubernetes.backend import KubeApi, KubeError, KubernetesRuntime
 from specon.runtime.kubernetes.restore import record_of
+from specon.runtime.kubernetes.writes import LocalWriter, PodWrites
 from tests.k8s.cluster import KubeCluster
 from tests.k8s.kubelet import FakeKubelet, NodeSpec
 from tests.k8s.test_runtime_kubernetes import running, shared_volume, trained, training_pod, until
@@ -114,10 +115,10 @@ def test_kustomize_renders_the_whole_deployment() -> None:
     assert {k: len(v) for k, v in docs.items()} == {
         "Namespace": 1,
         "ServiceAccount": 2,
-        "ClusterRole": 2,
-        "ClusterRoleBinding": 2,
-        "Role": 2,  # the manager's, and the agent's in the one training namespace shipped
-        "RoleBinding": 2,
+        "ClusterRole": 3,
+        "ClusterRoleBinding": 3,
+        "Role": 3,  # the manager's, and the agent's and the manager's in the one training namespace
+        "RoleBinding": 3,
         "ConfigMap": 1,
         "PersistentVolumeClaim": 1,
         "Service": 1,
@@ -174,7 +175,7 @@ def rules_of(role: dict[str, Any]) -> list[tuple[str, str, set[str]]]:
     ]
 
 
-def test_rbac_no_cluster_role_writes_pods_and_the_agent_writes_only_in_training_namespaces() -> None:
+def test_rbac_no_agent_role_writes_pods_and_the_manager_writes_only_in_training_namespaces() -> None:
     docs = by_kind(render(MANIFESTS))
     training = {r["metadata"]["namespace"] for r in docs["Role"] if r["metadata"]["name"] == "specon-agent"}
     assert training == {"training"} and "specon" not in training
@@ -183,24 +184,31 @@ def test_rbac_no_cluster_role_writes_pods_and_the_agent_writes_only_in_training_
             assert "*" not in (group, resource) and "*" not in verbs, role["metadata"]["name"]
             if group == "" and resource.split("/")[0] in ("pods", "podtemplates", "secrets", "configmaps"):
                 assert verbs <= READS and resource != "secrets", (role["metadata"]["name"], resource, verbs)
-    # Pod writes and restore records: only in the agent's Roles of the training namespaces,
-    # bound to the agent alone.
+    # Pod writes and restore records: only in the manager's Roles of the training namespaces,
+    # bound to the manager alone; the agent's Roles there read records and write Events.
     for role in docs["Role"]:
         writes = {res for g, res, v in rules_of(role) if g == "" and v & WRITES and res.startswith("pod")}
         ns, name = role["metadata"]["namespace"], role["metadata"]["name"]
-        if ns in training and name == "specon-agent":
+        if ns in training and name == "specon-manager":
             assert writes == {"pods", "pods/eviction", "podtemplates"}
-            assert all(res not in ("secrets", "configmaps") for _, res, _ in rules_of(role))
         else:
             assert not writes, (ns, name)
+        if ns in training:
+            assert all(res not in ("secrets", "configmaps") for _, res, _ in rules_of(role))
+    accounts = {"specon-agent": AGENT_SA, "specon-manager": {**AGENT_SA, "name": "specon-manager"}}
     for binding in docs["RoleBinding"]:
         if binding["metadata"]["namespace"] in training:
-            assert binding["subjects"] == [AGENT_SA]
+            name = binding["metadata"]["name"]
+            assert binding["subjects"] == [accounts[name]]
             assert binding["roleRef"] == {
                 "apiGroup": "rbac.authorization.k8s.io",
                 "kind": "Role",
-                "name": "specon-agent",
+                "name": name,
             }
+    (agent,) = docs["DaemonSet"]
+    assert "--pod-writes=manager" in container(agent)["args"]
+    (manager,) = docs["Deployment"]
+    assert "--manage-pods" in container(manager)["args"]
 
 
 def test_a_training_namespace_is_one_line() -> None:
@@ -211,10 +219,24 @@ def test_a_training_namespace_is_one_line() -> None:
         shutil.copytree(MANIFESTS / "training", Path(tmp) / "training")
         (Path(tmp) / "training" / "namespaces.yaml").write_text(added)
         docs = render(Path(tmp) / "training")
-    made = sorted((d["kind"], d["metadata"]["namespace"]) for d in docs)
-    assert made == [(k, ns) for k in ("Role", "RoleBinding") for ns in ("training", "vision")]
-    (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] == "vision"]
-    assert {res for _, res, _ in rules_of(role)} == {"pods", "pods/eviction", "podtemplates", "events"}
+    made = sorted((d["kind"], d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs)
+    assert made == [
+        (k, ns, who)
+        for k in ("Role", "RoleBinding")
+        for ns in ("training", "vision")
+        for who in ("specon-agent", "specon-manager")
+    ]
+    roles = {
+        d["metadata"]["name"]: d
+        for d in docs
+        if d["kind"] == "Role" and d["metadata"]["namespace"] == "vision"
+    }
+    assert {res for _, res, _ in rules_of(roles["specon-agent"])} == {"podtemplates", "events"}
+    assert {res for _, res, _ in rules_of(roles["specon-manager"])} == {
+        "pods",
+        "pods/eviction",
+        "podtemplates",
+    }
 
 
 def test_make_deploy_adds_a_generated_read_token_and_tls(tmp_path: Path) -> None:
@@ -450,15 +472,20 @@ def allowed(api: KubeApi, method: str, path: str, **kw: Any) -> bool:
     return True
 
 
-async def test_the_agent_role_allows_every_call_the_runtime_makes(rbac: Rbac) -> None:
+async def test_the_agent_reads_and_the_manager_writes_every_call_a_move_makes(rbac: Rbac) -> None:
+    """The runtime as a cluster runs it: the agent's identity reads, every write goes through
+    ``PodWrites`` with the manager's (what its pod broker makes for the agent)."""
     ns = rbac.training
-    admin, agent = rbac.admin(), rbac.account("specon-agent")
+    admin, agent, manager = rbac.admin(), rbac.account("specon-agent"), rbac.account("specon-manager")
+    writes = PodWrites(manager)
     # Cluster-wide, as the DaemonSet runs it.
-    rt = KubernetesRuntime(agent, rbac.node, volume_root=rbac.volume, kill_slack=5.0)
+    rt = KubernetesRuntime(
+        agent, rbac.node, volume_root=rbac.volume, kill_slack=5.0, writer=LocalWriter(writes, rbac.node)
+    )
     job = ContainerId(f"{ns}.r1")
     try:
         admin.request("POST", f"/api/v1/namespaces/{ns}/pods", body=training_pod("r1", rbac.node, steps=4000))
-        await until(lambda: running(rt, job), "r1 listed through the watch")
+        await until(lambda: running(rt, job), "r1 listed through the watch")  # ... and recorded
         usage = await rt.usage()  # node watch; metrics.k8s.io is absent here: /proc fallback
         assert usage.capacity.cpu > 0 and rt.last_usage_source == "proc"
         assert await rt.publish_state(job, {"specon.io/category": "converged"})  # patch
@@ -473,7 +500,7 @@ async def test_the_agent_role_allows_every_call_the_runtime_makes(rbac: Rbac) ->
         await rt.events.drain()  # Converged, Saving, Saved, Restored: create (and patch, a series)
         assert rt.events.counters.failed == 0 and rt.events.counters.sent >= 4
         # A start that supersedes a lost node's copy reads that node and its Lease.
-        await takeover.lost_node(rt._call, rbac.node)  # a 403 would raise (a missing Lease: 404)
+        await takeover.lost_node(writes._call, rbac.node)  # a 403 would raise (a missing Lease: 404)
         # The node's pods in every namespace (what the unmanaged ones request: k8s_others) too.
         for inf in (rt._pods, rt._node_watch, rt._others.watch):
             assert inf is not None and inf.synced and inf.errors == 0  # every list and watch was allowed
@@ -481,35 +508,33 @@ async def test_the_agent_role_allows_every_call_the_runtime_makes(rbac: Rbac) ->
         rt.close()
 
 
-async def test_the_agent_writes_pods_only_in_the_training_namespaces(rbac: Rbac) -> None:
-    """What a compromised node's agent token can do: read pods and nodes; write pods and
-    restore records in the training namespaces; nothing else, anywhere else."""
+async def test_no_agent_identity_may_create_evict_delete_or_change_a_pod(rbac: Rbac) -> None:
+    """What a compromised node's agent token can do: read pods and nodes, record Events in the
+    training namespaces; write no pod and no restore record anywhere, the training namespaces
+    included; read no secret or configuration."""
     admin, agent = rbac.admin(), rbac.account("specon-agent")
     dry = {"dryRun": "All"}
     pod = training_pod("x", rbac.node)
+    admin.request("POST", f"/api/v1/namespaces/{rbac.training}/pods", body=pod)
 
     def pods(ns: str) -> str:
         return f"/api/v1/namespaces/{ns}/pods"
 
-    assert allowed(agent, "POST", pods(rbac.training), body=pod, query=dry)
-    assert allowed(
-        agent,
-        "POST",
-        f"/api/v1/namespaces/{rbac.training}/podtemplates",
-        body=_record(pod, rbac.training),
-        query=dry,
-    )
-    for ns in (rbac.other, rbac.home, "default", "kube-system"):
+    for ns in (rbac.training, rbac.other, rbac.home, "default", "kube-system"):
         assert forbidden(agent, "POST", pods(ns), body=pod, query=dry), ns
-        assert forbidden(agent, "DELETE", f"{pods(ns)}/x"), ns
+        assert forbidden(agent, "DELETE", f"{pods(ns)}/x", query=dry), ns
         assert forbidden(
-            agent, "PATCH", f"{pods(ns)}/x", body={}, content_type="application/merge-patch+json"
+            agent, "PATCH", f"{pods(ns)}/x", body={}, content_type="application/merge-patch+json", query=dry
         )
         eviction = {"apiVersion": "policy/v1beta1", "kind": "Eviction", "metadata": {"name": "x"}}
-        assert forbidden(agent, "POST", f"{pods(ns)}/x/eviction", body=eviction), ns
+        assert forbidden(agent, "POST", f"{pods(ns)}/x/eviction", body=eviction, query=dry), ns
         assert forbidden(
             agent, "POST", f"/api/v1/namespaces/{ns}/podtemplates", body=_record(pod, ns), query=dry
         )
+        assert forbidden(agent, "PUT", f"/api/v1/namespaces/{ns}/podtemplates/any", body=_record(pod, ns))
+        assert forbidden(agent, "DELETE", f"/api/v1/namespaces/{ns}/podtemplates/any"), ns
+    assert allowed(agent, "GET", f"/api/v1/namespaces/{rbac.training}/podtemplates/any")  # a 404
+    for ns in (rbac.other, rbac.home, "default", "kube-system"):
         assert forbidden(agent, "GET", f"/api/v1/namespaces/{ns}/podtemplates/any"), ns
         event = {"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "x.1"},
                  "eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": "specon.io/agent",
@@ -526,18 +551,38 @@ async def test_the_agent_writes_pods_only_in_the_training_namespaces(rbac: Rbac)
         agent, "PATCH", f"/api/v1/nodes/{rbac.node}", body={}, content_type="application/merge-patch+json"
     )
     assert forbidden(agent, "DELETE", f"/api/v1/nodes/{rbac.node}")
-    assert allowed(agent, "GET", "/api/v1/pods") and allowed(agent, "GET", "/api/v1/nodes")
-    # The runtime on a job outside the training namespaces: classified, never moved.
+    # The runtime on the agent's identity alone (--pod-writes self) cannot move a job.
     rt = KubernetesRuntime(agent, rbac.node, volume_root=rbac.volume, kill_slack=5.0)
+    job = ContainerId(f"{rbac.training}.x")
+    try:
+        await until(lambda: running(rt, job), "x listed")
+        with pytest.raises(SaveFailed, match=r"403.*keeps running"):
+            await rt.save(job, grace=5)
+        assert await running(rt, job) is not None
+    finally:
+        rt.close()
+
+
+async def test_the_manager_writes_only_in_the_training_namespaces(rbac: Rbac) -> None:
+    """The manager's writes on a job outside the training namespaces are refused by the API
+    server: the job is classified, never moved."""
+    admin, manager = rbac.admin(), rbac.account("specon-manager")
+    agent = rbac.account("specon-agent")
+    writes = PodWrites(manager)
+    rt = KubernetesRuntime(
+        agent, rbac.node, volume_root=rbac.volume, kill_slack=5.0, writer=LocalWriter(writes, rbac.node)
+    )
     job = ContainerId(f"{rbac.other}.o1")
     try:
-        admin.request("POST", pods(rbac.other), body=training_pod("o1", rbac.node, steps=4000))
+        admin.request(
+            "POST", f"/api/v1/namespaces/{rbac.other}/pods", body=training_pod("o1", rbac.node, steps=4000)
+        )
         await until(lambda: running(rt, job), "o1 listed (reads are cluster-wide)")
         with pytest.raises(SaveFailed, match=r"training namespaces.*keeps running"):
             await rt.save(job, grace=5)
         assert await running(rt, job) is not None
-        with pytest.raises(StartFailed, match="403"):
-            await rt.start(JobSpec(id=ContainerId(f"{rbac.other}.never"), command=("x",)))
+        with pytest.raises(StartFailed):
+            await writes.create(ContainerId(f"{rbac.other}.never"), rbac.node, None, False)
     finally:
         rt.close()
 
@@ -552,7 +597,7 @@ async def test_the_manager_role_allows_every_call_the_journal_and_tokenreview_ma
     admin.request(
         "POST", f"/api/v1/namespaces/{rbac.training}/pods", body=training_pod("m1", rbac.node, steps=4000)
     )
-    journal = KubeJournal(manager, home)
+    journal = KubeJournal(manager, home, mirror_pods=False)  # as the manager runs it
     m = Migration(
         "m1-1",
         ContainerId("m1"),
@@ -575,9 +620,6 @@ async def test_the_manager_role_allows_every_call_the_journal_and_tokenreview_ma
     # Pruning: an ended migration past retention is deleted.
     journal.put(m.to(State.SAVING, at=2.0).to(State.FAILED, at=3.0).to(State.ROLLED_BACK, at=4.0))
     assert journal.forget(1_000.0, 60.0, keep_newest=0) == 1 and journal.all() == []
-    # The journal's best-effort mirror onto pods is not granted: the manager writes no pod.
-    pod = admin.request("GET", f"/api/v1/namespaces/{rbac.training}/pods/m1")
-    assert ANN_MIGRATIONS not in (pod["metadata"].get("annotations") or {})
     # TokenReview: an agent pod of the home namespace authenticates as its node.
     agent_pod = {
         "apiVersion": "v1",
@@ -596,7 +638,12 @@ async def test_the_manager_role_allows_every_call_the_journal_and_tokenreview_ma
     )
     who = await auth.authenticate(token)
     assert who is not None and who.worker == "node-z"
-    for ns in (rbac.training, rbac.other, home):
+    # Pod writes in the training namespaces only (the broker's, test above), none elsewhere.
+    dry = {"dryRun": "All"}
+    assert allowed(manager, "POST", f"/api/v1/namespaces/{rbac.training}/pods", body=agent_pod, query=dry)
+    assert allowed(manager, "DELETE", f"/api/v1/namespaces/{rbac.training}/pods/m1", query=dry)
+    assert forbidden(manager, "GET", f"/api/v1/namespaces/{rbac.training}/secrets")
+    for ns in (rbac.other, home):
         assert forbidden(manager, "DELETE", f"/api/v1/namespaces/{ns}/pods/m1")
         assert forbidden(
             manager,
@@ -609,9 +656,8 @@ async def test_the_manager_role_allows_every_call_the_journal_and_tokenreview_ma
             manager, "POST", f"/api/v1/namespaces/{ns}/pods", body=agent_pod, query={"dryRun": "All"}
         )
         assert forbidden(manager, "GET", f"/api/v1/namespaces/{ns}/secrets")
-    assert forbidden(
-        manager, "GET", f"/api/v1/namespaces/{rbac.training}/pods/m1"
-    )  # pods of its own namespace only
+    assert forbidden(manager, "GET", f"/api/v1/namespaces/{rbac.other}/pods/m1")  # nor read them
+    assert forbidden(manager, "GET", "/api/v1/pods")  # nor list pods cluster-wide
 
 
 def test_the_cpu_weights_component_mounts_only_the_node_cgroups_into_the_agent(tmp_path: Path) -> None:

@@ -74,7 +74,7 @@ from specon.runtime.kubernetes.freezer import PodProcesses
 from specon.runtime.kubernetes.pods import DEFAULT_CLAIM, DEFAULT_SELECTOR, Manifest, PodError, SharedVolume
 from specon.runtime.kubernetes.usage import NodeUsage
 from specon.runtime.kubernetes.watch import Informer
-from specon.runtime.kubernetes.writes import LocalWriter, PodRef, PodWriter, PodWrites
+from specon.runtime.kubernetes.writes import Forbidden, LocalWriter, PodRef, PodWriter, PodWrites
 from specon.runtime.saving import run_save
 
 __all__ = ["Informer", "KubeApi", "KubeError", "KubernetesRuntime", "load_api_client", "pods_path"]
@@ -266,7 +266,7 @@ class KubernetesRuntime:
             # keeps to this node's product) before it evicts it.
             try:
                 await self._writer.evict(p.job, PodRef.of(p.manifest), grace)
-            except KubeError as exc:
+            except (KubeError, Forbidden) as exc:
                 raise SaveFailed(container_id, f"cannot evict pod {p.name}: {exc}; it keeps running") from exc
             if await self._wait_gone(p, grace + self.kill_slack) is not None:
                 raise SaveFailed(

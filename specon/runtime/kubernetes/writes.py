@@ -126,6 +126,9 @@ class PodWrites:
         except KubeError as exc:
             if exc.status == 404:
                 raise NoSuchContainer(job, f"pod {ref.label} is gone") from exc
+            if exc.status == 403:
+                why = f"(is {ref.namespace} one of the training namespaces?)"
+                raise Forbidden(job, f"cannot read pod {ref.label}: {exc} {why}") from exc
             raise
         if ref.uid and pods.meta(pod).get("uid") != ref.uid:
             raise NoSuchContainer(job, f"pod {ref.label} was replaced meanwhile")
