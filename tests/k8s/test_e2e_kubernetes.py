@@ -28,6 +28,7 @@ from specon.model import Resources, WorkerId
 from specon.runtime.kubernetes.backend import KubeApi, KubeError
 from specon.testing.held_jobs import finished_steps, release, release_file
 from specon.wire import protocol
+from specon.wire.pod_writes import POD_WRITES_PATH
 from specon.wire.protocol import Status
 from tests.integration.listening import PortTakenError, wait_listening
 from tests.k8s.cluster import PORT_ATTEMPTS, KubeCluster, free_ports
@@ -465,3 +466,50 @@ async def test_one_nodes_agent_token_cannot_speak_for_another_node(deployment: D
     assert await post("node-1", token) == 200
     api_token = d.cluster.service_account_token(d.namespace, "specon-agent")  # the API's audience
     assert await post("node-1", api_token) == 401
+
+
+async def test_a_nodes_token_has_nothing_written_that_the_manager_did_not_decide(
+    deployment: Deployment,
+) -> None:
+    """With node-2's agent token, over HTTP to the manager's pod broker: a copy of a running
+    job on node-2 (no start decided), the eviction or deletion of the job's pod on node-1 and a
+    foreign annotation are each refused; the pod runs on, unchanged, and nothing else exists."""
+    d = deployment
+    await submit(d, steady("victim", 4000))
+    admin = KubeApi(d.cluster.api_client())
+    path = f"/api/v1/namespaces/{d.namespace}/pods/victim"
+    await until(lambda: running_phase(admin, path), "the victim running on node-1")
+    token = d.agent_token("node-2")
+    job = f"{d.namespace}.victim"
+    pod = {"namespace": d.namespace, "name": "victim"}
+
+    async def ask(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        headers = {protocol.AUTH_HEADER: f"Bearer {token}", "Content-Type": "application/json"}
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(d.url + POD_WRITES_PATH, json={"container": job, **body}, headers=headers) as r,
+        ):
+            return r.status, await r.json()
+
+    for body in (
+        {"worker": "node-2", "op": "create"},
+        {"worker": "node-2", "op": "evict", "grace": 1, **pod},
+        {"worker": "node-2", "op": "delete", **pod},
+        {"worker": "node-2", "op": "annotate", "annotations": {"specon.io/managed": "false"}, **pod},
+        {"worker": "node-1", "op": "delete", **pod},  # speaking for the pod's own node
+    ):
+        status, reply = await ask(body)
+        assert status == 200 and reply["outcome"] == "forbidden", (body, reply)
+    status, _ = await ask({"worker": "node-2", "op": "evict"})  # names no pod: does not parse
+    assert status == 400
+    after = admin.request("GET", path)
+    assert after["status"]["phase"] == "Running" and "deletionTimestamp" not in after["metadata"]
+    assert after["metadata"]["labels"]["specon.io/managed"] == "true"
+    listed = admin.request("GET", f"/api/v1/namespaces/{d.namespace}/pods")["items"]
+    names = [p["metadata"]["name"] for p in listed]
+    assert not [n for n in names if n.startswith("victim-g")]
+
+
+async def running_phase(api: KubeApi, path: str) -> bool | None:
+    pod = await asyncio.to_thread(api.request, "GET", path)
+    return pod.get("status", {}).get("phase") == "Running" or None
