@@ -23,6 +23,7 @@ from typing import Any
 
 from specon.wire import protocol
 from specon.wire.operator import DRAIN_PATH, UNCORDON_PATH, DrainReply, DrainRequest
+from specon.wire.pod_writes import POD_WRITES_PATH, PodWriteReply, PodWriteRequest
 from specon.wire.protocol import (
     CommandBatch,
     ErrorReply,
@@ -273,6 +274,28 @@ def _build() -> dict[str, Any]:
                 "responses": {
                     "200": _drain_answer(b, "The worker's drain, now uncordoned."),
                     **_error_refs("400", "401", "403", "404"),
+                },
+            },
+        },
+        POD_WRITES_PATH: {
+            "post": {
+                "operationId": "podWrite",
+                "summary": "A Kubernetes agent asks for a write on its node's managed pods",
+                "description": "Served with --manage-pods (404 otherwise). Made with the manager's identity "
+                "only while the manager's own save (evict), start (create) or stop (delete of a running "
+                "pod) of that job on that worker is pending, and only on a managed pod of that job bound "
+                "to that node. A refusal is a 200 whose outcome names the runtime failure.",
+                "security": [{"bearerAuth": []}],
+                "requestBody": {
+                    "required": True,
+                    "content": {protocol.CONTENT_TYPE: {"schema": b.of(PodWriteRequest)}},
+                },
+                "responses": {
+                    "200": {
+                        "description": "Done, or why not (outcome).",
+                        "content": {protocol.CONTENT_TYPE: {"schema": b.of(PodWriteReply)}},
+                    },
+                    **_error_refs("400", "401", "403", "404", "413"),
                 },
             },
         },
