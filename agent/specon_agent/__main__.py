@@ -171,7 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
     k8s.add_argument(
         "--node", default=os.environ.get("NODE_NAME"), help="this node's name (default $NODE_NAME)"
     )
-    k8s.add_argument("--namespace", help="watch managed pods in this namespace only (default: all)")
+    k8s.add_argument(
+        "--namespace",
+        action="append",
+        help="manage the pods of this namespace (repeat for each training namespace); default: every "
+        "namespace, which needs a credential that may list every pod of the cluster",
+    )
     k8s.add_argument("--selector", default="specon.io/managed=true", help="label selector of managed pods")
     k8s.add_argument(
         "--claim", default="specon-data", help="PVC name of the shared volume that --volume mounts"
@@ -186,8 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="manager",
         help="who writes the managed pods and their restore records (records, evictions, copies, "
         "deletions, annotations): manager = the manager's pod broker (its --manage-pods), so this "
-        "agent's credential only reads (default); self = this agent's own credential (one identity "
-        "for everything: a test cluster)",
+        "agent's credential only reads the pods of its --namespace(s) and gets its node, and the "
+        "manager counts the node's other pods (default); self = this agent's own credential, which "
+        "then also lists the node's other pods and watches its node (one identity for everything: a "
+        "test cluster)",
     )
     k8s.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
     p.add_argument(
@@ -326,18 +333,21 @@ async def run(args: argparse.Namespace) -> int:
         except Exception as exc:  # the client raises several unrelated types for a bad config
             print(f"specon-agent: no Kubernetes configuration: {exc}", file=sys.stderr)
             return 2
+        by_manager = args.pod_writes == "manager"
         runtime = KubernetesRuntime(
             api,
             args.node,
             volume_root=args.volume,
-            namespace=args.namespace,
+            namespaces=tuple(args.namespace or ()),
             selector=args.selector,
             claim=args.claim,
             host_path=args.host_path,
             include_owned=args.include_owned,
-            writer=BrokerWriter(manager_sender(client), WorkerId(args.node))
-            if args.pod_writes == "manager"
-            else None,
+            writer=BrokerWriter(manager_sender(client), WorkerId(args.node)) if by_manager else None,
+            # With the manager writing, the agent's credential only reads its namespaces' pods
+            # and gets its node: the manager counts the node's other pods.
+            watch_node=not by_manager,
+            count_others=not by_manager,
         )
     elif args.runtime == "docker":
         if not args.worker:

@@ -28,7 +28,7 @@ from specon.daemon.manager_url import is_loopback
 from specon.daemon.settings import ManagerSettings
 from specon.daemon.tls import ReloadCollector, ServerCertificate, TLSConfigError
 from specon_manager import standby
-from specon_manager.app import METRICS, create_app
+from specon_manager.app import METRICS, NodeRequests, create_app
 from specon_manager.app import PodBroker as PodBrokerLike
 from specon_manager.auth import Authenticator, Chain, StaticTokens, load_agent_tokens
 from specon_manager.journal import Journal, JournalStore
@@ -193,7 +193,9 @@ def _pod_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="make the writes on managed pods that Kubernetes agents ask for (POST /v1/kubernetes/pods): "
         "restore records, evictions, copies, deletions, specon's annotations, each only as this "
-        "manager's decisions and the pod's node allow; the agents' own credentials then only read",
+        "manager's decisions and the pod's node allow; and take what each node's other pods request "
+        "off its capacity (a watch of every pod). The agents' own credentials then only read their "
+        "namespaces' pods",
     )
     pods.add_argument(
         "--selector", default="specon.io/managed=true", help="label selector of managed pods (as the agents')"
@@ -207,13 +209,15 @@ def _pod_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _pod_broker(args: argparse.Namespace, shell: ManagerShell) -> PodBrokerLike | None:
-    """The pod broker ``--manage-pods`` asks for (``ValueError`` saying why it cannot be)."""
+def _pod_broker(args: argparse.Namespace, shell: ManagerShell) -> tuple[PodBrokerLike, NodeRequests] | None:
+    """The pod broker ``--manage-pods`` asks for, and the watch of every pod that says what
+    other pods take of each node (``ValueError`` saying why they cannot be)."""
     if not args.manage_pods:
         return None
     if missing := missing_extra("kubernetes", "kubernetes", "--manage-pods"):
         raise ValueError(missing)
     from specon.runtime.kubernetes.api import KubeApi, load_api_client  # noqa: PLC0415
+    from specon.runtime.kubernetes.others import ClusterRequests  # noqa: PLC0415
     from specon.runtime.kubernetes.pods import SharedVolume  # noqa: PLC0415
     from specon.runtime.kubernetes.writes import PodWrites  # noqa: PLC0415
     from specon_manager.pod_broker import PodBroker  # noqa: PLC0415
@@ -224,7 +228,9 @@ def _pod_broker(args: argparse.Namespace, shell: ManagerShell) -> PodBrokerLike 
         raise ValueError(f"no Kubernetes configuration for --manage-pods: {exc}") from exc
     volume = SharedVolume(claim=args.claim, host_path=args.host_path)
     writes = PodWrites(api, selector=args.selector, volume=volume, include_owned=args.include_owned)
-    return PodBroker(shell, writes)
+    requests = ClusterRequests(api, args.selector)
+    requests.start()
+    return PodBroker(shell, writes), requests
 
 
 def _election_options(p: argparse.ArgumentParser) -> None:
@@ -385,12 +391,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         journal.close()
         return 2
     try:
-        broker = _pod_broker(args, shell)
+        kube_pods = _pod_broker(args, shell)
     except ValueError as exc:
         print(f"specon-manager: {exc}", file=sys.stderr)
         journal.close()
         return 2
-    app = create_app(shell, auth=auth, guard_reads=guard_reads, settings=settings, pod_broker=broker)
+    broker, requests = kube_pods or (None, None)
+    app = create_app(
+        shell,
+        auth=auth,
+        guard_reads=guard_reads,
+        settings=settings,
+        pod_broker=broker,
+        node_requests=requests,
+    )
     if elector is None:
         standby.install(app, shell)  # /readyz: always ready
     else:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Protocol
 
 import structlog
@@ -26,7 +27,7 @@ from prometheus_client.registry import Collector
 from specon.coordinator.draining import UnknownWorkerError
 from specon.coordinator.machine import NotHostedError
 from specon.daemon.settings import ManagerSettings
-from specon.model import WorkerId
+from specon.model import Resources, WorkerId
 from specon.wire import protocol
 from specon.wire.operator import DRAIN_PATH, UNCORDON_PATH, DrainRequest
 from specon.wire.pod_writes import POD_WRITES_PATH, PodWriteReply, PodWriteRequest
@@ -80,8 +81,16 @@ class PodBroker(Protocol):
     async def write(self, who: Identity, req: PodWriteRequest) -> PodWriteReply: ...
 
 
+class NodeRequests(Protocol):
+    """``specon.runtime.kubernetes.others.ClusterRequests``: what other pods take of a node."""
+
+    def free(self, node: str, capacity: Resources, jobs: Iterable[str]) -> Resources: ...
+
+
 # Writes on Kubernetes pods for the agents (``--manage-pods``; absent: 404).
 POD_BROKER = web.AppKey("pod_broker", PodBroker)
+# With it: each Kubernetes worker's capacity less what its node's other pods request.
+NODE_REQUESTS = web.AppKey("node_requests", NodeRequests)
 
 
 def _reply(msg: protocol.Message, status: int = 200) -> web.Response:
@@ -198,6 +207,10 @@ async def heartbeat(request: web.Request) -> web.Response:
         request.app[METRICS].rejected.labels(reason="malformed").inc()
         log.warning("specon.manager.seq_implausible", worker=msg.worker, seq=msg.seq)
         return _error(400, "seq: implausibly far ahead of the manager's clock (expected microseconds)", "seq")
+    if (reqs := request.app.get(NODE_REQUESTS)) is not None:
+        free = reqs.free(msg.worker, msg.capacity, (c.id for c in msg.containers))
+        if free != msg.capacity:
+            msg = dataclasses.replace(msg, capacity=free)
     t0 = time.perf_counter()
     batch = await shell.heartbeat(msg)
     request.app[METRICS].heartbeat_latency.observe(time.perf_counter() - t0)
@@ -437,11 +450,13 @@ def create_app(
     tick: bool = True,
     settings: ManagerSettings | None = None,
     pod_broker: PodBroker | None = None,
+    node_requests: NodeRequests | None = None,
 ) -> web.Application:
     """The manager app. ``auth`` decides who may call; ``token`` alone is a shared token
     (every worker). ``guard_reads``: status and the page need a read or shared token.
     ``settings``: the operational knobs (default: ``ManagerSettings()``). ``pod_broker``:
-    serve ``POST /v1/kubernetes/pods`` (Kubernetes agents' pod writes)."""
+    serve ``POST /v1/kubernetes/pods`` (Kubernetes agents' pod writes). ``node_requests``:
+    take other pods' requests off each Kubernetes worker's reported capacity."""
     if auth is None:
         if not token:
             raise ValueError("the manager needs a bearer token or an authenticator")
@@ -478,6 +493,8 @@ def create_app(
         app[POD_BROKER] = pod_broker
         m.registry.register(pod_broker.collector)
         app.router.add_post(POD_WRITES_PATH, pod_writes)
+    if node_requests is not None:
+        app[NODE_REQUESTS] = node_requests
     if tick:
         app.cleanup_ctx.append(_ticker)
     app.on_shutdown.append(_release_polls)

@@ -73,6 +73,7 @@ from specon_manager.shell import ManagerShell
 from specon.daemon import logs
 from specon.config import load_policy
 from specon.runtime.kubernetes.backend import KubeApi, load_api_client
+from specon.runtime.kubernetes.others import ClusterRequests
 from specon.runtime.kubernetes.writes import PodWrites
 
 kubeconfig, namespace, policy, port, audience = sys.argv[1:6]
@@ -83,8 +84,11 @@ auth = TokenReviewAuthenticator(
     load_api_client(kubeconfig), audience=audience, service_account=f"{namespace}/specon-agent"
 )
 # --manage-pods: the agents' pod writes (their --pod-writes manager, the default).
-broker = PodBroker(shell, PodWrites(KubeApi(load_api_client(kubeconfig))))
-web.run_app(create_app(shell, auth=auth, pod_broker=broker), host="127.0.0.1", port=int(port), print=None)
+api = KubeApi(load_api_client(kubeconfig))
+requests = ClusterRequests(api, "specon.io/managed=true")
+requests.start()
+app = create_app(shell, auth=auth, pod_broker=PodBroker(shell, PodWrites(api)), node_requests=requests)
+web.run_app(app, host="127.0.0.1", port=int(port), print=None)
 """
 
 

@@ -33,6 +33,7 @@ from specon.model import RECLAIM_TAINTS, ContainerId, WorkerId
 from specon.runtime.base import JobSpec, SaveFailed, StartFailed
 from specon.runtime.kubernetes import takeover
 from specon.runtime.kubernetes.backend import KubeApi, KubeError, KubernetesRuntime
+from specon.runtime.kubernetes.others import ClusterRequests
 from specon.runtime.kubernetes.restore import record_of
 from specon.runtime.kubernetes.writes import LocalWriter, PodWrites
 from tests.k8s.cluster import KubeCluster
@@ -231,7 +232,7 @@ def test_a_training_namespace_is_one_line() -> None:
         for d in docs
         if d["kind"] == "Role" and d["metadata"]["namespace"] == "vision"
     }
-    assert {res for _, res, _ in rules_of(roles["specon-agent"])} == {"podtemplates", "events"}
+    assert {res for _, res, _ in rules_of(roles["specon-agent"])} == {"pods", "podtemplates", "events"}
     assert {res for _, res, _ in rules_of(roles["specon-manager"])} == {
         "pods",
         "pods/eviction",
@@ -478,16 +479,27 @@ async def test_the_agent_reads_and_the_manager_writes_every_call_a_move_makes(rb
     ns = rbac.training
     admin, agent, manager = rbac.admin(), rbac.account("specon-agent"), rbac.account("specon-manager")
     writes = PodWrites(manager)
-    # Cluster-wide, as the DaemonSet runs it.
+    # As the DaemonSet runs it (--namespace=training, --pod-writes=manager).
     rt = KubernetesRuntime(
-        agent, rbac.node, volume_root=rbac.volume, kill_slack=5.0, writer=LocalWriter(writes, rbac.node)
+        agent,
+        rbac.node,
+        volume_root=rbac.volume,
+        kill_slack=5.0,
+        namespaces=(ns,),
+        watch_node=False,
+        count_others=False,
+        writer=LocalWriter(writes, rbac.node),
     )
+    requests = ClusterRequests(manager, "specon.io/managed=true")  # the manager's, for every node
     job = ContainerId(f"{ns}.r1")
     try:
         admin.request("POST", f"/api/v1/namespaces/{ns}/pods", body=training_pod("r1", rbac.node, steps=4000))
         await until(lambda: running(rt, job), "r1 listed through the watch")  # ... and recorded
-        usage = await rt.usage()  # node watch; metrics.k8s.io is absent here: /proc fallback
+        usage = await rt.usage()  # node get; metrics.k8s.io is absent here: /proc fallback
         assert usage.capacity.cpu > 0 and rt.last_usage_source == "proc"
+        requests.start()  # list + watch every pod
+        await until(lambda: requests.synced or None, "the manager's watch of every pod")
+        assert requests.free(rbac.node, usage.capacity, [job]) == usage.capacity
         assert await rt.publish_state(job, {"specon.io/category": "converged"})  # patch
         for generation in (2, 3):  # the second save replaces the job's record (get + update)
             await until(lambda: len(trained(rbac.volume, "r1")) >= 30, "a checkpoint")
@@ -501,11 +513,11 @@ async def test_the_agent_reads_and_the_manager_writes_every_call_a_move_makes(rb
         assert rt.events.counters.failed == 0 and rt.events.counters.sent >= 4
         # A start that supersedes a lost node's copy reads that node and its Lease.
         await takeover.lost_node(writes._call, rbac.node)  # a 403 would raise (a missing Lease: 404)
-        # The node's pods in every namespace (what the unmanaged ones request: k8s_others) too.
-        for inf in (rt._pods, rt._node_watch, rt._others.watch):
+        for inf in [*rt.watches, requests.watch]:
             assert inf is not None and inf.synced and inf.errors == 0  # every list and watch was allowed
     finally:
         rt.close()
+        requests.stop()
 
 
 async def test_no_agent_identity_may_create_evict_delete_or_change_a_pod(rbac: Rbac) -> None:
@@ -551,8 +563,22 @@ async def test_no_agent_identity_may_create_evict_delete_or_change_a_pod(rbac: R
         agent, "PATCH", f"/api/v1/nodes/{rbac.node}", body={}, content_type="application/merge-patch+json"
     )
     assert forbidden(agent, "DELETE", f"/api/v1/nodes/{rbac.node}")
+    # No list across the cluster: neither pods (env values in specs) nor nodes; pods are read
+    # in the training namespaces only, its node by name.
+    assert forbidden(agent, "GET", "/api/v1/pods") and forbidden(agent, "GET", "/api/v1/nodes")
+    for ns in (rbac.other, rbac.home, "kube-system"):
+        assert forbidden(agent, "GET", pods(ns)) and forbidden(agent, "GET", f"{pods(ns)}/x"), ns
+    assert allowed(agent, "GET", pods(rbac.training)) and allowed(agent, "GET", f"/api/v1/nodes/{rbac.node}")
     # The runtime on the agent's identity alone (--pod-writes self) cannot move a job.
-    rt = KubernetesRuntime(agent, rbac.node, volume_root=rbac.volume, kill_slack=5.0)
+    rt = KubernetesRuntime(
+        agent,
+        rbac.node,
+        volume_root=rbac.volume,
+        kill_slack=5.0,
+        namespaces=(rbac.training,),
+        watch_node=False,
+        count_others=False,
+    )
     job = ContainerId(f"{rbac.training}.x")
     try:
         await until(lambda: running(rt, job), "x listed")
@@ -567,17 +593,16 @@ async def test_the_manager_writes_only_in_the_training_namespaces(rbac: Rbac) ->
     """The manager's writes on a job outside the training namespaces are refused by the API
     server: the job is classified, never moved."""
     admin, manager = rbac.admin(), rbac.account("specon-manager")
-    agent = rbac.account("specon-agent")
     writes = PodWrites(manager)
-    rt = KubernetesRuntime(
-        agent, rbac.node, volume_root=rbac.volume, kill_slack=5.0, writer=LocalWriter(writes, rbac.node)
+    rt = KubernetesRuntime(  # (an agent watching that namespace: the admin's reads stand in)
+        admin, rbac.node, volume_root=rbac.volume, kill_slack=5.0, writer=LocalWriter(writes, rbac.node)
     )
     job = ContainerId(f"{rbac.other}.o1")
     try:
         admin.request(
             "POST", f"/api/v1/namespaces/{rbac.other}/pods", body=training_pod("o1", rbac.node, steps=4000)
         )
-        await until(lambda: running(rt, job), "o1 listed (reads are cluster-wide)")
+        await until(lambda: running(rt, job), "o1 listed")
         with pytest.raises(SaveFailed, match=r"training namespaces.*keeps running"):
             await rt.save(job, grace=5)
         assert await running(rt, job) is not None
@@ -656,8 +681,10 @@ async def test_the_manager_role_allows_every_call_the_journal_and_tokenreview_ma
             manager, "POST", f"/api/v1/namespaces/{ns}/pods", body=agent_pod, query={"dryRun": "All"}
         )
         assert forbidden(manager, "GET", f"/api/v1/namespaces/{ns}/secrets")
-    assert forbidden(manager, "GET", f"/api/v1/namespaces/{rbac.other}/pods/m1")  # nor read them
-    assert forbidden(manager, "GET", "/api/v1/pods")  # nor list pods cluster-wide
+    # It lists and watches every pod (what each node's other pods request), never gets one
+    # outside the training namespaces and its own.
+    assert allowed(manager, "GET", "/api/v1/pods")
+    assert forbidden(manager, "GET", f"/api/v1/namespaces/{rbac.other}/pods/m1")
 
 
 def test_the_cpu_weights_component_mounts_only_the_node_cgroups_into_the_agent(tmp_path: Path) -> None:

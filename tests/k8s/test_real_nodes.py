@@ -75,7 +75,7 @@ def daemonset_agent_pod(d: Deployment, node: str, host: str) -> dict[str, Any]:
     spec["nodeName"] = node  # the DaemonSet controller's one decision
     c = spec["containers"][0]
     # Port 0: nothing calls an agent, and a port picked here could be taken before it binds.
-    replace = {"--manager": d.url, "--listen": f"{host}:0"}
+    replace = {"--manager": d.url, "--listen": f"{host}:0", "--namespace": d.namespace}
     c["args"] = [
         f"{a.partition('=')[0]}={replace[a.partition('=')[0]]}" if a.partition("=")[0] in replace else a
         for a in c["args"]

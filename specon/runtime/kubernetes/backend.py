@@ -42,7 +42,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,7 @@ from specon.runtime.kubernetes.api import KubeApi, KubeError, load_api_client, p
 from specon.runtime.kubernetes.calls import PodCalls
 from specon.runtime.kubernetes.cgroup import CGROUP_ROOT, PodCgroups, pod_cpu_limit
 from specon.runtime.kubernetes.freezer import PodProcesses
+from specon.runtime.kubernetes.node_view import NodeView
 from specon.runtime.kubernetes.pods import DEFAULT_CLAIM, DEFAULT_SELECTOR, Manifest, PodError, SharedVolume
 from specon.runtime.kubernetes.usage import NodeUsage
 from specon.runtime.kubernetes.watch import Informer
@@ -82,7 +83,6 @@ __all__ = ["Informer", "KubeApi", "KubeError", "KubernetesRuntime", "load_api_cl
 log = structlog.get_logger()
 
 _POLL_S = 0.05  # between looks at the (watch-fed) cache while waiting for a pod to go
-_SYNC_WAIT_S = 10.0  # for a new watch's first list before falling back to a direct list
 _SIGKILL_EXIT = 137
 
 
@@ -115,11 +115,14 @@ class KubernetesRuntime:
         *,
         volume_root: Path,
         namespace: str | None = None,
+        namespaces: Sequence[str] = (),
         selector: str = DEFAULT_SELECTOR,
         claim: str | None = DEFAULT_CLAIM,
         host_path: str | None = None,
         include_owned: bool = False,
         watch: bool = True,
+        watch_node: bool = True,
+        count_others: bool = True,
         metrics: bool = True,
         kill_slack: float = 30.0,
         proc: Path = Path("/proc"),
@@ -134,7 +137,8 @@ class KubernetesRuntime:
         self._worker = WorkerId(node)
         self.node = node
         self.volume_root = volume_root
-        self.namespace = namespace
+        # The namespaces whose pods it manages (none: every namespace).
+        self.namespaces = tuple(namespaces) or ((namespace,) if namespace else ())
         self.selector = selector
         self._requirements = pods.parse_selector(selector)
         self.volume = SharedVolume(claim=claim, host_path=host_path)
@@ -145,28 +149,22 @@ class KubernetesRuntime:
         self._last_seen: dict[tuple[str, str], Manifest] = {}
         self.skipped: dict[str, int] = {}
         self._warned: set[tuple[str, str]] = set()
-        self._pod_query = {"labelSelector": selector, "fieldSelector": f"spec.nodeName={node}"}
-        self._node_query = {"fieldSelector": f"metadata.name={node}"}
-        self._pods = (
-            Informer(
-                self.api, pods_path(namespace), name=f"pods-{node}", query=self._pod_query, accept=self._ours
-            )
-            if watch
+        self._view = NodeView(
+            self.api,
+            node,
+            namespaces=self.namespaces,
+            selector=selector,
+            ours=self._ours,
+            watch=watch,
+            watch_node=watch_node,
+        )
+        # What the node's other pods request is not free to placement: counted here, or, where
+        # this agent may not list them (``count_others`` off), by the manager.
+        self._others = (
+            others.OtherPods(self.api, node, managed=self._ours, namespaces=self.namespaces, watch=watch)
+            if count_others
             else None
         )
-        self._node_watch = (
-            Informer(
-                self.api,
-                "/api/v1/nodes",
-                name=f"node-{node}",
-                query=self._node_query,
-                accept=lambda o: pods.meta(o).get("name") == node,
-            )
-            if watch
-            else None
-        )
-        self._others = others.OtherPods(self.api, node, managed=self._ours, namespace=namespace, watch=watch)
-        self._node: Manifest | None = None
         self._calls = PodCalls(self.api, selector)  # reads: the job's pods, its restore record
         # Writes: by default with this process's own identity (tests, one-identity setups).
         self._writer = writer or LocalWriter(
@@ -205,7 +203,7 @@ class KubernetesRuntime:
 
         Blocking (up to two API calls when the pod is not on this node): call it from a
         thread (``asyncio.to_thread``) on an event loop."""
-        for manifest in self._pods.items() if self._pods else []:
+        for manifest in self._view.cached() if self._view.synced else []:
             p = self._understand(manifest)
             if p is not None and p.job == container_id:
                 return p.spec
@@ -217,7 +215,9 @@ class KubernetesRuntime:
             return None
 
     async def usage(self) -> WorkerUsage:
-        u = await self._others.deduct(await self._usage.read(self._worker, await self._node_object()))
+        u = await self._usage.read(self._worker, await self._node_object())
+        if self._others is not None:
+            u = await self._others.deduct(u)
         seconds = await asyncio.to_thread(self._cgroups.cpu_seconds, await self._live())  # pod cgroups
         return replace(u, per_container=tuple(sorted(seconds.items())))
 
@@ -305,8 +305,10 @@ class KubernetesRuntime:
             namespace, _ = pods.split_job_id(job)
         except PodError as exc:
             raise StartFailed(job, str(exc)) from exc
-        if self.namespace is not None and namespace != self.namespace:
-            raise StartFailed(job, f"namespace {namespace} is not this agent's namespace {self.namespace}")
+        if self.namespaces and namespace not in self.namespaces:
+            raise StartFailed(
+                job, f"namespace {namespace} is not one of this agent's: {', '.join(self.namespaces)}"
+            )
         try:
             original, existing = await asyncio.to_thread(self._calls.lookup, job)
         except KubeError as exc:
@@ -413,9 +415,9 @@ class KubernetesRuntime:
         return False
 
     def close(self) -> bool:
-        for inf in (self._pods, self._node_watch, self._others.watch):
-            if inf is not None:
-                inf.stop()
+        self._view.stop()
+        if self._others is not None:
+            self._others.stop()
         self.events.close()
         return True
 
@@ -436,21 +438,21 @@ class KubernetesRuntime:
     def _ours(self, pod: Manifest) -> bool:
         return pods.node_of(pod) == self.node and pods.matches(pods.labels_of(pod), self._requirements)
 
+    @property
+    def _node(self) -> Manifest | None:
+        return self._view.node_object
+
+    @property
+    def watches(self) -> list[Informer]:
+        """Every watch it keeps (its pods', its node's, the node's other pods')."""
+        mine = self._view.watches
+        return mine + ([self._others.watch] if self._others and self._others.watch else [])
+
     async def _raw_pods(self) -> list[Manifest]:
-        """This node's managed pods: from the watch cache, or listed when it is not ready."""
-        if self._pods is not None:
-            for inf in (self._pods, self._node_watch, self._others.watch):
-                if inf is not None:
-                    inf.start()
-            deadline = time.monotonic() + _SYNC_WAIT_S
-            while not self._pods.synced and time.monotonic() < deadline:
-                await asyncio.sleep(_POLL_S)
-            if self._pods.synced:
-                if self._node_watch is not None and self._node_watch.synced:  # for GPU pins
-                    self._node = next(iter(self._node_watch.items()), self._node)
-                return self._pods.items()
-        data = await self._call("GET", pods_path(self.namespace), query=self._pod_query)
-        return [o for o in data.get("items") or [] if isinstance(o, dict) and self._ours(o)]
+        """This node's managed pods: from the watch caches, or listed when they are not ready."""
+        if self._others is not None:
+            self._others.start()
+        return await self._view.managed(self._call)
 
     async def _managed(self) -> list[_Pod]:
         try:
@@ -533,8 +535,8 @@ class KubernetesRuntime:
         """The pod as it is now (same uid), None once it is gone."""
         ns, name = p.key
         uid = pods.meta(p.manifest).get("uid")
-        if self._pods is not None and self._pods.synced:
-            cur = self._pods.get(ns, name)
+        if self._view.synced:
+            cur = self._view.get(ns, name)
         else:
             try:
                 cur = await self._call("GET", f"{pods_path(ns)}/{name}")
@@ -564,15 +566,7 @@ class KubernetesRuntime:
             await self.sleep(_POLL_S)
 
     async def _node_object(self) -> Manifest | None:
-        if self._node_watch is not None and self._node_watch.synced:
-            items = self._node_watch.items()
-            self._node = items[0] if items else None
-            return self._node
-        try:
-            self._node = await self._call("GET", f"/api/v1/nodes/{self.node}")
-        except KubeError as exc:
-            log.warning("specon.k8s.node_unreadable", node=self.node, error=str(exc))
-        return self._node
+        return await self._view.read_node(self._call)
 
     async def _labels_of(self, node: str) -> dict[str, str]:
         """A node's labels (where an ended pod of a job ran); none when unreadable."""

@@ -8,23 +8,31 @@ reports is the allocatable less their requests (``OtherPods.deduct``), and place
 sends a restored copy to a node whose kubelet would refuse it (``OutOfcpu``).
 
 Which pods: every pod bound to the node (``spec.nodeName``, in every namespace) that the
-runtime does not manage (not of its namespace, where it has one, or not matching its label
+runtime does not manage (not of its namespaces, where it has some, or not matching its label
 selector: its own ``managed`` predicate) and that has not finished (Succeeded or Failed pods
 hold nothing; a terminating one still does). Each pod's requests are
 ``k8s_nodes.pod_requests``, the scheduler's sum. They come from a watch of the node's pods
 (``k8s_watch.Informer``), so a heartbeat costs no API call; without a watch, or until its
 first list, from a list.
+
+Listing a node's pods in every namespace needs the cluster-wide ``list`` verb on pods, which
+RBAC cannot narrow to one node. So in a cluster the agents do not count them: the manager,
+whose identity may list pods, does (``ClusterRequests``), for every node at once, and takes
+them off the capacity each heartbeat reports; a pod counts as managed there when its
+worker's heartbeat lists its job.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import replace
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 
 import structlog
 
-from specon.model import Resources
+from specon.model import ContainerId, Resources
 from specon.runtime.base import WorkerUsage
 from specon.runtime.kubernetes import pods
 from specon.runtime.kubernetes.api import KubeApi, KubeError
@@ -65,8 +73,8 @@ def remaining(allocatable: Resources, used: Resources) -> Resources:
 class OtherPods:
     """The pods bound to ``node`` that the runtime does not manage, and their requests.
 
-    ``managed``: the runtime's own test of a pod (its label selector); ``namespace``: the
-    runtime's, where it manages pods of one namespace only (those of any other are others).
+    ``managed``: the runtime's own test of a pod (its label selector); ``namespaces``: the
+    runtime's, where it manages pods of some namespaces only (those of any other are others).
     """
 
     def __init__(
@@ -75,13 +83,13 @@ class OtherPods:
         node: str,
         *,
         managed: Callable[[Manifest], bool],
-        namespace: str | None = None,
+        namespaces: tuple[str, ...] = (),
         watch: bool = True,
     ) -> None:
         self.api = api
         self.node = node
         self.managed = managed
-        self.namespace = namespace
+        self.namespaces = namespaces
         self.query = {"fieldSelector": f"spec.nodeName={node}"}
         self.watch = (
             Informer(api, ALL_PODS, name=f"others-{node}", query=self.query, accept=self.counted)
@@ -94,7 +102,8 @@ class OtherPods:
         """Bound here, holding resources, and not a pod the manager counts already."""
         if pods.node_of(pod) != self.node or not holds_resources(pod):
             return False
-        return self.namespace not in (None, pods.key_of(pod)[0]) or not self.managed(pod)
+        outside = bool(self.namespaces) and pods.key_of(pod)[0] not in self.namespaces
+        return outside or not self.managed(pod)
 
     def start(self) -> None:
         if self.watch is not None:
@@ -135,3 +144,93 @@ class OtherPods:
         allocatable) less the others' requests."""
         used = await self.requests()
         return usage if used is None else replace(usage, capacity=remaining(usage.capacity, used))
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    node: str
+    requests: Resources
+    job: ContainerId | None  # a managed pod's job (its heartbeat may list it), else None
+
+
+class ClusterRequests:
+    """What every node's pods request, from one watch of all pods (the manager's): for each
+    heartbeat, the requests of the pods bound to its node that it does not list as its jobs.
+
+    An ``Index`` of the watch's cache (kept under the watch's lock, read from the event loop):
+    a heartbeat costs a sum over its node's pods, never a pass over the cluster's."""
+
+    def __init__(self, api: KubeApi, selector: str, *, watch: bool = True) -> None:
+        self._requirements = pods.parse_selector(selector)
+        self._lock = threading.Lock()
+        self._by_node: dict[str, dict[tuple[str, str], _Held]] = {}
+        self.watch = (
+            Informer(api, ALL_PODS, name="all-pods", accept=lambda o: bool(pods.node_of(o)), index=self)
+            if watch
+            else None
+        )
+
+    def start(self) -> None:
+        if self.watch is not None:
+            self.watch.start()
+
+    def stop(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+
+    def _held(self, pod: Manifest) -> _Held | None:
+        node = pods.node_of(pod)
+        if not node or not holds_resources(pod):
+            return None
+        try:
+            need = pods.pod_requests(pod)
+        except PodError:
+            return None
+        job = None
+        if pods.matches(pods.labels_of(pod), self._requirements):
+            with contextlib.suppress(PodError, ValueError):
+                job = pods.job_id(pod)
+        return _Held(node, need, job)
+
+    # -- the watch's Index -------------------------------------------------------------------
+    def reset(self, items: Mapping[tuple[str, str], Manifest]) -> None:
+        by_node: dict[str, dict[tuple[str, str], _Held]] = {}
+        for key, pod in items.items():
+            if (held := self._held(pod)) is not None:
+                by_node.setdefault(held.node, {})[key] = held
+        with self._lock:
+            self._by_node = by_node
+
+    def put(self, key: tuple[str, str], obj: Manifest | None) -> None:
+        held = None if obj is None else self._held(obj)
+        with self._lock:
+            for node, found in list(self._by_node.items()):
+                if key in found and (held is None or held.node != node):
+                    del found[key]
+                    if not found:
+                        del self._by_node[node]
+            if held is not None:
+                self._by_node.setdefault(held.node, {})[key] = held
+
+    # -- reading ------------------------------------------------------------------------------
+    @property
+    def synced(self) -> bool:
+        return self.watch is not None and self.watch.synced
+
+    def others(self, node: str, jobs: Iterable[str]) -> Resources:
+        """What the pods bound to ``node`` request, but those of ``jobs`` (its heartbeat's)."""
+        listed = set(jobs)
+        with self._lock:
+            held = list(self._by_node.get(node, {}).values())
+        total = Resources()
+        for h in held:
+            if h.job is None or h.job not in listed:
+                total = total + h.requests
+        return total
+
+    def free(self, node: str, capacity: Resources, jobs: Iterable[str]) -> Resources:
+        """``capacity`` (the node's allocatable) less what its other pods request; as it is
+        until the watch has listed the pods once."""
+        if not self.synced:
+            return capacity
+        return remaining(capacity, self.others(node, jobs))

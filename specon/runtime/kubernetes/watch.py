@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
@@ -22,6 +22,13 @@ log = structlog.get_logger()
 _WATCH_S = 240  # server-side timeout of one watch request; the next resumes where it ended
 _BACKOFF_FIRST_S = 0.5  # after a failure; doubling up to _BACKOFF_MAX_S while failures repeat
 _BACKOFF_MAX_S = 30.0
+
+
+class Index(Protocol):
+    """Kept in step with an ``Informer``'s cache, under its lock (from its thread)."""
+
+    def reset(self, items: Mapping[tuple[str, str], Manifest]) -> None: ...
+    def put(self, key: tuple[str, str], obj: Manifest | None) -> None: ...
 
 
 class Informer:
@@ -41,11 +48,13 @@ class Informer:
         query: Mapping[str, str] | None = None,
         accept: Callable[[Manifest], bool] = lambda _o: True,
         watch_seconds: int = _WATCH_S,
+        index: Index | None = None,
     ) -> None:
         self.api, self.path, self.name = api, path, name
         self.query = dict(query or {})
         self.accept = accept
         self.watch_seconds = watch_seconds
+        self.index = index  # told of every change to the cache
         self._items: dict[tuple[str, str], Manifest] = {}
         self._lock = threading.Lock()
         self._synced = threading.Event()
@@ -128,6 +137,8 @@ class Informer:
         items = {pods.key_of(o): o for o in data.get("items") or [] if isinstance(o, dict) and self.accept(o)}
         with self._lock:
             self._items = items
+            if self.index is not None:
+                self.index.reset(items)
         self.relists += 1
         self._synced.set()
         return str(pods.meta(data).get("resourceVersion") or "")
@@ -157,8 +168,12 @@ class Informer:
             with self._lock:
                 if kind == "DELETED" or not self.accept(obj):
                     self._items.pop(key, None)
+                    if self.index is not None:
+                        self.index.put(key, None)
                 else:
                     self._items[key] = obj
+                    if self.index is not None:
+                        self.index.put(key, obj)
             if self._stop.is_set():
                 break
         return version

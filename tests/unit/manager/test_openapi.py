@@ -14,8 +14,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import Counter
 from specon_manager import standby
 from specon_manager.app import create_app
+from specon_manager.auth import Identity
 from specon_manager.journal import Journal
 from specon_manager.openapi import ENVELOPED, ID_PATTERN, ID_TYPES, main, openapi_document, openapi_json
 from specon_manager.shell import ManagerShell
@@ -23,6 +25,7 @@ from specon_manager.shell import ManagerShell
 from specon.config import default_policy
 from specon.wire import codec, protocol
 from specon.wire.limits import Finite, Id, Items, Labels, Range, Taints, Text, limit_of
+from specon.wire.pod_writes import PodWriteReply, PodWriteRequest
 from specon.wire.validate import is_valid_id
 from tests.strategies import Leaves, from_type
 
@@ -117,9 +120,18 @@ def test_every_message_field_is_in_its_schema_once() -> None:
             assert schema["properties"]["kind"]["const"] == cls.__name__
 
 
+class _Broker:
+    """A pod broker that is never asked: only its route matters here."""
+
+    collector = Counter("specon_test_pod_writes", "unused", registry=None)
+
+    async def write(self, who: Identity, req: PodWriteRequest) -> PodWriteReply:
+        raise AssertionError("not called")
+
+
 def test_the_endpoints_are_the_ones_the_manager_routes(tmp_path: Path) -> None:
     sh = ManagerShell(policy=default_policy(), journal=Journal(tmp_path / "journal.db"))
-    app = create_app(sh, token=TOKEN, tick=False)
+    app = create_app(sh, token=TOKEN, tick=False, pod_broker=_Broker())  # as with --manage-pods
     standby.install(app, sh)  # /readyz, as the daemon adds it
     routed = {
         (route.method.lower(), route.resource.canonical)

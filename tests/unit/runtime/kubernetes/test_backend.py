@@ -318,7 +318,7 @@ async def test_start_without_a_pod_or_a_record_fails(api: KubeApi, tmp_path: Pat
 
 
 async def test_a_namespaced_runtime_starts_only_its_namespace(api: KubeApi, tmp_path: Path) -> None:
-    with pytest.raises(StartFailed, match="not this agent's namespace other"):
+    with pytest.raises(StartFailed, match="not one of this agent's: other"):
         await runtime(api, tmp_path, namespace="other").start(JobSpec(id=J1, command=("python",)))
 
 

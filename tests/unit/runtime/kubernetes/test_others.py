@@ -122,7 +122,9 @@ def test_only_unfinished_unmanaged_pods_bound_to_the_node_count() -> None:
 
 def test_a_namespaced_agent_counts_the_managed_pods_of_other_namespaces() -> None:
     """It reports only its namespace's pods, so the manager counts no other's."""
-    o = others.OtherPods(KubeApi.__new__(KubeApi), "node-1", managed=managed_label, namespace=NS, watch=False)
+    o = others.OtherPods(
+        KubeApi.__new__(KubeApi), "node-1", managed=managed_label, namespaces=(NS,), watch=False
+    )
     labels = {"specon.io/managed": "true"}
     assert not o.counted(pod("mine", namespace=NS, labels=labels))
     assert o.counted(pod("theirs", namespace="team-b", labels=labels))
@@ -166,7 +168,7 @@ async def test_the_capacity_is_the_allocatable_less_the_unmanaged_pods_requests(
             await asyncio.sleep(0.05)
         assert (await rt.usage()).capacity == back
         if watch:  # a heartbeat reads the watch's cache: no API call
-            assert rt._others.watch is not None and rt._others.watch.synced
+            assert rt._others is not None and rt._others.watch is not None and rt._others.watch.synced
             listed = []
             request = api.request
 
@@ -191,3 +193,54 @@ async def test_unmanaged_pods_holding_more_than_the_node_leave_no_capacity(
     await create(api, unmanaged("hog", {"cpu": "20", "memory": "100Gi", "nvidia.com/gpu": "4"}))
     rt = runtime(api, tmp_path)
     assert (await rt.usage()).capacity == Resources()
+
+
+# -- counted by the manager (ClusterRequests) ------------------------------------------------------
+async def test_the_manager_takes_the_other_pods_requests_off_each_nodes_reported_capacity(
+    api: KubeApi, kmock: Any
+) -> None:
+    """One watch of every pod; a pod counts as managed on its node when that node's heartbeat
+    lists its job (a managed pod not listed yet, or of a namespace no agent manages, is
+    another's); pods come and go through the watch, a pod that moves changes nodes."""
+    allocatable = Resources(cpu=16.0, memory=64 * GI, gpu=4)
+    reqs = others.ClusterRequests(api, "specon.io/managed=true")
+    assert reqs.free("node-1", allocatable, []) == allocatable  # not listed yet: as reported
+    await create(api, gpu_manifest())  # managed: 2 CPUs, 8 GiB, 2 GPUs; job NS.train on node-1
+    await create(api, unmanaged("daemon", {"cpu": "500m", "memory": "1Gi"}))
+    await create(api, unmanaged("elsewhere", {"cpu": "3"}, node="node-2"))
+    await create(api, unmanaged("finished", {"cpu": "3"}, phase="Succeeded"))
+    reqs.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not reqs.synced and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        job = f"{NS}.train"
+        assert reqs.free("node-1", allocatable, [job]) == Resources(cpu=15.5, memory=63 * GI, gpu=4)
+        assert reqs.free("node-1", allocatable, []) == Resources(cpu=13.5, memory=55 * GI, gpu=2)
+        assert reqs.free("node-2", allocatable, []) == Resources(cpu=13.0, memory=64 * GI, gpu=4)
+        assert reqs.free("node-3", allocatable, []) == allocatable
+        await asyncio.to_thread(api.request, "DELETE", f"/api/v1/namespaces/{NS}/pods/daemon")
+        while reqs.free("node-1", allocatable, [job]) != allocatable and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert reqs.free("node-1", allocatable, [job]) == allocatable
+    finally:
+        reqs.stop()
+
+
+def test_the_index_follows_a_pod_that_changes_node_or_ends() -> None:
+    reqs = others.ClusterRequests(KubeApi.__new__(KubeApi), "specon.io/managed=true", watch=False)
+    cap = Resources(cpu=8.0)
+    reqs.reset({("a", "p"): pod("p", node_name="node-1")})
+
+    class Synced:
+        synced = True
+
+    reqs.watch = Synced()  # type: ignore[assignment]
+    assert reqs.free("node-1", cap, []) == Resources(cpu=7.0)
+    reqs.put(("a", "p"), pod("p", node_name="node-2"))
+    assert reqs.free("node-1", cap, []) == cap and reqs.free("node-2", cap, []) == Resources(cpu=7.0)
+    reqs.put(("a", "p"), pod("p", node_name="node-2", phase="Succeeded"))
+    assert reqs.free("node-2", cap, []) == cap
+    reqs.put(("a", "q"), pod("q", node_name="node-2"))
+    reqs.put(("a", "q"), None)
+    assert reqs.free("node-2", cap, []) == cap
