@@ -240,6 +240,14 @@ def test_a_training_namespace_is_one_line() -> None:
     }
 
 
+def test_the_agents_watch_exactly_the_training_namespaces() -> None:
+    docs = by_kind(render(MANIFESTS))
+    training = {r["metadata"]["namespace"] for r in docs["Role"] if r["metadata"]["name"] == "specon-agent"}
+    (agent,) = docs["DaemonSet"]
+    args = container(agent)["args"]
+    assert {a.split("=", 1)[1] for a in args if a.startswith("--namespace=")} == training
+
+
 def test_make_deploy_adds_a_generated_read_token_and_tls(tmp_path: Path) -> None:
     """The overlay `make deploy` writes (scripts/deploy-overlay.sh, which it runs): a random
     read token, and a CA of the deployment whose certificate the agents verify."""
