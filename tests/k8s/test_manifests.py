@@ -34,7 +34,7 @@ from specon.runtime.base import JobSpec, SaveFailed, StartFailed
 from specon.runtime.kubernetes import takeover
 from specon.runtime.kubernetes.backend import KubeApi, KubeError, KubernetesRuntime
 from specon.runtime.kubernetes.others import ClusterRequests
-from specon.runtime.kubernetes.restore import record_of
+from specon.runtime.kubernetes.restore import record_name, record_of
 from specon.runtime.kubernetes.writes import LocalWriter, PodWrites
 from tests.k8s.cluster import KubeCluster
 from tests.k8s.kubelet import FakeKubelet, NodeSpec
@@ -517,6 +517,9 @@ async def test_the_agent_reads_and_the_manager_writes_every_call_a_move_makes(rb
             assert info.handle == f"{ns}/r1-g{generation}"  # list + podtemplates get + create
             await until(lambda: running(rt, job), "r1 restored")
         await rt.stop(job, grace=5)  # delete
+        await writes.forget_record(job, rbac.node)  # podtemplates delete (a job that finished)
+        with pytest.raises(KubeError, match="404"):
+            admin.request("GET", f"/api/v1/namespaces/{ns}/podtemplates/{record_name(job)}")
         await rt.events.drain()  # Converged, Saving, Saved, Restored: create (and patch, a series)
         assert rt.events.counters.failed == 0 and rt.events.counters.sent >= 4
         # A start that supersedes a lost node's copy reads that node and its Lease.
