@@ -193,9 +193,9 @@ def _pod_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="make the writes on managed pods that Kubernetes agents ask for (POST /v1/kubernetes/pods): "
         "restore records, evictions, copies, deletions, specon's annotations, each only as this "
-        "manager's decisions and the pod's node allow; and take what each node's other pods request "
-        "off its capacity (a watch of every pod). The agents' own credentials then only read their "
-        "namespaces' pods",
+        "manager's decisions and the pod's node allow; take what each node's other pods request off "
+        "its capacity (a watch of every pod); and record each move's end as an Event on its job's "
+        "pod. The agents' own credentials then only read their namespaces' pods",
     )
     pods.add_argument(
         "--selector", default="specon.io/managed=true", help="label selector of managed pods (as the agents')"
@@ -220,6 +220,7 @@ def _pod_broker(args: argparse.Namespace, shell: ManagerShell) -> tuple[PodBroke
     from specon.runtime.kubernetes.others import ClusterRequests  # noqa: PLC0415
     from specon.runtime.kubernetes.pods import SharedVolume  # noqa: PLC0415
     from specon.runtime.kubernetes.writes import PodWrites  # noqa: PLC0415
+    from specon_manager.k8s_events import MigrationEvents  # noqa: PLC0415
     from specon_manager.pod_broker import PodBroker  # noqa: PLC0415
 
     try:
@@ -230,6 +231,7 @@ def _pod_broker(args: argparse.Namespace, shell: ManagerShell) -> tuple[PodBroke
     writes = PodWrites(api, selector=args.selector, volume=volume, include_owned=args.include_owned)
     requests = ClusterRequests(api, args.selector)
     requests.start()
+    shell.on_migration_end = MigrationEvents(api, selector=args.selector).on_migration
     return PodBroker(shell, writes), requests
 
 

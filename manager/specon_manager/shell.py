@@ -45,6 +45,7 @@ from specon.coordinator.effects import (
     write,
 )
 from specon.coordinator.machine import RECENT_MIGRATIONS, Coordinator
+from specon.coordinator.migration import Migration
 from specon.daemon.settings import ManagerSettings
 from specon.model import WorkerId
 from specon.wire.operator import DrainReply
@@ -101,6 +102,8 @@ class ManagerShell:
         self.journal_pruned = 0  # ended migrations deleted from the journal
         self.clock = clock
         self.on_event = on_event
+        # Told of every migration that ends, as it is journaled (Kubernetes Events).
+        self.on_migration_end: Callable[[Migration], None] | None = None
         self.policy = policy
         # Whether this shell acts: takes inputs, drives migrations, writes the journal.
         self.leading = not standby
@@ -182,6 +185,8 @@ class ManagerShell:
         for e in self.core.take_effects():
             if isinstance(e, PutMigration | PutMark | PutCordons):
                 self._pending.append(e)
+                if isinstance(e, PutMigration) and e.migration.state.terminal and self.on_migration_end:
+                    self.on_migration_end(e.migration)
             elif isinstance(e, CommandQueued):
                 self._waking.add(e.worker)
             elif isinstance(e, Event):

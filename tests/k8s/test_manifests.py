@@ -23,6 +23,7 @@ import yaml
 from specon_agent.__main__ import build_parser as agent_parser
 from specon_manager.__main__ import build_parser as manager_parser
 from specon_manager.auth_kubernetes import TokenReviewAuthenticator
+from specon_manager.k8s_events import MigrationEvents
 from specon_manager.k8s_journal import KubeJournal
 from specon_manager.leader_pod import LEADER_LABEL
 
@@ -516,6 +517,15 @@ async def test_the_agent_reads_and_the_manager_writes_every_call_a_move_makes(rb
             info = await rt.start(JobSpec(id=job, command=("x",)), checkpoint=res.checkpoint)
             assert info.handle == f"{ns}/r1-g{generation}"  # list + podtemplates get + create
             await until(lambda: running(rt, job), "r1 restored")
+        # The manager's Event on the job's pod when a move ends (events create).
+        moved = MigrationEvents(manager)
+        done = Migration("m", job, WorkerId("node-a"), WorkerId(rbac.node), "converged", State.DONE)
+        moved.on_migration(done)
+        await moved.drain()
+        assert moved.recorder.counters.failed == 0 and moved.recorder.counters.sent == 1
+        listed = admin.request("GET", f"/apis/events.k8s.io/v1/namespaces/{ns}/events")["items"]
+        mine = [e for e in listed if e.get("reportingController") == "specon.io/manager"]
+        assert [(e["reason"], e["regarding"]["name"]) for e in mine] == [("Moved", "r1-g3")]
         await rt.stop(job, grace=5)  # delete
         await writes.forget_record(job, rbac.node)  # podtemplates delete (a job that finished)
         with pytest.raises(KubeError, match="404"):

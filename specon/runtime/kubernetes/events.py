@@ -36,7 +36,8 @@ from specon.runtime.kubernetes.pods import ANN_GENERATION, ANN_RESTORED_FROM, me
 
 log = structlog.get_logger()
 
-CONTROLLER = "specon.io/agent"  # reportingController: who reports
+CONTROLLER = "specon.io/agent"  # reportingController: who reports (the agents; the manager's own)
+MANAGER_CONTROLLER = "specon.io/manager"
 SERIES_WINDOW_S = 6 * 60.0  # a repeat within this joins the first Event's series (client-go)
 BURST = 25  # events per pod at once (client-go's spam filter)
 REFILL_S = 300.0  # then one per this many seconds
@@ -86,10 +87,18 @@ def micro_time(t: float) -> str:
 
 
 class EventRecorder:
-    """Events on pods, reported by ``instance`` (this agent: its node)."""
+    """Events on pods, reported by ``instance`` (this agent: its node) of ``controller``."""
 
-    def __init__(self, api: EventsApi, instance: str, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        api: EventsApi,
+        instance: str,
+        *,
+        controller: str = CONTROLLER,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.api, self.instance, self.clock = api, instance, clock
+        self.controller = controller
         self.counters = EventCounters()
         self._queue: asyncio.Queue[_Event] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -166,7 +175,7 @@ class EventRecorder:
             # may not end in the dot).
             "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": ns},
             "eventTime": micro_time(ev.at),
-            "reportingController": CONTROLLER,
+            "reportingController": self.controller,
             "reportingInstance": self.instance,
             "action": ev.action,
             "reason": ev.reason,
