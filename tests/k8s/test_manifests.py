@@ -238,6 +238,7 @@ def test_a_training_namespace_is_one_line() -> None:
         "pods",
         "pods/eviction",
         "podtemplates",
+        "events",
     }
 
 
