@@ -11,5 +11,7 @@ An I/O shell around ``specon``'s pure core: no algorithm and no message schema l
   priority on a GPU (freeze, suspend, resume), the I/O shell of ``specon.policy.gpu_share``;
 - ``reports``: the heartbeat's per-container reports; ``taints_file``: taints the host announces;
 - ``client``: the HTTP client for the manager; ``daemon``: the supervised background tasks;
+- ``k8s_pod_writes``: a Kubernetes agent's pod writes, asked of the manager (retried while it
+  restarts);
 - ``app``: the agent's own /healthz and /metrics.
 """

@@ -6,6 +6,8 @@ An I/O shell around ``specon.coordinator``: no algorithm and no message schema l
 - ``shell``: the asynchronous shell that performs the coordinator's effects;
 - ``app``: the HTTP face (protocol endpoints, status, /metrics, /healthz);
 - ``auth``: bearer tokens and identities; ``auth_kubernetes``: ServiceAccount tokens (TokenReview);
+- ``pod_broker``: the pod writes Kubernetes agents ask for, made if the manager decided them;
+  ``k8s_events``: the Events it records on a job's pod when a move ends;
 - ``journal``: the write-ahead journal in SQLite; ``k8s_journal``: the same in the Kubernetes API;
 - ``leader``: leader election between replicas (a Lease), the journal fenced by it; ``lease``: its
   decisions; ``leader_pod``: the leader's label on its own pod, which the HA Service selects;

@@ -6,8 +6,9 @@ ask for what its agent legitimately needs and nothing more. Each request is chec
 
 * **by this manager's decisions**: an eviction only while a save of that job is queued for
   that worker (or awaited after its migration failed), a create only while a start is, the
-  deletion of a pod that has not ended only while a stop is (``Outbox.pending``); a take-over
-  of a lost node's pod only where the start command itself says so (``supersede``/``lost``);
+  deletion of a pod that has not ended only while a stop is; after a restart, the save or
+  start its journaled migration is in (``outbox.decided``); a take-over of a lost node's pod
+  only where the start command itself says so (``supersede``/``lost``);
 * **by the API server's view** (``writes.PodWrites``): the pod named is a managed pod of that
   job bound to the requester's node, a copy is made on the requester's node from the job's
   trusted original, annotations are specon's own.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import structlog
 from prometheus_client import Counter
 
+from specon.coordinator.outbox import decided
 from specon.model import WorkerId
 from specon.runtime.base import RuntimeFailure, Supersede
 from specon.runtime.kubernetes.api import KubeError
@@ -67,7 +69,10 @@ class PodBroker:
         )
 
     def _pending(self, worker: WorkerId, req: PodWriteRequest, action: Action) -> Command | None:
-        return self.shell.core.commands.pending(worker, req.container, action)
+        core = self.shell.core
+        return decided(
+            core.commands, core.migrations.values(), worker, req.container, action, policy=core.policy
+        )
 
     async def write(self, who: Identity, req: PodWriteRequest) -> PodWriteReply:
         """Answer ``req`` from ``who`` (authenticated); never raises for a refusal."""
@@ -113,7 +118,7 @@ class PodBroker:
                 return PodWriteReply(outcome=Outcome.DONE, annotated=annotated)
             case PodOp.CREATE:
                 assert cmd is not None  # _NEEDS: a start
-                created = await w.create(req.container, worker, req.checkpoint, _supersede(cmd))
+                created = await w.create(req.container, worker, req.checkpoint, _supersede(cmd), token=cmd.id)
                 log.info("specon.manager.pod_created", worker=worker, container=req.container, command=cmd.id)
                 return PodWriteReply(outcome=Outcome.DONE, pod=created)
         return done

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from specon.config import Policy
-from specon.coordinator.migration import Migration
+from specon.coordinator.migration import Migration, State
 from specon.model import ContainerId, WorkerId
 from specon.wire.protocol import Action, Command
 
@@ -48,6 +48,35 @@ def migration_command(
         # record), never as a save result reported it (SPEC §6, security model).
         rollback=rollback,
     )
+
+
+def decided(
+    box: Outbox,
+    migrations: Iterable[Migration],
+    worker: WorkerId,
+    container: ContainerId,
+    action: Action,
+    *,
+    policy: Policy,
+) -> Command | None:
+    """The command of ``action`` for ``container`` that this manager has decided ``worker``
+    carries out now: one in its box not answered yet, else the one an in-flight migration
+    implies (a save while it is ``saving`` on its source, a start while it is ``restoring``
+    on its target, a rollback start while it has ``failed``). A manager restarted while the
+    worker was carrying it out has the migration back from its journal but not the command."""
+    cmd = box.pending(worker, container, action)
+    if cmd is not None or action not in (Action.SAVE, Action.START):
+        return cmd
+    for m in migrations:
+        if m.container != container:
+            continue
+        if action is Action.SAVE and m.state is State.SAVING and m.source == worker:
+            return migration_command(m, action, worker, 0.0, policy, migrated=False)
+        if action is Action.START and m.state is State.RESTORING and m.target == worker:
+            return migration_command(m, action, worker, 0.0, policy, migrated=False)
+        if action is Action.START and m.state is State.FAILED and m.source == worker:
+            return migration_command(m, action, worker, 0.0, policy, migrated=False, rollback=True)
+    return None
 
 
 def mark_command(cid: ContainerId, now: float, policy: Policy) -> Command:

@@ -10,7 +10,9 @@
 - ``checks``: the declared limits enforced on every decoded message, compiled per class;
 - ``validate``: the one rule for ids that cross a boundary, Kubernetes name rules, and number
   ranges;
-- ``operator``: the operator's messages (drain, uncordon), plain JSON outside the envelope.
+- ``operator``: the operator's messages (drain, uncordon), plain JSON outside the envelope;
+- ``pod_writes``: a Kubernetes agent's requests for writes on its node's pods, and the
+  manager's replies, plain JSON outside the envelope.
 
 The manager's OpenAPI document (``specon_manager.openapi``) is derived from these.
 """

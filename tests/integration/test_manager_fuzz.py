@@ -49,6 +49,7 @@ from specon_manager.openapi import openapi_document
 
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.wire import protocol
+from specon.wire.pod_writes import PodOp, PodWriteRequest
 from specon.wire.protocol import (
     CommandResult,
     ContainerReport,
@@ -832,7 +833,20 @@ def base_messages() -> dict[str, Any]:
         Poll(worker=worker, sent_at=now, wait=0.0),
         Goodbye(worker=worker, sent_at=now),
     )
-    return {type(m).__name__: json.loads(protocol.encode(m)) for m in messages}
+    out = {type(m).__name__: json.loads(protocol.encode(m)) for m in messages}
+    # Plain JSON, no envelope (served with --manage-pods only: this manager answers 404).
+    write = PodWriteRequest(
+        worker=worker,
+        op=PodOp.ANNOTATE,
+        container=container,
+        namespace="training",
+        name="p",
+        uid="u",
+        grace=1.0,
+        checkpoint="c.json",
+        annotations={"specon.io/category": "converged"},
+    )
+    return {**out, "PodWriteRequest": json.loads(write.to_json())}
 
 
 FieldPath = tuple[str | int, ...]

@@ -7,10 +7,16 @@
 - ``copying``: the pod a start creates from it, checked;
 - ``takeover``: a start that supersedes a lost node's pod deletes it first;
 - ``recording``: each managed pod's restore record, written at first sight;
+- ``writes``: every write on a pod or a restore record, checked against the asking node
+  (``PodWrites``; ``LocalWriter`` with the process's own identity); ``broker``: the same asked
+  of the manager's pod broker (``BrokerWriter``), failures carried across;
+- ``node_view``: what the agent reads of its node: its managed pods (a watch per namespace)
+  and its node object;
 - ``nodes``: nodes as placement candidates;
 - ``gpu``: GPU requests, memory and the product a GPU job keeps to;
 - ``usage``, ``cgroup``: CPU usage and weights of a node's pods;
-- ``others``: what the node's unmanaged pods request, not free to placement;
+- ``others``: what the node's unmanaged pods request, not free to placement (by the agent, or
+  for every node at once by the manager: ``ClusterRequests``);
 - ``freezer``: freezing a node's pods and their host PIDs (for NVML);
 - ``watch``: the pod and node watches;
 - ``events``: Kubernetes Events on the pods, what specon did to each.

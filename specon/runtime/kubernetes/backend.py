@@ -266,6 +266,8 @@ class KubernetesRuntime:
             # keeps to this node's product) before it evicts it.
             try:
                 await self._writer.evict(p.job, PodRef.of(p.manifest), grace)
+            except NoSuchContainer:
+                pass  # gone already (an eviction retried after its answer was lost): the wait says
             except (KubeError, Forbidden) as exc:
                 raise SaveFailed(container_id, f"cannot evict pod {p.name}: {exc}; it keeps running") from exc
             if await self._wait_gone(p, grace + self.kill_slack) is not None:

@@ -143,12 +143,15 @@ ANN_RESTORED_FROM = "specon.io/restored-from"
 ANN_GENERATION = "specon.io/generation"
 ANN_STEPS = "specon.io/steps"
 ANN_MODEL = "specon.io/model"
+# The start command a copy was created for (the manager's pod broker): a retried create of
+# the same command finds it instead of refusing it as a second copy.
+ANN_STARTED_BY = "specon.io/started-by"
 # Set on restored pods: the checkpoint the restore was asked for, as a path inside the pod.
 # Informational: the job resumes from its newest complete checkpoint anyway (SPEC §6).
 ENV_RESTORE_CHECKPOINT = "SPECON_RESTORE_CHECKPOINT"
 
 # Annotations never copied into a template: tooling state that describes one object.
-_VOLATILE_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
+_VOLATILE_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuration", ANN_STARTED_BY})
 # Volumes the ServiceAccount admission plugin injects; a copy gets its own.
 _INJECTED_VOLUME = re.compile(r"^(kube-api-access-[a-z0-9]+|default-token-[a-z0-9]+)$")
 _GENERATION_SUFFIX = re.compile(r"-g\d+$")

@@ -202,13 +202,21 @@ class PodWrites:
         return await asyncio.to_thread(self.calls.annotate, pod, annotations)
 
     async def create(
-        self, job: ContainerId, node: str, checkpoint: str | None, supersede: Supersede
+        self,
+        job: ContainerId,
+        node: str,
+        checkpoint: str | None,
+        supersede: Supersede,
+        *,
+        token: str | None = None,
     ) -> Manifest:
         """Create the copy of ``job`` on ``node`` from its trusted original, restoring from
         ``checkpoint`` (a manifest's file name in the job's checkpoint directory, checked by
         the node's agent on the volume). ``supersede``: a pod of the job on a lost node is
         recorded and deleted first (``takeover``). ``AlreadyRunning`` while any other pod of
-        the job has not ended; ``StartFailed`` saying why otherwise."""
+        the job has not ended; ``StartFailed`` saying why otherwise. ``token`` (the start
+        command's id) makes a retried create idempotent: the copy this token already made on
+        ``node`` is the answer."""
         try:
             namespace, _ = pods.split_job_id(job)
             name = checkpoint_name(checkpoint)
@@ -217,6 +225,8 @@ class PodWrites:
             raise StartFailed(job, f"refused: {exc}") from exc
         except KubeError as exc:
             raise StartFailed(job, f"cannot read the job's pods or restore record: {exc}") from exc
+        if token is not None and (made := _made_by(existing, node, token)) is not None:
+            return made
         if supersede:
             calls = takeover.Calls(self._call, self._delete, self._record_lost)
             try:
@@ -234,6 +244,8 @@ class PodWrites:
             source_labels=await self.labels_of(pods.node_of(trusted)),
             node_labels=await self.labels_of(node) or None,
         )
+        if token is not None:
+            body["metadata"].setdefault("annotations", {})[pods.ANN_STARTED_BY] = token
         pod_name = pods.key_of(body)[1]
         try:
             created: Manifest = await self._call("POST", pods_path(namespace), body=body)
@@ -251,6 +263,18 @@ class PodWrites:
 
     async def _record_lost(self, pod: Manifest) -> None:
         await self._write_record(pods.job_id(pod), pod)
+
+
+def _made_by(existing: list[Manifest], node: str, token: str) -> Manifest | None:
+    """The live copy on ``node`` that the start ``token`` created already, if any."""
+    mine = [
+        o
+        for o in existing
+        if pods.alive(o)
+        and pods.node_of(o) == node
+        and pods.annotations_of(o).get(pods.ANN_STARTED_BY) == token
+    ]
+    return max(mine, key=pods.generation, default=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,8 @@ import pytest
 from specon_manager.auth import Identity
 from specon_manager.pod_broker import PodBroker
 
+from specon.config import default_policy
+from specon.coordinator.migration import Migration, State
 from specon.coordinator.outbox import Outbox
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import NoSuchContainer, SaveFailed, Supersede
@@ -57,16 +59,16 @@ class FakeWrites:
         return True
 
     async def create(
-        self, job: ContainerId, node: str, checkpoint: str | None, supersede: Supersede
+        self, job: ContainerId, node: str, checkpoint: str | None, supersede: Supersede, *, token: str | None
     ) -> dict[str, Any]:
-        self._did("create", job, node, checkpoint, supersede)
+        self._did("create", job, node, checkpoint, supersede, token)
         return {"metadata": {"name": "j1-g2", "namespace": "training"}}
 
 
-def broker(writes: FakeWrites) -> tuple[PodBroker, Outbox]:
+def broker(writes: FakeWrites, *migrations: Migration) -> tuple[PodBroker, Outbox]:
     box = Outbox()
-    shell = SimpleNamespace(core=SimpleNamespace(commands=box))
-    return PodBroker(cast(Any, shell), cast(PodWrites, writes)), box
+    core = SimpleNamespace(commands=box, migrations={m.id: m for m in migrations}, policy=default_policy())
+    return PodBroker(cast(Any, SimpleNamespace(core=core)), cast(PodWrites, writes)), box
 
 
 def command(action: Action, worker: WorkerId = NODE_A, **kw: Any) -> tuple[WorkerId, Command]:
@@ -107,7 +109,7 @@ async def test_a_decided_start_creates_on_the_asking_node_with_the_commands_own_
         "name": "j1-g2",
         "namespace": "training",
     }
-    assert writes.calls == [("create", JOB, NODE_A, "ckpt-000040.json", NODE_B)]
+    assert writes.calls == [("create", JOB, NODE_A, "ckpt-000040.json", NODE_B, "m1:start:node-a:0")]
 
 
 async def test_a_save_awaited_after_its_migration_failed_still_evicts() -> None:
@@ -239,3 +241,25 @@ def test_a_checkpoint_is_a_file_name_in_the_jobs_directory(name: str) -> None:
     with pytest.raises(ValueError, match="not a file name"):
         checkpoint_name(name)
     assert checkpoint_name("ckpt-000040.json") == "ckpt-000040.json"
+
+
+async def test_a_restarted_manager_allows_what_its_journaled_migrations_are_doing() -> None:
+    """Restarted mid-migration, the manager has the migration back from its journal but not
+    the command its agent is carrying out: the save of a ``saving`` migration on its source,
+    the start of a ``restoring`` one on its target, a rollback start of a ``failed`` one on its
+    source (the token is the command's id, so a create retried across the restart is the same)."""
+    saving = Migration("m1", JOB, NODE_A, NODE_B, "converged", State.SAVING, attempts=0)
+    writes = FakeWrites()
+    b, _ = broker(writes, saving)
+    assert (await b.write(node(NODE_A), ask(PodOp.EVICT))).outcome is Outcome.DONE
+    assert (await b.write(node(NODE_B), ask(PodOp.EVICT, worker=NODE_B))).outcome is Outcome.FORBIDDEN
+    assert (await b.write(node(NODE_B), ask(PodOp.CREATE, worker=NODE_B))).outcome is Outcome.FORBIDDEN
+    restoring = Migration("m1", JOB, NODE_A, NODE_B, "converged", State.RESTORING)
+    b, _ = broker(writes, restoring)
+    assert (await b.write(node(NODE_B), ask(PodOp.CREATE, worker=NODE_B))).outcome is Outcome.DONE
+    assert writes.calls[-1] == ("create", JOB, NODE_B, None, False, "m1:start:node-b:0")
+    assert (await b.write(node(NODE_A), ask(PodOp.EVICT))).outcome is Outcome.FORBIDDEN
+    failed = Migration("m1", JOB, NODE_A, NODE_B, "converged", State.FAILED)
+    b, _ = broker(writes, failed)
+    assert (await b.write(node(NODE_A), ask(PodOp.CREATE))).outcome is Outcome.DONE
+    assert writes.calls[-1][-1] == "m1:rollback:node-a:0"
