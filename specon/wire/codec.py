@@ -36,6 +36,7 @@ import dataclasses
 import difflib
 import enum
 import functools
+import json
 import math
 import types
 import typing
@@ -157,6 +158,22 @@ def to_data(value: object, tp: object | None = None) -> Any:
     Raises ``SchemaError`` for values plain data cannot hold (non-finite floats).
     """
     return encoder(type(value) if tp is None else tp)(value)
+
+
+def dumps(value: object, tp: object | None = None) -> bytes:
+    """``value`` as compact UTF-8 JSON (plain JSON: no protocol envelope)."""
+    return json.dumps(to_data(value, tp), separators=(",", ":")).encode()
+
+
+def loads(tp: type[T], body: bytes | str, *, strict: bool = True) -> T:
+    """``body``, JSON, as ``tp``; ``ValueError`` saying what is wrong (not JSON, or every
+    problem ``from_data`` finds)."""
+    try:
+        return from_data(tp, json.loads(body), strict=strict)
+    except SchemaError as exc:
+        raise ValueError(explain(exc)) from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
 
 
 # --- decoders -------------------------------------------------------------------------

@@ -3,7 +3,6 @@ through the codec, outside the agent protocol's envelope (``specon.wire.protocol
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
@@ -28,12 +27,7 @@ class DrainRequest:
         """An empty body is no deadline; ``ValueError`` saying what is wrong."""
         if not body.strip():
             return cls()
-        try:
-            req = codec.from_data(cls, json.loads(body))
-        except codec.SchemaError as exc:
-            raise ValueError(codec.explain(exc)) from None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"not JSON: {exc}") from None
+        req = codec.loads(cls, body)
         d = req.deadline
         if d is not None and not (math.isfinite(d) and 0 < d <= MAX_DEADLINE):
             raise ValueError(f"deadline: expected seconds within (0, {MAX_DEADLINE:g}], got {d}")
@@ -52,12 +46,9 @@ class DrainReply:
     moves: tuple[MigrationStatus, ...] = ()
 
     def to_json(self) -> bytes:
-        return json.dumps(codec.to_data(self, DrainReply), separators=(",", ":")).encode()
+        return codec.dumps(self, DrainReply)
 
     @classmethod
     def from_json(cls, body: bytes) -> DrainReply:
         """``ValueError`` saying what is wrong."""
-        try:
-            return codec.from_data(cls, json.loads(body), strict=False)
-        except codec.SchemaError as exc:
-            raise ValueError(codec.explain(exc)) from None
+        return codec.loads(cls, body, strict=False)

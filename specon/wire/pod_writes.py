@@ -11,7 +11,6 @@ through the broker fails exactly as one made in-process does.
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass, field
 
 from specon.model import ContainerId, WorkerId
@@ -64,12 +63,7 @@ class PodWriteRequest:
     @classmethod
     def parse(cls, body: bytes) -> PodWriteRequest:
         """``ValueError`` saying what is wrong."""
-        try:
-            req = codec.from_data(cls, json.loads(body))
-        except codec.SchemaError as exc:
-            raise ValueError(codec.explain(exc)) from None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"not JSON: {exc}") from None
+        req = codec.loads(cls, body)
         if problems := check(req):
             raise ValueError("; ".join(f"{p}: {w}" for p, w in problems[:20]))
         if req.op not in (PodOp.CREATE, PodOp.FORGET_RECORD) and not (req.namespace and req.name):
@@ -77,7 +71,7 @@ class PodWriteRequest:
         return req
 
     def to_json(self) -> bytes:
-        return json.dumps(codec.to_data(self, PodWriteRequest), separators=(",", ":")).encode()
+        return codec.dumps(self, PodWriteRequest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +83,9 @@ class PodWriteReply:
     pod: dict[str, object] = field(default_factory=dict, hash=False)  # create: the pod as created
 
     def to_json(self) -> bytes:
-        return json.dumps(codec.to_data(self, PodWriteReply), separators=(",", ":")).encode()
+        return codec.dumps(self, PodWriteReply)
 
     @classmethod
     def from_json(cls, body: bytes) -> PodWriteReply:
         """``ValueError`` saying what is wrong."""
-        try:
-            return codec.from_data(cls, json.loads(body), strict=False)
-        except codec.SchemaError as exc:
-            raise ValueError(codec.explain(exc)) from None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"not JSON: {exc}") from None
+        return codec.loads(cls, body, strict=False)

@@ -70,7 +70,21 @@ def remaining(allocatable: Resources, used: Resources) -> Resources:
     )
 
 
-class OtherPods:
+class _Watching:
+    """Owns ``watch`` (None: read by lists instead): started on first use, stopped at close."""
+
+    watch: Informer | None
+
+    def start(self) -> None:
+        if self.watch is not None:
+            self.watch.start()
+
+    def stop(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+
+
+class OtherPods(_Watching):
     """The pods bound to ``node`` that the runtime does not manage, and their requests.
 
     ``managed``: the runtime's own test of a pod (its label selector); ``namespaces``: the
@@ -104,14 +118,6 @@ class OtherPods:
             return False
         outside = bool(self.namespaces) and pods.key_of(pod)[0] not in self.namespaces
         return outside or not self.managed(pod)
-
-    def start(self) -> None:
-        if self.watch is not None:
-            self.watch.start()
-
-    def stop(self) -> None:
-        if self.watch is not None:
-            self.watch.stop()
 
     async def requests(self) -> Resources | None:
         """What the node's other pods request: the last sum read when they cannot be read
@@ -153,7 +159,7 @@ class _Held:
     job: ContainerId | None  # a managed pod's job (its heartbeat may list it), else None
 
 
-class ClusterRequests:
+class ClusterRequests(_Watching):
     """What every node's pods request, from one watch of all pods (the manager's): for each
     heartbeat, the requests of the pods bound to its node that it does not list as its jobs.
 
@@ -169,14 +175,6 @@ class ClusterRequests:
             if watch
             else None
         )
-
-    def start(self) -> None:
-        if self.watch is not None:
-            self.watch.start()
-
-    def stop(self) -> None:
-        if self.watch is not None:
-            self.watch.stop()
 
     def _held(self, pod: Manifest) -> _Held | None:
         node = pods.node_of(pod)
