@@ -56,6 +56,41 @@ AGENT_MANIFEST = Path(__file__).resolve().parents[2] / "manifests" / "base" / "a
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
+def in_cluster(spec: dict[str, Any], cluster: KubeCluster) -> None:
+    """What a 1.21+ API server and kube-proxy give a pod for in-cluster access, which this
+    cluster lacks: ``KUBERNETES_SERVICE_HOST/PORT`` naming the API server on 127.0.0.1 and the
+    volume with a bound token of the pod's ServiceAccount, ``kube-root-ca.crt`` and the
+    namespace (for the pod's first container)."""
+    c = spec["containers"][0]
+    c["env"] = [
+        *c.get("env", []),
+        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": str(cluster.port)},
+    ]
+    c["volumeMounts"].append({"name": "kube-api-access", "mountPath": SA_DIR, "readOnly": True})
+    spec["volumes"].append(
+        {
+            "name": "kube-api-access",
+            "projected": {
+                "sources": [
+                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+                    {
+                        "configMap": {
+                            "name": "kube-root-ca.crt",
+                            "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                        }
+                    },
+                    {
+                        "downwardAPI": {
+                            "items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]
+                        }
+                    },
+                ]
+            },
+        }
+    )
+
+
 def daemonset_agent_pod(d: Deployment, node: str, host: str) -> dict[str, Any]:
     """The pod the DaemonSet of manifests/base/agent.yaml would create on ``node``: its
     container, args, env, securityContext, resources and volumes (the projected token for
@@ -82,33 +117,7 @@ def daemonset_agent_pod(d: Deployment, node: str, host: str) -> dict[str, Any]:
     ]
     for key in ("readinessProbe", "livenessProbe", "ports"):
         c.pop(key, None)
-    c["env"] = [
-        *c.get("env", []),
-        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-        {"name": "KUBERNETES_SERVICE_PORT", "value": str(d.cluster.port)},
-    ]
-    c["volumeMounts"].append({"name": "kube-api-access", "mountPath": SA_DIR, "readOnly": True})
-    spec["volumes"].append(
-        {
-            "name": "kube-api-access",
-            "projected": {
-                "sources": [
-                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
-                    {
-                        "configMap": {
-                            "name": "kube-root-ca.crt",
-                            "items": [{"key": "ca.crt", "path": "ca.crt"}],
-                        }
-                    },
-                    {
-                        "downwardAPI": {
-                            "items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]
-                        }
-                    },
-                ]
-            },
-        }
-    )
+    in_cluster(spec, d.cluster)
     admin = KubeApi(d.cluster.api_client())
     for name, data in (
         ("kube-root-ca.crt", {"ca.crt": d.cluster.ca_file.read_text()}),

@@ -1,0 +1,116 @@
+"""The HA component's manager replicas run by real kubelets (``nodes.py``): each kubelet probes
+its replica's ``/healthz`` as the Deployment says, so "2/2 Ready" is what the kubelets report,
+not what the manifests promise. One replica leads (it holds the Lease and labels its own pod
+``specon.io/leader=true``, which the Service selects); when its pod is deleted the other takes
+the Lease and the label, and stays Ready throughout. (The test control plane runs no
+Deployment controller: the two pods are the ones it would create, one per node.)"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from specon_manager.leader_pod import LEADER_LABEL
+
+from specon.runtime.kubernetes.backend import KubeApi, KubeError
+from tests.k8s.cluster import KubeCluster, free_ports
+from tests.k8s.nodes import RealNodes, on_real_node
+from tests.k8s.test_e2e_kubernetes import POLICY
+from tests.k8s.test_manifests import MANIFESTS, by_kind, render
+from tests.k8s.test_real_nodes import in_cluster
+from tests.k8s.test_runtime_kubernetes import until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def ha_template(tmp_path: Path) -> dict[str, Any]:
+    """The manager Deployment's pod template with ``components/ha`` (no TLS or read token:
+    they need Secrets that this test has no use for)."""
+    rel = os.path.relpath(MANIFESTS, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        f"resources: [{rel}/base]\ncomponents: [{rel}/components/ha]\n"
+    )
+    (deployment,) = by_kind(render(tmp_path))["Deployment"]
+    assert deployment["spec"]["replicas"] == 2
+    return dict(deployment["spec"]["template"])
+
+
+def replica(
+    template: dict[str, Any], cluster: KubeCluster, name: str, node: str, port: int
+) -> dict[str, Any]:
+    """The pod the Deployment controller would make of ``template``, on ``node``: the kubelets
+    here share the host's network, so each replica listens on a loopback port of its own and
+    its probes ask there (``httpGet.host``)."""
+    spec = copy.deepcopy(template["spec"])
+    spec["nodeName"] = node
+    c = spec["containers"][0]
+    c["args"] = [f"--listen=127.0.0.1:{port}" if a.startswith("--listen=") else a for a in c["args"]]
+    for probe in ("readinessProbe", "livenessProbe"):
+        c[probe]["httpGet"].update({"host": "127.0.0.1", "port": port})
+    c.pop("ports", None)
+    for v in spec["volumes"]:
+        if v["name"] == "policy":  # the generated (hash-suffixed) name: ours
+            v["configMap"]["name"] = "specon-policy"
+    in_cluster(spec, cluster)
+    labels = dict(template["metadata"]["labels"])
+    return on_real_node(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": spec}
+    )
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+async def test_both_ha_replicas_are_ready_on_their_kubelets_and_one_leads(
+    real_cluster: KubeCluster, real_namespace: str, real_nodes: RealNodes, tmp_path: Path
+) -> None:
+    ns, admin = real_namespace, KubeApi(real_cluster.api_client())
+    template = ha_template(tmp_path)
+    admin.request(
+        "POST", f"/api/v1/namespaces/{ns}/serviceaccounts", body={"metadata": {"name": "specon-manager"}}
+    )
+    for name, data in (
+        ("kube-root-ca.crt", {"ca.crt": real_cluster.ca_file.read_text()}),
+        ("specon-policy", {"policy.yaml": POLICY}),
+    ):
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data}
+        admin.request("POST", f"/api/v1/namespaces/{ns}/configmaps", body=cm)
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    names = {"manager-a": "node-1", "manager-b": "node-2"}
+    for (name, node), port in zip(names.items(), free_ports(2), strict=True):
+        admin.request("POST", pods, body=replica(template, real_cluster, name, node, port))
+
+    def replicas() -> dict[str, dict[str, Any]]:
+        listed = admin.request("GET", pods, query={"labelSelector": "app.kubernetes.io/name=specon-manager"})
+        return {p["metadata"]["name"]: p for p in listed["items"]}
+
+    def leaders() -> list[str]:  # what the Service selects
+        selector = f"app.kubernetes.io/name=specon-manager,{LEADER_LABEL}=true"
+        return [
+            p["metadata"]["name"]
+            for p in admin.request("GET", pods, query={"labelSelector": selector})["items"]
+        ]
+
+    async def all_ready(want: set[str]) -> bool | None:
+        found = replicas()
+        return (set(found) == want and all(ready(p) for p in found.values()) and len(leaders()) == 1) or None
+
+    await until(lambda: all_ready(set(names)), "2/2 Ready by the kubelets' probes, one leader", timeout=180)
+    (first,) = leaders()
+    # The leader's pod goes (a node drained, a rollout): the other takes over, Ready throughout.
+    other = next(n for n in names if n != first)
+    admin.request("DELETE", f"{pods}/{first}", body={"gracePeriodSeconds": 5})
+    deadline = time.monotonic() + 120
+    while leaders() != [other] and time.monotonic() < deadline:
+        assert ready(replicas()[other]), "the standby stopped being Ready while it took over"
+        await until(lambda: True, "a tick", timeout=1)
+    assert leaders() == [other] and ready(replicas()[other])
+    with contextlib.suppress(KubeError):
+        admin.request("DELETE", f"{pods}/{other}", body={"gracePeriodSeconds": 0})
