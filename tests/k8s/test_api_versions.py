@@ -39,13 +39,13 @@ SINCE = {("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"): 30,
          ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): 30}  # fmt: skip
 
 
-def rendered() -> list[tuple[str, dict[str, Any]]]:
-    """(where, object) for every object of every shipped way to apply the manifests."""
+def rendered(work: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(where, object) for every object of every shipped way to apply the manifests (the
+    overlays written under ``work``)."""
     out = [("manifests/", d) for d in render(MANIFESTS)]
-    work = Path(os.environ.get("TMPDIR", "/tmp"))
     for component in sorted(p.name for p in (MANIFESTS / "components").iterdir() if p.is_dir()):
-        overlay = work / f"specon-api-versions-{os.getpid()}-{component}"
-        overlay.mkdir(exist_ok=True)
+        overlay = work / component
+        overlay.mkdir()
         rel = os.path.relpath(MANIFESTS, overlay)
         (overlay / "kustomization.yaml").write_text(
             f"resources: [{rel}/base, {rel}/training]\ncomponents: [{rel}/components/{component}]\n"
@@ -130,8 +130,8 @@ def _check(obj: dict[str, Any], version: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def objects() -> list[tuple[str, dict[str, Any]]]:
-    return [*rendered(), *created()]
+def objects(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, dict[str, Any]]]:
+    return [*rendered(tmp_path_factory.mktemp("overlays")), *created()]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
