@@ -170,6 +170,7 @@ class ClusterRequests(_Watching):
         self._requirements = pods.parse_selector(selector)
         self._lock = threading.Lock()
         self._by_node: dict[str, dict[tuple[str, str], _Held]] = {}
+        self._node_of: dict[tuple[str, str], str] = {}  # where each indexed pod is
         self.watch = (
             Informer(api, ALL_PODS, name="all-pods", accept=lambda o: bool(pods.node_of(o)), index=self)
             if watch
@@ -198,17 +199,21 @@ class ClusterRequests(_Watching):
                 by_node.setdefault(held.node, {})[key] = held
         with self._lock:
             self._by_node = by_node
+            self._node_of = {key: node for node, found in by_node.items() for key in found}
 
     def put(self, key: tuple[str, str], obj: Manifest | None) -> None:
+        """One pod changed: O(1), whatever the cluster's size (a watch event each)."""
         held = None if obj is None else self._held(obj)
         with self._lock:
-            for node, found in list(self._by_node.items()):
-                if key in found and (held is None or held.node != node):
-                    del found[key]
-                    if not found:
-                        del self._by_node[node]
+            was = self._node_of.pop(key, None)
+            if was is not None:
+                found = self._by_node[was]
+                del found[key]
+                if not found:
+                    del self._by_node[was]
             if held is not None:
                 self._by_node.setdefault(held.node, {})[key] = held
+                self._node_of[key] = held.node
 
     # -- reading ------------------------------------------------------------------------------
     @property
@@ -217,10 +222,12 @@ class ClusterRequests(_Watching):
 
     def others(self, node: str, jobs: Iterable[str]) -> Resources:
         """What the pods bound to ``node`` request, but those of ``jobs`` (its heartbeat's)."""
-        listed = set(jobs)
         with self._lock:
             held = list(self._by_node.get(node, {}).values())
         total = Resources()
+        if not held:  # no pod bound to it: no set of its jobs to build
+            return total
+        listed = set(jobs)
         for h in held:
             if h.job is None or h.job not in listed:
                 total = total + h.requests
