@@ -40,6 +40,7 @@ from specon.runtime.base import (
     Runtime,
     RuntimeFailure,
     Supersede,
+    supersede_of,
 )
 from specon.runtime.gpu.nvml import NvmlReader
 from specon.runtime.gpu.sample import GpuSample, gpu_capacity, gpu_labels
@@ -509,7 +510,7 @@ class Agent:
             self.saved_states[cmd.container] = self.classifier.mark_migrated(base, self.runtime.now())
         starting = self.runtime.now()
         try:
-            supersede = (cmd.lost or True) if cmd.supersede else False  # 1.5 names no worker
+            supersede = supersede_of(cmd.supersede, cmd.lost)
             info = await self._start_from(spec, checkpoint, supersede=supersede)
         except AlreadyRunning as exc:
             here = {i.id for i in await self.runtime.list_containers() if i.alive}

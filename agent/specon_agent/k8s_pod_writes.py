@@ -10,6 +10,8 @@ fails, and the manager decides again), never an exception the runtime does not k
 
 from __future__ import annotations
 
+import time
+
 import structlog
 from tenacity import (
     AsyncRetrying,
@@ -35,6 +37,7 @@ def manager_sender(client: ManagerClient, *, retry_for: float = RETRY_FOR_S) -> 
         log.warning("specon.agent.pod_write_retry", attempt=state.attempt_number, error=str(exc))
 
     async def send(req: PodWriteRequest) -> PodWriteReply:
+        deadline = time.monotonic() + retry_for  # the attempts' own timeouts included
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(ManagerUnavailable),
@@ -44,11 +47,11 @@ def manager_sender(client: ManagerClient, *, retry_for: float = RETRY_FOR_S) -> 
                 reraise=True,
             ):
                 with attempt:
-                    return await client.pod_write(req)
+                    return await client.pod_write(req, timeout=max(1.0, deadline - time.monotonic()))
         except ManagerUnavailable as exc:
             raise KubeError(0, "ManagerUnavailable", f"the manager cannot be reached: {exc}") from exc
         except ManagerRejected as exc:
-            raise KubeError(0, "ManagerRejected", f"the manager refused the request: {exc}") from exc
+            raise KubeError(exc.status, "ManagerRejected", f"the manager refused the request: {exc}") from exc
         raise AssertionError("unreachable: tenacity returns or raises")  # pragma: no cover
 
     return send

@@ -25,9 +25,10 @@ from prometheus_client import Counter
 
 from specon.coordinator.outbox import decided
 from specon.model import WorkerId
-from specon.runtime.base import RuntimeFailure, Supersede
+from specon.runtime.base import RuntimeFailure, supersede_of
 from specon.runtime.kubernetes.api import KubeError
 from specon.runtime.kubernetes.broker import reply_for
+from specon.runtime.kubernetes.pods import PodError
 from specon.runtime.kubernetes.writes import Forbidden, PodRef, PodWrites
 from specon.wire.pod_writes import Outcome, PodOp, PodWriteReply, PodWriteRequest
 from specon.wire.protocol import Action, Command
@@ -47,13 +48,6 @@ _NEEDS: dict[PodOp, Action | None] = {
 }
 
 
-def _supersede(cmd: Command) -> Supersede:
-    """What a start command lets its create take over: the named lost worker, any, or none."""
-    if cmd.lost is not None:
-        return cmd.lost
-    return cmd.supersede
-
-
 class PodBroker:
     """Makes the writes ``shell``'s decisions allow, with ``writes``' API identity."""
 
@@ -70,9 +64,9 @@ class PodBroker:
 
     def _pending(self, worker: WorkerId, req: PodWriteRequest, action: Action) -> Command | None:
         core = self.shell.core
-        return decided(
-            core.commands, core.migrations.values(), worker, req.container, action, policy=core.policy
-        )
+        in_flight = core.migrations.values()
+        now = self.shell.clock()
+        return decided(core.commands, in_flight, worker, req.container, action, command=core.command, now=now)
 
     async def write(self, who: Identity, req: PodWriteRequest) -> PodWriteReply:
         """Answer ``req`` from ``who`` (authenticated); never raises for a refusal."""
@@ -81,6 +75,8 @@ class PodBroker:
             if not who.may_speak_for(worker):
                 raise Forbidden(req.container, f"{who.name} may not speak for worker {worker}")
             reply = await self._write(worker, req)
+        except (PodError, ValueError) as exc:  # a container id that names no pod of any namespace
+            reply = reply_for(Forbidden(req.container, str(exc)))
         except (RuntimeFailure, KubeError) as exc:
             reply = reply_for(exc)
             if isinstance(exc, Forbidden):
@@ -118,7 +114,9 @@ class PodBroker:
                 return PodWriteReply(outcome=Outcome.DONE, annotated=annotated)
             case PodOp.CREATE:
                 assert cmd is not None  # _NEEDS: a start
-                created = await w.create(req.container, worker, req.checkpoint, _supersede(cmd), token=cmd.id)
+                created = await w.create(
+                    req.container, worker, req.checkpoint, supersede_of(cmd.supersede, cmd.lost), token=cmd.id
+                )
                 log.info("specon.manager.pod_created", worker=worker, container=req.container, command=cmd.id)
                 return PodWriteReply(outcome=Outcome.DONE, pod=created)
         return done

@@ -23,6 +23,7 @@ import structlog
 from aiohttp import web
 
 from specon.wire import protocol
+from specon.wire.pod_writes import POD_WRITES_PATH
 from specon.wire.protocol import ErrorReply
 from specon_manager.shell import STANDBY_REFRESH, ManagerShell
 
@@ -32,8 +33,16 @@ READYZ_PATH = "/readyz"
 ROLE_HEADER = "Specon-Role"
 # The POSTs that carry protocol messages: inputs of the coordinator. (A browser's login is
 # not one: a standby's status page may be logged in to.)
+# A pod write too: only the leader's decisions allow one, and a standby (or a deposed leader)
+# answers 503, which the agent asks again while the leadership moves.
 PROTOCOL_POSTS = frozenset(
-    {protocol.HEARTBEAT_PATH, protocol.REQUEST_PATH, protocol.POLL_PATH, protocol.GOODBYE_PATH}
+    {
+        protocol.HEARTBEAT_PATH,
+        protocol.REQUEST_PATH,
+        protocol.POLL_PATH,
+        protocol.GOODBYE_PATH,
+        POD_WRITES_PATH,
+    }
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -391,14 +391,14 @@ class Coordinator(Deciding, Draining):
                 return
             self._parked.discard(mid)  # a worker to act on is back: it holds the budget again
             if isinstance(step, IssueSave):
-                self._send(step.worker, self._command(m, Action.SAVE, step.worker, now))
+                self._send(step.worker, self.command(m, Action.SAVE, step.worker, now))
             elif isinstance(step, IssueStart):
                 if step.rollback and not retry_due(
                     self._refusals.get(m.id, 0), now - m.updated_at, self.policy
                 ):
                     pass  # a refused restart is retried with backoff, by the ticker
                 elif not self.commands.has_start(m.id, (m.source, m.target)):  # never two at once
-                    cmd = self._command(m, Action.START, step.worker, now, rollback=step.rollback)
+                    cmd = self.command(m, Action.START, step.worker, now, rollback=step.rollback)
                     self._send(step.worker, cmd)
             return
 
@@ -495,9 +495,11 @@ class Coordinator(Deciding, Draining):
     def _new_id(self, now: float) -> str:
         return f"m{int(now * 1000):x}-{next(self._ids)}"
 
-    def _command(
+    def command(
         self, m: Migration, action: Action, worker: WorkerId, now: float, *, rollback: bool = False
     ) -> Command:
+        """The save, start or rollback start of ``m`` on ``worker`` as it is sent (also what
+        the pod broker allows after a restart: ``outbox.decided``)."""
         # The container arrives frozen in CC only if Algorithm 2 has decided for it; a
         # rebalanced container that never requested keeps being classified.
         migrated = action is Action.START and self.marks.get(m.container, UNMARKED).migrations > 0

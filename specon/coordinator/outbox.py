@@ -11,6 +11,7 @@ before it (its gate), and ``durable`` is the highest write the shell reported du
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from specon.config import Policy
 from specon.coordinator.migration import Migration, State
@@ -50,6 +51,14 @@ def migration_command(
     )
 
 
+class Commander(Protocol):
+    """``Coordinator.command``: a migration's command as the coordinator sends it."""
+
+    def __call__(
+        self, m: Migration, action: Action, worker: WorkerId, now: float, *, rollback: bool = False
+    ) -> Command: ...
+
+
 def decided(
     box: Outbox,
     migrations: Iterable[Migration],
@@ -57,13 +66,17 @@ def decided(
     container: ContainerId,
     action: Action,
     *,
-    policy: Policy,
+    command: Commander,
+    now: float,
 ) -> Command | None:
     """The command of ``action`` for ``container`` that this manager has decided ``worker``
     carries out now: one in its box not answered yet, else the one an in-flight migration
-    implies (a save while it is ``saving`` on its source, a start while it is ``restoring``
-    on its target, a rollback start while it has ``failed``). A manager restarted while the
-    worker was carrying it out has the migration back from its journal but not the command."""
+    implies, built as the coordinator builds it (``command``: a start that may take over a
+    silent worker says so): a save while it is ``saving`` on its source, a start while it is
+    ``restoring`` on its target, a rollback start while it has ``failed``, on either of its
+    workers (``migration.rollback_home`` picks one, and turns to the other after refusals). A
+    manager restarted while the worker was carrying it out has the migration back from its
+    journal but not the command."""
     cmd = box.pending(worker, container, action)
     if cmd is not None or action not in (Action.SAVE, Action.START):
         return cmd
@@ -71,11 +84,11 @@ def decided(
         if m.container != container:
             continue
         if action is Action.SAVE and m.state is State.SAVING and m.source == worker:
-            return migration_command(m, action, worker, 0.0, policy, migrated=False)
+            return command(m, action, worker, now)
         if action is Action.START and m.state is State.RESTORING and m.target == worker:
-            return migration_command(m, action, worker, 0.0, policy, migrated=False)
-        if action is Action.START and m.state is State.FAILED and m.source == worker:
-            return migration_command(m, action, worker, 0.0, policy, migrated=False, rollback=True)
+            return command(m, action, worker, now)
+        if action is Action.START and m.state is State.FAILED and worker in (m.source, m.target):
+            return command(m, action, worker, now, rollback=True)
     return None
 
 

@@ -56,6 +56,12 @@ def valid_job_id(value: str) -> ContainerId:
 Supersede = WorkerId | bool
 
 
+def supersede_of(supersede: bool, lost: WorkerId | None) -> Supersede:
+    """A start command's leave (``Command.supersede``, ``Command.lost``): the worker it names,
+    any (a 1.5 manager names none), or none."""
+    return (lost or True) if supersede else False
+
+
 class ContainerState(enum.StrEnum):
     RUNNING = "running"
     # A save (SIGTERM, wait for the checkpoint) or stop is in progress on this worker.

@@ -122,17 +122,23 @@ class EventRecorder:
             await self._queue.join()
 
     def close(self) -> None:
+        """Stop posting; an event recorded later starts a new posting task."""
         if self._task is not None:
             self._task.cancel()
+        self._task = self._queue = None
 
     async def _run(self) -> None:
-        assert self._queue is not None
+        queue = self._queue
+        assert queue is not None
         while True:
-            ev = await self._queue.get()
+            ev = await queue.get()
             try:
                 await asyncio.to_thread(self.post, ev)
+            except Exception:  # a bug in a post must not end the posting (nor hang ``drain``)
+                self.counters.failed += 1
+                log.exception("specon.k8s.event_post_crashed", reason=ev.reason)
             finally:
-                self._queue.task_done()
+                queue.task_done()
 
     # -- the recorder's rules (in the posting thread, one event at a time) --------------------
     def post(self, ev: _Event) -> None:

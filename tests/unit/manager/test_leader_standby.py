@@ -27,6 +27,7 @@ from specon_manager.shell import STANDBY_REFRESH, ManagerShell
 from specon.coordinator.migration import Migration, State
 from specon.model import ContainerId, WorkerId
 from specon.wire import protocol
+from specon.wire.pod_writes import POD_WRITES_PATH
 from specon.wire.protocol import ErrorReply, Status
 from tests.unit.manager.test_leader import FakeLeases
 from tests.unit.manager_fakes import FakeAgent, FakeClock, policy
@@ -110,7 +111,7 @@ async def test_a_standby_refuses_protocol_messages_and_serves_health_and_status(
         assert resp.status == 503 and resp.headers[standby.ROLE_HEADER] == "standby"
         err = protocol.decode(await resp.read(), ErrorReply)
         assert err.error == f"standby: the leader is {LEADER}; retry"
-        for path in (protocol.POLL_PATH, protocol.REQUEST_PATH, protocol.GOODBYE_PATH):
+        for path in (protocol.POLL_PATH, protocol.REQUEST_PATH, protocol.GOODBYE_PATH, POD_WRITES_PATH):
             assert (await client.post(path, data=b"{}", headers=AUTH)).status == 503, path
         # Authentication first: a stranger learns nothing about the leader.
         resp = await client.post(

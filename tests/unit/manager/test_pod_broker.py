@@ -13,6 +13,8 @@ from specon_manager.auth import Identity
 from specon_manager.pod_broker import PodBroker
 
 from specon.config import default_policy
+from specon.coordinator.effects import Recovered
+from specon.coordinator.machine import Coordinator
 from specon.coordinator.migration import Migration, State
 from specon.coordinator.outbox import Outbox
 from specon.model import ContainerId, WorkerId
@@ -66,9 +68,12 @@ class FakeWrites:
 
 
 def broker(writes: FakeWrites, *migrations: Migration) -> tuple[PodBroker, Outbox]:
-    box = Outbox()
-    core = SimpleNamespace(commands=box, migrations={m.id: m for m in migrations}, policy=default_policy())
-    return PodBroker(cast(Any, SimpleNamespace(core=core)), cast(PodWrites, writes)), box
+    """The broker of a coordinator (restarted) with ``migrations`` back from its journal."""
+    core = Coordinator(
+        policy=default_policy(), now=0.0, recovered=Recovered(in_flight=migrations, restarted=True)
+    )
+    shell = SimpleNamespace(core=core, clock=lambda: 0.0)
+    return PodBroker(cast(Any, shell), cast(PodWrites, writes)), core.commands
 
 
 def command(action: Action, worker: WorkerId = NODE_A, **kw: Any) -> tuple[WorkerId, Command]:
@@ -257,9 +262,13 @@ async def test_a_restarted_manager_allows_what_its_journaled_migrations_are_doin
     restoring = Migration("m1", JOB, NODE_A, NODE_B, "converged", State.RESTORING)
     b, _ = broker(writes, restoring)
     assert (await b.write(node(NODE_B), ask(PodOp.CREATE, worker=NODE_B))).outcome is Outcome.DONE
-    assert writes.calls[-1] == ("create", JOB, NODE_B, None, False, "m1:start:node-b:0")
+    # As the coordinator sends it: its source, never heard from since the restart, taken over.
+    assert writes.calls[-1] == ("create", JOB, NODE_B, None, NODE_A, "m1:start:node-b:0")
     assert (await b.write(node(NODE_A), ask(PodOp.EVICT))).outcome is Outcome.FORBIDDEN
     failed = Migration("m1", JOB, NODE_A, NODE_B, "converged", State.FAILED)
     b, _ = broker(writes, failed)
     assert (await b.write(node(NODE_A), ask(PodOp.CREATE))).outcome is Outcome.DONE
     assert writes.calls[-1][-1] == "m1:rollback:node-a:0"
+    # Either of its workers: a rollback turns to the target after refusals on the source.
+    assert (await b.write(node(NODE_B), ask(PodOp.CREATE, worker=NODE_B))).outcome is Outcome.DONE
+    assert writes.calls[-1][-1] == "m1:rollback:node-b:0"
