@@ -78,14 +78,14 @@ class MigrationEvents:
 
     async def _record(self, m: Migration, described: Described) -> None:
         try:
-            _, existing = await asyncio.to_thread(self._calls.lookup, m.container)
+            existing = await asyncio.to_thread(self._calls.job_pods, m.container)
         except (KubeError, PodError, ValueError) as exc:
             log.info("specon.manager.event_skipped", container=m.container, error=str(exc))
             return
         if not existing:
             log.info("specon.manager.event_skipped", container=m.container, error="no pod of the job")
             return
-        newest = max(existing, key=lambda o: (pods.alive(o), pods.generation(o), pods.started_at(o)))
+        newest = max(existing, key=pods.current)
         self.recorder.record(newest, *described)
 
     async def drain(self) -> None:

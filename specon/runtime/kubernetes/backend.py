@@ -71,7 +71,7 @@ from specon.runtime.kubernetes.api import KubeApi, KubeError, load_api_client, p
 from specon.runtime.kubernetes.calls import PodCalls
 from specon.runtime.kubernetes.cgroup import CGROUP_ROOT, PodCgroups, pod_cpu_limit
 from specon.runtime.kubernetes.freezer import PodProcesses
-from specon.runtime.kubernetes.node_view import NodeView
+from specon.runtime.kubernetes.node_view import POLL_S, NodeView
 from specon.runtime.kubernetes.pods import DEFAULT_CLAIM, DEFAULT_SELECTOR, Manifest, PodError, SharedVolume
 from specon.runtime.kubernetes.usage import NodeUsage
 from specon.runtime.kubernetes.watch import Informer
@@ -82,7 +82,6 @@ __all__ = ["Informer", "KubeApi", "KubeError", "KubernetesRuntime", "load_api_cl
 
 log = structlog.get_logger()
 
-_POLL_S = 0.05  # between looks at the (watch-fed) cache while waiting for a pod to go
 _SIGKILL_EXIT = 137
 
 
@@ -193,7 +192,7 @@ class KubernetesRuntime:
 
     async def list_containers(self) -> list[ContainerInfo]:
         found = self._one_per_job(await self._managed())
-        await self._recorder.first_sight(p.manifest for p in found)  # restorable however it goes
+        self._recorder.first_sight(p.manifest for p in found)  # restorable however it goes
         return [self._info(p) for p in found]
 
     def job_spec(self, container_id: ContainerId) -> JobSpec | None:
@@ -254,11 +253,8 @@ class KubernetesRuntime:
 
     async def save(self, container_id: ContainerId, *, grace: float) -> SaveResult:
         p = await self._require(container_id)
-        if not pods.migratable(p.manifest):
-            raise SaveFailed(container_id, f"pod {p.name} opted out ({pods.ANN_MIGRATABLE}: false)")
-        owners = pods.owners(p.manifest)
-        if owners and not self.include_owned:
-            raise SaveFailed(container_id, f"pod {p.name} is owned by {', '.join(owners)}; left alone")
+        if (why := pods.unmovable(p.manifest, self.include_owned)) is not None:
+            raise SaveFailed(container_id, why)
 
         async def halt(t0: float) -> bool:
             await self._thaw_for_signal(p)
@@ -417,6 +413,7 @@ class KubernetesRuntime:
         return False
 
     def close(self) -> bool:
+        self._recorder.close()
         self._view.stop()
         if self._others is not None:
             self._others.stop()
@@ -496,12 +493,9 @@ class KubernetesRuntime:
     def _one_per_job(found: list[_Pod]) -> list[_Pod]:
         """A job's live pod wins over its ended ones; among equals, the newest generation."""
 
-        def rank(p: _Pod) -> tuple[bool, int, float]:
-            return pods.alive(p.manifest), pods.generation(p.manifest), pods.started_at(p.manifest)
-
         best: dict[ContainerId, _Pod] = {}
         for p in found:
-            if p.job not in best or rank(p) > rank(best[p.job]):
+            if p.job not in best or pods.current(p.manifest) > pods.current(best[p.job].manifest):
                 best[p.job] = p
         return sorted(best.values(), key=lambda p: p.job)
 
@@ -565,20 +559,10 @@ class KubernetesRuntime:
             seen[p.key] = cur
             if time.monotonic() >= deadline:
                 return cur
-            await self.sleep(_POLL_S)
+            await self.sleep(POLL_S)
 
     async def _node_object(self) -> Manifest | None:
         return await self._view.read_node(self._call)
-
-    async def _labels_of(self, node: str) -> dict[str, str]:
-        """A node's labels (where an ended pod of a job ran); none when unreadable."""
-        if node == self.node and self._node is not None:
-            return pods.labels_of(self._node)
-        try:
-            return pods.labels_of(await self._call("GET", f"/api/v1/nodes/{node}"))
-        except KubeError as exc:
-            log.warning("specon.k8s.node_unreadable", node=node, error=str(exc))
-            return {}
 
     async def _thaw_for_signal(self, p: _Pod) -> None:
         """A frozen pod takes no SIGTERM (it would be killed at the grace deadline, without a

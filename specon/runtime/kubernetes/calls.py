@@ -57,7 +57,7 @@ class PodCalls:
         ``KubeError`` when the API cannot answer, ``PodError`` for a bad record."""
         existing = self.job_pods(job)
         if existing:
-            return max(existing, key=lambda o: (pods.generation(o), pods.started_at(o))), existing
+            return max(existing, key=pods.recency), existing
         try:
             record = self.api.request("GET", record_path(job))
         except KubeError as exc:

@@ -26,7 +26,7 @@ from specon.runtime.kubernetes.watch import Informer
 log = structlog.get_logger()
 
 NODE_TTL_S = 5.0  # a node read by get: at most this often (its taints carry reclaim notices)
-_POLL_S = 0.05
+POLL_S = 0.05  # between looks at a watch's cache while waiting for it (or for a pod)
 _SYNC_WAIT_S = 10.0  # for a new watch's first list before falling back to a direct list
 
 Call = Callable[..., Awaitable[Any]]  # the runtime's API call: (method, path, query=...)
@@ -109,7 +109,7 @@ class NodeView:
                 w.start()
             deadline = time.monotonic() + _SYNC_WAIT_S
             while not self.synced and time.monotonic() < deadline:
-                await asyncio.sleep(_POLL_S)
+                await asyncio.sleep(POLL_S)
             if self.synced:
                 if self.node_watch is not None and self.node_watch.synced:  # for GPU pins
                     self.node_object = next(iter(self.node_watch.items()), self.node_object)

@@ -159,6 +159,10 @@ class _Held:
     job: ContainerId | None  # a managed pod's job (its heartbeat may list it), else None
 
 
+def _bound(pod: Manifest) -> bool:
+    return bool(pods.node_of(pod))
+
+
 class ClusterRequests(_Watching):
     """What every node's pods request, from one watch of all pods (the manager's): for each
     heartbeat, the requests of the pods bound to its node that it does not list as its jobs.
@@ -172,7 +176,14 @@ class ClusterRequests(_Watching):
         self._by_node: dict[str, dict[tuple[str, str], _Held]] = {}
         self._node_of: dict[tuple[str, str], str] = {}  # where each indexed pod is
         self.watch = (
-            Informer(api, ALL_PODS, name="all-pods", accept=lambda o: bool(pods.node_of(o)), index=self)
+            Informer(
+                api,
+                ALL_PODS,
+                name="all-pods",
+                accept=lambda o: bool(pods.node_of(o)),
+                index=self,
+                store=False,
+            )
             if watch
             else None
         )

@@ -280,6 +280,27 @@ def owners(pod: Mapping[str, Any]) -> list[str]:
     return [f"{r.get('kind', '?')}/{r.get('name', '?')}" for r in refs if isinstance(r, dict)]
 
 
+def recency(pod: Mapping[str, Any]) -> tuple[int, float]:
+    """How recent a pod of a job is: its generation, then its start."""
+    return generation(pod), started_at(pod)
+
+
+def current(pod: Mapping[str, Any]) -> tuple[bool, int, float]:
+    """Which pod of a job stands for it: one that has not ended, then the most recent."""
+    return alive(pod), *recency(pod)
+
+
+def unmovable(pod: Mapping[str, Any], include_owned: bool) -> str | None:
+    """Why a save may not move ``pod`` (None: it may): it opted out, or a controller owns it
+    (unless ``include_owned``: its controller does not start a second copy)."""
+    name = "/".join(key_of(pod))
+    if not migratable(pod):
+        return f"pod {name} opted out ({ANN_MIGRATABLE}: false)"
+    if (found := owners(pod)) and not include_owned:
+        return f"pod {name} is owned by {', '.join(found)}; left alone"
+    return None
+
+
 def terminating(pod: Mapping[str, Any]) -> bool:
     return bool(meta(pod).get("deletionTimestamp"))
 

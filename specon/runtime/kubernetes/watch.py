@@ -49,12 +49,16 @@ class Informer:
         accept: Callable[[Manifest], bool] = lambda _o: True,
         watch_seconds: int = _WATCH_S,
         index: Index | None = None,
+        store: bool = True,
     ) -> None:
         self.api, self.path, self.name = api, path, name
         self.query = dict(query or {})
         self.accept = accept
         self.watch_seconds = watch_seconds
         self.index = index  # told of every change to the cache
+        # False: the index is the only store (``items``/``get`` answer nothing): a watch of
+        # every pod of a cluster keeps what it needs of each, not the whole manifest.
+        self.store = store
         self._items: dict[tuple[str, str], Manifest] = {}
         self._lock = threading.Lock()
         self._synced = threading.Event()
@@ -136,9 +140,9 @@ class Informer:
         data = self.api.request("GET", self.path, query=self.query)
         items = {pods.key_of(o): o for o in data.get("items") or [] if isinstance(o, dict) and self.accept(o)}
         with self._lock:
-            self._items = items
             if self.index is not None:
                 self.index.reset(items)
+            self._items = items if self.store else {}
         self.relists += 1
         self._synced.set()
         return str(pods.meta(data).get("resourceVersion") or "")
@@ -171,7 +175,8 @@ class Informer:
                     if self.index is not None:
                         self.index.put(key, None)
                 else:
-                    self._items[key] = obj
+                    if self.store:
+                        self._items[key] = obj
                     if self.index is not None:
                         self.index.put(key, obj)
             if self._stop.is_set():

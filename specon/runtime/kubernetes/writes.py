@@ -160,10 +160,8 @@ class PodWrites:
     async def evict(self, job: ContainerId, ref: PodRef, node: str, grace: float) -> None:
         """Record the job's pod on ``node``, then evict it (``SaveFailed``: it keeps running)."""
         pod = await self.pod_on(job, ref, node)
-        if not pods.migratable(pod):
-            raise SaveFailed(job, f"pod {ref.label} opted out ({pods.ANN_MIGRATABLE}: false)")
-        if (owners := pods.owners(pod)) and not self.include_owned:
-            raise SaveFailed(job, f"pod {ref.label} is owned by {', '.join(owners)}; left alone")
+        if (why := pods.unmovable(pod, self.include_owned)) is not None:
+            raise SaveFailed(job, why)
         await self._write_record(job, pod)  # the recipe of the restore, before the pod goes
         await asyncio.to_thread(self.calls.evict, job, pod, grace)
 
@@ -186,7 +184,7 @@ class PodWrites:
         existing = await asyncio.to_thread(self.calls.job_pods, job)
         if any(pods.alive(p) for p in existing):
             raise Forbidden(job, "a pod of the job is alive: its record stays")
-        newest = max(existing, key=lambda o: (pods.generation(o), pods.started_at(o)), default=None)
+        newest = max(existing, key=pods.recency, default=None)
         if newest is not None and pods.node_of(newest) != node:
             raise Forbidden(job, f"the job last ran on {pods.node_of(newest)}, not on {node}")
         with contextlib.suppress(KubeError):
