@@ -21,6 +21,7 @@ from specon.config import PolicyError, default_policy, load_policy
 from specon.daemon import logs
 from specon.daemon.cli_args import (
     WeakTokenError,
+    add_managed_pod_options,
     check_token_strength,
     ip_address,
     load_settings,
@@ -177,14 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="manage the pods of this namespace (repeat for each training namespace); default: every "
         "namespace, which needs a credential that may list every pod of the cluster",
     )
-    k8s.add_argument("--selector", default="specon.io/managed=true", help="label selector of managed pods")
-    k8s.add_argument(
-        "--claim", default="specon-data", help="PVC name of the shared volume that --volume mounts"
-    )
-    k8s.add_argument(
-        "--host-path", help="or: a hostPath directory that is the shared volume's root (single-node setups)"
-    )
-    k8s.add_argument("--include-owned", action="store_true", help="also save pods owned by a controller")
+    add_managed_pod_options(k8s)
     k8s.add_argument(
         "--pod-writes",
         choices=("manager", "self"),

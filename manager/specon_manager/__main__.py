@@ -18,6 +18,7 @@ from aiohttp import web
 from specon.config import PolicyError, default_policy, load_policy
 from specon.daemon import logs
 from specon.daemon.cli_args import (
+    add_managed_pod_options,
     check_token_strength,
     load_settings,
     missing_extra,
@@ -197,16 +198,7 @@ def _pod_options(p: argparse.ArgumentParser) -> None:
         "its capacity (a watch of every pod); and record each move's end as an Event on its job's "
         "pod. The agents' own credentials then only read their namespaces' pods",
     )
-    pods.add_argument(
-        "--selector", default="specon.io/managed=true", help="label selector of managed pods (as the agents')"
-    )
-    pods.add_argument("--claim", default="specon-data", help="PVC name of the shared volume (as the agents')")
-    pods.add_argument(
-        "--host-path", help="or: the hostPath directory that is the shared volume (as the agents')"
-    )
-    pods.add_argument(
-        "--include-owned", action="store_true", help="also save pods owned by a controller (as the agents')"
-    )
+    add_managed_pod_options(pods)
 
 
 def _pod_broker(args: argparse.Namespace, shell: ManagerShell) -> tuple[PodBrokerLike, NodeRequests] | None:

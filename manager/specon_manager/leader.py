@@ -456,7 +456,7 @@ def attach(
     async def lead() -> None:
         await shell.lead()
         if pod is not None:  # taken over: the Service may send the agents here now
-            await pod.keep_marking(True, still=lambda: elector.leading)
+            await pod.keep_marking(still=lambda: elector.leading)
 
     async def campaign(_app: web.Application) -> AsyncIterator[None]:
         if pod is not None:  # an earlier process's mark on this pod (it was killed leading)

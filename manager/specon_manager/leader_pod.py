@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from specon.runtime.kubernetes.api import MERGE_PATCH, KubeError
+from specon.runtime.kubernetes.api import MERGE_PATCH, KubeError, pods_path
 
 log = structlog.get_logger()
 
@@ -38,7 +38,6 @@ class LeaderPod:
     def __init__(self, api: PodApi, *, namespace: str, pod: str, retry_period: float = 2.0) -> None:
         self.api, self.namespace, self.pod = api, namespace, pod
         self.retry_period = retry_period
-        self.marked: bool | None = None  # as last written (None: not yet)
         # What is wanted now, set on the event loop as each call is made. A mark's thread
         # outlives its cancelled task (a replica standing down mid-mark), so every write, one
         # at a time, sends what is wanted when it runs: the last to land is the last asked.
@@ -47,24 +46,19 @@ class LeaderPod:
 
     @property
     def path(self) -> str:
-        return f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}"
-
-    def mark(self, leading: bool) -> None:
-        """Set or remove the label (blocking); ``KubeError`` if the API refuses."""
-        self.wanted = leading
-        self._write()
+        return f"{pods_path(self.namespace)}/{self.pod}"
 
     def _write(self) -> None:
+        """Send what is wanted now (blocking); ``KubeError`` if the API refuses."""
         with self._one_at_a_time:
-            leading = bool(self.wanted)
-            body: dict[str, Any] = {"metadata": {"labels": {LEADER_LABEL: "true" if leading else None}}}
+            label = "true" if self.wanted else None
+            body: dict[str, Any] = {"metadata": {"labels": {LEADER_LABEL: label}}}
             self.api.request("PATCH", self.path, body=body, content_type=MERGE_PATCH)
-            self.marked = leading
 
-    async def keep_marking(self, leading: bool, still: Callable[[], bool] | None = None) -> None:
-        """``mark`` until it succeeds (every ``retry_period``; each distinct error logged once),
-        or ``still()`` turns false."""
-        failing = None
+    async def keep_marking(self, still: Callable[[], bool] | None = None) -> None:
+        """Label the pod the leader's until that succeeds (every ``retry_period``; each
+        distinct error logged once), or ``still()`` turns false."""
+        failing, leading = None, True
         self.wanted = leading
         while still is None or still():
             try:
@@ -80,12 +74,10 @@ class LeaderPod:
             log.info("specon.manager.leader_marked", pod=self.pod, leading=leading)
             return
 
-    async def unmark(self) -> bool:
-        """Remove the label once (best effort: the process may be stopping); True if removed."""
+    async def unmark(self) -> None:
+        """Remove the label once (best effort: the process may be stopping)."""
         self.wanted = False
         try:
             await asyncio.to_thread(self._write)
         except KubeError as exc:
             log.warning("specon.manager.leader_mark_failed", pod=self.pod, leading=False, error=str(exc))
-            return False
-        return True

@@ -80,3 +80,23 @@ def ip_address(value: str) -> str:
         return str(ipaddress.ip_address(value.strip("[]")))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an IP address, got {value!r}") from None
+
+
+def add_managed_pod_options(group: argparse._ArgumentGroup) -> None:
+    """Which pods are specon's and which of their volumes is the shared one (Kubernetes): the
+    agents' and the manager's (its pod broker checks the agents' pods by them) must agree."""
+    from specon.runtime.kubernetes.pods import DEFAULT_CLAIM, DEFAULT_SELECTOR  # noqa: PLC0415
+
+    group.add_argument(
+        "--selector",
+        default=DEFAULT_SELECTOR,
+        help=f"label selector of managed pods, equality-based (default {DEFAULT_SELECTOR}; the same on "
+        "the agents and the manager)",
+    )
+    group.add_argument(
+        "--claim", default=DEFAULT_CLAIM, help=f"PVC name of the shared volume (default {DEFAULT_CLAIM})"
+    )
+    group.add_argument(
+        "--host-path", help="or: a hostPath directory that is the shared volume's root (single-node setups)"
+    )
+    group.add_argument("--include-owned", action="store_true", help="also save pods owned by a controller")
