@@ -91,15 +91,14 @@ from specon.runtime.docker.recipe import (
     problems,
     unsafe_host_config,
 )
-from specon.runtime.docker.stale import stop_superseded
+from specon.runtime.docker.stale import Owners, stop_superseded
 from specon.runtime.docker.standby import LABEL_STANDBY, StandbyConfig, idle_standby
 from specon.runtime.docker.standby_pool import StandbyContainers
 from specon.runtime.owners import OwnerRecords
 from specon.runtime.saving import run_save
 from specon.runtime.volume import CorruptRecordError, JobPaths, Owner, read_spec, write_spec
 
-# connect and import_image are engine helpers (``engine``), imported from here by the agent,
-# the embedded Docker hosts and the tests.
+# connect, import_image: engine helpers (``engine``) the agent, embedded hosts and tests import here.
 __all__ = ["DockerRuntime", "connect", "import_image"]
 
 log = structlog.get_logger()
@@ -140,6 +139,7 @@ class DockerRuntime(OwnerRecords[Container]):
         except ValueError as exc:
             raise ValueError(f"invalid worker name: {exc}") from exc
         self.root = root
+        self._owners = Owners(root)  # each job's owner.json, read when it changed
         self._worker = worker
         self.client = client
         self.rules = rules or HostRules(volume=str(root))
@@ -217,7 +217,7 @@ class DockerRuntime(OwnerRecords[Container]):
         return await asyncio.to_thread(self._list)
 
     def _list(self) -> list[ContainerInfo]:
-        managed = stop_superseded(self._managed(), self.root)  # a lost host's copy, come back
+        managed = stop_superseded(self._managed(), self._owners)  # a lost host's copy, come back
         return [i for i in (self._info(job, c) for job, c in managed.items()) if i is not None]
 
     async def usage(self) -> WorkerUsage:

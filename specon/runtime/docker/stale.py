@@ -12,7 +12,7 @@ its way out) and not listed: the manager's copy elsewhere is the job.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import docker
@@ -37,15 +37,44 @@ def superseded(labels: Mapping[str, str], container_id: str, owner: Owner | None
     return run != owner.run_id and owner.handle != container_id
 
 
-def stop_superseded(managed: Mapping[ContainerId, Container], root: Path) -> dict[ContainerId, Container]:
+class Owners:
+    """Each job's ``owner.json``, read again only when the file changed (it is replaced by a
+    rename: a new inode): a listing, every agent tick, costs a ``stat`` per running job."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._seen: dict[ContainerId, tuple[tuple[int, int], Owner | None]] = {}
+
+    def of(self, job: ContainerId) -> Owner | None:
+        paths = JobPaths(self.root, job)
+        try:
+            st = paths.owner.stat()
+            key = (st.st_ino, st.st_mtime_ns)
+        except OSError:
+            key = (0, 0)  # absent: runs nowhere
+        cached = self._seen.get(job)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        try:
+            owner = paths.read_owner()
+        except CorruptRecordError:
+            owner = None  # unreadable: never a reason to kill (and read again next time)
+            key = (-1, -1)
+        self._seen[job] = (key, owner)
+        return owner
+
+    def keep(self, jobs: Collection[ContainerId]) -> None:
+        for job in self._seen.keys() - set(jobs):
+            del self._seen[job]
+
+
+def stop_superseded(managed: Mapping[ContainerId, Container], owners: Owners) -> dict[ContainerId, Container]:
     """``managed`` without the running containers a newer start superseded, which are killed."""
     out = {}
+    owners.keep(managed)
     for job, c in managed.items():
         if c.status == "running":
-            try:
-                owner = JobPaths(root, job).read_owner()
-            except CorruptRecordError:
-                owner = None  # unreadable: never a reason to kill
+            owner = owners.of(job)
             if superseded(c.labels or {}, str(c.id), owner):
                 run = (c.labels or {}).get(LABEL_RUN)
                 current = owner.run_id if owner else None
