@@ -499,11 +499,11 @@ class DockerRuntime(OwnerRecords[Container]):
         return container_info(job, c, worker=self._worker, spec=spec, paths=paths, busy=busy, started=started)
 
     async def _launch(self, spec: JobSpec, recipe: Recipe, paths: JobPaths) -> tuple[Owner, bool]:
-        """Create and start the job's container (restoring a CRIU image of its last run, if
-        one is on record); the owner record is written ahead and completed after. A CRIU
-        restore continues the run it captured: no new generation (no stale copy: the dump
-        stopped it; its processes read their generation at their start)."""
-        provisional = self._write_ahead(spec.id, paths, fence=not self._criu.has_image(spec.id))
+        """Create and start the job's container (restoring a CRIU image of its last run, if on
+        record); the owner record written ahead (off the loop: it fsyncs), completed after. A CRIU
+        restore continues the run it captured: no new generation (the dump stopped it)."""
+        fence = not self._criu.has_image(spec.id)
+        provisional = await self._offload(self._write_ahead, spec.id, paths, fence=fence)
         if self.standbys is not None:
             handed = await asyncio.to_thread(self.standbys.launch, recipe, spec.id, paths, provisional)
             if handed is not None:
@@ -525,7 +525,7 @@ class DockerRuntime(OwnerRecords[Container]):
             raise StartFailed(spec.id, f"cannot create or start the container: {exc}") from exc
         owner = replace(provisional, handle=c.id)
         with contextlib.suppress(OSError):  # completed from the run label at the next read
-            paths.write_owner(owner)
+            await self._offload(paths.write_owner, owner)
         return owner, restored
 
     # -- OwnerRecords hooks: a run is a container of this engine --------------------------------
