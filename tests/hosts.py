@@ -9,6 +9,7 @@ happened; it skips, saying why, only where namespaces cannot be made (not root, 
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,17 @@ def tls_for(root: Path, host: NetHost) -> TlsFiles:
     from specon.testing.certs import manager_tls  # noqa: PLC0415 - cryptography: a dev extra
 
     return manager_tls(root, host.address)
+
+
+def certs_available() -> bool:
+    """Whether certificates can be made here (``specon.testing.certs`` needs ``cryptography``,
+    a dev extra): looked up, not imported."""
+    return importlib.util.find_spec("cryptography") is not None
+
+
+def tls_if_available(root: Path, host: NetHost) -> TlsFiles | None:
+    """``tls_for``, or None (plain HTTP) without ``cryptography``."""
+    return tls_for(root, host) if certs_available() else None
 
 
 def cluster_on(hosts: NetHosts, root: Path, **options: Any) -> EmbeddedCluster:

@@ -96,10 +96,10 @@ def placement(root: Path, skews: Sequence[float]) -> Iterator[Placement]:
                 preload = prepare()
             except FaketimeUnavailableError as exc:
                 out.notes.append(f"no skewed clocks ({exc})")
-        if importlib.util.find_spec("specon.testing.certs") is not None:
+        if importlib.util.find_spec("cryptography") is not None:  # specon.testing.certs needs it
             out.tls = tls_issued_earlier(root / "tls", hosts[0].address, ISSUED_BEFORE, preload)
         else:
-            out.notes.append("no specon.testing.certs: plain HTTP between the hosts (--insecure-http)")
+            out.notes.append("no cryptography (a dev extra): plain HTTP between the hosts (--insecure-http)")
         out.links, out.tag = list(hosts), hosts.tag
         out.cluster_hosts = [hosts[0]]
         if why := _own_boot_ids_work(root):

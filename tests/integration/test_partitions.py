@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +43,7 @@ from specon.model import WorkerId
 from specon.testing.held_jobs import finished_steps, release
 from specon.testing.net_hosts import NetHost, NetHosts
 from specon.wire.protocol import MigrationStatus
-from tests.hosts import tls_for
+from tests.hosts import tls_if_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -76,10 +75,6 @@ def policy(path: Path) -> Path:
     return path
 
 
-def tls_available() -> bool:
-    return importlib.util.find_spec("specon.testing.certs") is not None
-
-
 @dataclass
 class OnHosts:
     c: EmbeddedCluster
@@ -95,7 +90,7 @@ async def on_hosts(net_hosts: Hosts, tmp_path: Path) -> AsyncIterator[OnHosts]:
     """Manager on host 0, w0's agent on host 1, w1's on host 2; over TLS where the test CA
     exists. Every link is mended before the cluster stops, whatever happened."""
     hosts = net_hosts(3)
-    tls = tls_for(tmp_path, hosts[0]) if tls_available() else None
+    tls = tls_if_available(tmp_path, hosts[0])
     async with EmbeddedCluster(
         tmp_path / "c",
         workers=2,

@@ -44,7 +44,6 @@ from test_recovery_hosts import (
     mend_and_stop_manager,
     policy,
     recovered,
-    tls_available,
     trained,
 )
 
@@ -55,7 +54,7 @@ from specon.runtime.base import JobSpec
 from specon.testing.held_jobs import release, release_file
 from specon.testing.host_kill import in_image
 from specon.testing.net_hosts import NetHosts
-from tests.hosts import tls_for
+from tests.hosts import tls_if_available
 
 # Here, beside the local runtime's scenarios and the helpers it shares with them (jobwatch);
 # it starts private Docker engines, as the tests under tests/docker do, so it is marked so.
@@ -81,7 +80,7 @@ async def docker_on_hosts(net_hosts: Hosts, tmp_path: Path, *, cpus: float) -> A
         cpus_per_worker=cpus,
         policy=policy(tmp_path / "policy.yaml", worker_timeout=WORKER_TIMEOUT, after=AFTER),
         hosts=list(hosts),
-        tls=tls_for(tmp_path, hosts[0]) if tls_available() else None,
+        tls=tls_if_available(tmp_path, hosts[0]),
         runtime="docker",
     )
     try:

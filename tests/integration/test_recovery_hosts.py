@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import importlib.util
 import json
 import os
 import time
@@ -60,7 +59,7 @@ from specon.runtime.volume import JobPaths
 from specon.testing.held_jobs import finished_steps, release
 from specon.testing.host_kill import kill_host
 from specon.testing.net_hosts import NetHost, NetHosts
-from tests.hosts import tls_for
+from tests.hosts import tls_if_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -92,10 +91,6 @@ def policy(path: Path, *, worker_timeout: float = WORKER_TIMEOUT, after: float =
     return path
 
 
-def tls_available() -> bool:
-    return importlib.util.find_spec("specon.testing.certs") is not None
-
-
 @dataclass
 class OnHosts:
     c: EmbeddedCluster
@@ -116,7 +111,7 @@ async def on_hosts(net_hosts: Hosts, tmp_path: Path, *, cpus: float) -> AsyncIte
         cpus_per_worker=cpus,
         policy=policy(tmp_path / "policy.yaml"),
         hosts=list(hosts),
-        tls=tls_for(tmp_path, hosts[0]) if tls_available() else None,
+        tls=tls_if_available(tmp_path, hosts[0]),
     ) as c:
         try:
             yield OnHosts(c, hosts)
