@@ -55,6 +55,7 @@ from jobwatch import (
 from specon.embedded.cluster import EmbeddedCluster
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import JobSpec
+from specon.runtime.local.launcher import ExitRecord
 from specon.runtime.volume import JobPaths
 from specon.testing.held_jobs import finished_steps, release
 from specon.testing.host_kill import kill_host
@@ -320,11 +321,8 @@ def refusals(c: EmbeddedCluster, worker: WorkerId) -> list[str]:
     return out
 
 
-def exit_records(c: EmbeddedCluster, jid: str) -> list[dict[str, Any]]:
-    path = JobPaths(c.volume, ContainerId(jid)).exits
-    with contextlib.suppress(FileNotFoundError):
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return []
+def exit_records(c: EmbeddedCluster, jid: str) -> list[ExitRecord]:
+    return JobPaths(c.volume, ContainerId(jid)).read_exits()[0]
 
 
 async def test_a_host_cut_off_past_recovery_after_has_its_job_restored_and_its_stale_copy_commits_nothing(
@@ -403,7 +401,7 @@ async def cut_off_past_recovery_after(
     assert [r[:3] for r in mine if r[0] == W1] == [(W1, False, True)], mine
     if c.runtime_name == "local":  # one owner record, and the launcher's record of each run's end
         assert len(mine) == 1, mine
-        ends = [e["exit_code"] for e in exit_records(c, jid) if e["worker"] == W0]
+        ends = [e.exit_code for e in exit_records(c, jid) if e.worker == W0]
         assert ends, f"no record of how the stale copy ended: {exit_records(c, jid)}"
     else:  # each engine lists its own containers: the stale one's, if not removed, has ended
         ends = [code for w, _, _, code in mine if w == W0]

@@ -12,9 +12,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from specon.fence import ENV_GENERATION, GENERATION_FILE
 from specon.runtime.local import launcher
+from specon.runtime.local.procfs import group_members
 
 PROBE = """
 import json, signal, sys
@@ -81,30 +83,27 @@ def test_a_newer_generation_kills_the_job_and_its_group_and_records_it_fenced(tm
     generation = tmp_path / GENERATION_FILE
     generation.write_text('{"generation": 3}')
     proc, exits = _launch(tmp_path, STUBBORN)
+    generation.write_text('{"generation": 4}')  # another copy started elsewhere
+    record = _only_exit_record(proc, exits)
+    assert record["reason"] == launcher.REASON_FENCED and record["signal"] == signal.SIGKILL
+    assert not _alive_in_group(proc.pid), "the job's own child goes with the group"
+
+
+def _alive_in_group(pgid: int) -> set[int]:
+    """Processes of group ``pgid`` not dead (a killed orphan may wait a moment to be reaped)."""
+    return group_members([pgid])[pgid]
+
+
+def _only_exit_record(proc: subprocess.Popen[str], exits: Path) -> dict[str, Any]:
+    """The one record the launcher wrote, once it ended (killed with its group at 30 s)."""
     try:
-        generation.write_text('{"generation": 4}')  # another copy started elsewhere
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     (record,) = [json.loads(line) for line in exits.read_text().splitlines()]
-    assert record["reason"] == launcher.REASON_FENCED and record["signal"] == signal.SIGKILL
-    assert not _alive_in_group(proc.pid), "the job's own child goes with the group"
-
-
-def _alive_in_group(pgid: int) -> list[int]:
-    """Processes of group ``pgid`` not dead (a killed orphan may wait a moment to be reaped)."""
-    alive = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            alive.append(int(pid))
-    return alive
+    return dict(record)
 
 
 def test_the_same_generation_rewritten_or_unreadable_leaves_the_job_alone(tmp_path: Path) -> None:
@@ -132,11 +131,5 @@ def test_a_launcher_fences_by_the_generation_its_runtime_named_not_the_files_at_
     argv = [*launcher.launcher_argv(sys.executable, exits, "run-1", "w0"), sys.executable, "-c", STUBBORN]
     env = {**os.environ, ENV_GENERATION: "4"}
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, text=True, start_new_session=True, env=env)
-    try:
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    (record,) = [json.loads(line) for line in exits.read_text().splitlines()]
+    record = _only_exit_record(proc, exits)
     assert record["reason"] == launcher.REASON_FENCED
