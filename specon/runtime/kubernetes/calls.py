@@ -22,6 +22,9 @@ from specon.runtime.kubernetes.pods import Manifest, PodError
 
 log = structlog.get_logger()
 
+# Writes of a job's restore record that met another writer's change before one gives up.
+RECORD_TRIES = 5
+
 
 def record_path(job: ContainerId) -> str:
     """The API path of the job's restore record (a PodTemplate in the job's namespace)."""
@@ -87,24 +90,47 @@ class PodCalls:
             record = restore.record_of(gpu.pin_product(pod, node_labels or {}))
         except PodError as exc:
             raise SaveFailed(job, f"cannot record pod {label}: {exc}; it keeps running") from exc
-        path = record_path(job)
         try:
-            try:
-                self.api.request("POST", path.rsplit("/", 1)[0], body=record)
-            except KubeError as exc:
-                if exc.status != 409:
-                    raise
-                # The job's record from an earlier save: replace it whole (a merge would keep
-                # fields the pod no longer has).
-                old = self.api.request("GET", path)
-                record["metadata"]["resourceVersion"] = pods.meta(old).get("resourceVersion")
-                self.api.request("PUT", path, body=record)
+            self._put_record(job, record)
         except KubeError as exc:
             raise SaveFailed(
                 job,
                 f"cannot write the restore record {ns}/{record['metadata']['name']}: {exc} "
                 f"(is {ns} one of the training namespaces?); the pod keeps running",
             ) from exc
+
+    def _put_record(self, job: ContainerId, record: Manifest) -> None:
+        """Create the job's record, or replace an earlier one whole (a merge would keep fields
+        the pod no longer has). Another writer of the same record (the recorder's first sight
+        of a restored pod, a save) may change it between the read and the update: on a
+        conflict read it again, as client-go's ``RetryOnConflict`` does. A record of a newer
+        copy of the job (a higher generation) is never replaced by an older one."""
+        path = record_path(job)
+        for attempt in range(RECORD_TRIES):
+            last = attempt == RECORD_TRIES - 1
+            try:
+                self.api.request("POST", path.rsplit("/", 1)[0], body=record)
+                return
+            except KubeError as exc:
+                if exc.status != 409:
+                    raise
+            try:
+                old = self.api.request("GET", path)
+            except KubeError as exc:
+                if exc.status == 404 and not last:
+                    continue  # deleted meanwhile: create it again
+                raise
+            if pods.generation(old.get("template") or {}) > pods.generation(record["template"]):
+                return  # a newer copy of the job is recorded already: never go back to ours
+            record["metadata"]["resourceVersion"] = pods.meta(old).get("resourceVersion")
+            try:
+                self.api.request("PUT", path, body=record)
+                return
+            except KubeError as exc:
+                if exc.status not in (404, 409) or last:
+                    raise
+            finally:
+                record["metadata"].pop("resourceVersion", None)
 
     def evict(self, job: ContainerId, manifest: Manifest, grace: float) -> None:
         """Evict the pod through the Eviction API with ``grace`` as its grace period."""
