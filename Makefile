@@ -103,7 +103,7 @@ clean: ## Remove build products (keeps .venv and the cache)
 # The real control plane for tests/k8s (the test fixtures run the same script).
 KUBE_BUILD := tests/k8s/build-apiserver.sh
 .PHONY: kube-apiserver
-kube-apiserver: install ## Build once and cache kube-apiserver + kubelet v1.20.2, pause, etcd; apt-install containerd/runc/CNI (tests/k8s)
+kube-apiserver: install ## Build once and cache kube-apiserver, kube-scheduler, kube-controller-manager, kubelet v1.20.2, pause, etcd; apt-install containerd/runc/CNI (tests/k8s)
 	PYTHON=$(CURDIR)/$(BIN)/python bash $(KUBE_BUILD) --node
 
 # -- Kubernetes (see manifests/ and docs/kubernetes.md) ------------------------------------

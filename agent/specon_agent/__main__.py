@@ -17,6 +17,7 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from specon.argtypes import positive_float
 from specon.config import PolicyError, default_policy, load_policy
 from specon.daemon import logs
 from specon.daemon.cli_args import (
@@ -35,6 +36,7 @@ from specon.daemon.tls import TLSConfigError, client_context
 from specon.model import WorkerId
 from specon.runtime.base import Runtime
 from specon.runtime.gpu.nvml import NvmlReader
+from specon.runtime.kubernetes.steering import PLACEMENT_DEADLINE_S
 from specon.runtime.local.backend import LocalRuntime
 from specon_agent.app import REGISTRY, create_app
 from specon_agent.client import FileToken, ManagerClient
@@ -190,6 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
         "then also lists the node's other pods and watches its node (one identity for everything: a "
         "test cluster)",
     )
+    k8s.add_argument(
+        "--placement-deadline",
+        type=positive_float,
+        default=PLACEMENT_DEADLINE_S,
+        metavar="SECONDS",
+        help="how long a restored copy may wait for kube-scheduler to place it on this node before "
+        "it is withdrawn and the move rolls back, with the scheduler's reason (default "
+        f"{PLACEMENT_DEADLINE_S:g}; keep it below the policy's migration.restore_timeout)",
+    )
     k8s.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
     p.add_argument(
         "--policy", type=Path, help="policy YAML (apiVersion specon/v1alpha1); default: SPEC defaults"
@@ -337,6 +348,7 @@ async def run(args: argparse.Namespace) -> int:
             claim=args.claim,
             host_path=args.host_path,
             include_owned=args.include_owned,
+            placement_deadline=args.placement_deadline,
             writer=BrokerWriter(manager_sender(client), WorkerId(args.node)) if by_manager else None,
             # With the manager writing, the agent's credential only reads its namespaces' pods
             # and gets its node: the manager counts the node's other pods.

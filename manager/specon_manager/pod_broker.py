@@ -5,13 +5,14 @@ A node's credential may only read (``manifests/``); so a node taken over by an a
 ask for what its agent legitimately needs and nothing more. Each request is checked twice:
 
 * **by this manager's decisions**: an eviction only while a save of that job is queued for
-  that worker (or awaited after its migration failed), a create only while a start is, the
-  deletion of a pod that has not ended only while a stop is; after a restart, the save or
-  start its journaled migration is in (``outbox.decided``); a take-over of a lost node's pod
-  only where the start command itself says so (``supersede``/``lost``);
+  that worker (or awaited after its migration failed), a create (or the withdrawal of a
+  copy no scheduler placed) only while a start is, the deletion of a pod that has not ended
+  only while a stop is; after a restart, the save or start its journaled migration is in
+  (``outbox.decided``); a take-over of a lost node's pod only where the start command itself
+  says so (``supersede``/``lost``);
 * **by the API server's view** (``writes.PodWrites``): the pod named is a managed pod of that
-  job bound to the requester's node, a copy is made on the requester's node from the job's
-  trusted original, annotations are specon's own.
+  job bound to the requester's node (a withdrawn copy: steered there), a copy is made for the
+  requester's node from the job's trusted original, annotations are specon's own.
 
 What a refusal means to the agent is the runtime failure a write made in-process would raise
 (``broker.reply_for``). Refusals are counted (``specon_pod_writes_total{op,outcome}``) and
@@ -41,6 +42,7 @@ log = structlog.get_logger()
 _NEEDS: dict[PodOp, Action | None] = {
     PodOp.EVICT: Action.SAVE,
     PodOp.CREATE: Action.START,
+    PodOp.WITHDRAW: Action.START,
     PodOp.RECORD: None,
     PodOp.DELETE: None,  # an ended pod; one that runs needs a stop (below)
     PodOp.FORGET_RECORD: None,
@@ -109,6 +111,8 @@ class PodBroker:
                 await w.delete(req.container, pod, worker, int(req.grace), alive=stop)
             case PodOp.FORGET_RECORD:
                 await w.forget_record(req.container, worker)
+            case PodOp.WITHDRAW:
+                await w.withdraw(req.container, pod, worker)
             case PodOp.ANNOTATE:
                 annotated = await w.annotate(req.container, pod, worker, req.annotations)
                 return PodWriteReply(outcome=Outcome.DONE, annotated=annotated)

@@ -31,6 +31,7 @@ class PodOp(enum.StrEnum):
     FORGET_RECORD = "forget_record"  # delete the restore record of a job that finished here
     ANNOTATE = "annotate"  # merge specon's state annotations into it
     CREATE = "create"  # create the job's copy on the agent's node (a start)
+    WITHDRAW = "withdraw"  # delete that copy while no scheduler has bound it (a start given up)
 
 
 class Outcome(enum.StrEnum):

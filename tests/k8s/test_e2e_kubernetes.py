@@ -26,6 +26,7 @@ from specon_manager.k8s_journal import KubeJournal
 from specon.coordinator.migration import State
 from specon.model import Resources, WorkerId
 from specon.runtime.kubernetes.backend import KubeApi, KubeError
+from specon.runtime.kubernetes.steering import steered_to
 from specon.testing.held_jobs import finished_steps, release, release_file
 from specon.wire import protocol
 from specon.wire.pod_writes import POD_WRITES_PATH
@@ -108,6 +109,7 @@ class Deployment:
     #: What a pod written for the stand-in needs to run on these nodes (nodes.on_real_node).
     adapt: Callable[[dict[str, Any]], dict[str, Any]] = lambda pod: pod
     agent_pods: list[str] = field(default_factory=list)
+    agent_args: tuple[str, ...] = ()  # more options for every agent process
 
     @property
     def url(self) -> str:
@@ -182,6 +184,7 @@ class Deployment:
             "--policy", str(self.policy_file),
             "--token-file", str(token_file),
             "--log-format", "console",
+            *self.agent_args,
         ]  # fmt: skip
         self.agents[node] = self._spawn(f"agent-{node}", argv)
 
@@ -245,6 +248,8 @@ async def deployed(
     tmp_path: Path,
     adapt: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     agent_pod: Callable[[Deployment, str, str], dict[str, Any]] | None = None,
+    *,
+    agent_args: tuple[str, ...] = (),
 ) -> AsyncIterator[Deployment]:
     """The manager and the agents of node-1 and node-2, whatever runs the nodes; with
     ``agent_pod``, each agent is that pod (its node's kubelet runs it) instead of a process:
@@ -264,6 +269,7 @@ async def deployed(
         tmp_path,
         policy,
         cluster.kubeconfig(tmp_path / "kubeconfig", namespace=namespace),
+        agent_args=agent_args,
     )
     if adapt is not None:
         d.adapt = adapt
@@ -383,7 +389,9 @@ async def converged_pod_moves(d: Deployment, steps: int = 300) -> Downtime:
     assert events.count("checkpointed") == 1 and events[-1] == "finished"
     admin = KubeApi(d.cluster.api_client())
     pod = admin.request("GET", f"/api/v1/namespaces/{d.namespace}/pods/fast-g2")
-    assert pod["spec"]["nodeName"] == "node-2"
+    # Created unbound, steered to node-2: kube-scheduler bound it there.
+    unbound = {**pod, "spec": {**pod["spec"], "nodeName": None}}
+    assert pod["spec"]["nodeName"] == "node-2" and steered_to(unbound) == "node-2"
     assert pod["metadata"]["annotations"]["specon.io/restored-from"] == "fast"
     st = await d.status()
     assert all(x.container != steady_id for x in st.migrations)  # still progressing: never moved

@@ -22,8 +22,9 @@ the save fails and no copy starts.
 
 Start takes nothing from the ``JobSpec`` it is given but the job's id: the copy is made from
 the job's pod as the API server holds it (a pod of the job that still exists, else the
-restore record), in the job's own namespace, pinned with ``spec.nodeName`` (see
-``k8s_pods.restored_pod``), and refused if it would gain a privilege the original lacked
+restore record), in the job's own namespace, steered here through kube-scheduler (``steering``; restored
+once bound here, withdrawn and failed if not within ``placement_deadline``: ``placement``),
+and refused if it would gain a privilege the original lacked
 (``k8s_restore.privilege_gains``). It refuses while any pod of the job that has not
 terminated exists anywhere (``AlreadyRunning``); pod names are unique per generation, so two
 racing starts cannot both create one. ``job_spec`` answers from the same trusted sources.
@@ -66,7 +67,7 @@ from specon.runtime.base import (
     WorkerUsage,
     valid_job_id,
 )
-from specon.runtime.kubernetes import copying, events, gpu, others, pods, recording
+from specon.runtime.kubernetes import copying, events, gpu, others, placement, pods, recording, steering
 from specon.runtime.kubernetes.api import KubeApi, KubeError, load_api_client, pods_path
 from specon.runtime.kubernetes.calls import PodCalls
 from specon.runtime.kubernetes.cgroup import CGROUP_ROOT, PodCgroups, pod_cpu_limit
@@ -124,6 +125,7 @@ class KubernetesRuntime:
         count_others: bool = True,
         metrics: bool = True,
         kill_slack: float = 30.0,
+        placement_deadline: float = steering.PLACEMENT_DEADLINE_S,
         proc: Path = Path("/proc"),
         cgroup_root: Path = CGROUP_ROOT,
         writer: PodWriter | None = None,
@@ -143,6 +145,7 @@ class KubernetesRuntime:
         self.volume = SharedVolume(claim=claim, host_path=host_path)
         self.include_owned = include_owned
         self.kill_slack = kill_slack
+        self.placement_deadline = placement_deadline
         self._busy: dict[ContainerId, ContainerState] = {}
         # The last state seen of pods being saved or stopped: their exit code, once gone.
         self._last_seen: dict[tuple[str, str], Manifest] = {}
@@ -327,6 +330,14 @@ class KubernetesRuntime:
         )
         try:
             created = await self._writer.create(job, name, supersede)
+            created = await placement.placed(
+                job,
+                created,
+                self.node,
+                read=self._read_pod,
+                withdraw=lambda ref: self._writer.withdraw(job, ref),
+                deadline=self.placement_deadline,
+            )
         except KubeError as exc:
             raise StartFailed(job, f"cannot create the job's copy: {exc}") from exc
         restore_in_pod = pods.env_of(pods.job_container(created)).get(pods.ENV_RESTORE_CHECKPOINT)
@@ -543,6 +554,16 @@ class KubernetesRuntime:
         if cur is None or (uid and pods.meta(cur).get("uid") != uid):
             return None
         return cur
+
+    async def _read_pod(self, ref: PodRef) -> Manifest | None:
+        """The pod ``ref`` names as the API server holds it; None once it is gone."""
+        try:
+            pod: Manifest = await self._call("GET", f"{pods_path(ref.namespace)}/{ref.name}")
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return pod
 
     async def _wait_gone(self, p: _Pod, timeout: float) -> Manifest | None:
         """Wait until the pod object is gone; the pod if it is still there at ``timeout``."""

@@ -102,3 +102,6 @@ class BrokerWriter:
         if not reply.pod:
             raise StartFailed(job, "the manager created no pod")
         return dict(reply.pod)
+
+    async def withdraw(self, job: ContainerId, pod: PodRef) -> None:
+        await self._ask(PodOp.WITHDRAW, job, pod)

@@ -166,13 +166,16 @@ class PodCalls:
                 raise SaveFailed(job, f"cannot evict pod {label}: {exc}; it keeps running") from exc
         raise SaveFailed(job, f"cannot evict pod {label}: no Eviction version is served; it keeps running")
 
-    def delete(self, manifest: Manifest, *, grace: int) -> None:
-        """Delete exactly this pod (its uid); gone already is fine."""
+    def delete(self, manifest: Manifest, *, grace: int, unchanged: bool = False) -> None:
+        """Delete exactly this pod (its uid); gone already is fine. ``unchanged``: only as it
+        was read (its resourceVersion), else ``KubeError`` 409 (e.g. bound meanwhile)."""
         ns, name = pods.key_of(manifest)
-        uid = pods.meta(manifest).get("uid")
+        m = pods.meta(manifest)
+        version = m.get("resourceVersion") if unchanged else None
+        preconditions = {"uid": m.get("uid"), "resourceVersion": version}
         body: dict[str, Any] = {"gracePeriodSeconds": grace}
-        if uid:
-            body["preconditions"] = {"uid": uid}
+        if kept := {k: v for k, v in preconditions.items() if v}:
+            body["preconditions"] = kept
         try:
             self.api.request("DELETE", f"{pods_path(ns)}/{name}", body=body)
         except KubeError as exc:

@@ -49,6 +49,7 @@ from specon.runtime.base import (
     JobSpec,
     valid_job_id,
 )
+from specon.runtime.kubernetes import steering
 from specon.runtime.kubernetes.gpu import pod_gpu_memory
 from specon.runtime.kubernetes.nodes import (
     PLACEMENT_EFFECTS,
@@ -557,13 +558,10 @@ def restored_pod(
     restored_from: str | None,
     restore_checkpoint: str | None,
 ) -> Manifest:
-    """The copy of job ``job`` (its container id) to create on ``node``: same spec and
-    volumes, in the job's namespace, pinned, with its lineage.
-
-    Pinning is ``spec.nodeName``: it bypasses the scheduler (the manager already chose the
-    node and checked the requests fit), works on clusters without a scheduler, and the
-    kubelet still admits or rejects the pod against the node's resources.
-    """
+    """The copy of job ``job`` (its container id) to create for ``node``: same spec and
+    volumes, in the job's namespace, steered to ``node`` by a required node affinity
+    (``steering``: kube-scheduler places it there, checking everything it checks for any
+    pod, or leaves it Pending), with its lineage."""
     namespace, name = split_job_id(job)
     if not LABEL_VALUE.fullmatch(name):
         raise PodError(f"job {name!r} cannot be a label value (at most 63 characters)")
@@ -582,8 +580,7 @@ def restored_pod(
     if restored_from:
         ann[ANN_RESTORED_FROM] = restored_from
     m["annotations"] = ann
-    spec = pod.setdefault("spec", {})
-    spec["nodeName"] = node
+    steering.steer(pod, node)
     pod.pop("status", None)
     c = job_container(pod)
     env = [e for e in c.get("env") or [] if e.get("name") != ENV_RESTORE_CHECKPOINT]

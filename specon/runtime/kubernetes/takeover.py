@@ -21,7 +21,7 @@ import structlog
 
 from specon.model import ContainerId
 from specon.runtime.base import Supersede
-from specon.runtime.kubernetes import pods
+from specon.runtime.kubernetes import pods, steering
 from specon.runtime.kubernetes.api import KubeError
 from specon.runtime.kubernetes.pods import Manifest
 
@@ -69,18 +69,21 @@ class Calls:
 async def take_over(
     job: ContainerId, existing: Sequence[Manifest], here: str, lost: Supersede, calls: Calls
 ) -> list[Manifest]:
-    """``existing`` without the pods of ``job`` this call deleted: those alive on the node
-    ``lost`` (True: on any node but ``here``) whose kubelet is gone. ``KubeError`` when the
+    """``existing`` without the pods of ``job`` this call deleted: those alive on (or, unbound,
+    steered to) the node ``lost`` (True: any node but ``here``) whose kubelet is gone. ``KubeError`` when the
     API cannot say or delete; what ``record`` raises when the pod cannot be recorded (then it
     is not deleted). A pod on any other node is kept: its node was not taken for lost."""
     kept = []
     for pod in existing:
-        node = pods.node_of(pod)
+        # A copy no scheduler has bound yet belongs to the node it is steered to: lost with it
+        # (its agent, gone, will never withdraw it); it never ran, so there is nothing to record.
+        node = steering.steered_to(pod)
         named = node != here if lost is True else node == lost
         if not pods.alive(pod) or node is None or not named or not await lost_node(calls.get, node):
             kept.append(pod)
             continue
-        await calls.record(pod)
+        if pods.node_of(pod) is not None:
+            await calls.record(pod)
         await calls.delete(pod, grace=0)  # its node is lost: nothing there to wait for
         log.warning("specon.k8s.lost_pod_deleted", container=job, pod="/".join(pods.key_of(pod)), node=node)
     return kept

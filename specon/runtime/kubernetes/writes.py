@@ -34,7 +34,7 @@ from specon.runtime.base import (
     StartFailed,
     Supersede,
 )
-from specon.runtime.kubernetes import copying, pods, takeover
+from specon.runtime.kubernetes import copying, pods, steering, takeover
 from specon.runtime.kubernetes.api import KubeApi, KubeError, pods_path
 from specon.runtime.kubernetes.calls import PodCalls, record_path
 from specon.runtime.kubernetes.pods import DEFAULT_SELECTOR, Manifest, PodError, SharedVolume
@@ -86,6 +86,7 @@ class PodWriter(Protocol):
     async def forget_record(self, job: ContainerId) -> None: ...
     async def annotate(self, job: ContainerId, pod: PodRef, annotations: Mapping[str, str]) -> bool: ...
     async def create(self, job: ContainerId, checkpoint: str | None, supersede: Supersede) -> Manifest: ...
+    async def withdraw(self, job: ContainerId, pod: PodRef) -> None: ...
 
 
 class PodWrites:
@@ -118,9 +119,10 @@ class PodWrites:
             log.warning("specon.k8s.node_unreadable", node=node, error=str(exc))
             return {}
 
-    async def pod_on(self, job: ContainerId, ref: PodRef, node: str) -> Manifest:
+    async def pod_on(self, job: ContainerId, ref: PodRef, node: str, *, steered: bool = False) -> Manifest:
         """The pod ``ref`` names as the API server holds it, if it is a managed pod of ``job``
-        bound to ``node`` (``Forbidden``); ``NoSuchContainer`` once it is gone or replaced."""
+        bound to ``node`` (``steered``: or steered there, unbound) (``Forbidden``);
+        ``NoSuchContainer`` once it is gone or replaced."""
         try:
             pod: Manifest = await self._call("GET", f"{pods_path(ref.namespace)}/{ref.name}")
         except KubeError as exc:
@@ -140,10 +142,9 @@ class PodWrites:
             raise Forbidden(job, f"pod {ref.label}: {exc}") from exc
         if owner != job:
             raise Forbidden(job, f"pod {ref.label} is a pod of job {owner}, not of {job}")
-        if pods.node_of(pod) != node:
-            raise Forbidden(
-                job, f"pod {ref.label} is bound to {pods.node_of(pod) or 'no node'}, not to {node}"
-            )
+        where = steering.steered_to(pod) if steered else pods.node_of(pod)
+        if where != node:
+            raise Forbidden(job, f"pod {ref.label} is bound to {where or 'no node'}, not to {node}")
         return pod
 
     async def _write_record(self, job: ContainerId, pod: Manifest) -> None:
@@ -177,6 +178,23 @@ class PodWrites:
         if pods.alive(pod) and not alive:
             raise Forbidden(job, f"pod {ref.label} has not ended: only a stop deletes it")
         await asyncio.to_thread(self.calls.delete, pod, grace=max(0, grace))
+
+    async def withdraw(self, job: ContainerId, ref: PodRef, node: str) -> None:
+        """Delete the job's copy steered to ``node`` that no scheduler has bound (a start past
+        its deadline: ``placement``), only as long as it is unbound; gone already, or bound
+        meanwhile (it is then restored: the agent reads it again), is fine."""
+        try:
+            pod = await self.pod_on(job, ref, node, steered=True)
+        except NoSuchContainer:
+            return
+        if pods.node_of(pod) is not None:
+            return
+        try:
+            await asyncio.to_thread(self.calls.delete, pod, grace=0, unchanged=True)
+        except KubeError as exc:
+            if exc.status != 409:  # 409: changed (bound) since it was read
+                raise
+        log.info("specon.k8s.withdrawn", pod=ref.label, node=node, container=job)
 
     async def forget_record(self, job: ContainerId, node: str) -> None:
         """Delete the restore record of a job that has ended on ``node``: its newest pod ran
@@ -269,7 +287,7 @@ def _made_by(existing: list[Manifest], node: str, token: str) -> Manifest | None
         o
         for o in existing
         if pods.alive(o)
-        and pods.node_of(o) == node
+        and steering.steered_to(o) == node
         and pods.annotations_of(o).get(pods.ANN_STARTED_BY) == token
     ]
     return max(mine, key=pods.generation, default=None)
@@ -300,3 +318,6 @@ class LocalWriter:
 
     async def create(self, job: ContainerId, checkpoint: str | None, supersede: Supersede) -> Manifest:
         return await self.writes.create(job, self.node, checkpoint, supersede)
+
+    async def withdraw(self, job: ContainerId, pod: PodRef) -> None:
+        await self.writes.withdraw(job, pod, self.node)

@@ -21,6 +21,7 @@ from specon.model import ContainerId, WorkerId
 from specon.runtime.base import NoSuchContainer, SaveFailed, Supersede
 from specon.runtime.kubernetes.api import KubeError
 from specon.runtime.kubernetes.broker import BrokerWriter, raise_for, reply_for
+from specon.runtime.kubernetes.steering import steer
 from specon.runtime.kubernetes.writes import Forbidden, PodRef, PodWrites, checkpoint_name
 from specon.wire.pod_writes import Outcome, PodOp, PodWriteReply, PodWriteRequest
 from specon.wire.protocol import Action, Command
@@ -66,6 +67,9 @@ class FakeWrites:
         self._did("create", job, node, checkpoint, supersede, token)
         return {"metadata": {"name": "j1-g2", "namespace": "training"}}
 
+    async def withdraw(self, job: ContainerId, ref: PodRef, node: str) -> None:
+        self._did("withdraw", job, ref, node)
+
 
 def broker(writes: FakeWrites, *migrations: Migration) -> tuple[PodBroker, Outbox]:
     """The broker of a coordinator (restarted) with ``migrations`` back from its journal."""
@@ -94,15 +98,18 @@ def ask(op: PodOp, worker: WorkerId = NODE_A, **kw: Any) -> PodWriteRequest:
 async def test_a_create_or_eviction_the_manager_did_not_decide_is_refused_and_nothing_is_written() -> None:
     writes = FakeWrites()
     b, box = broker(writes)
-    for op in (PodOp.CREATE, PodOp.EVICT):
+    for op in (PodOp.CREATE, PodOp.EVICT, PodOp.WITHDRAW):
         reply = await b.write(node(NODE_A), ask(op))
         assert reply.outcome is Outcome.FORBIDDEN and "pending" in (reply.error or "")
     box.put(*command(Action.START, NODE_B), after_write=0)  # a start, but of another worker
     box.put(*command(Action.SAVE, NODE_B), after_write=0)
-    for op in (PodOp.CREATE, PodOp.EVICT):
+    for op in (PodOp.CREATE, PodOp.EVICT, PodOp.WITHDRAW):
         assert (await b.write(node(NODE_A), ask(op))).outcome is Outcome.FORBIDDEN
     assert writes.calls == []
     assert b.collector.labels(op="create", outcome="forbidden")._value.get() == 2
+    # The start's own worker may withdraw the copy it asked for (the writer checks which).
+    assert (await b.write(node(NODE_B), ask(PodOp.WITHDRAW, worker=NODE_B))).outcome is Outcome.DONE
+    assert writes.calls == [("withdraw", JOB, PodRef("training", "j1", "u1"), NODE_B)]
 
 
 async def test_a_decided_start_creates_on_the_asking_node_with_the_commands_own_takeover() -> None:
@@ -183,20 +190,38 @@ def test_requests_that_break_a_rule_do_not_parse() -> None:
 def pod(node: str, *, job: str = "j1", managed: bool = True, phase: str = "Running") -> dict[str, Any]:
     labels = {"specon.io/job": job, **({"specon.io/managed": "true"} if managed else {})}
     return {
-        "metadata": {"name": "j1", "namespace": "training", "uid": "u1", "labels": labels},
+        "metadata": {
+            "name": "j1",
+            "namespace": "training",
+            "uid": "u1",
+            "resourceVersion": "7",
+            "labels": labels,
+        },
         "spec": {"nodeName": node, "containers": [{"name": "train", "image": "x"}]},
         "status": {"phase": phase},
     }
 
 
+def unbound(node: str, **kw: Any) -> dict[str, Any]:
+    """A copy steered to ``node`` that no scheduler has bound (Pending)."""
+    p = pod(node, phase="Pending", **kw)
+    steer(p, node)
+    return p
+
+
 class FakeApi:
-    def __init__(self, objects: dict[str, Any]) -> None:
+    def __init__(self, objects: dict[str, Any], fail: KubeError | None = None) -> None:
         self.objects = objects
         self.writes: list[tuple[str, str]] = []
+        self.bodies: list[Any] = []
+        self.fail = fail
 
     def request(self, method: str, path: str, **kw: Any) -> Any:
         if method != "GET":
             self.writes.append((method, path))
+            self.bodies.append(kw.get("body"))
+            if self.fail is not None:
+                raise self.fail
             return {}
         if path not in self.objects:
             raise KubeError(404, "NotFound", path)
@@ -239,6 +264,37 @@ async def test_the_writer_sets_only_specons_state_annotations_and_knows_a_replac
         await writes.delete(JOB, PodRef("training", "j1"), NODE_A, 0, alive=False)
     assert await writes.annotate(JOB, PodRef("training", "j1"), NODE_A, {"specon.io/category": "converged"})
     assert api.writes == [("PATCH", "/api/v1/namespaces/training/pods/j1")]
+
+
+async def test_only_a_copy_still_unbound_and_steered_to_the_asking_node_is_withdrawn() -> None:
+    path = "/api/v1/namespaces/training/pods/j1"
+    ref = PodRef("training", "j1", "u1")
+    for found, error in [
+        (unbound("node-b"), "bound to node-b, not to node-a"),
+        (unbound("node-a", job="j2"), "a pod of job training.j2"),
+        (unbound("node-a", managed=False), "not a managed pod"),
+        ({**pod("node-a", phase="Pending"), "spec": {"containers": []}}, "bound to no node"),  # unsteered
+    ]:
+        api = FakeApi({path: found})
+        with pytest.raises(Forbidden, match=error):
+            await PodWrites(cast(Any, api)).withdraw(JOB, ref, NODE_A)
+        assert api.writes == []
+    # Bound meanwhile (it runs: the start succeeded after all), or gone: nothing to do.
+    for objects in ({path: pod("node-a")}, {}):
+        api = FakeApi(objects)
+        await PodWrites(cast(Any, api)).withdraw(JOB, ref, NODE_A)
+        assert api.writes == []
+    # Unbound: deleted only as it was read (bound since: 409, and it stays).
+    api = FakeApi({path: unbound("node-a")})
+    await PodWrites(cast(Any, api)).withdraw(JOB, ref, NODE_A)
+    assert api.writes == [("DELETE", path)]
+    assert api.bodies == [{"gracePeriodSeconds": 0, "preconditions": {"uid": "u1", "resourceVersion": "7"}}]
+    api = FakeApi({path: unbound("node-a")}, fail=KubeError(409, "Conflict", "changed"))
+    await PodWrites(cast(Any, api)).withdraw(JOB, ref, NODE_A)
+    with pytest.raises(KubeError, match="500"):
+        await PodWrites(cast(Any, FakeApi({path: unbound("node-a")}, fail=KubeError(500, "", "x")))).withdraw(
+            JOB, ref, NODE_A
+        )
 
 
 @pytest.mark.parametrize("name", ["../x.json", "a/b.json", "..", ".", "", "x" * 300])

@@ -4,6 +4,7 @@ what the runtime asks the API for. The real API server tests are in tests/k8s/."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -18,9 +19,11 @@ from specon import checkpoint as ckpt
 from specon.model import ContainerId
 from specon.runtime.base import AlreadyRunning, ContainerState, JobSpec, SaveFailed, StartFailed
 from specon.runtime.kubernetes import pods as pods_module
+from specon.runtime.kubernetes.api import MERGE_PATCH
 from specon.runtime.kubernetes.backend import Informer, KubeApi, KubeError, KubernetesRuntime
 from specon.runtime.kubernetes.pods import ANN_GENERATION, ANN_RESTORED_FROM, LABEL_JOB, job_spec, template_of
 from specon.runtime.kubernetes.restore import record_name, record_of
+from specon.runtime.kubernetes.steering import ANN_STEERED, steered_to
 
 # kmock's pytest plugin provides the `kmock` fixture (dev dependency).
 pytest.importorskip("kmock")
@@ -79,13 +82,38 @@ def manifest(
     }
 
 
+async def bind_steered(api: KubeApi) -> None:
+    """kmock has no scheduler: bind each unbound pod to the node it is steered to (as
+    kube-scheduler does with a copy that fits; tests/k8s runs the real one)."""
+    while True:
+        listed = await asyncio.to_thread(api.request, "GET", "/api/v1/pods")
+        for p in listed.get("items") or []:
+            if not p["spec"].get("nodeName") and (node := steered_to(p)):
+                ns, name = p["metadata"]["namespace"], p["metadata"]["name"]
+                await asyncio.to_thread(
+                    api.request,
+                    "PATCH",
+                    f"/api/v1/namespaces/{ns}/pods/{name}",
+                    body={"spec": {"nodeName": node}},
+                    content_type=MERGE_PATCH,
+                )
+        await asyncio.sleep(0.01)
+
+
 @pytest.fixture
 async def api(kmock: Any) -> AsyncIterator[KubeApi]:
     kmock.resources["v1/pods"] = {"namespaced": True}  # known before any pod exists
     kmock.resources["v1/podtemplates"] = {"namespaced": True}  # restore records
-    api = KubeApi(client.ApiClient(client.Configuration(host=str(kmock.url).rstrip("/"))))
+    api, own = (
+        KubeApi(client.ApiClient(client.Configuration(host=str(kmock.url).rstrip("/")))) for _ in "12"
+    )
+    binder = asyncio.create_task(bind_steered(own))  # its own client: not among the calls a test counts
     yield api
+    binder.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await binder
     api.client.close()
+    own.client.close()
 
 
 async def create(api: KubeApi, pod: dict[str, Any]) -> None:
@@ -230,7 +258,13 @@ async def test_start_creates_a_pinned_copy_with_lineage(api: KubeApi, tmp_path: 
     info = await rt.start(job_spec(original), checkpoint=saved.manifest)
     created = (await pods(api))["train-g2"]
     assert info.id == J1 and info.worker == "node-2" and info.handle == f"{NS}/train-g2"
+    # Created unbound, steered to node-2 for the scheduler to bind (here: ``bind_steered``).
     assert created["spec"]["nodeName"] == "node-2" and created["metadata"]["namespace"] == NS
+    assert created["metadata"]["annotations"][ANN_STEERED] == "node-2"
+    (term,) = created["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term == {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-2"]}]}
     assert created["metadata"]["labels"][LABEL_JOB] == "j1"
     assert created["metadata"]["annotations"][ANN_RESTORED_FROM] == "train"
     assert created["metadata"]["annotations"][ANN_GENERATION] == "2"

@@ -42,6 +42,7 @@ from specon.runtime.kubernetes.pods import (
     to_pod,
     to_volume,
 )
+from specon.runtime.kubernetes.steering import steered_to
 
 
 def pod(
@@ -256,7 +257,7 @@ def test_restored_pod_is_pinned_with_lineage_and_restore_env() -> None:
         restore_checkpoint="/data/jobs/j1/checkpoints/ckpt-000000000050.json",
     )
     assert new["metadata"]["name"] == "train-1-g3"
-    assert new["spec"]["nodeName"] == "node-3"
+    assert "nodeName" not in new["spec"] and steered_to(new) == "node-3"  # through the scheduler
     assert new["metadata"]["labels"][LABEL_JOB] == "j1" and new["metadata"]["namespace"] == "ml"
     assert new["metadata"]["annotations"][ANN_RESTORED_FROM] == "train-1-g2"
     assert new["metadata"]["annotations"][ANN_GENERATION] == "3"

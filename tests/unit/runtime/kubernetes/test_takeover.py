@@ -12,6 +12,7 @@ import pytest
 from specon.model import ContainerId
 from specon.runtime.kubernetes import pods, takeover
 from specon.runtime.kubernetes.api import KubeError
+from specon.runtime.kubernetes.steering import steer
 
 NOW = 1_800_000_000.0
 
@@ -74,7 +75,10 @@ class Api:
         return self.objects[path]
 
     async def delete(self, manifest: dict[str, Any], *, grace: int) -> None:
-        assert manifest["metadata"]["name"] in self.recorded, "recorded before it is deleted"
+        bound = bool(manifest["spec"].get("nodeName"))
+        assert (manifest["metadata"]["name"] in self.recorded) is bound, (
+            "recorded before it is deleted (if it ran)"
+        )
         assert grace == 0, "a lost node's pod goes at once"
         self.deleted.append(manifest["metadata"]["name"])
 
@@ -98,6 +102,24 @@ async def test_only_alive_pods_on_lost_nodes_are_deleted() -> None:
     kept = await takeover.take_over(ContainerId("t/j"), existing, "here", True, api.calls())
     assert api.deleted == ["a", "e"]  # "gone": its Node object no longer exists
     assert [p["metadata"]["name"] for p in kept] == ["b", "c", "d"]
+
+
+async def test_a_copy_still_unbound_and_steered_to_a_lost_node_is_deleted_unrecorded() -> None:
+    """Its agent died with the node and will never withdraw it; it never ran."""
+    now = time.time()
+    api = Api({
+        "/api/v1/nodes/dead": node(beat=now - 300),
+        f"{takeover.LEASES}/dead": lease(now - 100),
+        "/api/v1/nodes/up": node(beat=now - 300),
+        f"{takeover.LEASES}/up": lease(now - 1),
+    })  # fmt: skip
+    pending = [pod(name, "", phase="Pending") for name in ("a", "b")]
+    for p, target in zip(pending, ("dead", "up"), strict=True):
+        p["spec"] = {}
+        steer(p, target)
+    kept = await takeover.take_over(ContainerId("t/j"), pending, "here", True, api.calls())
+    assert api.deleted == ["a"] and api.recorded == []
+    assert [p["metadata"]["name"] for p in kept] == ["b"]
 
 
 async def test_only_the_node_taken_for_lost_is_taken_over() -> None:
