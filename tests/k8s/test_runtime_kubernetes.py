@@ -73,7 +73,9 @@ def shared_volume(api: KubeApi, namespace: str, root: Path) -> None:
         body={
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",
-            "metadata": {"name": CLAIM},
+            # The PV controller's mark of a finished binding: the scheduler places a pod that
+            # mounts the claim only with it.
+            "metadata": {"name": CLAIM, "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
             "spec": {
                 "accessModes": ["ReadWriteMany"],
                 "storageClassName": "",
