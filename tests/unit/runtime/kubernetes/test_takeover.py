@@ -89,14 +89,19 @@ class Api:
         return takeover.Calls(self.get, self.delete, self.record)
 
 
-async def test_only_alive_pods_on_lost_nodes_are_deleted() -> None:
+def dead_and_up() -> Api:
+    """Node ``dead`` (its kubelet silent a whole lease) and node ``up`` (its Lease renewed)."""
     now = time.time()
-    api = Api({
+    return Api({
         "/api/v1/nodes/dead": node(beat=now - 300),
         f"{takeover.LEASES}/dead": lease(now - 100),
         "/api/v1/nodes/up": node(beat=now - 300),
         f"{takeover.LEASES}/up": lease(now - 1),
     })  # fmt: skip
+
+
+async def test_only_alive_pods_on_lost_nodes_are_deleted() -> None:
+    api = dead_and_up()
     existing = [pod("a", "dead"), pod("b", "up"), pod("c", "dead", phase="Failed"), pod("d", "here"),
                 pod("e", "gone")]  # fmt: skip
     kept = await takeover.take_over(ContainerId("t/j"), existing, "here", True, api.calls())
@@ -106,13 +111,7 @@ async def test_only_alive_pods_on_lost_nodes_are_deleted() -> None:
 
 async def test_a_copy_still_unbound_and_steered_to_a_lost_node_is_deleted_unrecorded() -> None:
     """Its agent died with the node and will never withdraw it; it never ran."""
-    now = time.time()
-    api = Api({
-        "/api/v1/nodes/dead": node(beat=now - 300),
-        f"{takeover.LEASES}/dead": lease(now - 100),
-        "/api/v1/nodes/up": node(beat=now - 300),
-        f"{takeover.LEASES}/up": lease(now - 1),
-    })  # fmt: skip
+    api = dead_and_up()
     pending = [pod(name, "", phase="Pending") for name in ("a", "b")]
     for p, target in zip(pending, ("dead", "up"), strict=True):
         p["spec"] = {}
