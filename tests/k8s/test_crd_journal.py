@@ -85,11 +85,10 @@ def test_kubectl_get_and_describe_show_the_columns(kube_cluster: KubeCluster, ku
 
     table = [line.split() for line in run("get", "migrations").splitlines()]
     assert table[0] == ["NAME", "JOB", "FROM", "TO", "STATE", "REASON", "DOWNTIME", "AGE"]
-    rows = {row[0]: row[1:7] for row in table[1:]}
-    assert rows == {
-        "specon-m3": ["training.job-1", "node-1", "node-2", "done", "converged", "2.625"],
-        "specon-m4": ["training.job-1", "node-1", "node-2", "rolled_back", "converged", "<none>"],
-    }
+    rows = {row[0]: row[1:] for row in table[1:]}
+    assert rows["specon-m3"][:6] == ["training.job-1", "node-1", "node-2", "done", "converged", "2.625"]
+    # No downtime (it never started on node-2): an empty cell.
+    assert rows["specon-m4"][:5] == ["training.job-1", "node-1", "node-2", "rolled_back", "converged"]
     assert "start refused: node-2 lost" in run("get", "migrations", "-o", "wide")
     described = run("describe", "migration", "specon-m4")
     for text in ("Kind:         Migration", "State:", "rolled_back", "Checkpoint:", "/data/ckpt-40.json",
@@ -104,7 +103,12 @@ def test_kubectl_get_and_describe_show_the_columns(kube_cluster: KubeCluster, ku
                  "Authorization": f"Bearer {kube_cluster.admin_token}"},
     )  # fmt: skip
     served = json.loads(resp.data)
-    assert served["kind"] == "Table" and len(served["rows"]) == 2
+    assert served["kind"] == "Table"
+    cells = {r["cells"][0]: r["cells"][1:7] for r in served["rows"]}
+    assert cells == {
+        "specon-m3": ["training.job-1", "node-1", "node-2", "done", "converged", 2.625],
+        "specon-m4": ["training.job-1", "node-1", "node-2", "rolled_back", "converged", None],
+    }
     assert [c["name"] for c in served["columnDefinitions"]][:8] == [
         "Name", "Job", "From", "To", "State", "Reason", "Downtime", "Age"]  # fmt: skip
 
@@ -231,7 +235,8 @@ def test_a_carry_over_killed_midway_gives_the_same_result_when_run_again(
     assert len(again.all()) == 3  # written before the kill
     again.in_flight()
     assert again.all() == sorted(carried, key=lambda m: (m.decided_at, m.id))
-    assert len(again.marks()) == 5 and configmaps(kube_cluster, kube_namespace) == []
+    left = configmaps(kube_cluster, kube_namespace)
+    assert len(again.marks()) == 5 and all(n.startswith("specon-marks-") for n in left), left
 
 
 def largest(cluster: KubeCluster, namespace: str) -> tuple[int, str, int]:
