@@ -217,6 +217,11 @@ class CrdJournal:
         try:
             data = self.api.request("GET", self._base, query={"labelSelector": selector})
         except KubeError as exc:
+            if exc.status == 404:  # the group/version is not served
+                raise JournalError(
+                    f"list {PLURAL}: the Migration CRD ({PLURAL}.{GROUP}) is not installed: "
+                    "kubectl apply -k manifests/ installs it"
+                ) from exc
             raise JournalError(f"list {PLURAL}: {exc}") from exc
         mine = (o for o in data.get("items") or [] if str(meta(o).get("name")).startswith(f"{self.prefix}-"))
         found = (self._migration(o) for o in mine)
