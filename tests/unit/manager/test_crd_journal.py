@@ -16,6 +16,7 @@ import yaml
 from specon_manager.k8s_crd_journal import MARK_SHARDS, PLACES, CrdJournal, from_resource, sections, shard_of
 from specon_manager.k8s_journal import KubeJournal
 
+from specon.coordinator.effects import PutMark, PutMigration, write
 from specon.coordinator.migration import Mark, Migration, State
 from specon.model import ContainerId, WorkerId
 from specon.runtime.kubernetes.api import KubeApi, KubeError
@@ -195,3 +196,23 @@ def test_the_configmap_journal_is_carried_over_once_and_a_changed_one_again() ->
     # An older manager that still wrote meanwhile: its newer record is carried over too.
     old.put(SAVED.to(State.RESTORING, at=20.0))
     assert j.in_flight() == [SAVED.to(State.RESTORING, at=20.0)]
+
+
+def test_a_batch_of_marks_is_one_write_per_shard_in_the_order_written() -> None:
+    j, api = crd_journal()
+    marks = [Mark(ContainerId(f"ns.job-{i}"), None, 0, 0, WorkerId("n1")) for i in range(500)]
+    writes = [PutMark(i, mk) for i, mk in enumerate(marks, 1)]
+    assert (
+        write(j, [*writes, PutMigration(501, SAVED), PutMark(502, replace(marks[0], finished=True))]) == 502
+    )
+    posts = [c for c in api.calls if c.startswith(("POST", "PUT"))]
+    assert len(posts) == MARK_SHARDS + 2 + 1  # the shards, the migration (object, status), one shard
+    assert posts[MARK_SHARDS].startswith("POST /apis/specon.io/")  # the marks before it went first
+    assert j.marks() == {mk.container: mk for mk in [replace(marks[0], finished=True), *marks[1:]]}
+    # A failure inside writes none of the marks held back (the whole batch is retried).
+    with pytest.raises(RuntimeError), j.transaction():
+        j.put_mark(Mark(ContainerId("ns.never")))
+        raise RuntimeError("stop")
+    assert ContainerId("ns.never") not in j.marks()
+    j.put_mark(Mark(ContainerId("ns.now")))  # outside a transaction: at once
+    assert ContainerId("ns.now") in j.marks()
