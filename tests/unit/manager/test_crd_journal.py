@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from specon_manager.k8s_crd_journal import MARK_SHARDS, PLACES, CrdJournal, from_resource, sections, shard_of
-from specon_manager.k8s_journal import KubeJournal
+from specon_manager.k8s_journal import JournalError, KubeJournal
 
 from specon.coordinator.effects import PutMark, PutMigration, write
 from specon.coordinator.migration import Mark, Migration, State
@@ -216,3 +216,14 @@ def test_a_batch_of_marks_is_one_write_per_shard_in_the_order_written() -> None:
     assert ContainerId("ns.never") not in j.marks()
     j.put_mark(Mark(ContainerId("ns.now")))  # outside a transaction: at once
     assert ContainerId("ns.now") in j.marks()
+
+
+def test_a_cluster_without_the_crd_is_named_as_such() -> None:
+    class NoCrd(ResourceApi):
+        def request(self, method: str, path: str, **kw: Any) -> Any:
+            if path.startswith("/apis/specon.io/"):
+                raise KubeError(404, "NotFound", "the server could not find the requested resource")
+            return super().request(method, path, **kw)
+
+    with pytest.raises(JournalError, match=r"\(migrations.specon.io\) is not installed: kubectl apply -k"):
+        CrdJournal(NoCrd(), "specon").all()
