@@ -15,6 +15,7 @@ import pytest
 import yaml
 from specon_manager.k8s_crd_journal import MARK_SHARDS, PLACES, CrdJournal, from_resource, sections, shard_of
 from specon_manager.k8s_journal import JournalError, KubeJournal
+from specon_manager.leader import FencedJournal, NotLeaderError
 
 from specon.coordinator.effects import PutMark, PutMigration, write
 from specon.coordinator.migration import Mark, Migration, State
@@ -227,3 +228,17 @@ def test_a_cluster_without_the_crd_is_named_as_such() -> None:
 
     with pytest.raises(JournalError, match=r"\(migrations.specon.io\) is not installed: kubectl apply -k"):
         CrdJournal(NoCrd(), "specon").all()
+
+
+def test_the_fenced_journal_batches_too_and_a_lost_lease_writes_nothing() -> None:
+    j, api = crd_journal()
+    leading = True
+    fenced = FencedJournal(j, lambda: leading)
+    marks = [Mark(ContainerId(f"ns.job-{i}")) for i in range(300)]
+    write(fenced, [PutMark(i, mk) for i, mk in enumerate(marks, 1)])
+    assert len([c for c in api.calls if c.startswith(("POST", "PUT"))]) == MARK_SHARDS
+    leading = False
+    api.calls.clear()
+    with pytest.raises(NotLeaderError):
+        write(fenced, [PutMark(1, replace(marks[0], finished=True))])
+    assert not [c for c in api.calls if c.startswith(("POST", "PUT"))]
