@@ -17,7 +17,9 @@ namespace:
   placement (its home, for the reconciler), so they cannot live on its Migrations (most jobs
   never move), nor on its pods (a save deletes the pod, and the mark must outlive it); one
   object per job would make a manager's start list as many objects as jobs. A shard holds
-  1/64 of the marks: ~20 KiB at 10,000 jobs, under 256 KiB up to ~100,000.
+  1/64 of the marks: at 10,000 jobs with long names and every field set the largest is 47 KiB
+  as served (managedFields included; tests/k8s/test_crd_journal.py), so under 256 KiB up to
+  ~50,000 such jobs.
 * ``<prefix>-meta``: one ConfigMap, one data key per meta key (as the ConfigMap journal).
 
 Writes are durable when the API server answers. Every update carries the ``resourceVersion``
