@@ -8,7 +8,9 @@ An I/O shell around ``specon.coordinator``: no algorithm and no message schema l
 - ``auth``: bearer tokens and identities; ``auth_kubernetes``: ServiceAccount tokens (TokenReview);
 - ``pod_broker``: the pod writes Kubernetes agents ask for, made if the manager decided them;
   ``k8s_events``: the Events it records on a job's pod when a move ends;
-- ``journal``: the write-ahead journal in SQLite; ``k8s_journal``: the same in the Kubernetes API;
+- ``journal``: the write-ahead journal in SQLite; ``k8s_crd_journal``: the same in the Kubernetes
+  API (``Migration`` resources); ``k8s_journal``: its ConfigMap plumbing and the ConfigMap journal
+  before it, which ``k8s_journal_upgrade`` carries over;
 - ``leader``: leader election between replicas (a Lease), the journal fenced by it; ``lease``: its
   decisions; ``leader_pod``: the leader's label on its own pod, which the HA Service selects;
   ``standby``: /readyz and what a standby answers;

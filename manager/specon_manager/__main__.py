@@ -340,12 +340,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         # Imported here only: the client is heavy and only this journal needs it.
         from specon.runtime.kubernetes.backend import load_api_client  # noqa: PLC0415
-        from specon_manager.k8s_journal import KubeJournal  # noqa: PLC0415
+        from specon_manager.k8s_crd_journal import CrdJournal  # noqa: PLC0415
 
         try:
             # No pod mirror: the manager may not write pods (least privilege; docs/kubernetes.md).
-            journal = KubeJournal(load_api_client(args.kubeconfig), args.journal_namespace, mirror_pods=False)
+            journal = CrdJournal(load_api_client(args.kubeconfig), args.journal_namespace, mirror_pods=False)
             journal.marks()  # fail fast: the API is reachable and the role allows it
+            journal.all()  # and the Migration resource is installed
         except Exception as exc:  # JournalError, or what the client raises for a bad config
             print(f"specon-manager: cannot use the kubernetes journal: {exc}", file=sys.stderr)
             return 2

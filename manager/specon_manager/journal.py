@@ -102,7 +102,7 @@ def _decode(cls: type[R], columns: tuple[str, ...], row: Sequence[object]) -> R:
 
 class JournalStore(Protocol):
     """What the manager needs of a journal: this SQLite one, or
-    ``specon_manager.k8s_journal.KubeJournal`` (ConfigMaps in the Kubernetes API)."""
+    ``specon_manager.k8s_crd_journal.CrdJournal`` (``Migration`` resources in the Kubernetes API)."""
 
     def put(self, m: Migration) -> None: ...
     def get(self, migration_id: str) -> Migration | None: ...

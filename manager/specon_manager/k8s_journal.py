@@ -1,5 +1,8 @@
-"""The manager's write-ahead journal in the Kubernetes API, so a manager restarted on any
-node recovers every in-flight migration and every mark from the API alone.
+"""The ConfigMap journal: the manager's write-ahead journal in the Kubernetes API before the
+``Migration`` resource (``specon_manager.k8s_crd_journal``, today's ``--journal kubernetes``).
+A manager upgraded from it reads it once and carries it over
+(``specon_manager.k8s_journal_upgrade``); its helpers (the mark encoding, the ConfigMap
+read-modify-write, the meta ConfigMap) are the new journal's too.
 
 Same methods as ``specon_manager.journal.Journal`` (``put``, ``get``, ``in_flight``, ``all``,
 ``forget``, ``put_mark``, ``marks``, ``get_meta``, ``set_meta``, ``close``). Where the records live, in the
@@ -8,8 +11,7 @@ manager's namespace:
 * one ConfigMap per migration, ``<prefix>-migration-<id>``, data ``migration.json`` (the
   ``Migration`` through ``specon.wire.codec``, keys sorted); labels
   ``specon.io/record=migration`` and ``specon.io/in-flight=true|false`` let ``in_flight`` list
-  only the open ones. Not the job's pod: a migration outlives the pod it saves (the pod is
-  deleted by the save, and its successor is created later).
+  only the open ones.
 * ``<prefix>-marks``: one data key per container, its ``Mark`` through the codec less the
   container (``{"migrated_at", "migrations", "rebalances"}``); ``<prefix>-meta``: one data key
   per meta key.
@@ -60,7 +62,7 @@ class JournalError(RuntimeError):
     """The API refused or could not be reached; the journal write did not happen."""
 
 
-def _name_part(text: str) -> str:
+def name_part(text: str) -> str:
     """``text`` as a DNS-1123 label part; a hash suffix keeps distinct ids distinct."""
     clean = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40]
     if clean == text:
@@ -92,7 +94,7 @@ def _decode(text: str) -> Migration:
 _MARK_ADDED = {"home": None, "finished": False, "restarts": 0}
 
 
-def _encode_mark(mark: Mark) -> str:
+def encode_mark(mark: Mark) -> str:
     data = codec.to_data(mark, Mark)
     del data[_MARK_KEY]
     for key, default in _MARK_ADDED.items():
@@ -101,7 +103,7 @@ def _encode_mark(mark: Mark) -> str:
     return json.dumps(data, sort_keys=True)
 
 
-def _decode_mark(key: str, text: str) -> Mark:
+def decode_mark(key: str, text: str) -> Mark:
     """The marks of container ``key``; a corrupt entry is logged and its bad fields (all of
     them, if it is not a JSON object) take their defaults: marks only count, never block."""
     try:
@@ -135,7 +137,7 @@ class KubeJournal:
 
     # -- migrations -------------------------------------------------------------------
     def migration_name(self, migration_id: str) -> str:
-        return f"{self.prefix}-migration-{_name_part(migration_id)}"
+        return f"{self.prefix}-migration-{name_part(migration_id)}"
 
     def put(self, m: Migration) -> None:
         """Insert or replace one migration record (committed when this returns)."""
@@ -143,11 +145,11 @@ class KubeJournal:
         if m.container and LABEL_VALUE.fullmatch(m.container):
             labels[LABEL_JOB] = m.container
         data = {_DATA_KEY: _encode(m)}
-        self._upsert(self.migration_name(m.id), lambda _old: data, labels)
+        self.upsert(self.migration_name(m.id), lambda _old: data, labels)
 
     def get(self, migration_id: str) -> Migration | None:
-        cm = self._read(self.migration_name(migration_id))
-        return None if cm is None else self._migration(cm)
+        cm = self.read(self.migration_name(migration_id))
+        return None if cm is None else self.migration_of(cm)
 
     def in_flight(self) -> list[Migration]:
         found = self._migrations(f"{RECORD}=migration,{IN_FLIGHT}=true")
@@ -174,13 +176,13 @@ class KubeJournal:
         data = self._call("GET", self._base, query={"labelSelector": selector})
         out = []
         for cm in data.get("items") or []:
-            m = self._migration(cm)
+            m = self.migration_of(cm)
             if m is not None:
                 out.append(m)
         return out
 
     @staticmethod
-    def _migration(cm: dict[str, Any]) -> Migration | None:
+    def migration_of(cm: dict[str, Any]) -> Migration | None:
         try:
             return _decode((cm.get("data") or {})[_DATA_KEY])
         except (KeyError, ValueError, TypeError) as exc:
@@ -191,21 +193,21 @@ class KubeJournal:
     def put_mark(self, mark: Mark) -> None:
         """Set one container's marks (a key of the marks ConfigMap; other keys are kept:
         read-modify-write on the resourceVersion)."""
-        key, value = self._key(mark.container), _encode_mark(mark)
+        key, value = self.key(mark.container), encode_mark(mark)
 
         def update(old: dict[str, str]) -> dict[str, str]:
             return {**old, key: value}
 
-        self._upsert(f"{self.prefix}-marks", update, {**self._labels, RECORD: "marks"})
+        self.upsert(f"{self.prefix}-marks", update, {**self._labels, RECORD: "marks"})
         if self.mirror_pods:
-            self._mirror(mark)
+            self.mirror(mark)
 
     def marks(self) -> dict[ContainerId, Mark]:
-        cm = self._read(f"{self.prefix}-marks")
+        cm = self.read(f"{self.prefix}-marks")
         found = ((cm or {}).get("data") or {}).items()
-        return {ContainerId(key): _decode_mark(key, str(value)) for key, value in found}
+        return {ContainerId(key): decode_mark(key, str(value)) for key, value in found}
 
-    def _mirror(self, mk: Mark) -> None:
+    def mirror(self, mk: Mark) -> None:
         annotations = {ANN_MIGRATIONS: str(mk.migrations), ANN_REBALANCES: str(mk.rebalances)}
         if mk.migrated_at is not None:
             annotations[ANN_MIGRATED_AT] = f"{mk.migrated_at:.3f}"
@@ -228,17 +230,17 @@ class KubeJournal:
 
     # -- meta -----------------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:
-        cm = self._read(f"{self.prefix}-meta")
-        value = ((cm or {}).get("data") or {}).get(self._key(key))
+        cm = self.read(f"{self.prefix}-meta")
+        value = ((cm or {}).get("data") or {}).get(self.key(key))
         return None if value is None else str(value)
 
     def set_meta(self, key: str, value: str) -> None:
-        k = self._key(key)
-        self._upsert(f"{self.prefix}-meta", lambda old: {**old, k: value}, {**self._labels, RECORD: "meta"})
+        k = self.key(key)
+        self.upsert(f"{self.prefix}-meta", lambda old: {**old, k: value}, {**self._labels, RECORD: "meta"})
 
     # -- plumbing -------------------------------------------------------------------------
     @staticmethod
-    def _key(key: str) -> str:
+    def key(key: str) -> str:
         if not _KEY.match(key):
             raise ValueError(f"journal key {key!r}: use [-._a-zA-Z0-9]")
         return key
@@ -249,7 +251,7 @@ class KubeJournal:
         except KubeError as exc:
             raise JournalError(f"{method} {path}: {exc}") from exc
 
-    def _read(self, name: str) -> dict[str, Any] | None:
+    def read(self, name: str) -> dict[str, Any] | None:
         try:
             return self.api.request("GET", f"{self._base}/{name}")  # type: ignore[no-any-return]
         except KubeError as exc:
@@ -257,18 +259,22 @@ class KubeJournal:
                 return None
             raise JournalError(f"read {name}: {exc}") from exc
 
-    def _upsert(
+    def upsert(
         self, name: str, update: Callable[[dict[str, str]], dict[str, str]], labels: dict[str, str]
     ) -> None:
         """Read-modify-write one ConfigMap: PUT with the version read, create if absent,
-        redo on 409 (someone wrote in between), up to ``_ATTEMPTS`` tries, after a short random
-        wait (client-go's RetryOnConflict backs off too): writers that collide and redo at once
-        collide again in lockstep (seen: 8 conflicts in a row between two writers on a loaded
-        machine)."""
+        redo on 409 (someone wrote in between)."""
+        self.retry_conflicts(name, lambda: self._write(name, update, labels))
+
+    def retry_conflicts(self, what: str, attempt: Callable[[], None]) -> None:
+        """``attempt`` (one read-modify-write), redone on 409 up to ``_ATTEMPTS`` tries, after a
+        short random wait (client-go's RetryOnConflict backs off too): writers that collide and
+        redo at once collide again in lockstep (seen: 8 conflicts in a row between two writers
+        on a loaded machine). ``JournalError`` when it still fails."""
 
         def conflicted(_state: RetryCallState) -> None:
             self.conflicts += 1
-            log.info("specon.journal.conflict", configmap=name)
+            log.info("specon.journal.conflict", record=what)
 
         retrying = Retrying(
             retry=retry_if_exception(lambda exc: isinstance(exc, KubeError) and exc.status == 409),
@@ -278,17 +284,17 @@ class KubeJournal:
             reraise=True,
         )
         try:
-            retrying(self._write, name, update, labels)
+            retrying(attempt)
         except KubeError as exc:
             if exc.status == 409:
-                raise JournalError(f"write {name}: still conflicting after {_ATTEMPTS} attempts") from exc
-            raise JournalError(f"write {name}: {exc}") from exc
+                raise JournalError(f"write {what}: still conflicting after {_ATTEMPTS} attempts") from exc
+            raise JournalError(f"write {what}: {exc}") from exc
 
     def _write(
         self, name: str, update: Callable[[dict[str, str]], dict[str, str]], labels: dict[str, str]
     ) -> None:
         """One read-modify-write; ``KubeError`` 409 when someone wrote in between."""
-        cur = self._read(name)
+        cur = self.read(name)
         old = {str(k): str(v) for k, v in ((cur or {}).get("data") or {}).items()}
         body: dict[str, Any] = {
             "apiVersion": "v1",

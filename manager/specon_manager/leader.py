@@ -41,7 +41,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -50,6 +50,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from specon.coordinator.effects import Transactional
 from specon.coordinator.migration import Mark, Migration
 from specon.model import ContainerId
 from specon.runtime.kubernetes.api import KubeApi, KubeError, load_api_client
@@ -356,6 +357,13 @@ class FencedJournal:
     def put_mark(self, mark: Mark) -> None:
         self._check(f"marks of {mark.container}")
         self.inner.put_mark(mark)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """The inner journal's, where it has one (the Kubernetes journal writes a batch's marks
+        one shard at a time); each write in it is still checked when it is made."""
+        with self.inner.transaction() if isinstance(self.inner, Transactional) else contextlib.nullcontext():
+            yield
 
     def set_meta(self, key: str, value: str) -> None:
         self._check(f"meta {key}")

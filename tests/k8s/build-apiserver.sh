@@ -54,12 +54,21 @@ apt_get() {
     return 1
 }
 
+# What the build changes in the source tree; a control-plane binary built without it is rebuilt.
+PATCHES="reflect2-1.0.2"
+
 # True when $1 is a usable binary: a Kubernetes component of the pinned version, or the pause
 # binary (static: it runs in an image with nothing else in it).
 valid() {
     [[ -x "$1" ]] || return 1
     case "$(basename "$1")" in
         pause) "$1" -v 2>/dev/null | grep -q '^pause' ;;
+        # The API server serves custom resources; the scheduler and the controller manager,
+        # from the same tree, decode them (informers): all three carry the fix.
+        kube-apiserver | kube-scheduler | kube-controller-manager)
+            "$1" --version 2>/dev/null | grep -qx "Kubernetes $VERSION" &&
+                grep -qx "$PATCHES" "$1.patches" 2>/dev/null
+            ;;
         *) "$1" --version 2>/dev/null | grep -qx "Kubernetes $VERSION" ;;
     esac
 }
@@ -70,6 +79,7 @@ publish() {
     name="$(basename "$1")"
     [[ "$src" -ef "$TARGET_DIR/$name" ]] && return 0
     mkdir -p "$TARGET_DIR"
+    [[ -f "$src.patches" ]] && cp "$src.patches" "$TARGET_DIR/$name.patches"
     local tmp="$TARGET_DIR/.$name.$$"
     ln -f "$src" "$tmp" 2>/dev/null || cp "$src" "$tmp"
     mv -f "$tmp" "$TARGET_DIR/$name"
@@ -118,10 +128,15 @@ build() {
 
     local t0=$SECONDS
     local tools=(golang-go rsync jq)
+    # Kubernetes 1.20 vendors reflect2 1.0.1, which faults under Go >= 1.18 (json-iterator's
+    # map encoding: the first custom resource request kills the API server); 1.0.2, the same
+    # API, is the fix (what later Kubernetes releases vendor).
+    local reflect2=/usr/share/gocode/src/github.com/modern-go/reflect2
     # pause is linked statically against glibc (libc6-dev's libc.a, pulled in by gcc).
     [[ " ${names[*]} " == *" pause "* ]] && tools+=(gcc)
     if ! command -v go >/dev/null || ! command -v rsync >/dev/null || ! command -v jq >/dev/null \
-        || { [[ " ${tools[*]} " == *" gcc "* ]] && ! command -v gcc >/dev/null; }; then
+        || { [[ " ${tools[*]} " == *" gcc "* ]] && ! command -v gcc >/dev/null; } || [[ ! -d $reflect2 ]]; then
+        tools+=(golang-github-modern-go-reflect2-dev)
         [[ $(id -u) -eq 0 ]] || impossible "${tools[*]}: some are missing and installing them needs root"
         log "apt-get install ${tools[*]}"
         export DEBIAN_FRONTEND=noninteractive
@@ -161,6 +176,13 @@ build() {
     local tree
     tree="$(find "$work" -mindepth 1 -maxdepth 1 -type d -name 'kubernetes*' | head -n1)"
 
+    local vendored="$tree/vendor/github.com/modern-go/reflect2"
+    if [[ -d "$vendored" ]]; then
+        rm -f "$vendored"/*.go "$vendored"/*.s
+        find "$reflect2" -maxdepth 1 -type f \( -name '*.go' -o -name '*.s' \) ! -name '*_test.go' \
+            -exec cp {} "$vendored/" \;
+    fi
+
     local what=() bin
     for name in "${names[@]}"; do
         [[ $name == pause ]] || what+=("cmd/$name")
@@ -183,11 +205,13 @@ build() {
         else
             bin="$(find "$tree/_output" -type f -name "$name" -perm -u+x | head -n1)"
         fi
+        echo "$PATCHES" >"$bin.patches"
         valid "$bin" || {
             log "built $name is not usable: $("$bin" --version 2>&1 || true)"
             return 1
         }
         cp "$bin" "$STORE_DIR/.$name.$$"
+        cp "$bin.patches" "$STORE_DIR/$name.patches"
         mv -f "$STORE_DIR/.$name.$$" "$STORE_DIR/$name"
     done
     rm -rf "$work"

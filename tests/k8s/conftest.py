@@ -2,7 +2,9 @@
 
 - ``kube_binaries`` (session): :class:`Binaries`; the build runs once per session, before the
   first test, outside any test timeout (a cold build takes ~5 min, then it is cached).
-- ``kube_cluster`` (session): a :class:`KubeCluster` with ``--authorization-mode=AlwaysAllow``.
+- ``kube_cluster`` (session): a :class:`KubeCluster` with ``--authorization-mode=AlwaysAllow``;
+  every cluster here has the Migration CRD installed (``manifests/base/crd.yaml``), as
+  ``kubectl apply -k manifests/`` installs it.
 - ``kube_rbac_cluster`` (session): a second one with ``--authorization-mode=RBAC``; only
   started when a test asks for it.
 - ``kube_api`` (function): an admin ``kubernetes.client.ApiClient`` for ``kube_cluster``.
@@ -36,7 +38,9 @@ from typing import Any, TypeVar, cast
 import pytest
 from kubernetes import client
 
+from specon.runtime.kubernetes.api import KubeApi
 from tests.k8s.cluster import Binaries, BuildImpossibleError, KubeCluster, ensure_binaries
+from tests.k8s.crd import install_crd
 from tests.k8s.kubelet import FakeKubelet, NodeSpec
 from tests.k8s.nodes import NodeBinaries, RealNodes, ensure_node_binaries
 from tests.k8s.nodes import real_nodes as real_nodes_of
@@ -114,12 +118,14 @@ def kube_binaries(pytestconfig: pytest.Config) -> Binaries:
 @pytest.fixture(scope="session")
 def kube_cluster(kube_binaries: Binaries) -> Iterator[KubeCluster]:
     with KubeCluster(kube_binaries, authorization_mode="AlwaysAllow") as cluster:
+        install_crd(KubeApi(cluster.api_client()))  # as `kubectl apply -k manifests/` does
         yield cluster
 
 
 @pytest.fixture(scope="session")
 def kube_rbac_cluster(kube_binaries: Binaries) -> Iterator[KubeCluster]:
     with KubeCluster(kube_binaries, authorization_mode="RBAC") as cluster:
+        install_crd(KubeApi(cluster.api_client()))
         yield cluster
 
 
@@ -160,6 +166,7 @@ def node_binaries(pytestconfig: pytest.Config, kube_binaries: Binaries) -> NodeB
 @pytest.fixture(scope="session")
 def real_cluster(kube_binaries: Binaries) -> Iterator[KubeCluster]:
     with KubeCluster(kube_binaries, authorization_mode="AlwaysAllow") as cluster:
+        install_crd(KubeApi(cluster.api_client()))  # as `kubectl apply -k manifests/` does
         yield cluster
 
 

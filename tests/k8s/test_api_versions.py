@@ -6,8 +6,8 @@ server-side, and the runtime's calls run against it).
 Rendered: ``manifests/`` as ``kubectl apply -k`` takes it, the base with each component, the
 dry-run overlay and the examples. Created: what the code sends in a create or replace, caught
 by a recording API: a restored copy and its restore record (the manager's writer), an
-Eviction, an Event (agent's and manager's), the journal's ConfigMaps, the leader's Lease, a
-TokenReview. Kinds no Kubernetes release defines (the Prometheus operator's ServiceMonitor and
+Eviction, an Event (agent's and manager's), the journal's Migrations and ConfigMaps, the leader's Lease,
+a TokenReview. Kinds no Kubernetes release defines (the Prometheus operator's ServiceMonitor and
 PrometheusRule) are left to their own CRDs; the ValidatingAdmissionPolicy is v1 from 1.30."""
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate as kv
 import pytest
 from specon_manager.auth_kubernetes import TokenReviewAuthenticator
+from specon_manager.k8s_crd_journal import CrdJournal
 from specon_manager.k8s_events import MigrationEvents
-from specon_manager.k8s_journal import KubeJournal
 from specon_manager.leader import LeaseElector
 
 from specon.coordinator.migration import Mark, Migration, State
@@ -34,7 +35,8 @@ from tests.k8s.test_manifests import MANIFESTS, render
 from tests.k8s.test_runtime_kubernetes import training_pod
 
 VERSIONS = [f"1.{minor}.0" for minor in range(28, 38)]
-NOT_IN_KUBERNETES = {"monitoring.coreos.com/v1"}  # the Prometheus operator's CRDs
+# The Prometheus operator's CRDs, and specon's own (checked against its CRD's schema below).
+NOT_IN_KUBERNETES = {"monitoring.coreos.com/v1", "specon.io/v1alpha1"}
 SINCE = {("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"): 30,
          ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): 30}  # fmt: skip
 
@@ -108,14 +110,24 @@ def created() -> list[tuple[str, dict[str, Any]]]:
         await who.authenticate("eyJhbGciOiJSUzI1NiJ9.eyJleHAiOjF9.c2lnbmF0dXJl")  # a JWT's shape
 
     asyncio.run(run())
-    journal = KubeJournal(api, "specon", mirror_pods=False)
+    journal = CrdJournal(api, "specon", mirror_pods=False)
     journal.put(moved)
+    journal.put(moved.to(State.SAVED, at=2.0, checkpoint="/data/c.json", checkpoint_step=4, stopped_at=1.5))
     journal.put_mark(Mark(job, 3.0, 1, 0))
     journal.set_meta("epoch", "1")
     elector = LeaseElector(api, namespace="specon", name="specon-manager", identity="m-1")
     elector._write(None, create=True)
     kinds = {b["kind"] for _, b in api.sent}
-    assert {"Pod", "PodTemplate", "Eviction", "Event", "ConfigMap", "Lease", "TokenReview"} <= kinds, kinds
+    assert {
+        "Pod",
+        "PodTemplate",
+        "Eviction",
+        "Event",
+        "ConfigMap",
+        "Lease",
+        "TokenReview",
+        "Migration",
+    } <= kinds
     return api.sent
 
 
@@ -157,5 +169,36 @@ def test_the_objects_checked_cover_every_kind_shipped(objects: list[tuple[str, d
         "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
         "ConfigMap", "PersistentVolumeClaim", "PersistentVolume", "Service", "Deployment", "DaemonSet",
         "PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
-        "Pod", "PodTemplate", "Eviction", "Event", "Lease", "TokenReview",
+        "Pod", "PodTemplate", "Eviction", "Event", "Lease", "TokenReview", "CustomResourceDefinition",
+        "Migration",
     } <= kinds, kinds  # fmt: skip
+
+
+def strict(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with no field it does not name (what kubernetes-validate's strict mode does
+    for the built-in kinds): the API server would prune one silently."""
+    out = copy.deepcopy(schema)
+    if "properties" in out:
+        out["properties"] = {k: strict(v) for k, v in out["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    if "items" in out:
+        out["items"] = strict(out["items"])
+    return out
+
+
+def test_every_migration_the_journal_writes_is_valid_for_its_crd(
+    objects: list[tuple[str, dict[str, Any]]],
+) -> None:
+    (crd,) = [o for w, o in objects if w == "manifests/" and o["kind"] == "CustomResourceDefinition"]
+    (version,) = crd["spec"]["versions"]
+    schema = strict(version["schema"]["openAPIV3Schema"])
+    schema["properties"]["metadata"] = {"type": "object"}  # ObjectMeta: the API server's own check
+    migrations = [o for _, o in objects if o["kind"] == "Migration"]
+    assert {m["apiVersion"] for m in migrations} == {f"{crd['spec']['group']}/{version['name']}"}
+    assert any("status" in m for m in migrations) and any(
+        "checkpoint" in m.get("status", {}) for m in migrations
+    )
+    for m in migrations:
+        jsonschema.validate(m, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**migrations[0], "spec": {**migrations[0]["spec"], "target": "x"}}, schema)

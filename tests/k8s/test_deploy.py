@@ -2,9 +2,10 @@
 ``manifests/`` as shipped, namespace ``specon`` and cluster-wide objects included).
 
 ``kubectl apply -k manifests/`` creates everything; ``make undeploy`` removes specon but keeps
-its namespace, the migration journal (ConfigMaps the manager wrote there) and the volume
-claim, so a redeploy binds the same volume and recovers every migration; ``make undeploy
-PURGE=1`` removes those too. No kubelet runs here: the objects are what is checked."""
+its namespace, the migration journal (the Migrations the manager wrote there, their CRD, the
+marks and meta ConfigMaps) and the volume claim, so a redeploy binds the same volume and
+recovers every migration; ``make undeploy PURGE=1`` removes those too. No kubelet runs here:
+the objects are what is checked."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ from kubernetes import client
 
 from specon.runtime.kubernetes.api import KubeApi, KubeError
 from tests.k8s.cluster import Binaries, KubeCluster
+from tests.k8s.crd import install_crd
 from tests.k8s.test_manifests import MANIFESTS, ROOT, collection, kubectl, render
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
-JOURNAL = "specon-migration-m1"  # a record as the manager writes it (specon_manager.k8s_journal)
+JOURNAL = "specon-marks-07"  # a record as the manager writes it (specon_manager.k8s_crd_journal)
+MIGRATIONS = "/apis/specon.io/v1alpha1/namespaces/specon/migrations"
 
 
 @pytest.fixture
@@ -139,14 +142,25 @@ def test_undeploy_keeps_the_journal_and_the_volume_and_a_redeploy_finds_them(
     shipped = render(MANIFESTS)
     assert all(exists(cluster, d) for d in shipped)
     core.create_namespaced_config_map("specon", client.V1ConfigMap(
-        metadata=client.V1ObjectMeta(name=JOURNAL, labels={"specon.io/record": "migration"}), data={"x": "1"}
+        metadata=client.V1ObjectMeta(name=JOURNAL, labels={"specon.io/record": "mark-shard"}), data={"x": "1"}
     ))  # fmt: skip
+    api = KubeApi(cluster.api_client())
+    install_crd(api)  # applied above: this waits until it is served
+    moved = {"apiVersion": "specon.io/v1alpha1", "kind": "Migration", "metadata": {"name": "specon-m1"},
+             "spec": {"id": "m1", "job": "training.a", "from": "n1", "to": "n2", "reason": "converged",
+                      "decidedAt": 1.0}}  # fmt: skip
+    api.request("POST", MIGRATIONS, body=moved)
     claim = core.read_namespaced_persistent_volume_claim("specon-data", "specon").metadata.uid
 
     make("undeploy", config)
     kept = {(d["kind"], d["metadata"]["name"]) for d in shipped if exists(cluster, d)}
-    assert kept == {("Namespace", "specon"), ("PersistentVolumeClaim", "specon-data")}
+    assert kept == {
+        ("Namespace", "specon"),
+        ("PersistentVolumeClaim", "specon-data"),
+        ("CustomResourceDefinition", "migrations.specon.io"),
+    }
     assert core.read_namespaced_config_map(JOURNAL, "specon").data == {"x": "1"}
+    assert api.request("GET", f"{MIGRATIONS}/specon-m1")["spec"]["to"] == "n2"
     assert core.read_namespace("training").status.phase == "Active"  # never a training namespace
 
     run(kubectl(), "--kubeconfig", str(config), "apply", "-k", str(MANIFESTS))  # the redeploy

@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from specon_manager.k8s_journal import KubeJournal
+from specon_manager.k8s_crd_journal import CrdJournal
 
 from specon.coordinator.migration import State
 from specon.model import Resources, WorkerId
@@ -68,7 +68,7 @@ import time
 from aiohttp import web
 from specon_manager.app import create_app
 from specon_manager.auth_kubernetes import TokenReviewAuthenticator
-from specon_manager.k8s_journal import KubeJournal
+from specon_manager.k8s_crd_journal import CrdJournal
 from specon_manager.pod_broker import PodBroker
 from specon_manager.shell import ManagerShell
 from specon.daemon import logs
@@ -79,7 +79,7 @@ from specon.runtime.kubernetes.writes import PodWrites
 
 kubeconfig, namespace, policy, port, audience = sys.argv[1:6]
 logs.configure(level="info", fmt="console")
-journal = KubeJournal(load_api_client(kubeconfig), namespace)
+journal = CrdJournal(load_api_client(kubeconfig), namespace)
 shell = ManagerShell(policy=load_policy(policy), journal=journal)
 auth = TokenReviewAuthenticator(
     load_api_client(kubeconfig), audience=audience, service_account=f"{namespace}/specon-agent"
@@ -115,8 +115,8 @@ class Deployment:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def journal(self) -> KubeJournal:
-        return KubeJournal(KubeApi(self.cluster.api_client()), self.namespace)
+    def journal(self) -> CrdJournal:
+        return CrdJournal(KubeApi(self.cluster.api_client()), self.namespace)
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.work / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
@@ -395,7 +395,7 @@ async def converged_pod_moves(d: Deployment, steps: int = 300) -> Downtime:
     assert pod["metadata"]["annotations"]["specon.io/restored-from"] == "fast"
     st = await d.status()
     assert all(x.container != steady_id for x in st.migrations)  # still progressing: never moved
-    # The journal lives in the API: the migration is a ConfigMap of the namespace.
+    # The journal lives in the API: the migration is a Migration resource of the namespace.
     (record,) = d.journal().all()
     assert record.state is State.DONE and record.target == "node-2"
     restart, gap = job_downtime(d.volume, "fast")

@@ -29,7 +29,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from specon_manager.k8s_journal import KubeJournal
+from specon_manager.k8s_crd_journal import CrdJournal
 from specon_manager.leader import LeaseElector, Outcome
 from specon_manager.leader_pod import LEADER_LABEL
 from specon_manager.lease import Record, Timing
@@ -199,8 +199,8 @@ class Replicas:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def journal(self) -> KubeJournal:
-        return KubeJournal(self.admin, self.namespace, mirror_pods=False)
+    def journal(self) -> CrdJournal:
+        return CrdJournal(self.admin, self.namespace, mirror_pods=False)
 
     def lease_record(self) -> Record | None:
         try:

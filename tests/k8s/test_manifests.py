@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import yaml
 from specon_agent.__main__ import build_parser as agent_parser
 from specon_manager.__main__ import build_parser as manager_parser
 from specon_manager.auth_kubernetes import TokenReviewAuthenticator
+from specon_manager.k8s_crd_journal import CrdJournal
 from specon_manager.k8s_events import MigrationEvents
 from specon_manager.k8s_journal import KubeJournal
 from specon_manager.leader_pod import LEADER_LABEL
@@ -38,6 +39,7 @@ from specon.runtime.kubernetes.others import ClusterRequests
 from specon.runtime.kubernetes.restore import record_name, record_of
 from specon.runtime.kubernetes.writes import LocalWriter, PodWrites
 from tests.k8s.cluster import KubeCluster
+from tests.k8s.crd import CRDS, crd
 from tests.k8s.kubelet import FakeKubelet, NodeSpec
 from tests.k8s.test_runtime_kubernetes import running, shared_volume, trained, training_pod, until
 
@@ -62,6 +64,7 @@ PATHS = {
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "CustomResourceDefinition": ("/apis/apiextensions.k8s.io/v1", "customresourcedefinitions", False),
 }
 
 
@@ -116,6 +119,7 @@ def test_kustomize_renders_the_whole_deployment() -> None:
     docs = by_kind(render(MANIFESTS))
     assert {k: len(v) for k, v in docs.items()} == {
         "Namespace": 1,
+        "CustomResourceDefinition": 1,  # Migration, the journal
         "ServiceAccount": 2,
         "ClusterRole": 3,
         "ClusterRoleBinding": 3,
@@ -211,6 +215,14 @@ def test_rbac_no_agent_role_writes_pods_and_the_manager_writes_only_in_training_
     assert "--pod-writes=manager" in container(agent)["args"]
     (manager,) = docs["Deployment"]
     assert "--manage-pods" in container(manager)["args"]
+    # The journal: exactly the calls k8s_crd_journal.py makes, in the manager's namespace only.
+    (home,) = [r for r in docs["Role"] if r["metadata"]["namespace"] == "specon"]
+    assert {(g, res): v for g, res, v in rules_of(home) if g == "specon.io"} == {
+        ("specon.io", "migrations"): {"get", "list", "create", "update", "delete"},
+        ("specon.io", "migrations/status"): {"update"},
+    }
+    for role in docs["ClusterRole"]:
+        assert all(g not in ("specon.io", "apiextensions.k8s.io") for g, _, _ in rules_of(role))
 
 
 def test_a_training_namespace_is_one_line() -> None:
@@ -394,7 +406,11 @@ def test_every_object_applies_server_side(kube_cluster: KubeCluster) -> None:
         except KubeError as exc:
             assert exc.status == 409, exc
     for d in docs:
-        if d["kind"] != "Namespace":
+        if d["kind"] == "CustomResourceDefinition":  # installed in every test cluster (conftest)
+            cur = api.request("GET", f"{collection(d)}/{d['metadata']['name']}")
+            d["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
+            api.request("PUT", f"{collection(d)}/{d['metadata']['name']}", query={"dryRun": "All"}, body=d)
+        elif d["kind"] != "Namespace":
             api.request("POST", collection(d), query={"dryRun": "All"}, body=d)
 
 
@@ -644,7 +660,7 @@ async def test_the_manager_role_allows_every_call_the_journal_and_tokenreview_ma
     admin.request(
         "POST", f"/api/v1/namespaces/{rbac.training}/pods", body=training_pod("m1", rbac.node, steps=4000)
     )
-    journal = KubeJournal(manager, home, mirror_pods=False)  # as the manager runs it
+    journal = CrdJournal(manager, home, mirror_pods=False)  # as the manager runs it
     m = Migration(
         "m1-1",
         ContainerId("m1"),
@@ -667,6 +683,15 @@ async def test_the_manager_role_allows_every_call_the_journal_and_tokenreview_ma
     # Pruning: an ended migration past retention is deleted.
     journal.put(m.to(State.SAVING, at=2.0).to(State.FAILED, at=3.0).to(State.ROLLED_BACK, at=4.0))
     assert journal.forget(1_000.0, 60.0, keep_newest=0) == 1 and journal.all() == []
+    # The ConfigMap journal of an older manager, carried over and deleted on the manager's role.
+    KubeJournal(admin, home, mirror_pods=False).put(replace(m, id="m0-1"))
+    assert [x.id for x in journal.in_flight()] == ["m0-1"] and journal.carried.migrations == 1
+    # The CRD is the manifests': the manager can neither create nor change one; its Migrations
+    # live in its namespace only.
+    assert forbidden(manager, "POST", CRDS, body=crd(), query={"dryRun": "All"})
+    assert forbidden(manager, "DELETE", f"{CRDS}/migrations.specon.io", query={"dryRun": "All"})
+    for ns in (rbac.training, rbac.other):
+        assert forbidden(manager, "GET", f"/apis/specon.io/v1alpha1/namespaces/{ns}/migrations")
     # TokenReview: an agent pod of the home namespace authenticates as its node.
     agent_pod = {
         "apiVersion": "v1",

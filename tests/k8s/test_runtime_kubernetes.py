@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import pytest
 from kubernetes import client
-from specon_manager.k8s_journal import KubeJournal
+from specon_manager.k8s_crd_journal import CrdJournal
 
 from specon import checkpoint as ckpt
 from specon.coordinator.migration import Mark, Migration, State
@@ -435,8 +435,8 @@ def test_watch_resumes_from_the_last_version(kube_cluster: KubeCluster, kube_nam
 
 def test_journal_marks_survive_concurrent_writers(kube_cluster: KubeCluster, kube_namespace: str) -> None:
     """Read-modify-write with resourceVersion: two writers interleaving lose no update
-    (every container's marks are a key of one ConfigMap)."""
-    journals = [KubeJournal(KubeApi(kube_cluster.api_client()), kube_namespace) for _ in range(2)]
+    (a job's mark is a key of its shard ConfigMap, which other writers change too)."""
+    journals = [CrdJournal(KubeApi(kube_cluster.api_client()), kube_namespace) for _ in range(2)]
     # Each writer's names carry its index: distinct keys by construction (never id() or hash()).
     batches = [
         [Mark(ContainerId(f"w{w}-c{i}"), float(10 * w + i), 1, w) for i in range(10)]
@@ -444,7 +444,7 @@ def test_journal_marks_survive_concurrent_writers(kube_cluster: KubeCluster, kub
     ]
     written = {mk.container: mk for batch in batches for mk in batch}
 
-    def work(j: KubeJournal, batch: list[Mark]) -> None:
+    def work(j: CrdJournal, batch: list[Mark]) -> None:
         for mk in batch:
             j.put_mark(mk)
 
@@ -458,7 +458,7 @@ def test_journal_marks_survive_concurrent_writers(kube_cluster: KubeCluster, kub
 
 
 def test_journal_round_trips_migrations(kube_cluster: KubeCluster, kube_namespace: str) -> None:
-    j = KubeJournal(KubeApi(kube_cluster.api_client()), kube_namespace, mirror_pods=False)
+    j = CrdJournal(KubeApi(kube_cluster.api_client()), kube_namespace, mirror_pods=False)
     m = Migration("m1a2b-1", ContainerId("Job_A.1"), WorkerId("node-1"), WorkerId("node-2"), "converged")
     j.put(m)
     done = m.to(State.SAVING, at=1.0).to(State.SAVED, at=2.0, checkpoint="/data/x.json", spec='{"id": "x"}')
@@ -471,5 +471,5 @@ def test_journal_round_trips_migrations(kube_cluster: KubeCluster, kube_namespac
     got = j.get("m1a2b-1")
     assert got is not None and got.state is State.DONE and got.checkpoint == "/data/x.json"
     assert j.get("nope") is None
-    # Ids that are not DNS names still get distinct ConfigMap names.
+    # Ids that are not DNS names still get distinct Migration names.
     assert j.migration_name("A_b") != j.migration_name("a-b")
