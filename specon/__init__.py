@@ -19,7 +19,8 @@ CLI are built from it, and it imports neither daemon. Its parts, from the pure c
 - ``integrations/``: the job side for framework jobs: Lightning, Trainer and Keras callbacks that
   follow the job contract without touching the training loop (their extras);
 - ``workloads/``: the built-in PyTorch training workloads;
-- ``cli/``: the ``specon`` command; ``plots``: its PNG plots (the plot extra);
+- ``cli/``: the ``specon`` command; ``plots``: its PNG plots (the plot extra); ``argtypes``:
+  the number checks every command line shares;
 - ``testing/``: builders and the fake runtime, for tests and benchmarks only.
 
 docs/architecture.md draws the picture; docs/SPEC.md is the behaviour ("SPEC §n" in the code).

@@ -5,6 +5,8 @@
 - ``pods``: a job's pod, made and read;
 - ``restore``: a restored pod's spec from the saved one;
 - ``copying``: the pod a start creates from it, checked;
+- ``steering``: the required node affinity that steers a copy to its node through
+  kube-scheduler; ``placement``: waiting for the binding, a copy left unplaced withdrawn;
 - ``takeover``: a start that supersedes a lost node's pod deletes it first;
 - ``recording``: each managed pod's restore record, written at first sight;
 - ``writes``: every write on a pod or a restore record, checked against the asking node
