@@ -242,3 +242,56 @@ def plot_learning_curve(
     right.legend(fontsize=8)
     right.grid(alpha=0.3)
     fig.savefig(out, format="png", dpi=dpi)
+
+
+def plot_plane(
+    title: str,
+    peers: Sequence[tuple[str, float, float]],
+    sweep: Sequence[tuple[str, float, float]],
+    out: Path,
+    *,
+    default: str = "specon",
+    sweep_label: str = "",
+    dpi: int = 100,
+) -> None:
+    """The JCT-quality plane (``specon.sim.plane``): one point per policy, ``(label, average JCT
+    change, time-to-quality change)`` against DS in %, DS at the origin, the default's knob
+    sweep as a line labelled by its values; the quadrant that would dominate the default is
+    shaded, so a peer inside it beats the default on both axes."""
+    fig = Figure(figsize=(7.5, 5.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    ax.axhline(0.0, color="#bdbdbd", lw=0.8)
+    ax.axvline(0.0, color="#bdbdbd", lw=0.8)
+    ax.plot([0.0], [0.0], marker="s", color="#616161", ls="none")
+    ax.annotate("DS", (0.0, 0.0), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    if sweep:
+        xs, ys = [x for _, x, _ in sweep], [y for _, _, y in sweep]
+        ax.plot(xs, ys, color="#1565c0", lw=1.2, marker=".", ms=5, label=sweep_label or "default, swept")
+        for label, x, y in sweep:
+            ax.annotate(
+                label, (x, y), textcoords="offset points", xytext=(3, -9), fontsize=7, color="#1565c0"
+            )
+    for label, x, y in peers:
+        mine = label == default
+        ax.plot([x], [y], marker="*" if mine else "o", ms=12 if mine else 6,
+                color="#d84315" if mine else "#424242", ls="none")  # fmt: skip
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=8,
+                    fontweight="bold" if mine else "normal")  # fmt: skip
+        if mine:
+            left, bottom = ax.get_xlim()[0], ax.get_ylim()[0]
+            ax.fill_between([min(left, x) - 1e3, x], min(bottom, y) - 1e3, y, color="#ffccbc", alpha=0.35,
+                            label="better than the default on both axes")  # fmt: skip
+    ax.autoscale_view()
+    xs_all = [x for _, x, _ in (*peers, *sweep)] + [0.0]
+    ys_all = [y for _, _, y in (*peers, *sweep)] + [0.0]
+    pad_x = 0.08 * (max(xs_all) - min(xs_all) or 1.0)
+    pad_y = 0.08 * (max(ys_all) - min(ys_all) or 1.0)
+    ax.set_xlim(min(xs_all) - pad_x, max(xs_all) + 3 * pad_x)
+    ax.set_ylim(min(ys_all) - pad_y, max(ys_all) + pad_y)
+    ax.set_xlabel("average JCT vs DS (%)")
+    ax.set_ylabel("time-to-quality vs DS (%)")
+    ax.set_title(title, fontsize=10, loc="left")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.savefig(out, format="png", dpi=dpi)
