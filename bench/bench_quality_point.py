@@ -108,8 +108,8 @@ def markdown(rows: list[dict[str, object]]) -> str:
             cells = []
             for life in LIFE:
                 r = keyed[(name, model, life)]
-                share = 100 * float(str(r["median_abs_error_share"]))
-                cells.append(f"{r['median_abs_error_steps']:g} ({share:.0f} %) / {100 * float(str(r['early_share'])):.0f} %")
+                share, early = (100 * float(str(r[k])) for k in ("median_abs_error_share", "early_share"))
+                cells.append(f"{r['median_abs_error_steps']:g} ({share:.0f} %) / {early:.0f} %")
             out.append(f"| {name} | {model} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 

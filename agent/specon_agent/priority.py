@@ -45,6 +45,9 @@ class Running:
     first_cpu: float = 0.0
     # Steps left to convergence predicted from its loss curve (None: no fit, or not needed).
     predicted_steps: float | None = None
+    # Its loss curve, (step, mean loss) per tick (``watched.append_curve``): the quality-point
+    # estimate reads it (``specon.policy.quality_point``).
+    curve: Sequence[tuple[float, float]] = ()
 
     @property
     def cpu_per_step(self) -> float | None:
@@ -76,6 +79,7 @@ def running_of(
     first_step: int | None = None,
     first_cpu: float = 0.0,
     predicted_steps: float | None = None,
+    curve: Sequence[tuple[float, float]] = (),
 ) -> Running:
     """``info``'s container with its last logged step, its monitor state and its CPU seconds."""
     g = state.last_g
@@ -90,6 +94,7 @@ def running_of(
         first_step=first_step,
         first_cpu=first_cpu if math.isfinite(first_cpu) else 0.0,
         predicted_steps=predicted_steps,
+        curve=curve,
     )
 
 
@@ -140,6 +145,8 @@ def progress(running: Sequence[Running], fair: Mapping[ContainerId, float]) -> l
             # The agent measures its cost once it has seen a step (its baseline follows a tick
             # later: "not yet" meanwhile, never CPU over steps); none seen: CPU over steps.
             measured=r.step is not None,
+            loss_steps=[k for k, _ in r.curve],
+            losses=[v for _, v in r.curve],
         )
         for r in running
     ]
