@@ -10,8 +10,8 @@ its declared total, as the agent does:
 * ``knee``: the curve's own point so far (``quality_point.knee`` of the losses so far);
 * ``fit``: where Optimus's fit of the losses so far comes within 5 % of its floor
   (``specon.policy.remaining.steps_to_converge``), at most the job's steps;
-* ``memory``: the median share of the other traces of the same model (a cluster's memory of
-  finished jobs of that model: leave-one-out over the recorded seeds).
+* ``memory``: ``quality_point``'s ``memory`` having seen the other traces of the same model
+  finish (leave-one-out over the recorded seeds: the median of their true shares).
 
 Per model and point of life: the median absolute error in steps and as a share of the job's
 steps, and the share of estimates before the true point (early: the rule stops favouring
@@ -52,6 +52,14 @@ def _fit(tr: Trace, now: float, steps: list[float], losses: list[float], others:
     return SHARE * tr.steps if k is None else min(float(tr.steps), max(0.0, k))
 
 
+def _recalled(model: str, others: list[float]) -> float | None:
+    """What a worker that saw ``others`` (shares) of ``model`` finish recalls."""
+    memory: quality_point.Memory = {}
+    for share in others:
+        memory = quality_point.remember(memory, model, share)
+    return quality_point.recall(memory, model)
+
+
 ESTIMATE: dict[str, Estimator] = {
     "share": lambda tr, now, s, x, o: SHARE * tr.steps,
     "curve": lambda tr, now, s, x, o: quality_point.estimate(
@@ -59,7 +67,9 @@ ESTIMATE: dict[str, Estimator] = {
     ),
     "knee": _knee,
     "fit": _fit,
-    "memory": lambda tr, now, s, x, o: statistics.median(o) * tr.steps if o else SHARE * tr.steps,
+    "memory": lambda tr, now, s, x, o: quality_point.estimate(
+        "memory", step=now, total=tr.steps, share=SHARE, recalled=_recalled(tr.model, o)
+    ),
 }
 
 

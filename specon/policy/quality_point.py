@@ -11,6 +11,9 @@ with hindsight). While a job trains, its final loss is not known, so it is estim
   the job's steps (it flattened: quality reached); while it is still improving, no earlier
   than ``window`` of its steps ahead of now, and never before ``share`` of its steps (the
   fixed share until the curve says more);
+* ``memory``: the median share of the steps at which the finished jobs of the same model
+  reached theirs on this worker (the last ``MEMORY``, each measured by ``knee`` over its
+  whole curve: the ground truth's definition), ``share`` until one of that model finished;
 * ``oracle``: the true point, where the caller knows it (only the simulator, from its
   trace): the yardstick of what a perfect estimate is worth; without it, ``share``.
 
@@ -20,9 +23,10 @@ against the recorded traces' true points (docs/priority.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import statistics
+from collections.abc import Mapping, Sequence
 
-ESTIMATORS = ("share", "curve", "oracle")
+ESTIMATORS = ("share", "curve", "memory", "oracle")
 # The share of its final improvement a job may still miss at its quality point.
 FRACTION = 0.05
 # Smoothing half-width as a share of the job's steps: the ground truth's ±50 steps of the
@@ -32,6 +36,8 @@ SMOOTH_SHARE = 0.025
 # far before its point counts as reached, and how far ahead of now a still-improving job's
 # point is put.
 WINDOW = 0.2
+# Finished jobs remembered per model (the newest): a model's runs differ by seed and data.
+MEMORY = 16
 
 
 def knee(losses: Sequence[float], half_width: int, fraction: float = FRACTION) -> int:
@@ -54,8 +60,42 @@ def knee(losses: Sequence[float], half_width: int, fraction: float = FRACTION) -
     total = best[0] - best[-1]
     if not total > 0:
         return 0
-    limit = fraction * total
-    return next(i for i, b in enumerate(best) if b - best[-1] < limit)
+    limit = fraction * total  # 0 for a fall too small to scale (subnormal): the last point
+    return next((i for i, b in enumerate(best) if b - best[-1] < limit), n - 1)
+
+
+def curve_knee(steps: Sequence[float], losses: Sequence[float], total: float) -> float | None:
+    """The step of ``knee`` of a curve logged at ``steps``, smoothed over ``SMOOTH_SHARE`` of
+    ``total`` steps (None: fewer than two points)."""
+    n = min(len(steps), len(losses))
+    if n < 2 or total <= 0:
+        return None
+    spacing = (steps[n - 1] - steps[0]) / (n - 1)
+    half = round(SMOOTH_SHARE * total / spacing) if spacing > 0 else 0
+    return steps[knee(losses[:n], half)]
+
+
+def finished_share(steps: Sequence[float], losses: Sequence[float], total: float) -> float | None:
+    """A finished job's quality point as a share of its ``total`` steps, from its whole
+    curve (None: too few points to say)."""
+    at = curve_knee(steps, losses, total)
+    return None if at is None else min(1.0, max(0.0, at / total))
+
+
+Memory = Mapping[str, Sequence[float]]
+
+
+def remember(memory: Memory, model: str, share: float) -> dict[str, tuple[float, ...]]:
+    """``memory`` with ``share`` the newest of ``model``'s finished jobs (``MEMORY`` kept)."""
+    out = {k: tuple(v) for k, v in memory.items()}
+    out[model] = (*out.get(model, ())[-(MEMORY - 1) :], share)
+    return out
+
+
+def recall(memory: Memory, model: str | None) -> float | None:
+    """The median share of ``model``'s finished jobs (None: none finished, or no model)."""
+    got = memory.get(model, ()) if model is not None else ()
+    return statistics.median(got) if got else None
 
 
 def curve_point(
@@ -64,12 +104,9 @@ def curve_point(
     """The ``curve`` estimate (module doc) from the points logged so far (``steps[i]`` the
     step of ``losses[i]``, ascending), at step ``step`` of ``total``."""
     floor = share * total
-    n = min(len(steps), len(losses))
-    if n < 2 or total <= 0:
+    at = curve_knee(steps, losses, total)
+    if at is None:
         return floor
-    spacing = (steps[n - 1] - steps[0]) / (n - 1)
-    half = round(SMOOTH_SHARE * total / spacing) if spacing > 0 else 0
-    at = steps[knee(losses[:n], half)]
     if step - at >= WINDOW * total:
         return at
     return max(floor, step + WINDOW * total)
@@ -84,11 +121,15 @@ def estimate(
     steps: Sequence[float] = (),
     losses: Sequence[float] = (),
     truth: float | None = None,
+    recalled: float | None = None,
 ) -> float:
     """The quality step of a job at ``step`` of ``total`` by estimator ``how`` (module
-    doc); ``truth`` the true quality step where known (``oracle``)."""
+    doc); ``truth`` the true quality step where known (``oracle``), ``recalled`` its model's
+    remembered share (``memory``: ``recall``)."""
     if how == "oracle" and truth is not None:
         return truth
+    if how == "memory" and recalled is not None:
+        return recalled * total
     if how == "curve":
         return curve_point(steps, losses, step, total, share)
     return share * total

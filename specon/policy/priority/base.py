@@ -49,6 +49,9 @@ class JobProgress:
     losses: Sequence[float] = ()
     # Its true quality step: only the simulator knows it (the ``oracle`` yardstick).
     quality_truth: float | None = None
+    # The median share of the steps at which its model's finished jobs reached theirs on
+    # this worker (``quality_point.recall``; None: none yet).
+    quality_memory: float | None = None
 
     @property
     def cpu_per_step(self) -> float | None:

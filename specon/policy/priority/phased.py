@@ -57,7 +57,8 @@ class Args:
         default="share",
         metadata={
             "doc": "how a job's quality point is estimated: share (quality_share of its steps), "
-            "curve (the share until its loss curve says more or less), oracle (the simulator's "
+            "curve (the share until its loss curve says more or less), memory (the median of "
+            "its model's finished jobs on this worker, else the share), oracle (the simulator's "
             "true point; elsewhere share)"
         },
     )
@@ -139,6 +140,7 @@ def keys(jobs: Sequence[JobProgress], args: Args) -> dict[ContainerId, tuple[boo
             steps=j.loss_steps,
             losses=j.losses,
             truth=j.quality_truth,
+            recalled=j.quality_memory,
         )
         out[j.id] = (True, milestone_key(done, left * cost, early, args) - args.aging * deficit)
     return out

@@ -5,6 +5,7 @@ both reach it through the ``phased`` rule (one definition)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 from typing import Any
@@ -18,9 +19,10 @@ from specon.config import PriorityConfig
 from specon.model import ContainerId
 from specon.policy import quality_point
 from specon.policy.priority import phased
-from specon.sim.detection import ground_truth_index
+from specon.sim.detection import ground_truth_index, ground_truth_step, smooth
 from specon.sim.policies import make_policy
 from specon.sim.runner import simulate
+from specon.sim.trace import load_traces
 from specon.testing.builders import job_plan, trace, workload
 
 TOTAL = 1000.0
@@ -45,8 +47,13 @@ def test_the_knee_of_a_known_curve() -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(min_value=-1e3, max_value=1e3), min_size=1, max_size=80), st.integers(0, 6))
 def test_the_knee_is_the_simulators_ground_truth_definition(losses: list[float], half: int) -> None:
-    """The estimate's point of a whole curve is the one time-to-quality counts."""
-    assert quality_point.knee(losses, half) == ground_truth_index(losses, half_width=half)
+    """The estimate's point of a whole curve is the one time-to-quality counts (the detection
+    benchmark's ground truth, which calls it), against a plain reading of that definition."""
+    best = list(itertools.accumulate(smooth(losses, half), min))
+    total = best[0] - best[-1]
+    want = next((i for i, b in enumerate(best) if b - best[-1] < 0.05 * total), len(best) - 1)
+    assert quality_point.knee(losses, half) == (want if total > 0 else 0)
+    assert ground_truth_index(losses, half_width=half) == quality_point.knee(losses, half)
 
 
 def test_share_and_oracle() -> None:
@@ -103,9 +110,32 @@ def test_curve_is_steady_under_noise() -> None:
     assert abs(a - b) <= 0.05 * TOTAL
 
 
+def test_a_finished_jobs_point_from_its_whole_curve_is_its_true_point() -> None:
+    """What a worker remembers of a finished job is what time-to-quality counts."""
+    for ts in load_traces().values():
+        for tr in ts:
+            steps = [float((i + 1) * tr.stride) for i in range(len(tr.losses))]
+            share = quality_point.finished_share(steps, tr.losses, tr.steps)
+            assert share == pytest.approx(ground_truth_step(tr) / tr.steps)
+
+
+def test_memory_recalls_the_median_of_the_newest_finished_jobs_of_a_model() -> None:
+    mem: quality_point.Memory = {}
+    assert quality_point.recall(mem, "gru") is None
+    for share in (0.2, 0.3, 0.9):
+        mem = quality_point.remember(mem, "gru", share)
+    assert quality_point.recall(mem, "gru") == 0.3
+    assert quality_point.recall(mem, "vae") is None and quality_point.recall(mem, None) is None
+    for _ in range(quality_point.MEMORY):
+        mem = quality_point.remember(mem, "gru", 0.5)
+    assert mem["gru"] == (0.5,) * quality_point.MEMORY  # the oldest forgotten
+    assert quality_point.estimate("memory", step=1.0, total=TOTAL, share=0.35, recalled=0.5) == 500.0
+    assert quality_point.estimate("memory", step=1.0, total=TOTAL, share=0.35) == 350.0  # none yet
+
+
 def test_the_rule_checks_the_knob() -> None:
     assert phased.problems(phased.Args(quality_point="knee")) == [
-        "quality_point: must be one of share, curve, oracle, got 'knee'"
+        "quality_point: must be one of share, curve, memory, oracle, got 'knee'"
     ]
     assert phased.problems(phased.Args(quality_point="curve")) == []
 
