@@ -48,7 +48,7 @@ class Running:
     predicted_steps: float | None = None
     # Its loss curve, (step, mean loss) per tick (``watched.append_curve``): the quality-point
     # estimate reads it (``specon.policy.quality_point``).
-    curve: Sequence[tuple[float, float]] = ()
+    curve: tuple[tuple[float, float], ...] = ()  # a tuple: the GPU sharing state file holds it
     # The model it trains (``JobSpec.model``): the memory of finished jobs is kept per model.
     model: str | None = None
 
@@ -97,7 +97,7 @@ def running_of(
         first_step=first_step,
         first_cpu=first_cpu if math.isfinite(first_cpu) else 0.0,
         predicted_steps=predicted_steps,
-        curve=curve,
+        curve=tuple(curve),
         model=info.spec.model,
     )
 

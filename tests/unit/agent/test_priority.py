@@ -228,7 +228,7 @@ async def test_the_quality_points_of_finished_jobs_are_remembered_per_model_acro
     await started(worker, A, B)
     path = state_path(tmp_path / "monitor.json")
     cfg = PriorityConfig(rule="phased", phased=phased.Args(quality_point="memory"))
-    curve = [(float(k), max(0.0, 100.0 - k)) for k in range(1, 201)]  # flat from step 100 of 200
+    curve = tuple((float(k), max(0.0, 100.0 - k)) for k in range(1, 201))  # flat from step 100 of 200
     first = CpuWeights(worker, cfg, state_file=path)
     done = run(A, step=190, total=200, curve=curve, model="gru")
     half = run(B, step=100, total=200, curve=curve[:100], model="gru")
@@ -244,7 +244,7 @@ async def test_the_quality_points_of_finished_jobs_are_remembered_per_model_acro
 
 
 def test_a_job_moved_here_mid_training_is_not_remembered() -> None:
-    curve = [(float(k), 100.0 - k / 2) for k in range(100, 201)]
+    curve = tuple((float(k), 100.0 - k / 2) for k in range(100, 201))
     gone = run(A, step=200, total=200, curve=curve, model="gru")
     assert remember_finished({}, [gone], []) == {}
     assert remember_finished({}, [gone], [gone]) == {}  # still running

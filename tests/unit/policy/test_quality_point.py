@@ -152,7 +152,7 @@ def test_the_agent_and_the_simulator_estimate_through_the_same_function(
 
     monkeypatch.setattr(quality_point, "estimate", spy)
     cfg = PriorityConfig(rule="phased", phased=phased.Args(quality_point="curve"))
-    curve = [(10.0, 5.0), (20.0, 4.0), (30.0, 3.5)]
+    curve = ((10.0, 5.0), (20.0, 4.0), (30.0, 3.5))
     running = [
         Running(
             ContainerId("a"),
