@@ -7,10 +7,10 @@ with hindsight). While a job trains, its final loss is not known, so it is estim
 
 * ``share``: ``share`` of the job's steps (the fixed default, 35 %);
 * ``curve``: the curve's own point so far (``knee``: where the smoothed best loss came within
-  5 % of the improvement made so far) once the curve has stayed there for ``window`` of
-  the job's steps (it flattened: quality reached); while it is still improving, no earlier
-  than ``window`` of its steps ahead of now, and never before ``share`` of its steps (the
-  fixed share until the curve says more);
+  5 % of the improvement made so far) once the curve has stayed there for ``WINDOW`` of
+  the job's steps (it flattened: quality reached, possibly before the share); while it
+  still improves, ``WINDOW`` of its steps ahead of now and never before ``share`` of its
+  steps (the fixed share until the curve says more);
 * ``memory``: the median share of the steps at which the finished jobs of the same model
   reached theirs on this worker (the last ``MEMORY``, each measured by ``knee`` over its
   whole curve: the ground truth's definition), ``share`` until one of that model finished;
