@@ -73,10 +73,13 @@ def test_curve_calls_a_point_reached_once_the_curve_stayed_flat_past_it() -> Non
 
 def test_curve_keeps_a_still_improving_job_before_its_point() -> None:
     losses = [100.0 - 0.4 * i for i in range(200)]  # still falling as fast at the end
-    for n in (10, 60, 120, 180):
+    seen = []
+    for n in range(2, 200, 7):
         step = 5.0 * n
         got = quality_point.curve_point(_steps(n), losses[:n], step, TOTAL, 0.35)
         assert got >= max(0.35 * TOTAL, step + quality_point.WINDOW * TOTAL) - 1e-9
+        seen.append(got)
+    assert seen == sorted(seen)  # it only moves forward while the job improves
 
 
 def test_curve_without_a_curve_is_the_share() -> None:
