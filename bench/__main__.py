@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import pkgutil
 import platform
@@ -62,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {name}: {(mod.__doc__ or '').strip().splitlines()[0]}", flush=True)
         t0 = time.perf_counter()
         try:
-            figures: list[Figure] = mod.run(quick=args.quick)
+            # A module that writes files beside its figures takes ``out`` (bench_quality_point).
+            extra = {"out": args.out} if "out" in inspect.signature(mod.run).parameters else {}
+            figures: list[Figure] = mod.run(quick=args.quick, **extra)
         except Exception as exc:  # one broken benchmark must not hide the others' figures
             print(f"  FAILED: {type(exc).__name__}: {exc}", flush=True)
             failed += 1

@@ -318,6 +318,7 @@ class Agent:
                 first_step=w.first_step,
                 first_cpu=w.first_cpu,
                 predicted_steps=predicted_steps(w),
+                curve=w.curve,
             )
             for cid, w in self.watched.items()
             if w.info.state is ContainerState.RUNNING

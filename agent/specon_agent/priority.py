@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from specon.config import PriorityConfig
 from specon.model import ContainerId
+from specon.policy import quality_point
 from specon.policy.monitor import MonitorState
 from specon.policy.priority.base import JobProgress
 from specon.policy.priority.rules import weighs, weights
@@ -45,6 +46,11 @@ class Running:
     first_cpu: float = 0.0
     # Steps left to convergence predicted from its loss curve (None: no fit, or not needed).
     predicted_steps: float | None = None
+    # Its loss curve, (step, mean loss) per tick (``watched.append_curve``): the quality-point
+    # estimate reads it (``specon.policy.quality_point``).
+    curve: tuple[tuple[float, float], ...] = ()  # a tuple: the GPU sharing state file holds it
+    # The model it trains (``JobSpec.model``): the memory of finished jobs is kept per model.
+    model: str | None = None
 
     @property
     def cpu_per_step(self) -> float | None:
@@ -76,6 +82,7 @@ def running_of(
     first_step: int | None = None,
     first_cpu: float = 0.0,
     predicted_steps: float | None = None,
+    curve: Sequence[tuple[float, float]] = (),
 ) -> Running:
     """``info``'s container with its last logged step, its monitor state and its CPU seconds."""
     g = state.last_g
@@ -90,6 +97,8 @@ def running_of(
         first_step=first_step,
         first_cpu=first_cpu if math.isfinite(first_cpu) else 0.0,
         predicted_steps=predicted_steps,
+        curve=tuple(curve),
+        model=info.spec.model,
     )
 
 
@@ -125,7 +134,11 @@ def accrue(
     return out
 
 
-def progress(running: Sequence[Running], fair: Mapping[ContainerId, float]) -> list[JobProgress]:
+def progress(
+    running: Sequence[Running], fair: Mapping[ContainerId, float], memory: quality_point.Memory | None = None
+) -> list[JobProgress]:
+    """What the rule is told of each job; ``memory`` the quality points of the finished jobs
+    of each model (``remember_finished``)."""
     return [
         JobProgress(
             id=r.id,
@@ -140,19 +153,50 @@ def progress(running: Sequence[Running], fair: Mapping[ContainerId, float]) -> l
             # The agent measures its cost once it has seen a step (its baseline follows a tick
             # later: "not yet" meanwhile, never CPU over steps); none seen: CPU over steps.
             measured=r.step is not None,
+            loss_steps=[k for k, _ in r.curve],
+            losses=[v for _, v in r.curve],
+            quality_memory=quality_point.recall(memory or {}, r.model),
         )
         for r in running
     ]
 
 
 def decide(
-    running: Sequence[Running], fair: Mapping[ContainerId, float], cfg: PriorityConfig
+    running: Sequence[Running],
+    fair: Mapping[ContainerId, float],
+    cfg: PriorityConfig,
+    memory: quality_point.Memory | None = None,
 ) -> dict[ContainerId, int]:
     """The weight of every running container under ``cfg.rule``; none under a rule that sets
     no weights (``none``: the runtime's defaults stay untouched)."""
     if not weighs(cfg) or not running:
         return {}
-    return weights(progress(running, fair), cfg)
+    return weights(progress(running, fair, memory), cfg)
+
+
+# A job gone once it trained this share of its declared steps finished (it exits between two
+# ticks, after the last step the agent saw); its curve must start within the first tenth
+# (a job restored here mid-training has seen only part of its own).
+FINISHED = 0.9
+SEEN_FROM = 0.1
+
+
+def remember_finished(
+    memory: quality_point.Memory, before: Sequence[Running], now: Sequence[Running]
+) -> quality_point.Memory:
+    """``memory`` with the quality point of each job of a known model that ran at the last
+    tick, is gone now and finished here (``FINISHED``, ``SEEN_FROM``), measured over its
+    whole curve (``quality_point.finished_share``)."""
+    still = {r.id for r in now}
+    for r in before:
+        if r.id in still or r.model is None or not r.total or not r.curve:
+            continue
+        if (r.step or 0) < FINISHED * r.total or r.curve[0][0] > SEEN_FROM * r.total:
+            continue
+        share = quality_point.finished_share([k for k, _ in r.curve], [v for _, v in r.curve], r.total)
+        if share is not None:
+            memory = quality_point.remember(memory, r.model, share)
+    return memory
 
 
 def changed(wanted: Mapping[ContainerId, int], applied: Mapping[ContainerId, int]) -> dict[ContainerId, int]:

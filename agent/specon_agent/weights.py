@@ -4,7 +4,8 @@ priority rule (``specon_agent.priority``) applied through the runtime, only thos
 A weight the runtime cannot apply is logged once per container (``specon.agent.cpu_weight_failed``),
 counted, and tried again next tick; it never stops the agent. ``fair_seconds`` and the time
 of the last tick are kept in a small file beside the monitor states, so a restarted agent
-goes on accumulating them (the jobs ran on meanwhile) instead of starting from zero.
+goes on accumulating them (the jobs ran on meanwhile) instead of starting from zero; so is
+the quality points of the jobs that finished here, per model (``priority.quality_point: memory``).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import structlog
 from specon import checkpoint as ckpt
 from specon.config import PriorityConfig
 from specon.model import ContainerId
+from specon.policy import quality_point
 from specon.runtime.base import Runtime
-from specon_agent.priority import Running, accrue, changed, decide
+from specon_agent.priority import Running, accrue, changed, decide, remember_finished
 
 log = structlog.get_logger()
 
@@ -40,6 +42,10 @@ class CpuWeights:
         self.state_file = state_file
         self.fair: dict[ContainerId, float] = {}
         self.last_tick: float | None = None
+        # Each model's finished jobs' quality points (``remember_finished``), and the running
+        # jobs of the last tick (a job gone since, having trained its steps, finished).
+        self.memory: quality_point.Memory = {}
+        self._running: Sequence[Running] = ()
         # The weight in effect per running container (what heartbeats and /metrics report).
         self.applied: dict[ContainerId, int] = {}
         self.failures = 0
@@ -61,7 +67,8 @@ class CpuWeights:
         # Each container since the last tick or its start, whichever is later.
         dt = math.inf if self.last_tick is None else now - self.last_tick
         self.fair, self.last_tick = accrue(self.fair, running, capacity, dt, now=now), now
-        wanted = decide(running, self.fair, self.cfg)
+        self.memory, self._running = remember_finished(self.memory, self._running, running), running
+        wanted = decide(running, self.fair, self.cfg, self.memory)
         for cid in set(self.applied) - set(wanted):  # no longer running here
             del self.applied[cid]
         self._failing &= set(wanted)
@@ -101,16 +108,18 @@ class CpuWeights:
             fair = {ContainerId(str(k)): float(v) for k, v in raw["fair_seconds"].items()}
             at = raw.get("at")
             last = None if at is None else float(at)
+            memory = {str(k): tuple(float(x) for x in v) for k, v in raw.get("quality_memory", {}).items()}
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             log.warning("specon.agent.priority_state_unreadable", path=str(self.state_file), error=str(exc))
             return
         self.fair = {k: v for k, v in fair.items() if math.isfinite(v) and v >= 0}
         self.last_tick = last if last is not None and math.isfinite(last) else None
+        self.memory = {k: v for k, v in memory.items() if all(0 <= x <= 1 for x in v)}
 
     def _save(self) -> None:
         if self.state_file is None:
             return
-        data = {"at": self.last_tick, "fair_seconds": self.fair}
+        data = {"at": self.last_tick, "fair_seconds": self.fair, "quality_memory": self.memory}
         try:
             ckpt.atomic_write(self.state_file, json.dumps(data, sort_keys=True).encode())
         except OSError as exc:  # weights go on; only a restart would lose the fair shares

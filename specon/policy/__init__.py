@@ -10,6 +10,7 @@ daemons, the simulator and the demo.
 - ``move_costs``: what a move costs, learned from the moves made (the policy's figures as the prior);
 - ``remaining``: steps left predicted from the loss curve; ``loss_curve``: Optimus' curve fit;
 - ``replay``: a recorded progress log through a classifier (``specon classify``);
+- ``quality_point``: a job's quality point estimated from its loss curve (the ``phased`` rule's);
 - ``priority/``: priority on the node, one module per rule, and their registry;
 - ``dl2/``: the learned rule's features, numpy networks and weights files, and the hook its
   trainer decides through;

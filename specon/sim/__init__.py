@@ -8,6 +8,7 @@ It drives the manager's own coordinator (``specon.coordinator.inline``) and the 
   ``params``: its measured parameters; ``gpu``: GPU sharing (time-slicing, freezing, MPS,
   suspend and restore); ``gpu_placement``: GPU workers and jobs as the manager sees them;
 - ``runner``: one simulated run of a workload under a policy; ``reports``: what its agents report;
+  ``quality``: what they know toward each job's quality-point estimate;
 - ``failures``: hosts that fail, jobs' checkpoints and the work lost; ``hosts``: failures played out
   in a run (the manager's recovery, or DS's restarts from scratch);
 - ``policies``: the policies compared and the lower bound; ``experiment``: runs over seeds;

@@ -42,6 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from specon.config import MonitorConfig
+from specon.policy.quality_point import knee
 from specon.policy.replay import replay
 from specon.policy.robust_config import RobustConfig
 from specon.sim.trace import Trace
@@ -81,14 +82,7 @@ def ground_truth_index(
     of its final improvement (module doc). ``ValueError`` for no losses."""
     if not losses:
         raise ValueError("no losses")
-    best: list[float] = []
-    for s in smooth(losses, half_width):
-        best.append(s if not best or s < best[-1] else best[-1])
-    total = best[0] - best[-1]
-    if total <= 0:
-        return 0
-    limit = fraction * total
-    return next(i for i, b in enumerate(best) if b - best[-1] < limit)
+    return knee(losses, half_width, fraction)  # one definition with the agents' estimate
 
 
 def ground_truth_step(trace: Trace, *, fraction: float = GROUND_TRUTH_FRACTION) -> int:

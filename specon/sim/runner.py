@@ -54,6 +54,7 @@ from specon.sim.cluster import DEFAULT_PARAMS, Cluster, Phase, SimJob, SimParams
 from specon.sim.engine import ARRIVE, COMPLETE, PASS, TICK, Engine
 from specon.sim.hosts import Hosts, horizon_of
 from specon.sim.policies import SimPolicy
+from specon.sim.quality import QualityInputs
 from specon.sim.reports import REPORTED, Seen, quantised, report_of
 from specon.wire.protocol import (
     Action,
@@ -122,6 +123,7 @@ class _Run:
         self.engine = Engine()
         self.prioritised = weighs(policy.priority)
         self._fits: dict[str, Fit] = {}  # job -> its last loss-curve fit
+        self._quality = QualityInputs(policy.priority)  # toward each job's quality point
         self._declarations: dict[str, int] = {}  # job -> the steps it declared (``_declared``)
         self._misdeclared = params.declared_error > 0
         # Agents report remaining work where the manager's policy uses it.
@@ -322,6 +324,7 @@ class _Run:
 
     def _finished(self, job: SimJob) -> None:
         self._pending.discard(job.id)
+        self._quality.finished(job)
         if job.worker is not None:
             self.report(job, job.worker)
         if self._waiting and job.plan.gpu:
@@ -337,6 +340,7 @@ class _Run:
 
     def _progress(self, j: SimJob) -> JobProgress:
         """What ``j``'s agent knows of its progress now."""
+        known = self._quality.of(j, self.cluster.steps_now(j))
         return JobProgress(
             id=ContainerId(j.id),
             started=j.started if j.started is not None else self.engine.now,
@@ -351,6 +355,10 @@ class _Run:
             gain=j.state.last_g if j.state is not None else None,
             predicted_steps=None if self.policy.declared else self._predicted(j),
             now=self.engine.now,
+            loss_steps=known.steps,
+            losses=known.losses,
+            quality_truth=known.truth,
+            quality_memory=known.recalled,
         )
 
     def _declared(self, j: SimJob) -> int:

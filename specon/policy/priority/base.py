@@ -43,6 +43,15 @@ class JobProgress:
     # The agent's clock when this was read (the clock of ``started``); None: not given (the
     # learned rule's trainer reads it, no rule's decision depends on it).
     now: float | None = None
+    # Its loss curve so far (``loss_steps[i]`` the step of ``losses[i]``), for the quality-point
+    # estimate (``specon.policy.quality_point``); empty where the caller's rule needs none.
+    loss_steps: Sequence[float] = ()
+    losses: Sequence[float] = ()
+    # Its true quality step: only the simulator knows it (the ``oracle`` yardstick).
+    quality_truth: float | None = None
+    # The median share of the steps at which its model's finished jobs reached theirs on
+    # this worker (``quality_point.recall``; None: none yet).
+    quality_memory: float | None = None
 
     @property
     def cpu_per_step(self) -> float | None:

@@ -18,8 +18,10 @@ times), so a job's early part goes ahead of long tails of other jobs, and short 
 still finish first.
 ``quality_weight`` 0 is shortest remaining first.
 
-The quality point is not known while a job trains: it is estimated at ``quality_share``
-of the job's steps (done plus left: declared, else the loss curve's prediction). As in
+The quality point is not known while a job trains: ``quality_point`` names its estimate
+(``specon.policy.quality_point``, the same function in the agent and the simulator), by
+default ``quality_share`` of the job's steps (done plus left: declared, else the loss
+curve's prediction). As in
 ``fsp``, ``aging`` times the job's deficit against equal sharing is taken off its key,
 so a job that fell behind its fair-shared progress moves up; and a job whose deficit
 reached ``late`` times its remaining work (1: equal sharing would already have finished
@@ -37,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from specon.model import ContainerId
+from specon.policy import quality_point
 from specon.policy.plugin import Rule
 from specon.policy.priority.base import RATIO_DOC, JobProgress, fifo_key, ranked_weights, ratio_problems
 
@@ -48,6 +51,16 @@ class Args:
     quality_share: float = field(
         default=0.35,
         metadata={"doc": "share of a job's steps taken as its early part (its quality point), in (0, 1]"},
+    )
+    # bench_quality_point and bench_sim judged the estimators (docs/priority.md).
+    quality_point: str = field(
+        default="share",
+        metadata={
+            "doc": "how a job's quality point is estimated: share (quality_share of its steps), "
+            "curve (the share until its loss curve says more or less), memory (the median of "
+            "its model's finished jobs on this worker, else the share), oracle (the simulator's "
+            "true point; elsewhere share)"
+        },
     )
     # 0.75: the smallest weight tried (the most average-JCT gain) whose time-to-quality is
     # no later than DS's on A1-A5 and the example scenarios (docs/priority.md).
@@ -79,6 +92,9 @@ def problems(args: Args) -> list[str]:
     out = ratio_problems(args.ratio)
     if not (math.isfinite(args.quality_share) and 0 < args.quality_share <= 1):
         out.append(f"quality_share: must be in (0, 1], got {args.quality_share}")
+    if args.quality_point not in quality_point.ESTIMATORS:
+        known = ", ".join(quality_point.ESTIMATORS)
+        out.append(f"quality_point: must be one of {known}, got {args.quality_point!r}")
     if not (math.isfinite(args.quality_weight) and args.quality_weight >= 0):
         out.append(f"quality_weight: must be >= 0, got {args.quality_weight}")
     if not (math.isfinite(args.aging) and 0 <= args.aging <= 1):
@@ -116,7 +132,16 @@ def keys(jobs: Sequence[JobProgress], args: Args) -> dict[ContainerId, tuple[boo
         if deficit >= args.late * left * cost:
             out[j.id] = (False, late)
             continue
-        early = args.quality_share * (j.step + left) * cost
+        early = cost * quality_point.estimate(
+            args.quality_point,
+            step=j.step,
+            total=j.step + left,
+            share=args.quality_share,
+            steps=j.loss_steps,
+            losses=j.losses,
+            truth=j.quality_truth,
+            recalled=j.quality_memory,
+        )
         out[j.id] = (True, milestone_key(done, left * cost, early, args) - args.aging * deficit)
     return out
 

@@ -14,7 +14,16 @@ from typing import Any
 import pytest
 import structlog
 from specon_agent.core import Agent
-from specon_agent.priority import Running, accrue, changed, decide, fair_shares, progress, running_of
+from specon_agent.priority import (
+    Running,
+    accrue,
+    changed,
+    decide,
+    fair_shares,
+    progress,
+    remember_finished,
+    running_of,
+)
 from specon_agent.watched import CURVE_POINTS, Watched, append_curve, predicted_steps
 from specon_agent.weights import CpuWeights, state_path
 
@@ -22,6 +31,7 @@ from specon.config import PriorityConfig, ProgressConfig
 from specon.model import ContainerId, Resources, WorkerId
 from specon.policy import remaining
 from specon.policy.monitor import MonitorState
+from specon.policy.priority import phased
 from specon.progress import Tailer
 from specon.runtime import ContainerInfo, ContainerState, JobSpec
 from specon.testing.fake_runtime import FakeClock, FakeRuntime, FakeVolume, JobScript
@@ -200,12 +210,44 @@ async def test_fair_seconds_survive_a_restart_and_count_the_time_between(
     jobs = [run(A, started=1000.0), run(B, started=1000.0)]
     await first.tick(jobs, 2.0, 1000.0)
     await first.tick(jobs, 2.0, 1010.0)
-    assert json.loads(path.read_text()) == {"at": 1010.0, "fair_seconds": {"a": 10.0, "b": 10.0}}
+    assert json.loads(path.read_text()) == {
+        "at": 1010.0,
+        "fair_seconds": {"a": 10.0, "b": 10.0},
+        "quality_memory": {},
+    }
     again = CpuWeights(worker, SRPT, state_file=path)  # the agent restarted; the jobs ran on
     await again.tick(jobs, 2.0, 1040.0)
     assert again.fair == {A: 40.0, B: 40.0}
     again.forget([A])
     assert again.fair == {B: 40.0}
+
+
+async def test_the_quality_points_of_finished_jobs_are_remembered_per_model_across_a_restart(
+    worker: Recording, tmp_path: Path
+) -> None:
+    await started(worker, A, B)
+    path = state_path(tmp_path / "monitor.json")
+    cfg = PriorityConfig(rule="phased", phased=phased.Args(quality_point="memory"))
+    curve = tuple((float(k), max(0.0, 100.0 - k)) for k in range(1, 201))  # flat from step 100 of 200
+    first = CpuWeights(worker, cfg, state_file=path)
+    done = run(A, step=190, total=200, curve=curve, model="gru")
+    half = run(B, step=100, total=200, curve=curve[:100], model="gru")
+    await first.tick([done, half], 2.0, 1000.0)
+    await first.tick([], 2.0, 1010.0)  # both gone: A had trained its steps, B only half
+    assert first.memory == {"gru": (pytest.approx(0.48),)}  # 95 % of the fall, smoothed
+    again = CpuWeights(worker, cfg, state_file=path)  # the agent restarted
+    assert again.memory == first.memory
+    # A new gru job's quality point is its model's: 48 % of its steps, not the share.
+    assert progress([run(C, step=1, total=400, model="gru")], {}, again.memory)[
+        0
+    ].quality_memory == pytest.approx(0.48)
+
+
+def test_a_job_moved_here_mid_training_is_not_remembered() -> None:
+    curve = tuple((float(k), 100.0 - k / 2) for k in range(100, 201))
+    gone = run(A, step=200, total=200, curve=curve, model="gru")
+    assert remember_finished({}, [gone], []) == {}
+    assert remember_finished({}, [gone], [gone]) == {}  # still running
 
 
 async def test_an_unreadable_priority_state_starts_afresh(worker: Recording, tmp_path: Path) -> None:
