@@ -54,11 +54,8 @@ def points(result: ScenarioResult) -> list[PlanePoint]:
 
 def dominating(default: PlanePoint, points: Sequence[PlanePoint]) -> list[PlanePoint]:
     """The peers among ``points`` strictly better than ``default`` on both axes."""
-    return [
-        p
-        for p in points
-        if p.label != default.label and p.label not in NOT_PEERS and p.jct < default.jct and p.ttq < default.ttq
-    ]
+    peers = [p for p in points if p.label != default.label and p.label not in NOT_PEERS]
+    return [p for p in peers if p.jct < default.jct and p.ttq < default.ttq]
 
 
 def swept(value: float, base: Policy | None = None) -> Policy:
