@@ -17,7 +17,9 @@ It drives the manager's own coordinator (``specon.coordinator.inline``) and the 
 - ``trace``: loss-curve traces; ``curves``: synthetic ones; ``record``: recording real ones;
 - ``calibration``: the simulator against the local runtime; ``detection``: the detection benchmark;
   ``oracle``: detection by the ground truth (``specon-oracle``);
-- ``report``, ``summary``: tables beside the paper's numbers, JSON and PNGs;
+- ``report``, ``summary``: tables beside the paper's numbers, JSON and PNGs; ``plane``: each
+  policy's average JCT and time-to-quality against DS, the default's knob swept, and which
+  peers beat the default on both;
 - ``asgd``: MB-ASGD's distributed async-SGD jobs (the MVA throughput model, KNEE/HELL node
   allocation, its 100-node scheduling simulation), apart from the cluster above;
 - ``dl2``: ``specon learn``, training the learned priority rule on simulated runs.
