@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -241,6 +242,9 @@ def _agent_pod(name: str, node: str) -> dict[str, Any]:
     }
 
 
+ACCESS_LINE = re.compile(r'^\S+ \[[^]]+\] "(GET|POST) /(v1|healthz)')
+
+
 @contextlib.asynccontextmanager
 async def deployed(
     cluster: KubeCluster,
@@ -283,8 +287,10 @@ async def deployed(
         yield d
     finally:
         await d.stop()
-        for f in sorted(tmp_path.glob("*.log")):  # shown when a test fails
-            print(f"== {f.name} ==\n{f.read_text(errors='replace')[-3000:]}")
+        for f in sorted(tmp_path.glob("*.log")):  # shown when a test fails: the decisions, not
+            # the access log (a heartbeat a second and the status polls bury them)
+            lines = [ln for ln in f.read_text(errors="replace").splitlines() if not ACCESS_LINE.match(ln)]
+            print(f"== {f.name} ==\n" + "\n".join(lines[-60:]))
         admin.request("DELETE", f"/api/v1/persistentvolumes/specon-data-{namespace}")
 
 
