@@ -470,8 +470,12 @@ async def test_a_pod_evicted_behind_specons_back_is_restored_from_its_record(
     eviction = {"apiVersion": "policy/v1beta1", "kind": "Eviction",
                 "metadata": {"name": "evicted", "namespace": d.namespace}}  # fmt: skip
     admin.request("POST", f"/api/v1/namespaces/{d.namespace}/pods/evicted/eviction", body=eviction)
+    # Restored either way: "recovered" when the agent saw the job's exit (75, stopped after
+    # its checkpoint), "crashed" when the last state of the pod it saw was ended with no
+    # terminated container status, so no exit code (twice in full runs on a loaded machine).
+    # That every step trained exactly once is checked below.
     await until(
-        migration_of(d, job, lambda m: m.reason == "recovered" and m.state.value == "done"),
+        migration_of(d, job, lambda m: m.reason in ("recovered", "crashed") and m.state.value == "done"),
         "the evicted job restored",
         timeout=150,
     )
