@@ -171,6 +171,7 @@ def plane_run(
     axes (target: none)."""
     from specon.plots import plot_plane  # noqa: PLC0415 - the `plot` extra, needed here only
 
+    RESULTS.mkdir(parents=True, exist_ok=True)
     figures = []
     lines = [
         "### The JCT-quality plane: peers better than the default on both axes",
