@@ -15,6 +15,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
+from specon.argtypes import non_negative_int
 from specon.config import PolicyError, default_policy, load_policy
 from specon.daemon import logs
 from specon.daemon.cli_args import (
@@ -28,8 +29,9 @@ from specon.daemon.cli_args import (
 from specon.daemon.manager_url import is_loopback
 from specon.daemon.settings import ManagerSettings
 from specon.daemon.tls import ReloadCollector, ServerCertificate, TLSConfigError
+from specon.runtime.kubernetes.admission import MAX_PREFERRED
 from specon_manager import standby
-from specon_manager.app import METRICS, NodeRequests, create_app
+from specon_manager.app import METRICS, Extension, NodeRequests, create_app
 from specon_manager.app import PodBroker as PodBrokerLike
 from specon_manager.auth import Authenticator, Chain, StaticTokens, load_agent_tokens
 from specon_manager.journal import Journal, JournalStore
@@ -196,14 +198,26 @@ def _pod_options(p: argparse.ArgumentParser) -> None:
         "restore records, evictions, copies, deletions, specon's annotations, each only as this "
         "manager's decisions and the pod's node allow; take what each node's other pods request off "
         "its capacity (a watch of every pod); and record each move's end as an Event on its job's "
-        "pod. The agents' own credentials then only read their namespaces' pods",
+        "pod. The agents' own credentials then only read their namespaces' pods. Also serves the pod "
+        "admission webhook (POST /v1/kubernetes/admission/pods, components/webhook)",
+    )
+    pods.add_argument(
+        "--preferred-nodes",
+        type=non_negative_int,
+        default=MAX_PREFERRED,
+        metavar="N",
+        help=f"the admission webhook gives a new managed pod a preferred node affinity for the N nodes "
+        f"Algorithm 2 ranks first (default {MAX_PREFERRED}, at most {MAX_PREFERRED}; 0: none, pods of "
+        "jobs being moved are still steered)",
     )
     add_managed_pod_options(pods)
 
 
-def _pod_broker(args: argparse.Namespace, shell: ManagerShell) -> tuple[PodBrokerLike, NodeRequests] | None:
-    """The pod broker ``--manage-pods`` asks for, and the watch of every pod that says what
-    other pods take of each node (``ValueError`` saying why they cannot be)."""
+def _pod_broker(
+    args: argparse.Namespace, shell: ManagerShell
+) -> tuple[PodBrokerLike, NodeRequests, Extension] | None:
+    """The pod broker ``--manage-pods`` asks for, the watch of every pod that says what other
+    pods take of each node, and the admission webhook (``ValueError`` saying why they cannot be)."""
     if not args.manage_pods:
         return None
     if missing := missing_extra("kubernetes", "kubernetes", "--manage-pods"):
@@ -212,6 +226,7 @@ def _pod_broker(args: argparse.Namespace, shell: ManagerShell) -> tuple[PodBroke
     from specon.runtime.kubernetes.others import ClusterRequests  # noqa: PLC0415
     from specon.runtime.kubernetes.pods import SharedVolume  # noqa: PLC0415
     from specon.runtime.kubernetes.writes import PodWrites  # noqa: PLC0415
+    from specon_manager.admission import PodAdmission  # noqa: PLC0415
     from specon_manager.k8s_events import MigrationEvents  # noqa: PLC0415
     from specon_manager.pod_broker import PodBroker  # noqa: PLC0415
 
@@ -224,7 +239,11 @@ def _pod_broker(args: argparse.Namespace, shell: ManagerShell) -> tuple[PodBroke
     requests = ClusterRequests(api, args.selector)
     requests.start()
     shell.on_migration_end = MigrationEvents(api, selector=args.selector).on_migration
-    return PodBroker(shell, writes), requests
+    return (
+        PodBroker(shell, writes),
+        requests,
+        PodAdmission(shell, args.selector, preferred=args.preferred_nodes),
+    )
 
 
 def _election_options(p: argparse.ArgumentParser) -> None:
@@ -391,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"specon-manager: {exc}", file=sys.stderr)
         journal.close()
         return 2
-    broker, requests = kube_pods or (None, None)
+    broker, requests, admission = kube_pods or (None, None, None)
     app = create_app(
         shell,
         auth=auth,
@@ -399,6 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings=settings,
         pod_broker=broker,
         node_requests=requests,
+        extensions=[admission] if admission is not None else [],
     )
     if elector is None:
         standby.install(app, shell)  # /readyz: always ready

@@ -22,12 +22,13 @@ from typing import Protocol
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from specon.coordinator.draining import UnknownWorkerError
 from specon.coordinator.machine import NotHostedError
 from specon.daemon.settings import ManagerSettings
 from specon.model import Resources, WorkerId
+from specon.runtime.kubernetes.admission import WEBHOOK_PATH
 from specon.wire import protocol
 from specon.wire.operator import DRAIN_PATH, UNCORDON_PATH, DrainRequest
 from specon.wire.pod_writes import POD_WRITES_PATH, PodWriteReply, PodWriteRequest
@@ -72,6 +73,12 @@ BY_SESSION = web.RequestKey("by_session", bool)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+class Extension(Protocol):
+    """A part served only in some deployments (``specon_manager.admission.PodAdmission``)."""
+
+    def install(self, app: web.Application, registry: CollectorRegistry) -> None: ...
+
+
 class PodBroker(Protocol):
     """``specon_manager.pod_broker.PodBroker`` (imported only with the kubernetes extra)."""
 
@@ -111,6 +118,8 @@ def _bearer(request: web.Request) -> str | None:
 
 _GUARDED_READS = frozenset({protocol.STATUS_PATH, "/"})
 WORKERS_PREFIX = "/v1/workers/"  # the operator's paths (drain, uncordon)
+# POSTs without a credential: logging in, and the API server's admission reviews (it sends none).
+_OPEN_POSTS = frozenset({*login.PATHS, WEBHOOK_PATH})
 
 
 def _by_cookie(request: web.Request) -> tuple[Identity | None, web.Response | None]:
@@ -132,7 +141,7 @@ def _by_cookie(request: web.Request) -> tuple[Identity | None, web.Response | No
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     metrics = request.app[METRICS]
     post = request.method == "POST"
-    guarded = (post and request.path not in login.PATHS) or (
+    guarded = (post and request.path not in _OPEN_POSTS) or (
         request.app[GUARD_READS]
         and (request.path in _GUARDED_READS or request.path.startswith(WORKERS_PREFIX))
     )
@@ -451,12 +460,14 @@ def create_app(
     settings: ManagerSettings | None = None,
     pod_broker: PodBroker | None = None,
     node_requests: NodeRequests | None = None,
+    extensions: Iterable[Extension] = (),
 ) -> web.Application:
     """The manager app. ``auth`` decides who may call; ``token`` alone is a shared token
     (every worker). ``guard_reads``: status and the page need a read or shared token.
     ``settings``: the operational knobs (default: ``ManagerSettings()``). ``pod_broker``:
     serve ``POST /v1/kubernetes/pods`` (Kubernetes agents' pod writes). ``node_requests``:
-    take other pods' requests off each Kubernetes worker's reported capacity."""
+    take other pods' requests off each Kubernetes worker's reported capacity. ``extensions``:
+    further routes (the pod admission webhook)."""
     if auth is None:
         if not token:
             raise ValueError("the manager needs a bearer token or an authenticator")
@@ -495,6 +506,8 @@ def create_app(
         app.router.add_post(POD_WRITES_PATH, pod_writes)
     if node_requests is not None:
         app[NODE_REQUESTS] = node_requests
+    for ext in extensions:
+        ext.install(app, m.registry)
     if tick:
         app.cleanup_ctx.append(_ticker)
     app.on_shutdown.append(_release_polls)

@@ -242,6 +242,14 @@ class Coordinator(Deciding, Draining):
         ready = self.commands.deliver(worker, self._durable)
         return CommandBatch(manager_time=now, policy_generation=self.generation, commands=ready, ack=ack)
 
+    def index_now(self, now: float) -> ClusterIndex:
+        """The cluster as Algorithm 2 reads it now (the admission webhook ranks nodes by it)."""
+        return self._index(now)
+
+    def refusals(self, mid: str) -> int:
+        """How often a restart of migration ``mid`` was refused (its rollback alternates)."""
+        return self._refusals.get(mid, 0)
+
     def has_unsent(self, worker: WorkerId) -> bool:
         """``worker`` has a deliverable command no reply or poll carried yet (wakes a long poll)."""
         return self.commands.has_unsent(worker, self._durable)

@@ -241,6 +241,19 @@ def next_step(
     return IssueStart(home, m.checkpoint, rollback=True)
 
 
+def heading(
+    m: Migration, alive: Collection[WorkerId], cordoned: Collection[WorkerId], refused: int = 0
+) -> WorkerId | None:
+    """Where the job of ``m`` is to run next: the target until the move failed, then the
+    rollback's home (None: ended, or nowhere to go). A controller's replacement pod for the
+    job is steered there (``specon.runtime.kubernetes.admission``)."""
+    if m.state.terminal:
+        return None
+    if m.state is State.FAILED:
+        return rollback_home(m, alive, cordoned, refused)
+    return m.target
+
+
 def rollback_home(
     m: Migration, alive: Collection[WorkerId], cordoned: Collection[WorkerId], refused: int = 0
 ) -> WorkerId | None:

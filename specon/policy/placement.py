@@ -304,15 +304,43 @@ def select_home(
     Ready, reachable worker it fits whose score is within ``cfg.tolerance`` of the lowest; the
     member with the lowest usage, then fewest containers, then lowest id. None: no worker can
     host it. Its last worker is a candidate like any other, and counts it on no score."""
+    homes = ranked_homes(index, container, cfg=cfg, worker_timeout=worker_timeout, fits=fits, limit=1)
+    return homes[0] if homes else None
+
+
+def ranked_homes(
+    index: ClusterIndex,
+    container: ContainerSnapshot,
+    *,
+    cfg: PlacementConfig,
+    worker_timeout: float,
+    fits: Fits = fits,
+    limit: int,
+) -> list[WorkerId]:
+    """Up to ``limit`` workers for a job that runs nowhere, best first: ``select_home``'s
+    choice, then the rest of T, then the other workers it fits by score (a new pod's preferred
+    nodes). ``index`` may count the job on its lost worker (its last heartbeat listed it):
+    that one is not eligible, and every other worker's load is without it."""
     scores = _scores(index, container, -1, cfg)
     eligible_pos = np.flatnonzero(index.eligible(worker_timeout))
     workers = index.snapshot.workers
-    # ``index`` may count the job on its lost worker (its last heartbeat listed it): that one
-    # is not eligible, and every other worker's load is without it.
-    members = _lowest_tier(
-        index, scores, eligible_pos, cfg.tolerance, lambda p: fits(container, workers[p], index.used(p))
-    )
-    return index.ids[_least_used(index, members)] if members else None
+
+    def feasible(p: int) -> bool:
+        return fits(container, workers[p], index.used(p))
+
+    members = _lowest_tier(index, scores, eligible_pos, cfg.tolerance, feasible)
+    if not members:
+        return []
+    best = sorted(members, key=lambda p: _usage_key(index, p))
+    out = best[:limit]
+    if len(out) < limit:
+        chosen = set(members)
+        for p in eligible_pos[np.argsort(scores[eligible_pos], kind="stable")].tolist():
+            if len(out) >= limit:
+                break
+            if p not in chosen and feasible(p):
+                out.append(p)
+    return [index.ids[p] for p in out]
 
 
 def _lowest_tier(
@@ -337,6 +365,10 @@ def _lowest_tier(
     return members
 
 
+def _usage_key(idx: ClusterIndex, p: int) -> tuple[float, int, WorkerId]:
+    return float(idx.usage[p]), int(idx.loads[p]), idx.ids[p]
+
+
 def _least_used(idx: ClusterIndex, members: list[int]) -> int:
     """The member of T a job goes to: lowest usage, then fewest containers, then lowest id."""
-    return min(members, key=lambda p: (float(idx.usage[p]), int(idx.loads[p]), idx.ids[p]))
+    return min(members, key=lambda p: _usage_key(idx, p))

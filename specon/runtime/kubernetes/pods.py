@@ -8,7 +8,8 @@ The job contract on Kubernetes (documented for users in the README):
 
 * A managed pod matches the runtime's label selector (default ``specon.io/managed=true``).
   Its job is the label ``specon.io/job`` (stable across migrations, while the pod name
-  changes), else the pod name; a job is identified by (namespace, job), so its container id
+  changes), else the ``Job`` that controls it (a Job's replacement pods are one job), else
+  the pod name; a job is identified by (namespace, job), so its container id
   is ``<namespace>.<job>`` (a namespace is a DNS label, without dots: the first dot splits the
   id). Two jobs of one name in two namespaces are two containers.
 * It mounts the shared ReadWriteMany volume (the PVC named by the agent's ``--claim``, or a
@@ -34,7 +35,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import PurePosixPath
@@ -66,6 +67,7 @@ from specon.runtime.kubernetes.nodes import (
     pod_tolerations,
     quantity,
 )
+from specon.runtime.kubernetes.selectors import Requirement, matches, parse_selector
 from specon.wire.validate import DNS_LABEL, LABEL_VALUE
 
 # The pod rules, and the node and resource rules of k8s_nodes re-exported for the backend.
@@ -92,6 +94,7 @@ __all__ = [
     "SharedVolume",
     "alive",
     "annotations_of",
+    "controlling_job",
     "dumps_template",
     "env_of",
     "exit_code",
@@ -161,56 +164,6 @@ _MAX_POD_NAME = 63  # a pod's hostname is its name: keep it within a DNS label
 _ALIVE_PHASES = frozenset({"Pending", "Running", "Unknown", ""})
 
 
-# -- selectors ---------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Requirement:
-    key: str
-    op: str  # "=", "!=", "exists", "!exists"
-    value: str = ""
-
-
-def parse_selector(selector: str) -> tuple[Requirement, ...]:
-    """Equality-based label selectors (``a=b,c!=d,e,!f``); ``PodError`` for anything else.
-
-    The API server applies the selector; the runtime applies it again so a server that
-    ignores selectors (an emulator, a proxy) cannot hand it foreign pods.
-    """
-    out = []
-    for raw in (p.strip() for p in selector.split(",")):
-        if not raw:
-            continue
-        if " in " in raw or " notin " in raw or "(" in raw:
-            raise PodError(f"set-based selector {raw!r} is not supported; use k=v, k!=v, k or !k")
-        if "!=" in raw:
-            k, v = raw.split("!=", 1)
-            out.append(Requirement(k.strip(), "!=", v.strip()))
-        elif "=" in raw:
-            k, v = raw.split("==", 1) if "==" in raw else raw.split("=", 1)
-            out.append(Requirement(k.strip(), "=", v.strip()))
-        elif raw.startswith("!"):
-            out.append(Requirement(raw[1:].strip(), "!exists"))
-        else:
-            out.append(Requirement(raw, "exists"))
-    for r in out:
-        if not r.key:
-            raise PodError(f"bad label selector {selector!r}: empty key")
-    return tuple(out)
-
-
-def matches(labels: Mapping[str, str], selector: Iterable[Requirement]) -> bool:
-    for r in selector:
-        present = r.key in labels
-        if r.op == "=" and labels.get(r.key) != r.value:
-            return False
-        if r.op == "!=" and labels.get(r.key) == r.value:
-            return False
-        if r.op == "exists" and not present:
-            return False
-        if r.op == "!exists" and present:
-            return False
-    return True
-
-
 # -- reading a pod -----------------------------------------------------------------------------
 def meta(obj: Mapping[str, Any]) -> dict[str, Any]:
     m = obj.get("metadata")
@@ -237,8 +190,23 @@ def node_of(pod: Mapping[str, Any]) -> str | None:
 
 
 def job_name(pod: Mapping[str, Any]) -> str:
-    """The job within its namespace: label ``specon.io/job``, else the pod name."""
-    return str(labels_of(pod).get(LABEL_JOB) or meta(pod).get("name") or "")
+    """The job within its namespace: label ``specon.io/job``, else the name of the ``Job``
+    that controls the pod (its replacements keep the job's identity), else the pod name."""
+    return str(labels_of(pod).get(LABEL_JOB) or controlling_job(pod) or meta(pod).get("name") or "")
+
+
+def controlling_job(pod: Mapping[str, Any]) -> str | None:
+    """The name of the ``batch/v1`` Job that controls ``pod`` (None: no Job controls it)."""
+    for ref in meta(pod).get("ownerReferences") or []:
+        if (
+            isinstance(ref, dict)
+            and ref.get("controller") is True
+            and ref.get("kind") == "Job"
+            and str(ref.get("apiVersion", "")).startswith("batch/")
+            and ref.get("name")
+        ):
+            return str(ref["name"])
+    return None
 
 
 def qualified_id(namespace: str, job: str) -> ContainerId:

@@ -1,0 +1,146 @@
+"""The pod admission webhook's pure half: an ``AdmissionReview`` in, its answer out.
+
+The API server sends every create of a managed pod in a training namespace to the manager
+(``components/webhook``: a ``MutatingWebhookConfiguration`` with ``failurePolicy: Ignore``,
+so a manager that is down or slow never stops a pod from being created). The answer is a
+JSON Patch that adds scheduling hints and nothing else:
+
+* a pod of a job the manager is moving (a Job controller's replacement for the pod a move
+  evicted) is **steered**: a required node affinity naming the move's current target, as a
+  restored copy is (``steering.steer``), so kube-scheduler places it there or nowhere and
+  applies every other check it applies to any pod;
+* any other pod gets **preferred** node affinities naming the nodes Algorithm 2 ranks first
+  for a new job (weights 100, 90, ...), so its first placement follows the category counts
+  where the scheduler agrees; the scheduler's own scores still decide.
+
+A pod specon steered already (a copy the manager made) is left as it is. The patch names
+node *fields* (``metadata.name``), never labels the node's owner could change.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specon.runtime.kubernetes import steering
+
+REVIEW_API = "admission.k8s.io/v1"
+WEBHOOK_PATH = "/v1/kubernetes/admission/pods"
+# The annotation that says specon added preferred terms (a reinvoked webhook adds none again).
+ANN_PREFERRED = "specon.io/preferred"
+MAX_PREFERRED = 5
+_TOP_WEIGHT, _WEIGHT_STEP = 100, 10
+
+Patch = list[dict[str, Any]]
+
+
+class ReviewError(ValueError):
+    """A body that is not an ``admission.k8s.io/v1`` review of a pod (the message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodReview:
+    """The parts of an ``AdmissionReview`` request the webhook reads."""
+
+    uid: str
+    operation: str
+    namespace: str
+    pod: dict[str, Any]  # with ``metadata.namespace`` set from the request
+
+    @property
+    def creates_pod(self) -> bool:
+        return self.operation == "CREATE"
+
+
+def read_review(body: object) -> PodReview:
+    """The review in ``body`` (parsed JSON); ``ReviewError`` if it is not one of a pod."""
+    if not isinstance(body, Mapping):
+        raise ReviewError("the body is not a JSON object")
+    if body.get("apiVersion") != REVIEW_API or body.get("kind") != "AdmissionReview":
+        raise ReviewError(f"expected an AdmissionReview of {REVIEW_API}")
+    request = body.get("request")
+    if not isinstance(request, Mapping):
+        raise ReviewError("the review has no request")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid or len(uid) > 128:
+        raise ReviewError("the request has no uid")
+    kind = request.get("kind") or {}
+    if not isinstance(kind, Mapping) or (kind.get("group"), kind.get("kind")) != ("", "Pod"):
+        raise ReviewError("the request is not about a pod")
+    pod = request.get("object")
+    if not isinstance(pod, Mapping):
+        raise ReviewError("the request holds no pod")
+    namespace = str(request.get("namespace") or "")
+    obj = copy.deepcopy(dict(pod))
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(obj.get("spec"), dict):
+        raise ReviewError("the pod has no metadata or spec")
+    meta["namespace"] = namespace  # a create's object may omit it
+    return PodReview(uid=uid, operation=str(request.get("operation") or ""), namespace=namespace, pod=obj)
+
+
+def answer(uid: str, patch: Patch | None = None, *, warning: str | None = None) -> dict[str, Any]:
+    """The ``AdmissionReview`` that allows the pod, with ``patch`` applied when given."""
+    response: dict[str, Any] = {"uid": uid, "allowed": True}
+    if patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(patch, separators=(",", ":")).encode()).decode()
+    if warning:
+        response["warnings"] = [warning]
+    return {"apiVersion": REVIEW_API, "kind": "AdmissionReview", "response": response}
+
+
+def patch_of(response: Mapping[str, Any]) -> Patch:
+    """The JSON Patch in an answer (empty: none); for tests and the benchmark."""
+    raw = (response.get("response") or {}).get("patch")
+    return list(json.loads(base64.b64decode(raw))) if raw else []
+
+
+def steered_already(pod: Mapping[str, Any]) -> bool:
+    """Whether specon placed or steered this pod (a copy the manager created)."""
+    return steering.steered_to(pod) is not None
+
+
+def _replace(changed: Mapping[str, Any]) -> Patch:
+    """Ops that give the pod ``changed``'s annotations and affinity: whole values (``add``
+    replaces a member that exists), so no path reaches into keys that need escaping."""
+    meta, spec = changed["metadata"], changed["spec"]
+    return [
+        {"op": "add", "path": "/metadata/annotations", "value": meta["annotations"]},
+        {"op": "add", "path": "/spec/affinity", "value": spec["affinity"]},
+    ]
+
+
+def steering_patch(pod: Mapping[str, Any], node: str) -> Patch:
+    """The patch that steers ``pod`` onto ``node`` (a required node affinity)."""
+    changed = copy.deepcopy(dict(pod))
+    steering.steer(changed, node)
+    return _replace(changed)
+
+
+def preference_patch(pod: Mapping[str, Any], nodes: Sequence[str]) -> Patch:
+    """The patch that adds a preferred node affinity for each of ``nodes`` (best first), after
+    the pod's own preferred terms; empty when there are none or specon added them before."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if not nodes or ANN_PREFERRED in annotations:
+        return []
+    changed = copy.deepcopy(dict(pod))
+    spec = changed.setdefault("spec", {})
+    affinity = spec.get("affinity") or {}
+    spec["affinity"] = affinity
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+    preferred = node_affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
+    for rank, node in enumerate(nodes[:MAX_PREFERRED]):
+        preferred.append(
+            {
+                "weight": _TOP_WEIGHT - _WEIGHT_STEP * rank,
+                "preference": {"matchFields": [{"key": steering.FIELD, "operator": "In", "values": [node]}]},
+            }
+        )
+    meta = changed.setdefault("metadata", {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), ANN_PREFERRED: ",".join(nodes[:MAX_PREFERRED])}
+    return _replace(changed)
