@@ -19,7 +19,7 @@ from specon.model import (
     WorkerSnapshot,
 )
 from specon.policy.decisions import Move, RefusalReason, Refuse, Stay
-from specon.policy.placement import ClusterIndex, fits, select_target, tolerates
+from specon.policy.placement import ClusterIndex, fits, ranked_homes, select_home, select_target, tolerates
 from specon.testing.builders import container, snapshot, worker
 
 PC, WC, CC = Category.PROGRESSING, Category.WATCHING, Category.CONVERGED
@@ -383,3 +383,22 @@ def test_a_job_that_opted_out_of_moves_is_told_to_stay() -> None:
     bare = [worker(w, cpu=0.0, memory=0, gpu=0) for w in ("w0", "w1")]  # no capacity at all
     snap = snapshot(bare, [c, busy], now=10.0)
     assert isinstance(select_target(snap, c.id, cfg=PlacementConfig(), worker_timeout=20.0), Stay)
+
+
+def test_ranked_homes_start_with_select_homes_choice_then_go_by_score() -> None:
+    cfg = PlacementConfig()
+    s = snapshot(
+        [worker("a", usage=0.5), worker("b", usage=0.1), worker("c"), worker("d"), worker("full", cpu=0.5)],
+        [*fill("a", pc=1), *fill("b", pc=1), *fill("c", pc=2), *fill("d", pc=3)],
+    )
+    idx = ClusterIndex.of(s)
+    job = container("new", "", PC, cpu=1.0)
+    ranked = ranked_homes(idx, job, cfg=cfg, worker_timeout=TIMEOUT, limit=10)
+    # a and b tie on score (T); b has the lower usage and is select_home's choice. "full"
+    # scores best (no jobs) but cannot fit the job's CPU.
+    assert ranked == ["b", "a", "c", "d"]
+    assert select_home(idx, job, cfg=cfg, worker_timeout=TIMEOUT) == "b"
+    assert ranked_homes(idx, job, cfg=cfg, worker_timeout=TIMEOUT, limit=3) == ["b", "a", "c"]
+    assert ranked_homes(idx, job, cfg=cfg, worker_timeout=TIMEOUT, limit=1) == ["b"]
+    stale = snapshot([worker("a", heartbeat_age=TIMEOUT * 2)])
+    assert ranked_homes(ClusterIndex.of(stale), job, cfg=cfg, worker_timeout=TIMEOUT, limit=3) == []

@@ -21,6 +21,7 @@ from specon.runtime.kubernetes.pods import (
     TAINT_UNSCHEDULABLE,
     PodError,
     SharedVolume,
+    controlling_job,
     job_files,
     job_id,
     job_spec,
@@ -222,6 +223,26 @@ def test_quantities() -> None:
     assert quantity(4) == 4.0
     with pytest.raises(PodError):
         quantity("lots")
+
+
+def test_a_jobs_pods_are_one_job_named_by_the_job() -> None:
+    def owned(name: str, kind: str, api: str = "batch/v1", *, controller: bool = True) -> dict[str, Any]:
+        p = pod(name)
+        ref = {"apiVersion": api, "kind": kind, "name": "vae-7", "uid": "u", "controller": controller}
+        p["metadata"]["ownerReferences"] = [ref]
+        return p
+
+    # A Job's pods (its replacements after an eviction too) share the Job's identity.
+    assert job_id(owned("vae-7-x2k4p", "Job")) == job_id(owned("vae-7-9sd0q", "Job")) == "ml.vae-7"
+    assert controlling_job(owned("vae-7-x2k4p", "Job")) == "vae-7"
+    # Other controllers name their pods stably (an operator's "<job>-worker-0"): the pod name.
+    assert job_id(owned("vae-7-worker-0", "PyTorchJob", "kubeflow.org/v1")) == "ml.vae-7-worker-0"
+    assert job_id(owned("rs-pod", "ReplicaSet", "apps/v1")) == "ml.rs-pod"
+    assert job_id(owned("vae-7-abc", "Job", controller=False)) == "ml.vae-7-abc"
+    # The label still names the job first.
+    labelled = owned("vae-7-x2k4p", "Job")
+    labelled["metadata"]["labels"] = {LABEL_JOB: "mine"}
+    assert job_id(labelled) == "ml.mine"
 
 
 def test_job_spec_carries_requests_labels_and_a_template() -> None:

@@ -1,0 +1,199 @@
+"""The pod admission webhook (``specon_manager.admission``) on the manager's own state: a
+pod of a job being moved is steered to its target, a new pod gets Algorithm 2's nodes as
+preferences, and everything else passes unchanged; over HTTP without a credential. The real
+API server's side: tests/k8s/test_admission_webhook.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from aiohttp.test_utils import TestClient, TestServer
+from specon_manager.admission import PodAdmission
+from specon_manager.app import create_app
+from specon_manager.shell import ManagerShell
+
+from specon.model import Category
+from specon.runtime.kubernetes import steering
+from specon.runtime.kubernetes.admission import ANN_PREFERRED, WEBHOOK_PATH, patch_of
+from specon.wire.protocol import Action
+from tests.unit.manager_fakes import FakeAgent, FakeClock, only, report, shell
+
+CC = Category.CONVERGED
+NS = "training"
+
+
+def job_pod(job: str, *, labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    """A pod as a Job controller creates it: generated name, owned by the Job ``job``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": f"{job}-",
+            "labels": {"specon.io/managed": "true", "job-name": job, **(labels or {})},
+            "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": "j-uid", "controller": True}
+            ],
+        },
+        "spec": {
+            "containers": [{"name": "train", "image": "trainer", "resources": {"requests": {"cpu": "1"}}}],
+            **spec,
+        },
+    }
+
+
+def review(pod: dict[str, Any], *, operation: str = "CREATE", uid: str = "r-1") -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": NS,
+            "operation": operation,
+            "object": pod,
+        },
+    }
+
+
+def apply(pod: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+    """``pod`` after the answer's patch (its ops are whole-member ``add``s)."""
+    out = {**pod, "metadata": dict(pod["metadata"]), "spec": dict(pod["spec"])}
+    for op in patch_of(answer):
+        assert op["op"] == "add"
+        _, part, member = op["path"].split("/")
+        out[part][member] = op["value"]
+    return out
+
+
+async def moving(tmp_path: Path, clock: FakeClock) -> ManagerShell:
+    """b idle; a holds training.c1 (converged, asking) and two progressing jobs: Algorithm 2
+    moves training.c1 from a to b (its save is queued)."""
+    sh = shell(tmp_path, clock)
+    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
+    await sh.heartbeat(b.heartbeat())
+    batch = await sh.heartbeat(
+        a.heartbeat(report(f"{NS}.c1", CC, pending=True), report(f"{NS}.c2"), report(f"{NS}.c3"))
+    )
+    assert only(batch, Action.SAVE).container == f"{NS}.c1"
+    return sh
+
+
+async def test_the_replacement_of_a_job_being_moved_is_steered_to_the_target(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    sh = await moving(tmp_path, clock)
+    pod = job_pod("c1")
+    answer = PodAdmission(sh, "specon.io/managed=true").review(review(pod))
+    assert answer["response"]["allowed"] is True and answer["response"]["uid"] == "r-1"
+    assert answer["response"]["patchType"] == "JSONPatch"
+    placed = apply(pod, answer)
+    assert steering.steered_to(placed) == "b"
+    assert "nodeName" not in placed["spec"]
+    # A pod of another job gets preferences, not the move's target as a requirement.
+    other = apply(job_pod("c9"), PodAdmission(sh, "specon.io/managed=true").review(review(job_pod("c9"))))
+    assert steering.steered_to(other) is None
+
+
+async def test_a_steered_pod_keeps_the_users_own_required_terms(tmp_path: Path, clock: FakeClock) -> None:
+    sh = await moving(tmp_path, clock)
+    zone = {"key": "zone", "operator": "In", "values": ["z1"]}
+    pod = job_pod(
+        "c1",
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [zone]}]
+                }
+            }
+        },
+    )
+    placed = apply(pod, PodAdmission(sh, "specon.io/managed=true").review(review(pod)))
+    (term,) = placed["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchExpressions"] == [zone]
+    assert term["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": ["b"]}]
+
+
+async def test_a_new_pod_prefers_the_nodes_algorithm_2_ranks_first(tmp_path: Path, clock: FakeClock) -> None:
+    sh = shell(tmp_path, clock)
+    a, b, c = FakeAgent("a", clock), FakeAgent("b", clock), FakeAgent("c", clock)
+    await sh.heartbeat(a.heartbeat(report(f"{NS}.x1"), report(f"{NS}.x2")))
+    await sh.heartbeat(b.heartbeat())
+    await sh.heartbeat(c.heartbeat(report(f"{NS}.x3")))
+    pod = job_pod("new")
+    user_term = {
+        "weight": 7,
+        "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]},
+    }
+    pod["spec"]["affinity"] = {
+        "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [user_term]}
+    }
+    answer = PodAdmission(sh, "specon.io/managed=true", preferred=2).review(review(pod))
+    placed = apply(pod, answer)
+    preferred = placed["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred[0] == user_term, "the user's own preferences stay, first"
+    ranked = [(p["weight"], p["preference"]["matchFields"][0]["values"][0]) for p in preferred[1:]]
+    assert ranked == [(100, "b"), (90, "c")], "fewest weighted jobs first; only the 2 asked for"
+    assert placed["metadata"]["annotations"][ANN_PREFERRED] == "b,c"
+    # Reinvoked on its own output (reinvocationPolicy: IfNeeded), it adds nothing again.
+    again = PodAdmission(sh, "specon.io/managed=true").review(review(placed))
+    assert patch_of(again) == []
+
+
+async def test_pods_it_does_not_manage_pass_unchanged(tmp_path: Path, clock: FakeClock) -> None:
+    sh = await moving(tmp_path, clock)
+    adm = PodAdmission(sh, "specon.io/managed=true")
+    unmanaged = job_pod("c1", labels={"specon.io/managed": "false"})
+    copy_made_by_specon = job_pod("c1")
+    steering.steer(copy_made_by_specon, "a")
+    for pod, operation in ((unmanaged, "CREATE"), (copy_made_by_specon, "CREATE"), (job_pod("c1"), "UPDATE")):
+        answer = adm.review(review(pod, operation=operation))
+        assert answer["response"] == {"uid": "r-1", "allowed": True}
+    sh.leading = False  # a standby holds no heartbeats to decide by
+    assert "patch" not in adm.review(review(job_pod("c1")))["response"]
+
+
+async def test_preferences_off_still_steers_moves(tmp_path: Path, clock: FakeClock) -> None:
+    sh = await moving(tmp_path, clock)
+    adm = PodAdmission(sh, "specon.io/managed=true", preferred=0)
+    assert patch_of(adm.review(review(job_pod("c9")))) == []
+    assert steering.steered_to(apply(job_pod("c1"), adm.review(review(job_pod("c1"))))) == "b"
+
+
+async def test_the_webhook_answers_without_a_credential_and_refuses_what_is_no_review(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    sh = await moving(tmp_path, clock)
+    app = create_app(sh, token="t" * 32, tick=False, extensions=[PodAdmission(sh, "specon.io/managed=true")])
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.post(WEBHOOK_PATH, json=review(job_pod("c1")))
+        assert resp.status == 200
+        assert steering.steered_to(apply(job_pod("c1"), await resp.json())) == "b"
+        for bad in (
+            b"not json",
+            b"[]",
+            b'{"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"}',
+        ):
+            resp = await client.post(WEBHOOK_PATH, data=bad, headers={"Content-Type": "application/json"})
+            assert resp.status == 400, bad
+            assert "AdmissionReview" in (await resp.json())["error"]
+        no_pod = review(job_pod("c1"))
+        no_pod["request"]["kind"] = {"group": "apps", "version": "v1", "kind": "Deployment"}
+        assert (await client.post(WEBHOOK_PATH, json=no_pod)).status == 400
+        # Every other POST still needs a token.
+        assert (await client.post("/v1/heartbeat", json={})).status == 401
+        metrics = await (await client.get("/metrics")).text()
+    assert 'specon_admission_reviews_total{outcome="steered"} 1.0' in metrics
+    assert 'specon_admission_reviews_total{outcome="invalid"} 4.0' in metrics
+
+
+def test_an_unreadable_pod_is_left_to_the_scheduler(tmp_path: Path, clock: FakeClock) -> None:
+    sh = shell(tmp_path, clock)
+    pod = job_pod("c1")
+    pod["metadata"]["ownerReferences"] = []
+    pod["metadata"]["generateName"] = "x-"  # no name, no Job, no label: no job to name
+    answer = PodAdmission(sh, "specon.io/managed=true").review(review(pod))
+    assert answer["response"] == {"uid": "r-1", "allowed": True}
