@@ -124,7 +124,7 @@ image: ## Build the container image $(IMAGE) (docker build)
 # undeploy never deletes them).
 deploy: image ## Build the image and apply manifests/ to the current kube context
 	@mkdir -p $(DEPLOY_DIR)
-	@bash scripts/deploy-overlay.sh $(DEPLOY_DIR) $(IMAGE)
+	@WEBHOOK=$(WEBHOOK) bash scripts/deploy-overlay.sh $(DEPLOY_DIR) $(IMAGE)
 	@bash scripts/training-namespaces.sh $(KUBECTL)
 	$(KUBECTL) apply -k $(DEPLOY_DIR)
 	$(KUBECTL) -n specon rollout status deployment/specon-manager --timeout=120s

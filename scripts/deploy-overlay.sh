@@ -2,8 +2,8 @@
 # The overlay `make deploy` applies, written to DIR: manifests/ (which serves TLS and wants a
 # read token: components/tls, components/read-token) with the two Secrets generated from a
 # random read token and a CA of this deployment (scripts/deploy-tls.sh), made once in DIR and
-# kept across deploys.
-# Usage: scripts/deploy-overlay.sh DIR IMAGE   (IMAGE: [registry[:port]/]name[:tag][@digest])
+# kept across deploys. With WEBHOOK=1, also components/webhook, its caBundle that CA.
+# Usage: [WEBHOOK=1] scripts/deploy-overlay.sh DIR IMAGE   (IMAGE: [registry[:port]/]name[:tag][@digest])
 set -euo pipefail
 dir=$1 image=$2
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,3 +35,15 @@ secretGenerator:
     type: kubernetes.io/tls
     files: [tls.crt=tls/manager.crt, tls.key=tls/manager.key, ca.crt=tls/ca.crt]
 YAML
+if [[ ${WEBHOOK:-0} == 1 ]]; then
+    cat >> "$dir/kustomization.yaml" <<YAML
+# The pod admission webhook, trusting the CA that signed the manager's certificate.
+components: [$rel/components/webhook]
+replacements:
+  - source: {kind: Secret, name: specon-manager-tls, namespace: specon, fieldPath: data.ca\\.crt}
+    targets:
+      - select: {kind: MutatingWebhookConfiguration, name: specon-pods}
+        fieldPaths: [webhooks.0.clientConfig.caBundle]
+        options: {create: true}
+YAML
+fi

@@ -6,6 +6,7 @@ restore records only in the training namespaces (issue 8, least privilege)."""
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import shlex
@@ -34,6 +35,7 @@ from specon.daemon.manager_url import check_manager_url
 from specon.model import RECLAIM_TAINTS, ContainerId, WorkerId
 from specon.runtime.base import JobSpec, SaveFailed, StartFailed
 from specon.runtime.kubernetes import takeover
+from specon.runtime.kubernetes.admission import WEBHOOK_PATH
 from specon.runtime.kubernetes.backend import KubeApi, KubeError, KubernetesRuntime
 from specon.runtime.kubernetes.others import ClusterRequests
 from specon.runtime.kubernetes.restore import record_name, record_of
@@ -331,6 +333,33 @@ def test_make_deploy_takes_any_image_reference(tmp_path: Path, image: str) -> No
     want = name.rsplit(":", 1)[0] + "@" + image.split("@")[1] if "@" in image else name
     for d in (*docs["Deployment"], *docs["DaemonSet"]):
         assert container(d)["image"] == want
+
+
+def test_make_deploy_with_the_webhook_trusts_the_ca_it_made(tmp_path: Path) -> None:
+    """``WEBHOOK=1 make deploy``: components/webhook, its caBundle the deployment's CA (the
+    manager's certificate's signer), failing open, for managed pods only."""
+    script = ROOT / "scripts" / "deploy-overlay.sh"
+    env = {**os.environ, "WEBHOOK": "1"}
+    subprocess.run(
+        ["bash", str(script), str(tmp_path), "specon:0.1.0"], check=True, capture_output=True, env=env
+    )
+    (config,) = by_kind(render(tmp_path))["MutatingWebhookConfiguration"]
+    (hook,) = config["webhooks"]
+    ca = base64.b64decode(hook["clientConfig"]["caBundle"])
+    assert ca == (tmp_path / "tls" / "ca.crt").read_bytes()
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["clientConfig"]["service"] == {
+        "name": "specon-manager",
+        "namespace": "specon",
+        "port": 7700,
+        "path": WEBHOOK_PATH,
+    }
+    assert hook["objectSelector"] == {"matchLabels": {"specon.io/managed": "true"}}
+    assert [r["operations"] for r in hook["rules"]] == [["CREATE"]]
+    # Without WEBHOOK=1 there is none.
+    plain = tmp_path / "plain"
+    subprocess.run(["bash", str(script), str(plain), "specon:0.1.0"], check=True, capture_output=True)
+    assert "MutatingWebhookConfiguration" not in by_kind(render(plain))
 
 
 def test_dry_run_overlay_runs_the_manager_in_dry_run() -> None:
