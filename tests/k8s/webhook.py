@@ -146,24 +146,27 @@ def registered(cluster: KubeCluster, manager: WebhookManager, namespace: str) ->
     hooks = client.AdmissionregistrationV1Api(api)
     hooks.create_mutating_webhook_configuration(body)
     try:
-        _wait_active(core, namespace)
+        _wait_until(core, namespace, called=True)
         yield name
     finally:
         hooks.delete_mutating_webhook_configuration(name)
+        _wait_until(core, namespace, called=False)
         api.close()
 
 
-def _wait_active(core: client.CoreV1Api, namespace: str, timeout: float = 30.0) -> None:
-    """Until the API server calls the webhook: it reads new configurations through an
-    informer, so the first creates after registering may not reach it. A dry run (a webhook
-    without side effects is called for it too) of the probe job's pod, until steered."""
+def _wait_until(core: client.CoreV1Api, namespace: str, *, called: bool, timeout: float = 30.0) -> None:
+    """Until the API server calls the webhook (or no longer does): it reads configurations
+    through an informer, so the first creates after a change may not see it. A dry run (a
+    webhook without side effects is called for it too) of the probe job's pod, until it comes
+    back steered (or not)."""
     deadline = time.monotonic() + timeout
     while True:
         made = core.create_namespaced_pod(namespace, job_pod(PROBE), dry_run="All")
-        if made.spec.affinity is not None:
+        if (made.spec.affinity is not None) == called:
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the API server did not call the webhook within {timeout:.0f} s")
+            state = "call" if called else "stop calling"
+            raise TimeoutError(f"the API server did not {state} the webhook within {timeout:.0f} s")
         time.sleep(0.05)
 
 
