@@ -7,7 +7,8 @@ An I/O shell around ``specon.coordinator``: no algorithm and no message schema l
 - ``app``: the HTTP face (protocol endpoints, status, /metrics, /healthz);
 - ``auth``: bearer tokens and identities; ``auth_kubernetes``: ServiceAccount tokens (TokenReview);
 - ``pod_broker``: the pod writes Kubernetes agents ask for, made if the manager decided them;
-  ``k8s_events``: the Events it records on a job's pod when a move ends;
+  ``k8s_events``: the Events it records on a job's pod when a move ends; ``admission``: the
+  pod admission webhook (where a new or replacement pod should be scheduled);
 - ``journal``: the write-ahead journal in SQLite; ``k8s_crd_journal``: the same in the Kubernetes
   API (``Migration`` resources); ``k8s_journal``: its ConfigMap plumbing and the ConfigMap journal
   before it, which ``k8s_journal_upgrade`` carries over;

@@ -21,6 +21,7 @@ import json
 import sys
 from typing import Any
 
+from specon.runtime.kubernetes.admission import WEBHOOK_PATH
 from specon.wire import protocol
 from specon.wire.operator import DRAIN_PATH, UNCORDON_PATH, DrainReply, DrainRequest
 from specon.wire.pod_writes import POD_WRITES_PATH, PodWriteReply, PodWriteRequest
@@ -296,6 +297,41 @@ def _build() -> dict[str, Any]:
                         "content": {protocol.CONTENT_TYPE: {"schema": b.of(PodWriteReply)}},
                     },
                     **_error_refs("400", "401", "403", "404", "413"),
+                },
+            },
+        },
+        WEBHOOK_PATH: {
+            "post": {
+                "operationId": "admitPod",
+                "summary": "The API server asks where a managed pod it creates should be scheduled",
+                "description": "Served with --manage-pods (404 otherwise); called by kube-apiserver as a "
+                "mutating admission webhook (components/webhook), without a credential. Always allows the "
+                "pod; the answer's JSON Patch adds only node affinities: required, to the move's current "
+                "target, for a pod of a job being moved; preferred, to Algorithm 2's best nodes, for any "
+                "other managed pod. See docs/kubernetes.md.",
+                "security": [],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "description": "An admission.k8s.io/v1 AdmissionReview of a Pod.",
+                                "required": ["apiVersion", "kind", "request"],
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "200": {
+                        "description": "The AdmissionReview's response: allowed, with a JSONPatch or none.",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    },
+                    "400": {
+                        "description": "Not an admission.k8s.io/v1 AdmissionReview of a pod.",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    },
+                    **_error_refs("413"),
                 },
             },
         },

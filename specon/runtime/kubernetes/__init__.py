@@ -7,6 +7,8 @@
 - ``copying``: the pod a start creates from it, checked;
 - ``steering``: the required node affinity that steers a copy to its node through
   kube-scheduler; ``placement``: waiting for the binding, a copy left unplaced withdrawn;
+- ``admission``: the admission webhook's answers (a replacement steered, a new pod's
+  preferred nodes) as JSON Patches;
 - ``takeover``: a start that supersedes a lost node's pod deletes it first;
 - ``recording``: each managed pod's restore record, written at first sight;
 - ``writes``: every write on a pod or a restore record, checked against the asking node
@@ -14,7 +16,7 @@
   of the manager's pod broker (``BrokerWriter``), failures carried across;
 - ``node_view``: what the agent reads of its node: its managed pods (a watch per namespace)
   and its node object;
-- ``nodes``: nodes as placement candidates;
+- ``nodes``: nodes as placement candidates; ``selectors``: label selectors;
 - ``gpu``: GPU requests, memory and the product a GPU job keeps to;
 - ``usage``, ``cgroup``: CPU usage and weights of a node's pods;
 - ``others``: what the node's unmanaged pods request, not free to placement (by the agent, or
