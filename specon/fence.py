@@ -8,6 +8,13 @@ Before each write (a progress record, a checkpoint, the done marker) it looks ag
 the job has started since (the manager took this one's host for lost and restored the job
 elsewhere): this copy is stale, and stops at once without writing (``EXIT_FENCED``).
 
+A run also holds the job's ``run.lock`` (``flock``, released by the kernel when the process
+ends, however it ends) for its life. A copy started by a controller while the previous copy
+still saves (a Job's replacement for an evicted pod: the admission webhook sets
+``$SPECON_AWAIT_PREVIOUS`` on it) waits for that lock before it reads its checkpoint, so it
+resumes from the checkpoint the previous copy wrote as it stopped, and the two never train at
+once. A copy that waits longer than that many seconds stops (``EXIT_FENCED``) without writing.
+
 Light on purpose: ``specon.jobkit`` imports it in every training process, and the local
 launcher (``specon.runtime.local.launcher``, run by path with no ``specon`` on its path)
 loads this file by path: standard library only.
@@ -15,13 +22,21 @@ loads this file by path: standard library only.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
+import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
 GENERATION_FILE = "generation.json"
+RUN_LOCK_FILE = "run.lock"
+# Seconds a copy waits for the previous copy of its job to end (set on a controller's
+# replacement pod by the admission webhook; unset: it does not wait).
+ENV_AWAIT_PREVIOUS = "SPECON_AWAIT_PREVIOUS"
+_LOCK_POLL_S = 0.1
 EXIT_FENCED = 76  # after EX_TEMPFAIL (75): a stale copy that stopped without writing
 _MAX_BYTES = 4096
 
@@ -62,8 +77,13 @@ class Fence:
         layout: ``jobs/<id>/checkpoints`` beside ``jobs/<id>/generation.json``), in the
         generation its runtime named. Read at the start a slow copy could take a newer start's
         generation for its own, and two copies would share one."""
-        path = None if checkpoint_dir is None else checkpoint_dir.parent / GENERATION_FILE
-        return cls(path, env_generation(os.environ))
+        if checkpoint_dir is None:
+            return cls(None, env_generation(os.environ))
+        lock = hold_run_lock(checkpoint_dir.parent / RUN_LOCK_FILE, await_previous(os.environ))
+        fence = cls(checkpoint_dir.parent / GENERATION_FILE, env_generation(os.environ))
+        if lock is not None:  # held while this fence lives (the run's), released with it
+            weakref.finalize(fence, os.close, lock)
+        return fence
 
     def stale(self) -> bool:
         """Whether a newer generation than this run's own has started."""
@@ -105,3 +125,50 @@ class Fence:
             return 0
         n = raw.get("generation") if isinstance(raw, dict) else None
         return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else 0
+
+
+def await_previous(env: Mapping[str, str]) -> float | None:
+    """``$SPECON_AWAIT_PREVIOUS`` of ``env``: seconds to wait for the previous copy (None: unset
+    or not a number of seconds)."""
+    try:
+        seconds = float(env.get(ENV_AWAIT_PREVIOUS, ""))
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds < 86_400 else None
+
+
+def hold_run_lock(path: Path, wait: float | None) -> int | None:
+    """Take the job's run lock: its open descriptor, held until closed (None: not taken).
+    ``wait``: seconds to wait while another copy holds it (None: do not wait; the generation
+    still fences a stale copy), after which this run stops without writing (``EXIT_FENCED``)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return None  # a read-only or missing directory: the generation alone fences
+    deadline = time.monotonic() + (wait or 0.0)
+    told = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            pass
+        except OSError:  # a file system without locks
+            os.close(fd)
+            return None
+        if wait is None:
+            os.close(fd)
+            return None
+        if time.monotonic() >= deadline:
+            os.close(fd)
+            print(
+                f"specon: the previous copy of this job still runs after {wait:g} s; this copy stops "
+                "without writing",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(EXIT_FENCED)
+        if not told:
+            print("specon: waiting for the previous copy of this job to stop", file=sys.stderr, flush=True)
+            told = True
+        time.sleep(_LOCK_POLL_S)

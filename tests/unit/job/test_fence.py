@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from specon import checkpoint, jobkit
-from specon.fence import ENV_GENERATION, EXIT_FENCED, GENERATION_FILE, Fence, Fenced
+from specon.fence import (
+    ENV_AWAIT_PREVIOUS,
+    ENV_GENERATION,
+    EXIT_FENCED,
+    GENERATION_FILE,
+    Fence,
+    Fenced,
+    await_previous,
+)
 from specon.model import ContainerId, WorkerId
 from specon.runtime.base import JobSpec
 from specon.runtime.volume import JobPaths
@@ -83,3 +95,61 @@ def test_the_runtime_names_the_runs_generation_in_its_environment(tmp_path: Path
     spec = JobSpec(id=ContainerId("j"), command=("train",))
     assert paths.env(spec, WorkerId("w0"), 7)[ENV_GENERATION] == "7"
     assert ENV_GENERATION not in paths.env(spec, WorkerId("w0"))
+
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from specon.fence import Fence
+fence = Fence.of_job(Path(sys.argv[1]))
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_a_replacement_waits_for_the_previous_copy_to_end_before_it_reads_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run lock: a copy started while the previous one still runs (a Job's replacement for
+    an evicted pod) waits for it with ``$SPECON_AWAIT_PREVIOUS``; without, it does not wait."""
+    checkpoints = tmp_path / "job" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(checkpoints), "1.5"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        t0 = time.monotonic()
+        Fence.of_job(checkpoints)  # no wait asked: on at once
+        assert time.monotonic() - t0 < 1.0
+        monkeypatch.setenv(ENV_AWAIT_PREVIOUS, "30")
+        fence = Fence.of_job(checkpoints)
+        assert time.monotonic() - t0 >= 1.0, "it waited until the previous copy ended"
+        holder.wait(timeout=10)
+        assert fence.own == 0
+        # Now this run holds it: the next copy waits for this one, and gives up after its time.
+        monkeypatch.setenv(ENV_AWAIT_PREVIOUS, "0.3")
+        late = subprocess.run(
+            [sys.executable, "-c", _HOLDER, str(checkpoints), "0"],
+            capture_output=True,
+            text=True,
+            env={**os.environ},
+            check=False,
+        )
+        assert late.returncode == EXIT_FENCED
+        assert "still runs after 0.3 s" in late.stderr and "held" not in late.stdout
+        del fence  # the run ends: its lock goes with it
+        again = subprocess.run(
+            [sys.executable, "-c", _HOLDER, str(checkpoints), "0"], env={**os.environ}, check=False
+        )
+        assert again.returncode == 0
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_await_previous_reads_only_sane_seconds() -> None:
+    assert await_previous({ENV_AWAIT_PREVIOUS: "150"}) == 150.0
+    for bad in ("", "soon", "-1", "nan", "1e9"):
+        assert await_previous({ENV_AWAIT_PREVIOUS: bad}) is None
+    assert await_previous({}) is None
