@@ -47,6 +47,8 @@ log = structlog.get_logger()
 # How long one ranking of the cluster answers new pods: a burst of creates (a Job's
 # parallelism, a queue admitting many) shares one index instead of building one each.
 INDEX_TTL_S = 1.0
+# Beyond the save's own time bound, for the pod's termination after its checkpoint.
+AWAIT_SLACK_S = 30.0
 
 
 class PodAdmission:
@@ -100,7 +102,9 @@ class PodAdmission:
         now = self.shell.clock()
         if (node := self._heading(cid, now)) is not None:
             log.info("specon.manager.admission_steered", job=cid, node=node)
-            return "steered", answer(review.uid, steering_patch(pod, node))
+            # The evicted copy may still be saving: the replacement waits as long as a save may take.
+            wait = self.shell.core.policy.migration.save_timeout + AWAIT_SLACK_S
+            return "steered", answer(review.uid, steering_patch(pod, node, await_previous=wait))
         patch = preference_patch(pod, self._homes(cid, pod, now))
         return ("preferred" if patch else "unchanged"), answer(review.uid, patch)
 

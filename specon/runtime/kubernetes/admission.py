@@ -8,13 +8,17 @@ JSON Patch that adds scheduling hints and nothing else:
 * a pod of a job the manager is moving (a Job controller's replacement for the pod a move
   evicted) is **steered**: a required node affinity naming the move's current target, as a
   restored copy is (``steering.steer``), so kube-scheduler places it there or nowhere and
-  applies every other check it applies to any pod;
+  applies every other check it applies to any pod; and its job's container waits for the
+  evicted copy to end before it resumes (``$SPECON_AWAIT_PREVIOUS``, ``specon.fence``): the
+  controller makes the replacement as soon as the eviction starts, while the checkpoint is
+  still being written;
 * any other pod gets **preferred** node affinities naming the nodes Algorithm 2 ranks first
   for a new job (weights 100, 90, ...), so its first placement follows the category counts
   where the scheduler agrees; the scheduler's own scores still decide.
 
 A pod specon steered already (a copy the manager made) is left as it is. The patch names
-node *fields* (``metadata.name``), never labels the node's owner could change.
+node *fields* (``metadata.name``), never labels the node's owner could change, and adds
+no command, image, volume or privilege.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specon.runtime.kubernetes import steering
+from specon.fence import ENV_AWAIT_PREVIOUS
+from specon.runtime.kubernetes import pods, steering
 
 REVIEW_API = "admission.k8s.io/v1"
 WEBHOOK_PATH = "/v1/kubernetes/admission/pods"
@@ -115,11 +120,25 @@ def _replace(changed: Mapping[str, Any]) -> Patch:
     ]
 
 
-def steering_patch(pod: Mapping[str, Any], node: str) -> Patch:
-    """The patch that steers ``pod`` onto ``node`` (a required node affinity)."""
+def steering_patch(pod: Mapping[str, Any], node: str, *, await_previous: float | None = None) -> Patch:
+    """The patch that steers ``pod`` onto ``node`` (a required node affinity); with
+    ``await_previous``, its job's container waits that many seconds at most for the previous
+    copy to end (``specon.fence``: the evicted pod may still be saving its checkpoint)."""
     changed = copy.deepcopy(dict(pod))
     steering.steer(changed, node)
-    return _replace(changed)
+    patch = _replace(changed)
+    if await_previous is not None:
+        containers = changed["spec"].get("containers") or []
+        job = pods.job_container(changed)
+        index = next(i for i, c in enumerate(containers) if c is job)
+        env = [
+            e
+            for e in job.get("env") or []
+            if not (isinstance(e, dict) and e.get("name") == ENV_AWAIT_PREVIOUS)
+        ]
+        env.append({"name": ENV_AWAIT_PREVIOUS, "value": f"{await_previous:g}"})
+        patch.append({"op": "add", "path": f"/spec/containers/{index}/env", "value": env})
+    return patch
 
 
 def preference_patch(pod: Mapping[str, Any], nodes: Sequence[str]) -> Patch:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -68,6 +69,7 @@ from specon.runtime.base import (
     valid_job_id,
 )
 from specon.runtime.kubernetes import copying, events, gpu, others, placement, pods, recording, steering
+from specon.runtime.kubernetes.adopting import adopted
 from specon.runtime.kubernetes.api import KubeApi, KubeError, load_api_client, pods_path
 from specon.runtime.kubernetes.calls import PodCalls
 from specon.runtime.kubernetes.cgroup import CGROUP_ROOT, PodCgroups, pod_cpu_limit
@@ -318,8 +320,11 @@ class KubernetesRuntime:
             raise StartFailed(job, f"refused: {exc}") from exc
         # What only this node can check, on its volume: the checkpoint and that the job has
         # not finished; the writer checks the rest and makes the copy from the API server's
-        # own original (a pod of the job alive elsewhere refuses it: ``AlreadyRunning``).
-        trusted = copying.restorable(job, original, existing if not supersede else [])
+        # own original (a pod of the job alive elsewhere refuses it: ``AlreadyRunning``). A
+        # Job's next pod is its controller's, steered here by the webhook: adopted, not made.
+        adopt = original is not None and pods.replaced_by_controller(original)
+        others_ = existing if not supersede else []
+        trusted = original if adopt and original else copying.restorable(job, original, others_)
         name = await asyncio.to_thread(
             copying.checked_checkpoint,
             trusted,
@@ -328,16 +333,19 @@ class KubernetesRuntime:
             volume_root=self.volume_root,
             checkpoint=checkpoint,
         )
+        withdraw = functools.partial(self._writer.withdraw, job)
         try:
-            created = await self._writer.create(job, name, supersede)
-            created = await placement.placed(
-                job,
-                created,
-                self.node,
-                read=self._read_pod,
-                withdraw=lambda ref: self._writer.withdraw(job, ref),
-                deadline=self.placement_deadline,
-            )
+            if adopt:
+                listed = functools.partial(asyncio.to_thread, self._calls.job_pods, job)
+                created = await adopted(
+                    job, self.node, list_pods=listed, read=self._read_pod, withdraw=withdraw,
+                    deadline=self.placement_deadline,
+                )  # fmt: skip
+            else:
+                created = await placement.placed(
+                    job, await self._writer.create(job, name, supersede), self.node,
+                    read=self._read_pod, withdraw=withdraw, deadline=self.placement_deadline,
+                )  # fmt: skip
         except KubeError as exc:
             raise StartFailed(job, f"cannot create the job's copy: {exc}") from exc
         restore_in_pod = pods.env_of(pods.job_container(created)).get(pods.ENV_RESTORE_CHECKPOINT)
@@ -432,18 +440,9 @@ class KubernetesRuntime:
         return True
 
     # -- internals ---------------------------------------------------------------------------
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None = None,
-        body: object = None,
-        content_type: str = "application/json",
-    ) -> Any:
-        return await asyncio.to_thread(
-            self.api.request, method, path, query=query, body=body, content_type=content_type
-        )
+    async def _call(self, method: str, path: str, **kw: Any) -> Any:
+        """``api.request`` off the event loop (``query``, ``body``, ``content_type`` as it takes)."""
+        return await asyncio.to_thread(self.api.request, method, path, **kw)
 
     def _ours(self, pod: Manifest) -> bool:
         return pods.node_of(pod) == self.node and pods.matches(pods.labels_of(pod), self._requirements)

@@ -74,6 +74,7 @@ from specon.wire.validate import DNS_LABEL, LABEL_VALUE
 __all__ = [
     "ANN_CHECKPOINT",
     "ANN_CONTAINER",
+    "ANN_CONTROLLED",
     "ANN_GENERATION",
     "ANN_MIGRATABLE",
     "ANN_MODEL",
@@ -123,6 +124,7 @@ __all__ = [
     "pod_tolerations",
     "qualified_id",
     "quantity",
+    "replaced_by_controller",
     "restored_name",
     "restored_pod",
     "split_job_id",
@@ -140,6 +142,8 @@ DEFAULT_SELECTOR = "specon.io/managed=true"
 DEFAULT_CLAIM = "specon-data"
 LABEL_JOB = "specon.io/job"
 ANN_MIGRATABLE = "specon.io/migratable"
+# On a restore record's template: the Job that controlled the pod (its next pod is the Job's).
+ANN_CONTROLLED = "specon.io/controlled-by"
 ANN_PROGRESS = "specon.io/progress-file"
 ANN_CHECKPOINT = "specon.io/checkpoint-dir"
 ANN_CONTAINER = "specon.io/container"  # which container is the job, when there are several
@@ -192,7 +196,24 @@ def node_of(pod: Mapping[str, Any]) -> str | None:
 def job_name(pod: Mapping[str, Any]) -> str:
     """The job within its namespace: label ``specon.io/job``, else the name of the ``Job``
     that controls the pod (its replacements keep the job's identity), else the pod name."""
-    return str(labels_of(pod).get(LABEL_JOB) or controlling_job(pod) or meta(pod).get("name") or "")
+    return str(labels_of(pod).get(LABEL_JOB) or _job_of(pod) or meta(pod).get("name") or "")
+
+
+def replaced_by_controller(pod: Mapping[str, Any]) -> bool:
+    """Whether the job's controller, not specon, makes the pod that follows ``pod``: a Job's
+    pod, or the template of a restore record that says so (``ANN_CONTROLLED``, written only by
+    specon: a live pod's own annotation counts for nothing)."""
+    return _job_of(pod) is not None
+
+
+def _job_of(pod: Mapping[str, Any]) -> str | None:
+    """The Job that controls ``pod``, or that controlled the pod a record's template holds."""
+    if (owner := controlling_job(pod)) is not None:
+        return owner
+    said = annotations_of(pod).get(ANN_CONTROLLED, "")
+    if meta(pod).get("uid") or not said.startswith("Job/"):
+        return None
+    return said.removeprefix("Job/") or None
 
 
 def controlling_job(pod: Mapping[str, Any]) -> str | None:
@@ -260,12 +281,13 @@ def current(pod: Mapping[str, Any]) -> tuple[bool, int, float]:
 
 
 def unmovable(pod: Mapping[str, Any], include_owned: bool) -> str | None:
-    """Why a save may not move ``pod`` (None: it may): it opted out, or a controller owns it
-    (unless ``include_owned``: its controller does not start a second copy)."""
+    """Why a save may not move ``pod`` (None: it may): it opted out, or a controller other than
+    a Job owns it (unless ``include_owned``: its controller does not start a second copy). A
+    Job's pod moves by eviction: the Job makes its replacement, the webhook steers it."""
     name = "/".join(key_of(pod))
     if not migratable(pod):
         return f"pod {name} opted out ({ANN_MIGRATABLE}: false)"
-    if (found := owners(pod)) and not include_owned:
+    if (found := owners(pod)) and not include_owned and controlling_job(pod) is None:
         return f"pod {name} is owned by {', '.join(found)}; left alone"
     return None
 

@@ -38,10 +38,12 @@ from typing import Any
 
 from specon.model import ContainerId
 from specon.runtime.kubernetes.pods import (
+    ANN_CONTROLLED,
     LABEL_JOB,
     Manifest,
     PodError,
     annotations_of,
+    controlling_job,
     job_id,
     key_of,
     meta,
@@ -72,6 +74,11 @@ def record_of(pod: Mapping[str, Any]) -> Manifest:
     namespace, name = split_job_id(job)
     m = meta(pod)
     template_meta = {k: copy.deepcopy(m[k]) for k in ("name", "labels", "annotations") if m.get(k)}
+    if (owner := controlling_job(pod)) is not None:  # the owner reference itself is not kept
+        template_meta["annotations"] = {
+            **template_meta.get("annotations", {}),
+            ANN_CONTROLLED: f"Job/{owner}",
+        }
     spec = copy.deepcopy(pod.get("spec") or {})
     spec.pop("nodeName", None)  # the copy is pinned where it is restored
     size = len(json.dumps(spec)) + len(json.dumps(template_meta))

@@ -5,6 +5,7 @@ API server's side: tests/k8s/test_admission_webhook.py."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +59,15 @@ def review(pod: dict[str, Any], *, operation: str = "CREATE", uid: str = "r-1") 
 
 
 def apply(pod: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
-    """``pod`` after the answer's patch (its ops are whole-member ``add``s)."""
-    out = {**pod, "metadata": dict(pod["metadata"]), "spec": dict(pod["spec"])}
+    """``pod`` after the answer's patch (RFC 6902 ``add``s of members that exist or not)."""
+    out = copy.deepcopy(pod)
     for op in patch_of(answer):
         assert op["op"] == "add"
-        _, part, member = op["path"].split("/")
-        out[part][member] = op["value"]
+        *parents, member = op["path"].split("/")[1:]
+        at: Any = out
+        for part in parents:
+            at = at[int(part)] if isinstance(at, list) else at[part]
+        at[member] = op["value"]
     return out
 
 
@@ -91,6 +95,10 @@ async def test_the_replacement_of_a_job_being_moved_is_steered_to_the_target(
     placed = apply(pod, answer)
     assert steering.steered_to(placed) == "b"
     assert "nodeName" not in placed["spec"]
+    # It waits for the evicted copy to end (a save's time bound and the pod's termination).
+    (container,) = placed["spec"]["containers"]
+    assert container["env"] == [{"name": "SPECON_AWAIT_PREVIOUS", "value": "150"}]
+    assert {k: v for k, v in container.items() if k != "env"} == pod["spec"]["containers"][0]
     # A pod of another job gets preferences, not the move's target as a requirement.
     other = apply(job_pod("c9"), PodAdmission(sh, "specon.io/managed=true").review(review(job_pod("c9"))))
     assert steering.steered_to(other) is None
