@@ -100,21 +100,23 @@ class PodAdmission:
             return "unchanged", answer(review.uid)
         cid = pods.job_id(pod)
         now = self.shell.clock()
-        if (node := self._heading(cid, now)) is not None:
-            log.info("specon.manager.admission_steered", job=cid, node=node)
+        if (heading := self._heading(cid, now)) is not None:
+            mid, node = heading
+            log.info("specon.manager.admission_steered", job=cid, node=node, migration=mid)
             # The evicted copy may still be saving: the replacement waits as long as a save may take.
             wait = self.shell.core.policy.migration.save_timeout + AWAIT_SLACK_S
-            return "steered", answer(review.uid, steering_patch(pod, node, await_previous=wait))
+            return "steered", answer(review.uid, steering_patch(pod, node, move=mid, await_previous=wait))
         patch = preference_patch(pod, self._homes(cid, pod, now))
         return ("preferred" if patch else "unchanged"), answer(review.uid, patch)
 
-    def _heading(self, cid: ContainerId, now: float) -> WorkerId | None:
-        """Where a move of job ``cid`` in flight sends it now (None: no move)."""
+    def _heading(self, cid: ContainerId, now: float) -> tuple[str, WorkerId] | None:
+        """The move of job ``cid`` in flight and where it sends the job now (None: none)."""
         core = self.shell.core
         for m in core.migrations.values():
             if m.container == cid:
                 alive = core.state.alive(now, core.policy.messaging.worker_timeout)
-                return heading(m, alive, core.state.cordoned, core.refusals(m.id))
+                node = heading(m, alive, core.state.cordoned, core.refusals(m.id))
+                return None if node is None else (m.id, node)
         return None
 
     def _homes(self, cid: ContainerId, pod: dict[str, Any], now: float) -> list[str]:

@@ -120,12 +120,17 @@ def _replace(changed: Mapping[str, Any]) -> Patch:
     ]
 
 
-def steering_patch(pod: Mapping[str, Any], node: str, *, await_previous: float | None = None) -> Patch:
-    """The patch that steers ``pod`` onto ``node`` (a required node affinity); with
+def steering_patch(
+    pod: Mapping[str, Any], node: str, *, move: str | None = None, await_previous: float | None = None
+) -> Patch:
+    """The patch that steers ``pod`` onto ``node`` (a required node affinity); with ``move``
+    (its id), marked as that move's replacement (``steering.ANN_MOVE``); with
     ``await_previous``, its job's container waits that many seconds at most for the previous
     copy to end (``specon.fence``: the evicted pod may still be saving its checkpoint)."""
     changed = copy.deepcopy(dict(pod))
     steering.steer(changed, node)
+    if move is not None:
+        changed["metadata"]["annotations"][steering.ANN_MOVE] = move
     patch = _replace(changed)
     if await_previous is not None:
         containers = changed["spec"].get("containers") or []

@@ -341,6 +341,7 @@ class KubernetesRuntime:
                     job, self.node, list_pods=listed, read=self._read_pod, withdraw=withdraw,
                     deadline=self.placement_deadline,
                 )  # fmt: skip
+                await self._writer.annotate(job, PodRef.of(created), {steering.ANN_ADOPTED: "true"})
             else:
                 created = await placement.placed(
                     job, await self._writer.create(job, name, supersede), self.node,
@@ -468,8 +469,10 @@ class KubernetesRuntime:
             raw = await self._raw_pods()
         except KubeError as exc:
             raise RuntimeFailure(self.node, f"cannot list the node's pods: {exc}") from exc
-        out = []
-        for manifest in raw:
+        out, now = [], time.time()
+        for manifest in raw:  # a move's replacement no start adopted yet is not the job's yet
+            if steering.awaiting_adoption(manifest, now, pods.started_at(manifest)):
+                continue
             p = self._understand(manifest)
             if p is not None:
                 out.append(p)

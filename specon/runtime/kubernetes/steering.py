@@ -18,6 +18,14 @@ from collections.abc import Mapping
 from typing import Any
 
 ANN_STEERED = "specon.io/steered-to"
+# On a controller's replacement pod the admission webhook steered for a move (the move's id):
+# its agent does not list it until a start of the move adopts it (``ANN_ADOPTED``), so the
+# manager does not see the job run on the target while the source still saves it.
+ANN_MOVE = "specon.io/move"
+ANN_ADOPTED = "specon.io/adopted"
+# Past the longest a move's save and start may take (``migration.save_timeout`` +
+# ``restore_timeout``: 420 s by default), a replacement no start adopted is listed anyway.
+ADOPTION_HOLD_S = 600.0
 # How long a copy may stay unplaced before it is withdrawn (``placement``; the agent's
 # ``--placement-deadline``): well inside ``migration.restore_timeout`` (300 s).
 PLACEMENT_DEADLINE_S = 60.0
@@ -97,3 +105,10 @@ def unschedulable(pod: Mapping[str, Any]) -> str | None:
         ):
             return str(cond.get("message") or "unschedulable")
     return None
+
+
+def awaiting_adoption(pod: Mapping[str, Any], now: float, created: float) -> bool:
+    """Whether ``pod`` (created at epoch ``created``) is a replacement steered for a move that
+    no start has adopted yet, and young enough to wait for one."""
+    annotations = _annotations(pod)
+    return ANN_MOVE in annotations and ANN_ADOPTED not in annotations and now - created < ADOPTION_HOLD_S

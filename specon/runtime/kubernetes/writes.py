@@ -43,7 +43,11 @@ log = structlog.get_logger("specon.k8s")
 
 # The annotations an agent may set on its pods (``Runtime.publish_state``): what it shows of
 # a job's state, nothing a kubelet or controller acts on.
-AGENT_ANNOTATIONS = frozenset({"specon.io/category", "specon.io/migrated", "specon.io/t-cc"})
+# What an agent may set on its node's pods: its classification, and that a start adopted a
+# controller's replacement (``steering.ANN_ADOPTED``).
+AGENT_ANNOTATIONS = frozenset(
+    {"specon.io/category", "specon.io/migrated", "specon.io/t-cc", steering.ANN_ADOPTED}
+)
 _CHECKPOINT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
 
 
