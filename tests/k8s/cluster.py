@@ -172,9 +172,10 @@ class _Proc:
 
 @dataclass
 class KubeCluster:
-    """etcd + kube-apiserver + kube-scheduler on free loopback ports, for the lifetime of a
-    ``with`` block. As in any cluster, a pod created without ``spec.nodeName`` is placed by the
-    scheduler (specon's restored copies are: ``steering``) onto a Node that has room for it.
+    """etcd + kube-apiserver + kube-scheduler (and kube-controller-manager's ``controllers``)
+    on free loopback ports, for the lifetime of a ``with`` block. As in any cluster, a pod
+    created without ``spec.nodeName`` is placed by the scheduler (specon's restored copies
+    are: ``steering``) onto a Node that has room for it.
 
     Start it from a thread that outlives it (the servers die with the thread that started them).
     """
@@ -184,6 +185,8 @@ class KubeCluster:
     users: Sequence[StaticUser] = ()
     startup_timeout: float = 60.0
     admin_token: str = field(default_factory=lambda: os.urandom(16).hex())
+    # kube-controller-manager's controllers to run (e.g. ("job",)); none: it is not started.
+    controllers: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         self._procs: list[_Proc] = []
@@ -211,6 +214,8 @@ class KubeCluster:
             self._start_etcd()
             self._start_apiserver()
             self._start_scheduler()
+            if self.controllers:
+                self._start_controller_manager()
         except BaseException:
             self.stop()
             raise
@@ -467,6 +472,31 @@ class KubeCluster:
                     f"--secure-port={port}",
                     f"--bind-address={LOOPBACK}",
                     f"--cert-dir={self._tmp / 'scheduler-certs'}",
+                    "--v=1",
+                ],
+            )
+            if self._listening(proc, [port], last=attempt == PORT_ATTEMPTS):
+                break
+        self._wait(proc, f"https://{LOOPBACK}:{port}/healthz", lambda status, body: status == 200)
+
+    def _start_controller_manager(self) -> None:
+        """kube-controller-manager running only ``controllers`` (the Job controller makes a
+        Job's pods as in any cluster), with the admin's credential, no leader election."""
+        assert self._tmp is not None
+        config = self.kubeconfig(self._tmp / "controller-manager.kubeconfig")
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            (port,) = free_ports(1)
+            proc = self._spawn(
+                "kube-controller-manager",
+                [
+                    str(self.binaries.controller_manager),
+                    f"--kubeconfig={config}",
+                    f"--controllers={','.join(self.controllers)}",
+                    "--leader-elect=false",
+                    "--port=0",
+                    f"--secure-port={port}",
+                    f"--bind-address={LOOPBACK}",
+                    f"--cert-dir={self._tmp / 'controller-manager-certs'}",
                     "--v=1",
                 ],
             )

@@ -165,7 +165,8 @@ def node_binaries(pytestconfig: pytest.Config, kube_binaries: Binaries) -> NodeB
 
 @pytest.fixture(scope="session")
 def real_cluster(kube_binaries: Binaries) -> Iterator[KubeCluster]:
-    with KubeCluster(kube_binaries, authorization_mode="AlwaysAllow") as cluster:
+    # The Job controller, for the Jobs that run on the real nodes (test_job_real_nodes.py).
+    with KubeCluster(kube_binaries, authorization_mode="AlwaysAllow", controllers=("job",)) as cluster:
         install_crd(KubeApi(cluster.api_client()))  # as `kubectl apply -k manifests/` does
         yield cluster
 

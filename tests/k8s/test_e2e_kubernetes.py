@@ -26,8 +26,10 @@ from specon_manager.k8s_crd_journal import CrdJournal
 
 from specon.coordinator.migration import State
 from specon.model import Resources, WorkerId
+from specon.runtime.kubernetes.admission import WEBHOOK_PATH
 from specon.runtime.kubernetes.backend import KubeApi, KubeError
 from specon.runtime.kubernetes.steering import steered_to
+from specon.testing.certs import TestCA
 from specon.testing.held_jobs import finished_steps, release, release_file
 from specon.wire import protocol
 from specon.wire.pod_writes import POD_WRITES_PATH
@@ -64,9 +66,12 @@ recovery: {after: 8, evacuate_deadline: 60}  # a lost node's jobs back within th
 # CLI flags: `python -m specon_manager --journal kubernetes --agent-auth kubernetes ...`.) A process,
 # so a test can SIGKILL it.
 MANAGER = """
+import asyncio
+import ssl
 import sys
 import time
 from aiohttp import web
+from specon_manager.admission import PodAdmission
 from specon_manager.app import create_app
 from specon_manager.auth_kubernetes import TokenReviewAuthenticator
 from specon_manager.k8s_crd_journal import CrdJournal
@@ -79,6 +84,7 @@ from specon.runtime.kubernetes.others import ClusterRequests
 from specon.runtime.kubernetes.writes import PodWrites
 
 kubeconfig, namespace, policy, port, audience = sys.argv[1:6]
+webhook = sys.argv[6:9]  # cert, key, port: the admission webhook served over TLS there too
 logs.configure(level="info", fmt="console")
 journal = CrdJournal(load_api_client(kubeconfig), namespace)
 shell = ManagerShell(policy=load_policy(policy), journal=journal)
@@ -89,8 +95,23 @@ auth = TokenReviewAuthenticator(
 api = KubeApi(load_api_client(kubeconfig))
 requests = ClusterRequests(api, "specon.io/managed=true")
 requests.start()
-app = create_app(shell, auth=auth, pod_broker=PodBroker(shell, PodWrites(api)), node_requests=requests)
-web.run_app(app, host="127.0.0.1", port=int(port), print=None)
+hooks = [PodAdmission(shell, "specon.io/managed=true")] if webhook else []
+broker = PodBroker(shell, PodWrites(api))
+app = create_app(shell, auth=auth, pod_broker=broker, node_requests=requests, extensions=hooks)
+
+async def serve_webhook_too():
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", int(port)).start()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(webhook[0], webhook[1])
+    await web.TCPSite(runner, "127.0.0.1", int(webhook[2]), ssl_context=ctx).start()
+    await asyncio.Event().wait()
+
+if webhook:
+    asyncio.run(serve_webhook_too())
+else:
+    web.run_app(app, host="127.0.0.1", port=int(port), print=None)
 """
 
 
@@ -111,6 +132,14 @@ class Deployment:
     adapt: Callable[[dict[str, Any]], dict[str, Any]] = lambda pod: pod
     agent_pods: list[str] = field(default_factory=list)
     agent_args: tuple[str, ...] = ()  # more options for every agent process
+    # The manager's certificate and key: it then also serves the admission webhook over TLS
+    # on ``webhook_port`` (tests/k8s/webhook.py registers it).
+    webhook_tls: tuple[Path, Path] | None = None
+    webhook_port: int = 0
+
+    @property
+    def webhook_url(self) -> str:
+        return f"https://127.0.0.1:{self.webhook_port}{WEBHOOK_PATH}"
 
     @property
     def url(self) -> str:
@@ -136,9 +165,11 @@ class Deployment:
         pick = not self.port
         for attempt in range(1, PORT_ATTEMPTS + 1):
             if pick:
-                (self.port,) = free_ports(1)
+                (self.port, self.webhook_port) = free_ports(2)
             offset = log.stat().st_size if log.exists() else 0
-            self.manager = self._spawn("manager", [*argv, str(self.port), AUDIENCE])
+            tls = self.webhook_tls
+            hook = [str(tls[0]), str(tls[1]), str(self.webhook_port)] if tls else []
+            self.manager = self._spawn("manager", [*argv, str(self.port), AUDIENCE, *hook])
             try:
                 await asyncio.to_thread(wait_listening, self.manager, self.port, log, offset=offset)
                 break
@@ -254,11 +285,13 @@ async def deployed(
     agent_pod: Callable[[Deployment, str, str], dict[str, Any]] | None = None,
     *,
     agent_args: tuple[str, ...] = (),
+    webhook: bool = False,
 ) -> AsyncIterator[Deployment]:
     """The manager and the agents of node-1 and node-2, whatever runs the nodes; with
     ``agent_pod``, each agent is that pod (its node's kubelet runs it) instead of a process:
     all agents must see the shared volume at the same path, as the checkpoint paths they
-    hand each other are their own."""
+    hand each other are their own. ``webhook``: the manager also serves its admission webhook
+    over TLS (its CA: ``tmp_path/ca/ca.crt``)."""
     admin = KubeApi(cluster.api_client())
     volume = tmp_path / "shared"
     shared_volume(admin, namespace, volume)
@@ -277,6 +310,8 @@ async def deployed(
     )
     if adapt is not None:
         d.adapt = adapt
+    if webhook:  # a certificate for 127.0.0.1, from a CA the webhook configuration names
+        d.webhook_tls = TestCA.create(tmp_path / "ca").issue(tmp_path / "manager-tls", names=["127.0.0.1"])
     await d.start_manager()
     for node, host in (("node-1", "127.0.0.2"), ("node-2", "127.0.0.3")):
         if agent_pod is None:

@@ -109,8 +109,19 @@ class WebhookManager:
 
 @contextlib.contextmanager
 def registered(cluster: KubeCluster, manager: WebhookManager, namespace: str) -> Iterator[str]:
-    """A ``MutatingWebhookConfiguration`` as components/webhook ships it, but calling
-    ``manager`` by URL and only for ``namespace`` (labelled here); deleted on exit."""
+    """``webhook`` for ``manager``: its probe job's pods come out steered."""
+    with webhook(cluster, manager.url, manager.ca_pem, namespace, job_pod(PROBE)) as name:
+        yield name
+
+
+@contextlib.contextmanager
+def webhook(
+    cluster: KubeCluster, url: str, ca_pem: bytes, namespace: str, probe: dict[str, Any]
+) -> Iterator[str]:
+    """A ``MutatingWebhookConfiguration`` as components/webhook ships it, but calling ``url``
+    (trusting ``ca_pem``) and only for ``namespace`` (labelled here); deleted on exit. Entered
+    once a dry run of ``probe`` comes back with an affinity (the API server calls it), left
+    once it no longer does."""
     api = cluster.api_client()
     core = client.CoreV1Api(api)
     core.patch_namespace(namespace, {"metadata": {"labels": {NAMESPACE_LABEL: namespace}}})
@@ -128,7 +139,7 @@ def registered(cluster: KubeCluster, manager: WebhookManager, namespace: str) ->
                 "timeoutSeconds": 2,
                 "reinvocationPolicy": "IfNeeded",
                 "matchPolicy": "Equivalent",
-                "clientConfig": {"url": manager.url, "caBundle": base64.b64encode(manager.ca_pem).decode()},
+                "clientConfig": {"url": url, "caBundle": base64.b64encode(ca_pem).decode()},
                 "rules": [
                     {
                         "operations": ["CREATE"],
@@ -146,22 +157,24 @@ def registered(cluster: KubeCluster, manager: WebhookManager, namespace: str) ->
     hooks = client.AdmissionregistrationV1Api(api)
     hooks.create_mutating_webhook_configuration(body)
     try:
-        _wait_until(core, namespace, called=True)
+        _wait_until(core, namespace, probe, called=True)
         yield name
     finally:
         hooks.delete_mutating_webhook_configuration(name)
-        _wait_until(core, namespace, called=False)
+        _wait_until(core, namespace, probe, called=False)
         api.close()
 
 
-def _wait_until(core: client.CoreV1Api, namespace: str, *, called: bool, timeout: float = 30.0) -> None:
+def _wait_until(
+    core: client.CoreV1Api, namespace: str, probe: dict[str, Any], *, called: bool, timeout: float = 30.0
+) -> None:
     """Until the API server calls the webhook (or no longer does): it reads configurations
     through an informer, so the first creates after a change may not see it. A dry run (a
-    webhook without side effects is called for it too) of the probe job's pod, until it comes
-    back steered (or not)."""
+    webhook without side effects is called for it too) of ``probe``, until it comes back with
+    an affinity (or without)."""
     deadline = time.monotonic() + timeout
     while True:
-        made = core.create_namespaced_pod(namespace, job_pod(PROBE), dry_run="All")
+        made = core.create_namespaced_pod(namespace, probe, dry_run="All")
         if (made.spec.affinity is not None) == called:
             return
         if time.monotonic() > deadline:
