@@ -5,8 +5,9 @@ What is answered is decided by ``specon.runtime.kubernetes.admission`` (the patc
 manager's own state: a pod of a job in a move is steered (required node affinity) to where
 the move sends it now (``migration.heading``); any other managed pod gets Algorithm 2's best
 nodes as preferred affinities. A pod the manager steered itself, a pod no selector term
-names, a pod of no job, an update: allowed unchanged. So is every pod while this replica
-does not lead (it holds no heartbeats to rank by).
+names, a pod of no job, an update, a new pod that names its node: allowed unchanged (a move's
+replacement that names its node, a Job's template with ``nodeName``, is steered all the same),
+and so is every pod while this replica does not lead (it holds no heartbeats to rank by).
 
 The API server calls without a credential (as it calls any webhook): what anyone may learn
 from the answer is where the manager would place the pod they send; nothing is written or
@@ -32,6 +33,7 @@ from specon.runtime.kubernetes.admission import (
     WEBHOOK_PATH,
     PodReview,
     answer,
+    bound,
     preference_patch,
     read_review,
     steered_already,
@@ -106,6 +108,8 @@ class PodAdmission:
             # The evicted copy may still be saving: the replacement waits as long as a save may take.
             wait = self.shell.core.policy.migration.save_timeout + AWAIT_SLACK_S
             return "steered", answer(review.uid, steering_patch(pod, node, move=mid, await_previous=wait))
+        if bound(pod):  # it names its node itself: a preference would change nothing
+            return "unchanged", answer(review.uid)
         patch = preference_patch(pod, self._homes(cid, pod, now))
         return ("preferred" if patch else "unchanged"), answer(review.uid, patch)
 

@@ -106,8 +106,14 @@ def patch_of(response: Mapping[str, Any]) -> Patch:
 
 
 def steered_already(pod: Mapping[str, Any]) -> bool:
-    """Whether specon placed or steered this pod (a copy the manager created)."""
-    return steering.steered_to(pod) is not None
+    """Whether specon steered this pod already (a copy the manager made)."""
+    spec = pod.get("spec") or {}
+    return steering.steered_to({**pod, "spec": {**spec, "nodeName": None}}) is not None
+
+
+def bound(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod names its node itself (``spec.nodeName``: no scheduler places it)."""
+    return bool((pod.get("spec") or {}).get("nodeName"))
 
 
 def _replace(changed: Mapping[str, Any]) -> Patch:
@@ -132,6 +138,8 @@ def steering_patch(
     if move is not None:
         changed["metadata"]["annotations"][steering.ANN_MOVE] = move
     patch = _replace(changed)
+    if bound(pod):  # placed by the scheduler, as the affinity says, not where the template said
+        patch.append({"op": "remove", "path": "/spec/nodeName"})
     if await_previous is not None:
         containers = changed["spec"].get("containers") or []
         job = pods.job_container(changed)

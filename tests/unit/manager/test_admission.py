@@ -59,15 +59,18 @@ def review(pod: dict[str, Any], *, operation: str = "CREATE", uid: str = "r-1") 
 
 
 def apply(pod: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
-    """``pod`` after the answer's patch (RFC 6902 ``add``s of members that exist or not)."""
+    """``pod`` after the answer's patch (RFC 6902 ``add`` and ``remove`` of object members)."""
     out = copy.deepcopy(pod)
     for op in patch_of(answer):
-        assert op["op"] == "add"
+        assert op["op"] in ("add", "remove")
         *parents, member = op["path"].split("/")[1:]
         at: Any = out
         for part in parents:
             at = at[int(part)] if isinstance(at, list) else at[part]
-        at[member] = op["value"]
+        if op["op"] == "add":
+            at[member] = op["value"]
+        else:
+            del at[member]  # KeyError: RFC 6902 makes removing a missing member an error
     return out
 
 
@@ -102,6 +105,19 @@ async def test_the_replacement_of_a_job_being_moved_is_steered_to_the_target(
     # A pod of another job gets preferences, not the move's target as a requirement.
     other = apply(job_pod("c9"), PodAdmission(sh, "specon.io/managed=true").review(review(job_pod("c9"))))
     assert steering.steered_to(other) is None
+
+
+async def test_a_replacement_whose_template_names_a_node_is_steered_to_the_target_instead(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    sh = await moving(tmp_path, clock)
+    pod = job_pod("c1", nodeName="a")
+    placed = apply(pod, PodAdmission(sh, "specon.io/managed=true").review(review(pod)))
+    assert "nodeName" not in placed["spec"] and steering.steered_to(placed) == "b"
+    # A new pod that names its node gets no preferences: they would change nothing.
+    assert (
+        patch_of(PodAdmission(sh, "specon.io/managed=true").review(review(job_pod("c9", nodeName="a")))) == []
+    )
 
 
 async def test_a_steered_pod_keeps_the_users_own_required_terms(tmp_path: Path, clock: FakeClock) -> None:
