@@ -35,6 +35,7 @@ from specon.runtime.kubernetes.admission import (
     answer,
     bound,
     preference_patch,
+    probe_patch,
     read_review,
     steered_already,
     steering_patch,
@@ -97,8 +98,11 @@ class PodAdmission:
             not review.creates_pod
             or not self.shell.leading
             or not matches(pods.labels_of(pod), self._requirements)
-            or steered_already(pod)
         ):
+            return "unchanged", answer(review.uid)
+        if probe := probe_patch(pod):  # someone about to evict a Job's pod asks if we answer
+            return "probe", answer(review.uid, probe)
+        if steered_already(pod):
             return "unchanged", answer(review.uid)
         cid = pods.job_id(pod)
         now = self.shell.clock()

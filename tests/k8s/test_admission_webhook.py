@@ -2,7 +2,8 @@
 ``MutatingAdmissionWebhook`` plugin, TLS to the manager with the CA in the configuration):
 replacement pods of jobs being moved, created all at once, each come out steered to their own
 target; a new pod comes out with Algorithm 2's nodes preferred; with the manager down, pods are
-still created, unsteered (``failurePolicy: Ignore``)."""
+still created, unsteered (``failurePolicy: Ignore``); the probe a Job's eviction waits for is
+answered only while the webhook serves."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import pytest
 
 from specon.runtime.kubernetes import steering
 from specon.runtime.kubernetes.admission import ANN_PREFERRED
+from specon.runtime.kubernetes.api import KubeApi
+from specon.runtime.kubernetes.webhook_probe import WebhookProbe
 from tests.k8s.cluster import KubeCluster
-from tests.k8s.webhook import WebhookManager, create_at_once, job_pod, registered
+from tests.k8s.webhook import SELECTOR, WebhookManager, create_at_once, job_pod, registered
 from tests.unit.manager_fakes import FakeAgent, FakeClock, report
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -80,3 +83,17 @@ def test_with_the_manager_down_pods_are_still_created_unsteered(
         assert pod["metadata"]["uid"]
         assert not (pod["spec"].get("affinity") or {}), "created as submitted"
         assert seconds < 30
+
+
+async def test_the_probe_before_a_jobs_eviction_is_answered_only_while_the_webhook_serves(
+    kube_cluster: KubeCluster, kube_namespace: str, manager: WebhookManager
+) -> None:
+    """``webhook_probe``: a dry-run pod through the real admission chain, nothing stored."""
+    api = KubeApi(kube_cluster.api_client())
+    assert not await WebhookProbe(api, SELECTOR).answers(kube_namespace), "not registered yet"
+    with registered(kube_cluster, manager, kube_namespace):
+        assert await WebhookProbe(api, SELECTOR).answers(kube_namespace)
+        manager.stop()
+        assert not await WebhookProbe(api, SELECTOR).answers(kube_namespace), "registered, not serving"
+    listed = api.request("GET", f"/api/v1/namespaces/{kube_namespace}/pods")["items"]
+    assert listed == [], "a dry run stores no pod"

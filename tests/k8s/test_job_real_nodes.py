@@ -101,3 +101,44 @@ async def test_a_converged_jobs_pod_moves_and_the_job_completes_with_exactly_its
         assert replacement["metadata"]["ownerReferences"][0]["kind"] == "Job"
         (record,) = [r for r in d.journal().all() if r.container == job]
         assert record.state is State.DONE
+
+
+async def test_without_the_webhook_a_jobs_pod_is_not_evicted_and_the_job_completes_in_place(
+    real_cluster: KubeCluster, real_namespace: str, real_nodes: RealNodes, tmp_path: Path
+) -> None:
+    """No webhook answers: the Job's replacement would be neither steered nor held back until
+    the evicted copy ends, so the save refuses to evict. The move fails, the job keeps
+    training on node-1 untouched, and the Job completes with every step exactly once."""
+    async with deployed(real_cluster, real_namespace, tmp_path, adapt=on_real_node) as d:
+        admin = KubeApi(real_cluster.api_client())
+        ns = d.namespace
+        await until(both_agents(d), "both agents heartbeating", timeout=120)
+        pod = d.adapt(converging("trainer", STEPS, extra=held("trainer")))
+        await asyncio.to_thread(
+            admin.request, "POST", f"/apis/batch/v1/namespaces/{ns}/jobs", body=job_of(pod, "trainer")
+        )
+        await submit(d, steady("steady", 800))
+        job = f"{ns}.trainer"
+        m = await until(
+            migration_of(d, job, lambda x: x.state.value == "rolled_back"),
+            "the move to be refused",
+            timeout=150,
+        )
+        assert (m.source, m.target) == ("node-1", "node-2")
+        (record,) = [r for r in d.journal().all() if r.container == job]
+        assert "admission webhook does not answer" in (record.error or ""), record.error
+        release(release_file(d.volume, "trainer"))
+
+        def succeeded() -> dict[str, Any] | None:
+            j = admin.request("GET", f"/apis/batch/v1/namespaces/{ns}/jobs/trainer")
+            return j if (j.get("status") or {}).get("succeeded") == 1 else None
+
+        done = await until(succeeded, "the Job to complete", timeout=120)
+        assert not done["status"].get("failed")
+        trained_exactly(d.volume, "trainer", STEPS)
+        events = [r.get("event") for r in records(d.volume, "trainer") if "event" in r]
+        assert "checkpointed" not in events, "never stopped"
+        (only,) = admin.request(
+            "GET", f"/api/v1/namespaces/{ns}/pods", query={"labelSelector": "job-name=trainer"}
+        )["items"]
+        assert only["spec"]["nodeName"] == "node-1"

@@ -16,7 +16,9 @@ JSON Patch that adds scheduling hints and nothing else:
   for a new job (weights 100, 90, ...), so its first placement follows the category counts
   where the scheduler agrees; the scheduler's own scores still decide.
 
-A pod specon steered already (a copy the manager made) is left as it is. The patch names
+A probe pod (``probe_pod``, created with ``dryRun`` by ``webhook_probe`` before a Job's pod
+is evicted) is answered with its nonce, so whoever evicts knows the replacement will be
+steered. A pod specon steered already (a copy the manager made) is left as it is. The patch names
 node *fields* (``metadata.name``), never labels the node's owner could change, and adds
 no command, image, volume or privilege.
 """
@@ -38,6 +40,10 @@ WEBHOOK_PATH = "/v1/kubernetes/admission/pods"
 # The annotation that says specon added preferred terms (a reinvoked webhook adds none again).
 ANN_PREFERRED = "specon.io/preferred"
 MAX_PREFERRED = 5
+# A probe pod carries a nonce here; the webhook's answer copies it to ``ANN_PROBE_ANSWER``.
+ANN_PROBE = "specon.io/webhook-probe"
+ANN_PROBE_ANSWER = "specon.io/webhook-probe-answer"
+PROBE_NODE = "specon-webhook-probe"  # no such node: the probe is never created (dry run)
 _TOP_WEIGHT, _WEIGHT_STEP = 100, 10
 
 Patch = list[dict[str, Any]]
@@ -176,3 +182,30 @@ def preference_patch(pod: Mapping[str, Any], nodes: Sequence[str]) -> Patch:
     meta = changed.setdefault("metadata", {})
     meta["annotations"] = {**(meta.get("annotations") or {}), ANN_PREFERRED: ",".join(nodes[:MAX_PREFERRED])}
     return _replace(changed)
+
+
+def probe_pod(namespace: str, labels: Mapping[str, str], nonce: str) -> dict[str, Any]:
+    """A pod that asks the webhook to answer ``nonce`` (created with ``dryRun=All`` only):
+    ``labels`` make it managed, steered so that a policy requiring specon's shape admits it."""
+    pod: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": PROBE_NODE,
+            "namespace": namespace,
+            "labels": dict(labels),
+            "annotations": {ANN_PROBE: nonce},
+        },
+        "spec": {"containers": [{"name": "probe", "image": "specon-webhook-probe"}]},
+    }
+    steering.steer(pod, PROBE_NODE)
+    return pod
+
+
+def probe_patch(pod: Mapping[str, Any]) -> Patch:
+    """The answer to a probe pod: its nonce, copied to ``ANN_PROBE_ANSWER`` (empty: no probe)."""
+    annotations = dict((pod.get("metadata") or {}).get("annotations") or {})
+    nonce = annotations.get(ANN_PROBE)
+    if not isinstance(nonce, str):
+        return []
+    return [{"op": "add", "path": "/metadata/annotations", "value": {**annotations, ANN_PROBE_ANSWER: nonce}}]

@@ -38,6 +38,7 @@ from specon.runtime.kubernetes import copying, pods, steering, takeover
 from specon.runtime.kubernetes.api import KubeApi, KubeError, pods_path
 from specon.runtime.kubernetes.calls import PodCalls, record_path
 from specon.runtime.kubernetes.pods import DEFAULT_SELECTOR, Manifest, PodError, SharedVolume
+from specon.runtime.kubernetes.webhook_probe import WebhookProbe
 
 log = structlog.get_logger("specon.k8s")
 
@@ -108,6 +109,7 @@ class PodWrites:
         self.calls = PodCalls(api, selector)
         self.volume = volume or SharedVolume()
         self.include_owned = include_owned
+        self.webhook = WebhookProbe(api, selector)  # asked before a Job's pod is evicted
         self._requirements = pods.parse_selector(selector)
 
     async def _call(self, method: str, path: str, **kw: Any) -> Any:
@@ -167,6 +169,13 @@ class PodWrites:
         pod = await self.pod_on(job, ref, node)
         if (why := pods.unmovable(pod, self.include_owned)) is not None:
             raise SaveFailed(job, why)
+        if pods.controlling_job(pod) is not None and not await self.webhook.answers(pods.key_of(pod)[0]):
+            raise SaveFailed(
+                job,
+                f"the admission webhook does not answer in namespace {pods.key_of(pod)[0]}: a Job's pod "
+                "is evicted only with it (its replacement would start unsteered beside the saving copy; "
+                "components/webhook)",
+            )
         await self._write_record(job, pod)  # the recipe of the restore, before the pod goes
         await asyncio.to_thread(self.calls.evict, job, pod, grace)
 
