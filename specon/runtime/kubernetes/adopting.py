@@ -6,8 +6,10 @@ manager's admission webhook steers to the move's current target (required node a
 makes wait for the evicted copy to end (``specon.fence``). The target's start waits for that
 pod to appear and be bound here (``placement.placed``: one the scheduler cannot place within
 the deadline is withdrawn, so the controller makes another, steered to wherever the move then
-goes). It fails, saying why, when the controller's pod went to another node (no webhook: the
-scheduler chose freely; the job runs there, and heartbeats say so) or none appears in time.
+goes). A replacement still unbound and steered elsewhere (the move turned: a rollback's start
+here) is withdrawn for the same reason. It fails, saying why, when the controller's pod went
+to another node (no webhook: the scheduler chose freely; the job runs there, and heartbeats
+say so) or none appears in time.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from specon.model import ContainerId
 from specon.runtime.base import StartFailed
 from specon.runtime.kubernetes import placement, pods, steering
 from specon.runtime.kubernetes.pods import Manifest
+from specon.runtime.kubernetes.writes import PodRef
 
 ListPods = Callable[[], Awaitable[list[Manifest]]]  # every pod of the job, as the API holds them
 LOOK_S = 0.5
@@ -47,6 +50,11 @@ async def adopted(
             return await placement.placed(
                 job, pod, node, read=read, withdraw=withdraw, deadline=max(0.0, give_up - clock())
             )
+        # Steered for this move before it turned here (a rollback): never ran; withdrawn, so
+        # the controller makes the next one, which the webhook steers here.
+        for stale in [p for p in current if pods.node_of(p) is None and steering.steered_to(p) is not None]:
+            await withdraw(PodRef.of(stale))
+            current.remove(stale)
         elsewhere = [p for p in current if steering.steered_to(p) is not None]
         if elsewhere:
             where = ", ".join(f"{pods.key_of(p)[1]} on {steering.steered_to(p)}" for p in elsewhere)

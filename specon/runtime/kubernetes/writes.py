@@ -125,10 +125,13 @@ class PodWrites:
             log.warning("specon.k8s.node_unreadable", node=node, error=str(exc))
             return {}
 
-    async def pod_on(self, job: ContainerId, ref: PodRef, node: str, *, steered: bool = False) -> Manifest:
+    async def pod_on(
+        self, job: ContainerId, ref: PodRef, node: str, *, steered: bool = False, replacement: bool = False
+    ) -> Manifest:
         """The pod ``ref`` names as the API server holds it, if it is a managed pod of ``job``
-        bound to ``node`` (``steered``: or steered there, unbound) (``Forbidden``);
-        ``NoSuchContainer`` once it is gone or replaced."""
+        bound to ``node`` (``steered``: or steered there, unbound; ``replacement``: or a Job's
+        unbound replacement for a move, steered anywhere) (``Forbidden``); ``NoSuchContainer``
+        once it is gone or replaced."""
         try:
             pod: Manifest = await self._call("GET", f"{pods_path(ref.namespace)}/{ref.name}")
         except KubeError as exc:
@@ -149,7 +152,12 @@ class PodWrites:
         if owner != job:
             raise Forbidden(job, f"pod {ref.label} is a pod of job {owner}, not of {job}")
         where = steering.steered_to(pod) if steered else pods.node_of(pod)
-        if where != node:
+        unbound_replacement = (
+            pods.node_of(pod) is None
+            and pods.controlling_job(pod) is not None
+            and steering.ANN_MOVE in pods.annotations_of(pod)
+        )
+        if where != node and not (replacement and unbound_replacement):
             raise Forbidden(job, f"pod {ref.label} is bound to {where or 'no node'}, not to {node}")
         return pod
 
@@ -194,10 +202,12 @@ class PodWrites:
 
     async def withdraw(self, job: ContainerId, ref: PodRef, node: str) -> None:
         """Delete the job's copy steered to ``node`` that no scheduler has bound (a start past
-        its deadline: ``placement``), only as long as it is unbound; gone already, or bound
-        meanwhile (it is then restored: the agent reads it again), is fine."""
+        its deadline: ``placement``), or its Job's replacement for a move steered to a node the
+        move no longer goes to (its controller makes another, steered where the move goes now),
+        only as long as it is unbound; gone already, or bound meanwhile (it is then restored:
+        the agent reads it again), is fine."""
         try:
-            pod = await self.pod_on(job, ref, node, steered=True)
+            pod = await self.pod_on(job, ref, node, steered=True, replacement=True)
         except NoSuchContainer:
             return
         if pods.node_of(pod) is not None:

@@ -21,7 +21,7 @@ from specon.model import ContainerId, WorkerId
 from specon.runtime.base import NoSuchContainer, SaveFailed, Supersede
 from specon.runtime.kubernetes.api import KubeError
 from specon.runtime.kubernetes.broker import BrokerWriter, raise_for, reply_for
-from specon.runtime.kubernetes.steering import steer
+from specon.runtime.kubernetes.steering import ANN_MOVE, steer
 from specon.runtime.kubernetes.writes import Forbidden, PodRef, PodWrites, checkpoint_name
 from specon.wire.pod_writes import Outcome, PodOp, PodWriteReply, PodWriteRequest
 from specon.wire.protocol import Action, Command
@@ -295,6 +295,29 @@ async def test_only_a_copy_still_unbound_and_steered_to_the_asking_node_is_withd
         await PodWrites(cast(Any, FakeApi({path: unbound("node-a")}, fail=KubeError(500, "", "x")))).withdraw(
             JOB, ref, NODE_A
         )
+
+
+async def test_a_jobs_unbound_replacement_for_a_move_is_withdrawn_wherever_it_is_steered() -> None:
+    """A rollback's start turns the move: the Job's replacement steered to the old target never
+    ran and is withdrawn by the node the move now goes to (the controller makes the next)."""
+    path = "/api/v1/namespaces/training/pods/j1"
+    ref = PodRef("training", "j1", "u1")
+    job_owned = [{"apiVersion": "batch/v1", "kind": "Job", "name": "j1", "uid": "j", "controller": True}]
+    replacement = unbound("node-b")
+    replacement["metadata"]["ownerReferences"] = job_owned
+    replacement["metadata"]["annotations"][ANN_MOVE] = "m-1"
+    api = FakeApi({path: replacement})
+    await PodWrites(cast(Any, api)).withdraw(JOB, ref, NODE_A)
+    assert api.writes == [("DELETE", path)]
+    # Not a Job's replacement for a move (a bare copy, or no move's mark): only its own node may.
+    for found in (
+        unbound("node-b"),
+        {**replacement, "metadata": {**replacement["metadata"], "annotations": {}}},
+    ):
+        api = FakeApi({path: found})
+        with pytest.raises(Forbidden, match="not to node-a"):
+            await PodWrites(cast(Any, api)).withdraw(JOB, ref, NODE_A)
+        assert api.writes == []
 
 
 @pytest.mark.parametrize("name", ["../x.json", "a/b.json", "..", ".", "", "x" * 300])

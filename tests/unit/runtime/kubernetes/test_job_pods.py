@@ -13,11 +13,13 @@ import pytest
 from specon import checkpoint as ckpt
 from specon.model import ContainerId
 from specon.runtime.base import SaveFailed, StartFailed
+from specon.runtime.kubernetes.adopting import adopted
 from specon.runtime.kubernetes.backend import KubeApi
 from specon.runtime.kubernetes.pods import job_spec
 from specon.runtime.kubernetes.restore import original_from_record, record_of
 from specon.runtime.kubernetes.steering import ANN_ADOPTED, ANN_MOVE, steer
 from specon.runtime.kubernetes.webhook_probe import WebhookProbe
+from specon.runtime.kubernetes.writes import PodRef
 from tests.unit.runtime.kubernetes.test_backend import (
     NS,
     api,
@@ -97,3 +99,35 @@ async def test_a_start_fails_when_the_controllers_pod_went_elsewhere(api: KubeAp
     original = original_from_record(record_of(job_pod("trainer-x1")), JOB)
     with pytest.raises(StartFailed, match=r"elsewhere .*trainer-x2 on node-3.*admission webhook"):
         await runtime(api, tmp_path, node="node-2", placement_deadline=5).start(job_spec(original))
+
+
+async def test_a_replacement_steered_before_the_move_turned_is_withdrawn_for_the_next() -> None:
+    """A rollback's start on node-2 finds the Job's pod still Pending, steered to node-3 (where
+    the move went first): it withdraws it, and adopts the controller's next pod, steered here."""
+    stale = job_pod("trainer-x2", node=None)
+    steer(stale, "node-3")
+    stale["metadata"]["annotations"][ANN_MOVE] = "m-1"
+    fresh = job_pod("trainer-x3", node="node-2")
+    steer(fresh, "node-2")
+    fresh["spec"]["nodeName"] = "node-2"  # bound by the scheduler
+    withdrawn: list[PodRef] = []
+    listed = [[stale], [fresh]]
+
+    async def list_pods() -> list[dict[str, Any]]:
+        return listed[min(len(withdrawn), 1)]
+
+    async def read(ref: PodRef) -> dict[str, Any] | None:
+        return fresh if ref.name == "trainer-x3" else None
+
+    async def withdraw(ref: PodRef) -> None:
+        withdrawn.append(ref)
+
+    got = await adopted(JOB, "node-2", list_pods=list_pods, read=read, withdraw=withdraw, deadline=10)
+    assert got is fresh and [r.name for r in withdrawn] == ["trainer-x2"]
+    # One bound elsewhere ran there: the start fails, saying where (the job runs on node-3).
+    stale["spec"]["nodeName"] = "node-3"
+    listed[0] = [stale]
+    withdrawn.clear()
+    with pytest.raises(StartFailed, match="trainer-x2 on node-3"):
+        await adopted(JOB, "node-2", list_pods=list_pods, read=read, withdraw=withdraw, deadline=10)
+    assert withdrawn == []
