@@ -8,12 +8,14 @@ Before each write (a progress record, a checkpoint, the done marker) it looks ag
 the job has started since (the manager took this one's host for lost and restored the job
 elsewhere): this copy is stale, and stops at once without writing (``EXIT_FENCED``).
 
-A run also holds the job's ``run.lock`` (``flock``, released by the kernel when the process
-ends, however it ends) for its life. A copy started by a controller while the previous copy
-still saves (a Job's replacement for an evicted pod: the admission webhook sets
+A run with ``$SPECON_RUN_LOCK=1`` also holds the job's ``run.lock`` (``flock``, released by
+the kernel when the process ends, however it ends) for its life: the admission webhook sets it
+on every pod a Kubernetes Job makes. A copy started by the Job's controller while the previous
+copy still saves (the replacement of an evicted pod: the webhook sets
 ``$SPECON_AWAIT_PREVIOUS`` on it) waits for that lock before it reads its checkpoint, so it
 resumes from the checkpoint the previous copy wrote as it stopped, and the two never train at
 once. A copy that waits longer than that many seconds stops (``EXIT_FENCED``) without writing.
+Other runs take no lock (CRIU does not dump a process that holds one).
 
 Light on purpose: ``specon.jobkit`` imports it in every training process, and the local
 launcher (``specon.runtime.local.launcher``, run by path with no ``specon`` on its path)
@@ -36,6 +38,9 @@ RUN_LOCK_FILE = "run.lock"
 # Seconds a copy waits for the previous copy of its job to end (set on a controller's
 # replacement pod by the admission webhook; unset: it does not wait).
 ENV_AWAIT_PREVIOUS = "SPECON_AWAIT_PREVIOUS"
+# "1": hold the run lock (the webhook sets it on every pod a Job makes, so a later copy can
+# wait for this one). Off by default: CRIU does not dump a process that holds a file lock.
+ENV_RUN_LOCK = "SPECON_RUN_LOCK"
 _LOCK_POLL_S = 0.1
 EXIT_FENCED = 76  # after EX_TEMPFAIL (75): a stale copy that stopped without writing
 _MAX_BYTES = 4096
@@ -79,7 +84,9 @@ class Fence:
         generation for its own, and two copies would share one."""
         if checkpoint_dir is None:
             return cls(None, env_generation(os.environ))
-        lock = hold_run_lock(checkpoint_dir.parent / RUN_LOCK_FILE, await_previous(os.environ))
+        wait = await_previous(os.environ)
+        wanted = wait is not None or os.environ.get(ENV_RUN_LOCK) == "1"
+        lock = hold_run_lock(checkpoint_dir.parent / RUN_LOCK_FILE, wait) if wanted else None
         fence = cls(checkpoint_dir.parent / GENERATION_FILE, env_generation(os.environ))
         if lock is not None:  # held while this fence lives (the run's), released with it
             weakref.finalize(fence, os.close, lock)

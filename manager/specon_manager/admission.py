@@ -25,6 +25,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from specon.coordinator.migration import heading
+from specon.fence import ENV_RUN_LOCK
 from specon.model import Category, ContainerId, ContainerSnapshot, WorkerId
 from specon.policy.placement import ClusterIndex, ranked_homes
 from specon.runtime.kubernetes import pods
@@ -34,6 +35,8 @@ from specon.runtime.kubernetes.admission import (
     PodReview,
     answer,
     bound,
+    holds_run_lock,
+    job_env_patch,
     preference_patch,
     probe_patch,
     read_review,
@@ -65,7 +68,8 @@ class PodAdmission:
         # Registered by ``create_app`` in the manager's registry.
         self.reviews = Counter(
             "specon_admission_reviews",
-            "Pod admission reviews answered, by outcome (steered, preferred, unchanged, invalid)",
+            "Pod admission reviews answered, by outcome "
+            "(steered, preferred, run_lock, probe, unchanged, invalid)",
             ["outcome"],
             registry=None,
         )
@@ -112,10 +116,13 @@ class PodAdmission:
             # The evicted copy may still be saving: the replacement waits as long as a save may take.
             wait = self.shell.core.policy.migration.save_timeout + AWAIT_SLACK_S
             return "steered", answer(review.uid, steering_patch(pod, node, move=mid, await_previous=wait))
-        if bound(pod):  # it names its node itself: a preference would change nothing
-            return "unchanged", answer(review.uid)
-        patch = preference_patch(pod, self._homes(cid, pod, now))
-        return ("preferred" if patch else "unchanged"), answer(review.uid, patch)
+        # A Job's pod holds its run lock, for the replacement a move will have wait for it.
+        job_made = pods.controlling_job(pod) is not None and not holds_run_lock(pod)
+        lock = job_env_patch(pod, {ENV_RUN_LOCK: "1"}) if job_made else []
+        # A pod that names its node itself: a preference would change nothing.
+        patch = [] if bound(pod) else preference_patch(pod, self._homes(cid, pod, now))
+        outcome = "preferred" if patch else "run_lock" if lock else "unchanged"
+        return outcome, answer(review.uid, patch + lock)
 
     def _heading(self, cid: ContainerId, now: float) -> tuple[str, WorkerId] | None:
         """The move of job ``cid`` in flight and where it sends the job now (None: none)."""

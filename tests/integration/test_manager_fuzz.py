@@ -83,12 +83,14 @@ AGENTS = {f"agent-{i}": f"fuzz-agent-{i}-" + "5a" * 24 for i in range(3)}
 DOC = openapi_document()
 SCHEMAS: dict[str, Any] = DOC["components"]["schemas"]
 # POST path -> the message its body holds (the protocol's POSTs; /login and /logout take forms;
-# the operator's drain, a path with a parameter and no envelope, is fuzzed in test_drain_api).
+# the operator's drain, a path with a parameter and no envelope, is fuzzed in test_drain_api;
+# the API server's admission reviews, no protocol message, in tests/unit/manager/test_admission.py).
 POST_BODIES: dict[str, str] = {
     path: body[protocol.CONTENT_TYPE]["schema"]["$ref"].rsplit("/", 1)[1]
     for path, op in DOC["paths"].items()
     if protocol.CONTENT_TYPE in (body := op.get("post", {}).get("requestBody", {}).get("content", {}))
     and "{" not in path
+    and "$ref" in body[protocol.CONTENT_TYPE]["schema"]
 }
 LOGIN_FORM_TYPE = "application/x-www-form-urlencoded"
 GET_PATHS = sorted(path for path, op in DOC["paths"].items() if "get" in op and "{" not in path)

@@ -106,8 +106,10 @@ async def test_a_converged_jobs_pod_moves_and_the_job_completes_with_exactly_its
 async def test_without_the_webhook_a_jobs_pod_is_not_evicted_and_the_job_completes_in_place(
     real_cluster: KubeCluster, real_namespace: str, real_nodes: RealNodes, tmp_path: Path
 ) -> None:
-    """No webhook answers: the Job's replacement would be neither steered nor held back until
-    the evicted copy ends, so the save refuses to evict. The move fails, the job keeps
+    """No webhook: the Job's pod was admitted without it (its job holds no run lock), and its
+    replacement would be neither steered nor held back until the evicted copy ends, so the save
+    refuses to evict (a webhook that stopped answering since: the dry-run probe refuses it,
+    tests/unit/runtime/kubernetes/test_job_pods.py). The move fails, the job keeps
     training on node-1 untouched, and the Job completes with every step exactly once."""
     async with deployed(real_cluster, real_namespace, tmp_path, adapt=on_real_node) as d:
         admin = KubeApi(real_cluster.api_client())
@@ -126,7 +128,7 @@ async def test_without_the_webhook_a_jobs_pod_is_not_evicted_and_the_job_complet
         )
         assert (m.source, m.target) == ("node-1", "node-2")
         (record,) = [r for r in d.journal().all() if r.container == job]
-        assert "admission webhook does not answer" in (record.error or ""), record.error
+        assert "created without the admission webhook" in (record.error or ""), record.error
         release(release_file(d.volume, "trainer"))
 
         def succeeded() -> dict[str, Any] | None:

@@ -8,7 +8,8 @@
 - ``steering``: the required node affinity that steers a copy to its node through
   kube-scheduler; ``placement``: waiting for the binding, a copy left unplaced withdrawn;
 - ``admission``: the admission webhook's answers (a replacement steered, a new pod's
-  preferred nodes) as JSON Patches;
+  preferred nodes) as JSON Patches; ``webhook_probe``: whether it answers, asked before a
+  Job's pod is evicted; ``adopting``: a start that takes the Job controller's replacement;
 - ``takeover``: a start that supersedes a lost node's pod deletes it first;
 - ``recording``: each managed pod's restore record, written at first sight;
 - ``writes``: every write on a pod or a restore record, checked against the asking node

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specon.fence import ENV_AWAIT_PREVIOUS
+from specon.fence import ENV_AWAIT_PREVIOUS, ENV_RUN_LOCK
 from specon.runtime.kubernetes import pods, steering
 
 REVIEW_API = "admission.k8s.io/v1"
@@ -147,17 +147,27 @@ def steering_patch(
     if bound(pod):  # placed by the scheduler, as the affinity says, not where the template said
         patch.append({"op": "remove", "path": "/spec/nodeName"})
     if await_previous is not None:
-        containers = changed["spec"].get("containers") or []
-        job = pods.job_container(changed)
-        index = next(i for i, c in enumerate(containers) if c is job)
-        env = [
-            e
-            for e in job.get("env") or []
-            if not (isinstance(e, dict) and e.get("name") == ENV_AWAIT_PREVIOUS)
-        ]
-        env.append({"name": ENV_AWAIT_PREVIOUS, "value": f"{await_previous:g}"})
-        patch.append({"op": "add", "path": f"/spec/containers/{index}/env", "value": env})
+        patch += job_env_patch(changed, {ENV_AWAIT_PREVIOUS: f"{await_previous:g}", ENV_RUN_LOCK: "1"})
     return patch
+
+
+def job_env_patch(pod: Mapping[str, Any], env: Mapping[str, str]) -> Patch:
+    """The op that sets ``env`` in the job's container of ``pod`` (its other variables kept)."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    job = pods.job_container(pod)
+    index = next(i for i, c in enumerate(containers) if c is job)
+    kept = [e for e in job.get("env") or [] if isinstance(e, dict) and e.get("name") not in env]
+    value = [*kept, *({"name": k, "value": v} for k, v in env.items())]
+    return [{"op": "add", "path": f"/spec/containers/{index}/env", "value": value}]
+
+
+def holds_run_lock(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's job holds its run lock (``specon.fence``), so that a replacement can
+    wait for it: the webhook set ``SPECON_RUN_LOCK`` when the pod was created."""
+    try:
+        return pods.env_of(pods.job_container(pod)).get(ENV_RUN_LOCK) == "1"
+    except pods.PodError:
+        return False
 
 
 def preference_patch(pod: Mapping[str, Any], nodes: Sequence[str]) -> Patch:

@@ -35,6 +35,7 @@ from specon.runtime.base import (
     Supersede,
 )
 from specon.runtime.kubernetes import copying, pods, steering, takeover
+from specon.runtime.kubernetes.admission import holds_run_lock
 from specon.runtime.kubernetes.api import KubeApi, KubeError, pods_path
 from specon.runtime.kubernetes.calls import PodCalls, record_path
 from specon.runtime.kubernetes.pods import DEFAULT_SELECTOR, Manifest, PodError, SharedVolume
@@ -177,6 +178,12 @@ class PodWrites:
         pod = await self.pod_on(job, ref, node)
         if (why := pods.unmovable(pod, self.include_owned)) is not None:
             raise SaveFailed(job, why)
+        if pods.controlling_job(pod) is not None and not holds_run_lock(pod):
+            raise SaveFailed(
+                job,
+                f"pod {ref.label} was created without the admission webhook: its job holds no run lock "
+                "its replacement could wait for, so it is not evicted",
+            )
         if pods.controlling_job(pod) is not None and not await self.webhook.answers(pods.key_of(pod)[0]):
             raise SaveFailed(
                 job,

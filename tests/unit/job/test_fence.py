@@ -15,6 +15,7 @@ from specon import checkpoint, jobkit
 from specon.fence import (
     ENV_AWAIT_PREVIOUS,
     ENV_GENERATION,
+    ENV_RUN_LOCK,
     EXIT_FENCED,
     GENERATION_FILE,
     Fence,
@@ -110,18 +111,32 @@ time.sleep(float(sys.argv[2]))
 def test_a_replacement_waits_for_the_previous_copy_to_end_before_it_reads_anything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The run lock: a copy started while the previous one still runs (a Job's replacement for
-    an evicted pod) waits for it with ``$SPECON_AWAIT_PREVIOUS``; without, it does not wait."""
+    """The run lock: held by a run with ``$SPECON_RUN_LOCK`` (a Job's pod); a copy started while
+    the previous one still runs (its replacement for an evicted pod) waits for it with
+    ``$SPECON_AWAIT_PREVIOUS``. Without either, no lock is taken (CRIU dumps no process that
+    holds one)."""
     checkpoints = tmp_path / "job" / "checkpoints"
     checkpoints.mkdir(parents=True)
+    monkeypatch.delenv(ENV_RUN_LOCK, raising=False)
+    monkeypatch.delenv(ENV_AWAIT_PREVIOUS, raising=False)
+    unlocked = Fence.of_job(checkpoints)
+    free = subprocess.run(
+        [sys.executable, "-c", _HOLDER, str(checkpoints), "0"],
+        env={**os.environ, ENV_AWAIT_PREVIOUS: "0.3"},
+        capture_output=True,
+        check=False,
+    )
+    assert free.returncode == 0, "a run without the variables holds no lock"
+    del unlocked
     holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, str(checkpoints), "1.5"], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", _HOLDER, str(checkpoints), "1.5"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, ENV_RUN_LOCK: "1"},
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         t0 = time.monotonic()
-        Fence.of_job(checkpoints)  # no wait asked: on at once
-        assert time.monotonic() - t0 < 1.0
         monkeypatch.setenv(ENV_AWAIT_PREVIOUS, "30")
         fence = Fence.of_job(checkpoints)
         assert time.monotonic() - t0 >= 1.0, "it waited until the previous copy ended"
@@ -133,15 +148,12 @@ def test_a_replacement_waits_for_the_previous_copy_to_end_before_it_reads_anythi
             [sys.executable, "-c", _HOLDER, str(checkpoints), "0"],
             capture_output=True,
             text=True,
-            env={**os.environ},
             check=False,
         )
         assert late.returncode == EXIT_FENCED
         assert "still runs after 0.3 s" in late.stderr and "held" not in late.stdout
         del fence  # the run ends: its lock goes with it
-        again = subprocess.run(
-            [sys.executable, "-c", _HOLDER, str(checkpoints), "0"], env={**os.environ}, check=False
-        )
+        again = subprocess.run([sys.executable, "-c", _HOLDER, str(checkpoints), "0"], check=False)
         assert again.returncode == 0
     finally:
         holder.kill()

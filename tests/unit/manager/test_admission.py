@@ -98,9 +98,13 @@ async def test_the_replacement_of_a_job_being_moved_is_steered_to_the_target(
     placed = apply(pod, answer)
     assert steering.steered_to(placed) == "b"
     assert "nodeName" not in placed["spec"]
-    # It waits for the evicted copy to end (a save's time bound and the pod's termination).
+    # It waits for the evicted copy to end (a save's time bound and the pod's termination), and
+    # holds the run lock in its turn.
     (container,) = placed["spec"]["containers"]
-    assert container["env"] == [{"name": "SPECON_AWAIT_PREVIOUS", "value": "150"}]
+    assert container["env"] == [
+        {"name": "SPECON_AWAIT_PREVIOUS", "value": "150"},
+        {"name": "SPECON_RUN_LOCK", "value": "1"},
+    ]
     assert {k: v for k, v in container.items() if k != "env"} == pod["spec"]["containers"][0]
     # A pod of another job gets preferences, not the move's target as a requirement.
     other = apply(job_pod("c9"), PodAdmission(sh, "specon.io/managed=true").review(review(job_pod("c9"))))
@@ -115,9 +119,11 @@ async def test_a_replacement_whose_template_names_a_node_is_steered_to_the_targe
     placed = apply(pod, PodAdmission(sh, "specon.io/managed=true").review(review(pod)))
     assert "nodeName" not in placed["spec"] and steering.steered_to(placed) == "b"
     # A new pod that names its node gets no preferences: they would change nothing.
-    assert (
-        patch_of(PodAdmission(sh, "specon.io/managed=true").review(review(job_pod("c9", nodeName="a")))) == []
+    fresh = apply(
+        job_pod("c9", nodeName="a"),
+        PodAdmission(sh, "specon.io/managed=true").review(review(job_pod("c9", nodeName="a"))),
     )
+    assert "affinity" not in fresh["spec"] and fresh["spec"]["nodeName"] == "a"
 
 
 async def test_a_steered_pod_keeps_the_users_own_required_terms(tmp_path: Path, clock: FakeClock) -> None:
@@ -183,8 +189,28 @@ async def test_pods_it_does_not_manage_pass_unchanged(tmp_path: Path, clock: Fak
 async def test_preferences_off_still_steers_moves(tmp_path: Path, clock: FakeClock) -> None:
     sh = await moving(tmp_path, clock)
     adm = PodAdmission(sh, "specon.io/managed=true", preferred=0)
-    assert patch_of(adm.review(review(job_pod("c9")))) == []
+    new = apply(job_pod("c9"), adm.review(review(job_pod("c9"))))
+    assert "preferredDuringSchedulingIgnoredDuringExecution" not in str(new), "no preferences"
     assert steering.steered_to(apply(job_pod("c1"), adm.review(review(job_pod("c1"))))) == "b"
+
+
+async def test_every_pod_a_job_makes_holds_its_run_lock_once(tmp_path: Path, clock: FakeClock) -> None:
+    """``SPECON_RUN_LOCK`` on each pod a Job makes (what its replacement waits for), its own
+    variables kept, not added again; a bare pod gets none."""
+    sh = shell(tmp_path, clock)
+    adm = PodAdmission(sh, "specon.io/managed=true")
+    pod = job_pod("c9", nodeName="a")
+    pod["spec"]["containers"][0]["env"] = [{"name": "MINE", "value": "x"}]
+    placed = apply(pod, adm.review(review(pod)))
+    assert placed["spec"]["containers"][0]["env"] == [
+        {"name": "MINE", "value": "x"},
+        {"name": "SPECON_RUN_LOCK", "value": "1"},
+    ]
+    assert patch_of(adm.review(review(placed))) == []
+    bare = job_pod("c9", nodeName="a")
+    bare["metadata"]["ownerReferences"] = []
+    bare["metadata"]["labels"]["specon.io/job"] = "c9"
+    assert patch_of(adm.review(review(bare))) == []
 
 
 async def test_the_webhook_answers_without_a_credential_and_refuses_what_is_no_review(

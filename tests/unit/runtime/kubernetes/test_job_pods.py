@@ -5,6 +5,7 @@ Job controller and kube-scheduler: tests/k8s/test_job_real_nodes.py."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,13 @@ __all__ = ["api"]  # the fixture, used by name
 JOB = ContainerId(f"{NS}.trainer")
 
 
-def job_pod(name: str, *, node: str | None = "node-1") -> dict[str, Any]:
-    """A pod of the Job ``trainer`` (its controller's; no ``specon.io/job`` label)."""
+def job_pod(name: str, *, node: str | None = "node-1", admitted: bool = True) -> dict[str, Any]:
+    """A pod of the Job ``trainer`` (its controller's; no ``specon.io/job`` label), as the
+    webhook ``admitted`` it (holding its run lock)."""
     pod = manifest(name, node=node or "node-1", job="trainer")
+    if admitted:
+        container = pod["spec"]["containers"][0]
+        container["env"] = [*(container.get("env") or []), {"name": "SPECON_RUN_LOCK", "value": "1"}]
     del pod["metadata"]["labels"]["specon.io/job"]
     pod["metadata"]["ownerReferences"] = [
         {"apiVersion": "batch/v1", "kind": "Job", "name": "trainer", "uid": "job-1", "controller": True}
@@ -54,9 +59,13 @@ async def test_a_jobs_pod_is_evicted_only_once_the_webhook_answers(
 ) -> None:
     """kmock has no admission: its probe comes back unanswered (the real API server's answer:
     tests/k8s/test_admission_webhook.py), then the probe is made to say yes."""
+    await create(api, job_pod("unadmitted", admitted=False))
+    rt = runtime(api, tmp_path)
+    with pytest.raises(SaveFailed, match="created without the admission webhook: its job holds no run lock"):
+        await rt.save(ContainerId(f"{NS}.trainer"), grace=5)
+    await asyncio.to_thread(api.request, "DELETE", f"/api/v1/namespaces/{NS}/pods/unadmitted")
     await create(api, job_pod("trainer-x1"))
     seen = evictions(kmock, "trainer-x1", status=429)  # a PDB: the pod stays, the save fails after
-    rt = runtime(api, tmp_path)
     with pytest.raises(SaveFailed, match="admission webhook does not answer in namespace ml"):
         await rt.save(JOB, grace=5)
     assert seen == [], "never evicted without the webhook"
