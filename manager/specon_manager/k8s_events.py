@@ -7,7 +7,8 @@ pod a move rolled back to), ``Moved`` (from, to, reason, downtime, steps lost), 
 (a job that ran nowhere, restored) or ``MoveRolledBack`` (Warning, with why). Recorded with
 the agents' recorder (queued, aggregated into series, rate-limited per pod, never in a
 decision's way), reported by ``specon.io/manager``; the pod is looked up off the event loop,
-and one that cannot be found is skipped, logged.
+and one that cannot be found is skipped, logged. A Job's pod: the same Event on the Job too
+(``kubectl describe job``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from specon.coordinator.migration import RECOVERIES, Migration, State
 from specon.runtime.kubernetes import pods
 from specon.runtime.kubernetes.api import KubeApi, KubeError
 from specon.runtime.kubernetes.calls import PodCalls
-from specon.runtime.kubernetes.events import MANAGER_CONTROLLER, EventRecorder
+from specon.runtime.kubernetes.events import MANAGER_CONTROLLER, EventRecorder, owner_of
 from specon.runtime.kubernetes.pods import DEFAULT_SELECTOR, PodError
 
 log = structlog.get_logger()
@@ -87,6 +88,8 @@ class MigrationEvents:
             return
         newest = max(existing, key=pods.current)
         self.recorder.record(newest, *described)
+        if (job := owner_of(newest)) is not None:  # `kubectl describe job` says it too
+            self.recorder.record(job, *described)
 
     async def drain(self) -> None:
         """Wait for every lookup and post under way (tests, a graceful stop)."""

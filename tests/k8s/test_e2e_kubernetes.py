@@ -75,6 +75,7 @@ from specon_manager.admission import PodAdmission
 from specon_manager.app import create_app
 from specon_manager.auth_kubernetes import TokenReviewAuthenticator
 from specon_manager.k8s_crd_journal import CrdJournal
+from specon_manager.k8s_events import MigrationEvents
 from specon_manager.pod_broker import PodBroker
 from specon_manager.shell import ManagerShell
 from specon.daemon import logs
@@ -95,6 +96,7 @@ auth = TokenReviewAuthenticator(
 api = KubeApi(load_api_client(kubeconfig))
 requests = ClusterRequests(api, "specon.io/managed=true")
 requests.start()
+shell.on_migration_end = MigrationEvents(api).on_migration  # as --manage-pods records them
 hooks = [PodAdmission(shell, "specon.io/managed=true")] if webhook else []
 broker = PodBroker(shell, PodWrites(api))
 app = create_app(shell, auth=auth, pod_broker=broker, node_requests=requests, extensions=hooks)

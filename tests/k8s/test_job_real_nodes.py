@@ -101,6 +101,11 @@ async def test_a_converged_jobs_pod_moves_and_the_job_completes_with_exactly_its
         assert replacement["metadata"]["ownerReferences"][0]["kind"] == "Job"
         (record,) = [r for r in d.journal().all() if r.container == job]
         assert record.state is State.DONE
+        # `kubectl describe pod` on the replacement, and `kubectl describe job`: what specon did.
+        events = admin.request("GET", f"/apis/events.k8s.io/v1/namespaces/{ns}/events")["items"]
+        said = {(e["regarding"]["kind"], e["regarding"]["name"], e["reason"]) for e in events}
+        name = replacement["metadata"]["name"]
+        assert {("Pod", name, "Restored"), ("Pod", name, "Moved"), ("Job", "trainer", "Moved")} <= said, said
 
 
 async def test_without_the_webhook_a_jobs_pod_is_not_evicted_and_the_job_completes_in_place(

@@ -107,7 +107,8 @@ class EventRecorder:
         self._failing: str | None = None
 
     def record(self, pod: Mapping[str, Any], type_: str, reason: str, action: str, note: str) -> None:
-        """Queue an Event on ``pod`` (its manifest as the API server holds it); returns at once."""
+        """Queue an Event on ``pod`` (its manifest as the API server holds it; or another
+        object of the namespace: its ``apiVersion`` and ``kind`` say which); returns at once."""
         if self._queue is None:
             self._queue = asyncio.Queue(QUEUE)
             self._task = asyncio.get_running_loop().create_task(self._run(), name=f"events-{self.instance}")
@@ -157,7 +158,7 @@ class EventRecorder:
             if not self._allowed(key[0], ev.at):
                 self.counters.dropped += 1
                 return
-            made = self.api.request("POST", path, body=self._body(ev, ns, name, uid))
+            made = self.api.request("POST", path, body=self._body(ev, ns, name, uid, _kind_of(ev.pod)))
         except KubeError as exc:
             self.counters.failed += 1
             if str(exc) != self._failing:  # once per distinct failure
@@ -170,8 +171,8 @@ class EventRecorder:
         self.counters.by_reason[ev.reason] = self.counters.by_reason.get(ev.reason, 0) + 1
         self._forget_old(ev.at)
 
-    def _body(self, ev: _Event, ns: str, name: str, uid: str) -> dict[str, Any]:
-        regarding = {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": name}
+    def _body(self, ev: _Event, ns: str, name: str, uid: str, kind: tuple[str, str]) -> dict[str, Any]:
+        regarding = {"apiVersion": kind[0], "kind": kind[1], "namespace": ns, "name": name}
         if uid:
             regarding["uid"] = uid
         return {
@@ -270,3 +271,22 @@ def classified(recorder: EventRecorder, pod: Mapping[str, Any], annotations: Map
     if now == "converged" and before != "converged":
         note = "its loss curve has flattened: specon may move it to make room for jobs still improving"
         recorder.record(pod, "Normal", "Converged", "Classify", note)
+
+
+def _kind_of(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """(apiVersion, kind) of what an Event is about: a pod unless the object says otherwise."""
+    return str(obj.get("apiVersion") or "v1"), str(obj.get("kind") or "Pod")
+
+
+def owner_of(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The Job that controls ``pod``, as an object an Event can be about (None: no Job)."""
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("controller") is True and ref.get("kind") == "Job":
+            meta = {
+                "name": ref.get("name", ""),
+                "namespace": (pod.get("metadata") or {}).get("namespace", ""),
+            }
+            if ref.get("uid"):
+                meta["uid"] = ref["uid"]
+            return {"apiVersion": str(ref.get("apiVersion") or "batch/v1"), "kind": "Job", "metadata": meta}
+    return None
