@@ -31,6 +31,7 @@ from collections.abc import Callable
 import structlog
 
 from specon.config import Policy
+from specon.coordinator.deciding import answer
 from specon.coordinator.effects import (
     CORDONS_KEY,
     CommandQueued,
@@ -257,7 +258,16 @@ class ManagerShell:
             if not self._retired and self.clock() - self._refreshed >= STANDBY_REFRESH:
                 await self.refresh()
             return
-        self.core.tick(self.clock(), rebalance=True)
+        ask = self.core.prepare(self.clock(), rebalance=True)
+        if ask is not None:
+            # The pass's index and Algorithms 2 and 3 run in a thread on an immutable Ask, so
+            # heartbeats are answered meanwhile; ``settle`` acts on the loop, re-checking what
+            # they changed (``specon.coordinator.deciding``). The GIL still serialises the
+            # Python parts, but it changes hands every switch interval (5 ms) instead of
+            # the loop stalling for the whole pass: that cut p99 (docs/benchmarks.md).
+            ans = await asyncio.to_thread(answer, ask, time.perf_counter)
+            if self.leading:  # not stood down meanwhile
+                self.core.settle(ans)
         for w in set(self._wakeups) - self.core.state.workers.keys():
             self._wakeups.pop(w).set()  # a pruned worker's parked poll returns at once
         await self.flush()
