@@ -4,7 +4,8 @@ It feeds the coordinator the HTTP inputs and the ticker, with the manager's cloc
 performs the effects it leaves: log events through structlog, metric events to the
 Prometheus collectors, journal writes in a worker thread (off the event loop: the
 Kubernetes journal is an HTTP read-modify-write with retries), and wake-ups for the
-long polls of workers that got a command.
+long polls of workers that got a command. The ticker's decision pass is answered in a
+worker thread too (``tick``).
 
 Write-ahead holds across the thread hop: the coordinator hands a command out only once
 the shell has reported the journal writes made before it as durable (``journaled``).
@@ -262,9 +263,11 @@ class ManagerShell:
         if ask is not None:
             # The pass's index and Algorithms 2 and 3 run in a thread on an immutable Ask, so
             # heartbeats are answered meanwhile; ``settle`` acts on the loop, re-checking what
-            # they changed (``specon.coordinator.deciding``). The GIL still serialises the
-            # Python parts, but it changes hands every switch interval (5 ms) instead of
-            # the loop stalling for the whole pass: that cut p99 (docs/benchmarks.md).
+            # they changed (``specon.coordinator.deciding``). A thread, not a process: the
+            # GIL still serialises the Python parts, but it changes hands every switch
+            # interval (5 ms) instead of the loop stalling for the whole pass, which took p99
+            # at 80 % load from hundreds of ms to about 20 (docs/benchmarks.md); pickling the
+            # 8,000-container snapshot for a process alone took 10 times the pass.
             ans = await asyncio.to_thread(answer, ask, time.perf_counter)
             if self.leading:  # not stood down meanwhile
                 self.core.settle(ans)
