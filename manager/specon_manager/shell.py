@@ -26,8 +26,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
+import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
@@ -58,6 +61,24 @@ from specon_manager.status import drain_reply
 log = structlog.get_logger()
 
 Clock = Callable[[], float]
+
+
+def _lower_priority() -> None:
+    """Run the calling thread at a lower priority than the event loop's (Linux: a nice
+    value is per thread). It only steers the scheduler: never fatal."""
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError):
+            os.nice(DECIDER_NICE)
+
+
+# The ticker's decision passes run in this one thread, at a lower priority, never queued
+# behind journal writes. A thread, not a process: pickling the 8,000-container snapshot for
+# a process took 70 ms, the pass itself about 8. The GIL still serialises the pass's Python
+# with the loop's, and on the one core the manager is pinned to in bench_daemons it only
+# turns a 20 ms stall into slower heartbeats while it runs: p99 at 1,000-2,500 beats/s
+# fell from 12-17 ms to 7-11, at 4,000/s it stayed within noise (docs/benchmarks.md).
+DECIDER_NICE = 10
+_DECIDER = ThreadPoolExecutor(1, thread_name_prefix="specon-decision", initializer=_lower_priority)
 
 
 # Seconds between a standby's reads of the journal (its status shows what the leader wrote).
@@ -263,12 +284,8 @@ class ManagerShell:
         if ask is not None:
             # The pass's index and Algorithms 2 and 3 run in a thread on an immutable Ask, so
             # heartbeats are answered meanwhile; ``settle`` acts on the loop, re-checking what
-            # they changed (``specon.coordinator.deciding``). A thread, not a process: the
-            # GIL still serialises the Python parts, but it changes hands every switch
-            # interval (5 ms) instead of the loop stalling for the whole pass, which took p99
-            # at 80 % load from hundreds of ms to about 20 (docs/benchmarks.md); pickling the
-            # 8,000-container snapshot for a process alone took 10 times the pass.
-            ans = await asyncio.to_thread(answer, ask, time.perf_counter)
+            # they changed (``specon.coordinator.deciding``). Why a thread: see ``_DECIDER``.
+            ans = await asyncio.get_running_loop().run_in_executor(_DECIDER, answer, ask, time.perf_counter)
             if self.leading:  # not stood down meanwhile
                 self.core.settle(ans)
         for w in set(self._wakeups) - self.core.state.workers.keys():
