@@ -26,8 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import os
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -63,22 +61,14 @@ log = structlog.get_logger()
 Clock = Callable[[], float]
 
 
-def _lower_priority() -> None:
-    """Run the calling thread at a lower priority than the event loop's (Linux: a nice
-    value is per thread). It only steers the scheduler: never fatal."""
-    if sys.platform == "linux":
-        with contextlib.suppress(OSError):
-            os.nice(DECIDER_NICE)
-
-
-# The ticker's decision passes run in this one thread, at a lower priority, never queued
-# behind journal writes. A thread, not a process: pickling the 8,000-container snapshot for
-# a process took 70 ms, the pass itself about 8. The GIL still serialises the pass's Python
-# with the loop's, and on the one core the manager is pinned to in bench_daemons it only
-# turns a 20 ms stall into slower heartbeats while it runs: p99 at 1,000-2,500 beats/s
-# fell from 12-17 ms to 7-11, at 4,000/s it stayed within noise (docs/benchmarks.md).
-DECIDER_NICE = 10
-_DECIDER = ThreadPoolExecutor(1, thread_name_prefix="specon-decision", initializer=_lower_priority)
+# The ticker's decision passes run in this one thread, never queued behind journal writes.
+# A thread, not a process: pickling the 8,000-container snapshot for a process took 70 ms,
+# the pass itself about 8. The GIL still serialises the pass's Python with the loop's: on
+# the one core bench_daemons pins the manager to, the thread turns a 20 ms stall of the loop
+# into slower heartbeats while the pass runs (docs/benchmarks.md). Not at a lower nice
+# value: on a core shared with other processes a starved thread holding the GIL stalled
+# the loop for seconds.
+_DECIDER = ThreadPoolExecutor(1, thread_name_prefix="specon-decision")
 
 
 # Seconds between a standby's reads of the journal (its status shows what the leader wrote).
