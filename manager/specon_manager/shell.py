@@ -4,7 +4,8 @@ It feeds the coordinator the HTTP inputs and the ticker, with the manager's cloc
 performs the effects it leaves: log events through structlog, metric events to the
 Prometheus collectors, journal writes in a worker thread (off the event loop: the
 Kubernetes journal is an HTTP read-modify-write with retries), and wake-ups for the
-long polls of workers that got a command.
+long polls of workers that got a command. The ticker's decision pass is answered in a
+worker thread too (``tick``).
 
 Write-ahead holds across the thread hop: the coordinator hands a command out only once
 the shell has reported the journal writes made before it as durable (``journaled``).
@@ -27,10 +28,12 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
 from specon.config import Policy
+from specon.coordinator.deciding import answer
 from specon.coordinator.effects import (
     CORDONS_KEY,
     CommandQueued,
@@ -56,6 +59,16 @@ from specon_manager.status import drain_reply
 log = structlog.get_logger()
 
 Clock = Callable[[], float]
+
+
+# The ticker's decision passes run in this one thread, never queued behind journal writes.
+# A thread, not a process: pickling the 8,000-container snapshot for a process took 70 ms,
+# the pass itself about 8. The GIL still serialises the pass's Python with the loop's: on
+# the one core bench_daemons pins the manager to, the thread turns a 20 ms stall of the loop
+# into slower heartbeats while the pass runs: p99 fell at 2,500 beats/s, not at 80 % of
+# saturation (docs/benchmarks.md). Not at a lower nice value: on a core shared with other
+# processes a starved thread holding the GIL stalled the loop for seconds.
+_DECIDER = ThreadPoolExecutor(1, thread_name_prefix="specon-decision")
 
 
 # Seconds between a standby's reads of the journal (its status shows what the leader wrote).
@@ -257,7 +270,14 @@ class ManagerShell:
             if not self._retired and self.clock() - self._refreshed >= STANDBY_REFRESH:
                 await self.refresh()
             return
-        self.core.tick(self.clock(), rebalance=True)
+        ask = self.core.prepare(self.clock(), rebalance=True)
+        if ask is not None:
+            # The pass's index and Algorithms 2 and 3 run in a thread on an immutable Ask, so
+            # heartbeats are answered meanwhile; ``settle`` acts on the loop, re-checking what
+            # they changed (``specon.coordinator.deciding``). Why a thread: see ``_DECIDER``.
+            ans = await asyncio.get_running_loop().run_in_executor(_DECIDER, answer, ask, time.perf_counter)
+            if self.leading:  # not stood down meanwhile
+                self.core.settle(ans)
         for w in set(self._wakeups) - self.core.state.workers.keys():
             self._wakeups.pop(w).set()  # a pruned worker's parked poll returns at once
         await self.flush()

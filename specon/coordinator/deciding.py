@@ -2,12 +2,18 @@
 stays and moves, the marks they leave and the migrations they open (or, under dry-run, only
 journal). A part of ``specon.coordinator.machine.Coordinator``, kept apart: it reads the
 coordinator's state and acts through its journal, outbox and drive, declared below.
+
+A pass is three steps, so that a shell may run the expensive middle one off its event loop
+(``specon_manager.shell``): ``_ask`` takes an immutable ``Ask`` of everything the pass reads
+(on the loop), ``answer`` indexes it and runs ``decide_pass`` (pure, any thread), ``settle``
+acts on the ``Answer`` (on the loop), re-checking what inputs may have changed meanwhile.
+Run back to back (``Coordinator.tick``) the three are exactly the one pass they replace.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from specon.config import Policy
@@ -15,12 +21,51 @@ from specon.coordinator.effects import Event
 from specon.coordinator.migration import Mark, Migration, Reason, State
 from specon.coordinator.outbox import mark_command
 from specon.coordinator.state import UNMARKED, ClusterState
-from specon.model import ContainerId, WorkerId
+from specon.model import ClusterSnapshot, ContainerId, WorkerId
 from specon.policy.decisions import Move, RefusalReason, Stay
 from specon.policy.move_costs import MoveCosts
 from specon.policy.placement import ClusterIndex
-from specon.policy.scheduler import InFlight, decide_pass
+from specon.policy.scheduler import InFlight, Pass, decide_pass
 from specon.wire.protocol import Command
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """Everything one decision pass reads, taken on the loop; immutable (the snapshot is
+    frozen, the learned costs a copy), so ``answer`` may run in any thread meanwhile."""
+
+    now: float
+    snapshot: ClusterSnapshot
+    # The waiting requests, oldest first, each with the time it was first seen.
+    requests: tuple[tuple[ContainerId, float], ...]
+    in_flight: tuple[InFlight, ...]
+    rebalance: bool
+    policy: Policy
+    learned: MoveCosts
+    claims: int  # the coordinator's ``claims`` when asked (see ``Deciding._stale``)
+    built: float  # seconds taking the snapshot took (part of the ``decision_pass`` event)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    ask: Ask
+    decided: Pass
+    took: float  # seconds ``answer`` took
+
+
+def answer(ask: Ask, timer: Callable[[], float] = lambda: 0.0) -> Answer:
+    """Decide ``ask``: Algorithms 2 and 3 over one index of its snapshot (pure; no state is read)."""
+    t0 = timer()
+    p = decide_pass(
+        ask.snapshot,
+        requests=[cid for cid, _ in ask.requests],
+        in_flight=ask.in_flight,
+        policy=ask.policy,
+        index=ClusterIndex.of(ask.snapshot),  # one per pass, shared by 2 and 3 (it dominates both)
+        rebalance=ask.rebalance,
+        learned=ask.learned,
+    )
+    return Answer(ask, p, timer() - t0)
 
 
 class Deciding:
@@ -33,6 +78,8 @@ class Deciding:
     requests: dict[ContainerId, float]
     virtual: dict[ContainerId, WorkerId]
     move_costs: MoveCosts
+    timer: Callable[[], float]
+    claims: int
     _deferred: set[ContainerId]
     _answered: dict[ContainerId, float]
 
@@ -46,6 +93,7 @@ class Deciding:
         def _new_id(self, now: float) -> str: ...
         def _send(self, worker: WorkerId, cmd: Command) -> None: ...
         def _drive(self, mid: str, now: float, alive: frozenset[WorkerId]) -> None: ...
+        def _view(self, now: float) -> ClusterSnapshot: ...
 
     def _rebalance_may_trigger(self) -> bool:
         """A cheap pre-check of Algorithm 3's trigger, before any snapshot is built."""
@@ -63,32 +111,61 @@ class Deciding:
                 any_running = True
         return any_running
 
-    def _decide(self, index: ClusterIndex, now: float, *, rebalance: bool) -> bool:
-        """Act on one ``decide_pass``: answer a request, defer, or start a rebalancing move."""
-        queue = sorted(self.requests, key=self.requests.__getitem__)
-        flights = [
-            InFlight(m.container, m.source, m.target)
-            for m in self.migrations.values()
-            if self.holds_budget(m)
-        ]
-        p = decide_pass(
-            index.snapshot,
-            requests=queue,
-            in_flight=flights,
-            policy=self.policy,
-            index=index,
+    def _ask(self, now: float, *, rebalance: bool) -> Ask:
+        """What this pass reads, as it is now (on the loop: the snapshot is the costly part here)."""
+        t0 = self.timer()
+        snapshot = self._view(now)
+        return Ask(
+            now=now,
+            snapshot=snapshot,
+            requests=tuple(sorted(self.requests.items(), key=lambda r: r[1])),
+            in_flight=tuple(
+                InFlight(m.container, m.source, m.target)
+                for m in self.migrations.values()
+                if self.holds_budget(m)
+            ),
             rebalance=rebalance,
-            learned=self.move_costs,
+            policy=self.policy,
+            learned=self.move_costs.copy(),
+            claims=self.claims,
+            built=self.timer() - t0,
         )
-        for cid in (*p.dropped, *p.answered):
-            self.requests.pop(cid, None)
-            self._deferred.discard(cid)
-            self._answered[cid] = now
+
+    def settle(self, ans: Answer) -> bool:
+        """Act on ``ans``: answer requests, defer, or start a decided move; True if it decided.
+
+        Inputs applied since its ``Ask`` (a shell running ``answer`` in a thread) may have
+        settled part of it already; what is re-checked, and why:
+
+        * a request is acted on only while the same request still waits (same first-seen
+          time): another pass (a heartbeat's own, on the loop) may have answered it, or a
+          pruning dropped it; answering it twice would send two answers or two moves;
+        * a decision or rebalancing move is acted on only if ``_stale`` finds nothing. Else
+          nothing is done and its request keeps waiting: the next pass decides it afresh.
+
+        Back to back with its ``Ask`` (``Coordinator.tick``) every check holds, so the pass
+        acts exactly as one decided on the spot.
+        """
+        ask, p, now = ans.ask, ans.decided, ans.ask.now
+        seen = dict(ask.requests)
+        waiting = {cid for cid in seen if self.requests.get(cid) == seen[cid]}
+        d = p.decision
+        if d is not None and (d.container not in waiting or self._stale(d, ask)):
+            d = None
+        mv = p.rebalance if p.rebalance is not None and not self._stale(p.rebalance, ask) else None
+        answered = [r.container for r in p.refused] + ([] if d is None else [d.container])
+        for cid in (*p.dropped, *answered):
+            if cid in waiting:
+                self.requests.pop(cid, None)
+                self._deferred.discard(cid)
+                self._answered[cid] = now
         for cid in p.deferred:
-            if cid not in self._deferred:  # count a request once, not once per pass
+            if cid in waiting and cid not in self._deferred:  # count a request once, not once per pass
                 self._deferred.add(cid)
                 self.emit(Event("request_deferred"))
         for r in p.refused:
+            if r.container not in waiting:
+                continue
             self.emit(Event("decision", {"kind": "refuse"}))
             if r.reason is RefusalReason.MIGRATION_LIMIT:
                 # Already answered (e.g. the agent missed our mark): answer again.
@@ -97,7 +174,6 @@ class Deciding:
             self._log("specon.manager.request_refused", level="warning", container=r.container,
                       reason=r.reason.value, detail=r.detail)  # fmt: skip
             self.emit(Event("request_refused", {"reason": r.reason.value}))
-        d = p.decision
         if d is not None:
             self.emit(Event("decision", {"kind": type(d).__name__.lower()}))
             self._mark(d.container, now)
@@ -105,18 +181,49 @@ class Deciding:
             if isinstance(d, Stay):
                 self._log("specon.manager.stay", container=d.container, worker=d.worker, scores=scores)
                 self._mark_command(d.container, now)
-            elif isinstance(d, Move):
+            else:
                 self._log("specon.manager.move", container=d.container, source=d.source, target=d.target,
                           scores=scores)  # fmt: skip
                 if self._begin(d, now):
                     self._mark_command(d.container, now)
-        if p.rebalance is not None:
-            mv = p.rebalance
+        if mv is not None:
             self._mark(mv.container, now, rebalanced=True)
             self._log("specon.manager.rebalance", container=mv.container, source=mv.source,
                       target=mv.target)  # fmt: skip
             self._begin(mv, now)
-        return d is not None or p.rebalance is not None
+        self.emit(Event("decision_pass", duration=ask.built + ans.took))
+        return d is not None or mv is not None
+
+    def _stale(self, d: Stay | Move, ask: Ask) -> bool:
+        """Whether ``d``, decided on ``ask``, no longer holds (logged when so):
+
+        * a migration claimed budget since (``claims``: one began, maybe for this very
+          container, or a parked one is back): the budget and loads the pass counted are gone;
+        * the container no longer runs where the pass saw it (it moved, finished, vanished
+          or its worker was pruned): a save would go to a worker without it;
+        * a move's target is no longer a live, schedulable worker (silent, said goodbye,
+          cordoned, pruned): the job would be started where it cannot run.
+
+        A migration that *ended* meanwhile only freed budget: the decision stands.
+        """
+        cid = d.container
+        source = d.worker if isinstance(d, Stay) else d.source
+        where = self.state.running_on(cid)
+        where = self.virtual.get(cid, where) if where is not None else None  # dry-run counts it there
+        why = None
+        if self.claims != ask.claims:
+            why = "a migration claimed budget meanwhile"
+        elif where != source:
+            why = "the container no longer runs on its source"
+        elif isinstance(d, Move) and (
+            d.target in self.state.cordoned
+            or d.target not in self.state.alive(ask.now, self.policy.messaging.worker_timeout)
+        ):
+            why = "the target is no longer a live, schedulable worker"
+        if why is not None:
+            self._log("specon.manager.decision_stale", container=cid, source=source,
+                      target=getattr(d, "target", None), why=why)  # fmt: skip
+        return why is not None
 
     def _mark(self, cid: ContainerId, now: float, *, rebalanced: bool = False) -> None:
         """Algorithm 2 decided for ``cid`` (the first time keeps its time), or 3 moved it."""

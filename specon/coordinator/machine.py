@@ -28,7 +28,7 @@ from typing import Literal
 
 from specon.config import Policy
 from specon.coordinator.deadlines import deadline_passed, parked, retry_due, save_may_stop
-from specon.coordinator.deciding import Deciding
+from specon.coordinator.deciding import Ask, Deciding, answer
 from specon.coordinator.draining import Draining
 from specon.coordinator.effects import (
     CommandQueued,
@@ -58,7 +58,7 @@ from specon.coordinator.outbox import Outbox, migration_command
 from specon.coordinator.reconcile import Reconciler, Skip
 from specon.coordinator.retention import expired
 from specon.coordinator.state import UNMARKED, ClusterState
-from specon.model import ContainerId, WorkerId
+from specon.model import ClusterSnapshot, ContainerId, WorkerId
 from specon.policy.placement import ClusterIndex
 from specon.policy.scheduler import learner_of
 from specon.wire.protocol import (
@@ -133,6 +133,8 @@ class Coordinator(Deciding, Draining):
         self._quiet = policy.messaging.heartbeat_interval
         # Failed migrations whose workers are all silent: they no longer hold the budget.
         self._parked: set[str] = set()
+        # Bumped whenever a migration claims budget (``Deciding._stale``).
+        self.claims = 0
         self.move_costs = learner_of(policy)  # what moves cost, learned (the policy's as the prior)
         self.reconciler = Reconciler(policy, self.marks)
         # Jobs whose ``home`` or ``finished`` mark changed since the last ticker pass journaled them.
@@ -266,8 +268,14 @@ class Coordinator(Deciding, Draining):
 
         Inputs call it without ``rebalance`` (cheap: nothing is built unless a request
         waits); the manager's 1 s ticker calls it with ``rebalance=True``, which catches
-        job completions within a second as well.
+        job completions within a second as well (``prepare``, ``answer`` in a thread,
+        ``settle``: the same pass with its costly part off the event loop).
         """
+        ask = self.prepare(now, rebalance=rebalance)
+        return ask is not None and self.settle(answer(ask, self.timer))
+
+    def prepare(self, now: float, *, rebalance: bool = True) -> Ask | None:
+        """``tick`` up to its decision pass; what that pass reads (None: no pass is due)."""
         timeout = self.policy.messaging.worker_timeout
         if rebalance:
             self._journal_placed()
@@ -275,18 +283,14 @@ class Coordinator(Deciding, Draining):
             self.prune(now)
         self.drive(now)
         if self.restarted and now - self.started_at < timeout:
-            return False  # a restarted manager decides only once every worker could have reported
+            return None  # a restarted manager decides only once every worker could have reported
         if rebalance:
             self._evacuate(now)
             self._reconcile(now)
         rebalance = rebalance and self._rebalance_may_trigger()
         if not (self.requests or rebalance):
-            return False
-        t0 = self.timer()
-        # One index per pass, shared by Algorithms 2 and 3 (building it dominates both).
-        decided = self._decide(self._index(now), now, rebalance=rebalance)
-        self.emit(Event("decision_pass", duration=self.timer() - t0))
-        return decided
+            return None
+        return self._ask(now, rebalance=rebalance)
 
     def drive(self, now: float) -> None:
         """Drive every migration in flight one step further (part of every ``tick``)."""
@@ -328,15 +332,19 @@ class Coordinator(Deciding, Draining):
         """Journal ``m`` (write-ahead: commands queued after this wait until it is durable)."""
         self._written += 1
         self._effects.append(PutMigration(self._written, m))
+        if m.id not in self.migrations:  # it begins (a dry run too): it claims budget
+            self.claims += 1
         self.state.touch(m.container)
         self.revision += 1
         if m.state.terminal:
             self.recent.append(m)
 
+    def _view(self, now: float) -> ClusterSnapshot:
+        """The cluster now, as the policies read it."""
+        return self.state.view(now, marks=self.marks, in_flight=self.migrations.values(), placed=self.virtual)
+
     def _index(self, now: float) -> ClusterIndex:
-        """The cluster now, as the policies read it (one snapshot, indexed)."""
-        snap = self.state.view(now, marks=self.marks, in_flight=self.migrations.values(), placed=self.virtual)
-        return ClusterIndex.of(snap)
+        return ClusterIndex.of(self._view(now))
 
     def _reconcile(self, now: float) -> None:
         """Open a recovery for every job that runs nowhere (``specon.coordinator.reconcile``)."""
@@ -397,7 +405,9 @@ class Coordinator(Deciding, Draining):
             if isinstance(step, Wait):
                 self._park_if_abandoned(m, now)
                 return
-            self._parked.discard(mid)  # a worker to act on is back: it holds the budget again
+            if mid in self._parked:  # a worker to act on is back: it holds the budget again
+                self._parked.discard(mid)
+                self.claims += 1
             if isinstance(step, IssueSave):
                 self._send(step.worker, self.command(m, Action.SAVE, step.worker, now))
             elif isinstance(step, IssueStart):

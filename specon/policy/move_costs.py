@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
+from copy import deepcopy
 from dataclasses import dataclass, field
 
 from specon.model import RUNTIME_LABEL, ContainerSnapshot, WorkerSnapshot
@@ -121,6 +122,10 @@ class MoveCosts:
     _backends: dict[str, _Figures] = field(default_factory=dict)
     _cells: dict[Cell, _Figures] = field(default_factory=dict)
     skipped: int = 0  # observations refused (not finite, negative, absurd, or no room)
+
+    def copy(self) -> MoveCosts:
+        """An independent copy (a decision pass off the event loop reads it while moves teach this one)."""
+        return deepcopy(self)
 
     def _new(self) -> _Figures:
         return _Figures(_Series(self.window), _Series(self.window))

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+import specon_manager.shell as shell_module
 from specon_manager.journal import Journal
 from specon_manager.shell import PRUNE_EVERY, ManagerShell
 
+from specon.coordinator.deciding import Answer, Ask, answer
 from specon.coordinator.machine import RECENT_MIGRATIONS
 from specon.coordinator.migration import Mark, Migration, State
 from specon.model import Category, ContainerId, WorkerId
-from specon.wire.protocol import Action, CommandResult, Heartbeat
+from specon.wire.protocol import Action, CommandResult, Heartbeat, ReallocationRequest
 from tests.unit.manager_fakes import FakeAgent, FakeClock, only, policy, report, shell
 
 CC = Category.CONVERGED
@@ -175,3 +179,47 @@ async def test_the_leader_prunes_ended_migrations_past_retention_every_hour(
     standby = ManagerShell(policy=policy(), journal=journal, clock=clock, standby=True, journal_retention=0.0)
     await standby.tick()
     assert len(journal.all()) == RECENT_MIGRATIONS
+
+
+async def _tick_held_in_its_thread(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> tuple[ManagerShell, FakeAgent, threading.Event, asyncio.Task[None]]:
+    """A tick whose decision pass (c1: a -> b) is held in its thread until the event is set."""
+    sh = ManagerShell(policy=policy(), journal=Journal(tmp_path / "journal.db"), clock=clock)
+    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
+    await sh.heartbeat(b.heartbeat())
+    await sh.heartbeat(a.heartbeat(report("c1", CC), report("c2"), report("c3")))
+    ask = ReallocationRequest(a.worker, ContainerId("c1"), t_cc=0.0, g=0.0, sent_at=a.now())
+    sh.core.request(ask, clock(), step=False)  # it waits for the ticker's pass
+    entered, release = threading.Event(), threading.Event()
+
+    def held(ask: Ask, timer: Callable[[], float]) -> Answer:
+        entered.set()
+        release.wait(10.0)
+        return answer(ask, timer)
+
+    monkeypatch.setattr(shell_module, "answer", held)
+    tick = asyncio.create_task(sh.tick())
+    assert await asyncio.to_thread(entered.wait, 5.0)
+    return sh, b, release, tick
+
+
+async def test_heartbeats_are_answered_while_the_tickers_decision_pass_runs(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sh, b, release, tick = await _tick_held_in_its_thread(tmp_path, clock, monkeypatch)
+    reply = await asyncio.wait_for(sh.heartbeat(b.heartbeat()), 2.0)
+    assert reply.ack is not None and not tick.done() and not sh.core.migrations
+    release.set()
+    await asyncio.wait_for(tick, 5.0)
+    assert [(m.container, m.target) for m in sh.core.migrations.values()] == [("c1", "b")]
+
+
+async def test_a_pass_that_returns_after_the_shell_stood_down_is_not_acted_on(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sh, _, release, tick = await _tick_held_in_its_thread(tmp_path, clock, monkeypatch)
+    sh.stand_down()  # leadership lost while the pass ran
+    release.set()
+    await asyncio.wait_for(tick, 5.0)
+    assert not sh.core.migrations and not sh.journal.in_flight()
