@@ -130,7 +130,7 @@ class PodAdmission:
         for m in core.migrations.values():
             if m.container == cid:
                 alive = core.state.alive(now, core.policy.messaging.worker_timeout)
-                node = heading(m, alive, core.state.cordoned, core.refusals(m.id))
+                node = heading(m, alive, core.state.cordoned, core.refusals.get(m.id, 0))
                 return None if node is None else (m.id, node)
         return None
 
@@ -139,7 +139,7 @@ class PodAdmission:
         if self.preferred <= 0:
             return []
         if self._index is None or now - self._index[0] >= INDEX_TTL_S:
-            self._index = (now, self.shell.core.index_now(now))
+            self._index = (now, self.shell.core.index(now))
         job = ContainerSnapshot(
             id=cid,
             worker=WorkerId(""),

@@ -113,9 +113,9 @@ class Coordinator(Deciding, Draining):
         # worker_timeout to report, silence is not evidence that it is gone.
         self.started_at = now
         self.restarted = recovered.restarted
-        # Refused restarts per migration, for the retry backoff (not journaled: a restarted
-        # manager simply retries at once).
-        self._refusals: dict[str, int] = {}
+        # Refused restarts per migration, for the retry backoff and the rollback's home (read
+        # by the admission webhook too); not journaled: a restarted manager retries at once.
+        self.refusals: dict[str, int] = {}
         self._ids = itertools.count(1)
         # Requests counted as deferred (once each, not once per pass).
         self._deferred: set[ContainerId] = set()
@@ -244,14 +244,6 @@ class Coordinator(Deciding, Draining):
         ready = self.commands.deliver(worker, self._durable)
         return CommandBatch(manager_time=now, policy_generation=self.generation, commands=ready, ack=ack)
 
-    def index_now(self, now: float) -> ClusterIndex:
-        """The cluster as Algorithm 2 reads it now (the admission webhook ranks nodes by it)."""
-        return self._index(now)
-
-    def refusals(self, mid: str) -> int:
-        """How often a restart of migration ``mid`` was refused (its rollback alternates)."""
-        return self._refusals.get(mid, 0)
-
     def has_unsent(self, worker: WorkerId) -> bool:
         """``worker`` has a deliverable command no reply or poll carried yet (wakes a long poll)."""
         return self.commands.has_unsent(worker, self._durable)
@@ -343,7 +335,8 @@ class Coordinator(Deciding, Draining):
         """The cluster now, as the policies read it."""
         return self.state.view(now, marks=self.marks, in_flight=self.migrations.values(), placed=self.virtual)
 
-    def _index(self, now: float) -> ClusterIndex:
+    def index(self, now: float) -> ClusterIndex:
+        """The cluster now, indexed (the admission webhook ranks new pods' nodes by it too)."""
         return ClusterIndex.of(self._view(now))
 
     def _reconcile(self, now: float) -> None:
@@ -351,7 +344,7 @@ class Coordinator(Deciding, Draining):
         moving = {m.container for m in self.migrations.values()}
         steps = self.reconciler.plan(
             self.state, self.marks, moving, now, self.started_at, cordons=self.cordons,
-            index=lambda: self._index(now), new_id=lambda: self._new_id(now),
+            index=lambda: self.index(now), new_id=lambda: self._new_id(now),
         )  # fmt: skip
         for step in steps:
             if isinstance(step, Skip):
@@ -395,7 +388,7 @@ class Coordinator(Deciding, Draining):
                 alive=alive,
                 saving=save_may_stop(self.commands.awaited_save(m.id, m.source), now, self.policy),
                 cordoned=self.state.cordoned,
-                refused=self._refusals.get(m.id, 0),
+                refused=self.refusals.get(m.id, 0),
             )
             if isinstance(step, Advance):
                 self._advance(m, step.state, now)
@@ -412,7 +405,7 @@ class Coordinator(Deciding, Draining):
                 self._send(step.worker, self.command(m, Action.SAVE, step.worker, now))
             elif isinstance(step, IssueStart):
                 if step.rollback and not retry_due(
-                    self._refusals.get(m.id, 0), now - m.updated_at, self.policy
+                    self.refusals.get(m.id, 0), now - m.updated_at, self.policy
                 ):
                     pass  # a refused restart is retried with backoff, by the ticker
                 elif not self.commands.has_start(m.id, (m.source, m.target)):  # never two at once
@@ -568,7 +561,7 @@ class Coordinator(Deciding, Draining):
                 self.migrations[m.id] = new
             elif rollback and m.state is State.FAILED:
                 # E.g. refused because a copy still runs somewhere: retry later, fresh id.
-                self._refusals[m.id] = self._refusals.get(m.id, 0) + 1
+                self.refusals[m.id] = self.refusals.get(m.id, 0) + 1
                 self.record(new := replace(m, attempts=m.attempts + 1, updated_at=at))
                 self.migrations[m.id] = new
             return
@@ -596,7 +589,7 @@ class Coordinator(Deciding, Draining):
             # at once (restarts refused while it saved were no news of this one).
             self.record(new := replace(m, checkpoint=res.checkpoint, checkpoint_step=res.checkpoint_step))
             self.migrations[m.id] = new
-            self._refusals.pop(m.id, None)
+            self.refusals.pop(m.id, None)
         elif cmd.action is Action.START and not rollback and m.state is State.RESTORING:
             self.record(new := m.to(State.RUNNING, at=at, started_at=at))
             self.migrations[m.id] = new
