@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
 import jsonschema
 import kubernetes_validate as kv
 import pytest
@@ -29,7 +30,9 @@ from specon_manager.leader import LeaseElector
 
 from specon.coordinator.migration import Mark, Migration, State
 from specon.model import ContainerId, WorkerId
+from specon.runtime.kubernetes.admission import steering_patch
 from specon.runtime.kubernetes.api import KubeApi, KubeError
+from specon.runtime.kubernetes.webhook_probe import WebhookProbe
 from specon.runtime.kubernetes.writes import PodRef, PodWrites
 from tests.k8s.test_manifests import MANIFESTS, render
 from tests.k8s.test_runtime_kubernetes import training_pod
@@ -108,6 +111,7 @@ def created() -> list[tuple[str, dict[str, Any]]]:
         await events.drain()
         who = TokenReviewAuthenticator(api, audience="specon-manager", service_account="specon/specon-agent")
         await who.authenticate("eyJhbGciOiJSUzI1NiJ9.eyJleHAiOjF9.c2lnbmF0dXJl")  # a JWT's shape
+        await WebhookProbe(api, "specon.io/managed=true").answers("training")  # a dry-run pod
 
     asyncio.run(run())
     journal = CrdJournal(api, "specon", mirror_pods=False)
@@ -117,6 +121,16 @@ def created() -> list[tuple[str, dict[str, Any]]]:
     journal.set_meta("epoch", "1")
     elector = LeaseElector(api, namespace="specon", name="specon-manager", identity="m-1")
     elector._write(None, create=True)
+    # What the admission webhook makes of a Job's replacement for a move (a JSON Patch the API
+    # server applies): steered, its nodeName dropped, waiting for the evicted copy.
+    replacement = copy.deepcopy(pod)
+    replacement["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "r1", "uid": "j1", "controller": True}
+    ]
+    patched = jsonpatch.apply_patch(
+        replacement, steering_patch(replacement, "node-2", move="m1", await_previous=150)
+    )
+    api.sent.append(("admission webhook", patched))
     kinds = {b["kind"] for _, b in api.sent}
     assert {
         "Pod",

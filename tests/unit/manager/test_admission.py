@@ -5,10 +5,10 @@ API server's side: tests/k8s/test_admission_webhook.py."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
 from aiohttp.test_utils import TestClient, TestServer
 from specon_manager.admission import PodAdmission
 from specon_manager.app import create_app
@@ -59,19 +59,9 @@ def review(pod: dict[str, Any], *, operation: str = "CREATE", uid: str = "r-1") 
 
 
 def apply(pod: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
-    """``pod`` after the answer's patch (RFC 6902 ``add`` and ``remove`` of object members)."""
-    out = copy.deepcopy(pod)
-    for op in patch_of(answer):
-        assert op["op"] in ("add", "remove")
-        *parents, member = op["path"].split("/")[1:]
-        at: Any = out
-        for part in parents:
-            at = at[int(part)] if isinstance(at, list) else at[part]
-        if op["op"] == "add":
-            at[member] = op["value"]
-        else:
-            del at[member]  # KeyError: RFC 6902 makes removing a missing member an error
-    return out
+    """``pod`` after the answer's JSON Patch, as the API server applies it."""
+    patched: dict[str, Any] = jsonpatch.apply_patch(pod, patch_of(answer))
+    return patched
 
 
 async def moving(tmp_path: Path, clock: FakeClock) -> ManagerShell:
