@@ -10,12 +10,13 @@ elsewhere): this copy is stale, and stops at once without writing (``EXIT_FENCED
 
 A run with ``$SPECON_RUN_LOCK=1`` also holds the job's ``run.lock`` (``flock``, released by
 the kernel when the process ends, however it ends) for its life: the admission webhook sets it
-on every pod a Kubernetes Job makes. A copy started by the Job's controller while the previous
-copy still saves (the replacement of an evicted pod: the webhook sets
-``$SPECON_AWAIT_PREVIOUS`` on it) waits for that lock before it reads its checkpoint, so it
-resumes from the checkpoint the previous copy wrote as it stopped, and the two never train at
-once. A copy that waits longer than that many seconds stops (``EXIT_FENCED``) without writing.
-Other runs take no lock (CRIU does not dump a process that holds one).
+on every pod a Kubernetes Job makes. Every run takes that lock before it reads its checkpoint,
+so a copy started while the previous one still saves (a Job's replacement for an evicted pod,
+made by its controller at once) waits for it and resumes from the checkpoint the previous copy
+wrote as it stopped: the two never train at once. It waits ``$SPECON_AWAIT_PREVIOUS`` seconds
+(``DEFAULT_AWAIT_S`` without), then stops without writing (``EXIT_FENCED``). Only a run with
+either variable keeps the lock; the others let it go at once (CRIU does not dump a process
+that holds one).
 
 Light on purpose: ``specon.jobkit`` imports it in every training process, and the local
 launcher (``specon.runtime.local.launcher``, run by path with no ``specon`` on its path)
@@ -42,6 +43,9 @@ ENV_AWAIT_PREVIOUS = "SPECON_AWAIT_PREVIOUS"
 # wait for this one). Off by default: CRIU does not dump a process that holds a file lock.
 ENV_RUN_LOCK = "SPECON_RUN_LOCK"
 _LOCK_POLL_S = 0.1
+# How long a copy waits for the lock without ``$SPECON_AWAIT_PREVIOUS`` (its previous copy
+# holds it: a Job's replacement the webhook did not answer for).
+DEFAULT_AWAIT_S = 300.0
 EXIT_FENCED = 76  # after EX_TEMPFAIL (75): a stale copy that stopped without writing
 _MAX_BYTES = 4096
 
@@ -85,10 +89,14 @@ class Fence:
         if checkpoint_dir is None:
             return cls(None, env_generation(os.environ))
         wait = await_previous(os.environ)
-        wanted = wait is not None or os.environ.get(ENV_RUN_LOCK) == "1"
-        lock = hold_run_lock(checkpoint_dir.parent / RUN_LOCK_FILE, wait) if wanted else None
+        hold = wait is not None or os.environ.get(ENV_RUN_LOCK) == "1"
+        # Every run waits while another copy holds the lock (a replacement the webhook missed
+        # too); only a run asked to keeps it (CRIU dumps no process that holds one).
+        lock = take_run_lock(checkpoint_dir.parent / RUN_LOCK_FILE, DEFAULT_AWAIT_S if wait is None else wait)
         fence = cls(checkpoint_dir.parent / GENERATION_FILE, env_generation(os.environ))
-        if lock is not None:  # held while this fence lives (the run's), released with it
+        if lock is not None and not hold:
+            os.close(lock)
+        elif lock is not None:  # held while this fence lives (the run's), released with it
             weakref.finalize(fence, os.close, lock)
         return fence
 
@@ -144,15 +152,20 @@ def await_previous(env: Mapping[str, str]) -> float | None:
     return seconds if 0 <= seconds < 86_400 else None
 
 
-def hold_run_lock(path: Path, wait: float | None) -> int | None:
-    """Take the job's run lock: its open descriptor, held until closed (None: not taken).
-    ``wait``: seconds to wait while another copy holds it (None: do not wait; the generation
-    still fences a stale copy), after which this run stops without writing (``EXIT_FENCED``)."""
+def take_run_lock(path: Path, wait: float) -> int | None:
+    """Take the job's run lock: its open descriptor, held until closed. While another copy
+    holds it, wait up to ``wait`` seconds, then stop without writing (``EXIT_FENCED``). None
+    where no lock can be taken (a read-only directory, a file system without locks: said on
+    stderr; the generation alone fences then)."""
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError:
-        return None  # a read-only or missing directory: the generation alone fences
-    deadline = time.monotonic() + (wait or 0.0)
+    except OSError as exc:
+        print(
+            f"specon: no run lock ({exc}); copies of this job are not kept apart", file=sys.stderr, flush=True
+        )
+        return None
+    deadline = time.monotonic() + wait
     told = False
     while True:
         try:
@@ -160,11 +173,13 @@ def hold_run_lock(path: Path, wait: float | None) -> int | None:
             return fd
         except BlockingIOError:
             pass
-        except OSError:  # a file system without locks
+        except OSError as exc:  # a file system without locks
             os.close(fd)
-            return None
-        if wait is None:
-            os.close(fd)
+            print(
+                f"specon: no run lock ({exc}); copies of this job are not kept apart",
+                file=sys.stderr,
+                flush=True,
+            )
             return None
         if time.monotonic() >= deadline:
             os.close(fd)
@@ -179,3 +194,7 @@ def hold_run_lock(path: Path, wait: float | None) -> int | None:
             print("specon: waiting for the previous copy of this job to stop", file=sys.stderr, flush=True)
             told = True
         time.sleep(_LOCK_POLL_S)
+
+
+def _no_lock(exc: OSError) -> None:
+    print(f"specon: no run lock ({exc}); copies of this job are not kept apart", file=sys.stderr, flush=True)

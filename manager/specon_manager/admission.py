@@ -25,7 +25,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from specon.coordinator.migration import heading
-from specon.fence import ENV_RUN_LOCK
+from specon.fence import ENV_AWAIT_PREVIOUS, ENV_RUN_LOCK
 from specon.model import Category, ContainerId, ContainerSnapshot, WorkerId
 from specon.policy.placement import ClusterIndex, ranked_homes
 from specon.runtime.kubernetes import pods
@@ -44,7 +44,6 @@ from specon.runtime.kubernetes.admission import (
     steering_patch,
 )
 from specon.runtime.kubernetes.gpu import pod_gpu_memory
-from specon.runtime.kubernetes.nodes import PodError
 from specon.runtime.kubernetes.selectors import matches, parse_selector
 from specon_manager.shell import ManagerShell
 
@@ -69,7 +68,7 @@ class PodAdmission:
         self.reviews = Counter(
             "specon_admission_reviews",
             "Pod admission reviews answered, by outcome "
-            "(steered, preferred, run_lock, probe, unchanged, invalid)",
+            "(steered, preferred, run_lock, probe, unchanged, unread, invalid)",
             ["outcome"],
             registry=None,
         )
@@ -86,9 +85,11 @@ class PodAdmission:
         review = read_review(body)
         try:
             outcome, response = self._answer(review)
-        except (PodError, ValueError) as exc:  # a pod specon cannot read: left to the scheduler
-            log.warning("specon.manager.admission_unread", uid=review.uid, error=str(exc))
-            outcome, response = "unchanged", answer(review.uid)
+        except Exception as exc:
+            log.warning(
+                "specon.manager.admission_unread", uid=review.uid, error=f"{type(exc).__name__}: {exc}"
+            )
+            outcome, response = "unread", answer(review.uid)
         self.reviews.labels(outcome=outcome).inc()
         self.seconds.observe(time.perf_counter() - t0)
         return response
@@ -104,21 +105,22 @@ class PodAdmission:
             or not matches(pods.labels_of(pod), self._requirements)
         ):
             return "unchanged", answer(review.uid)
-        if probe := probe_patch(pod):  # someone about to evict a Job's pod asks if we answer
+        if review.dry_run and (probe := probe_patch(pod)):  # before a Job's pod is evicted
             return "probe", answer(review.uid, probe)
         if steered_already(pod):
             return "unchanged", answer(review.uid)
         cid = pods.job_id(pod)
         now = self.shell.clock()
+        # A copy may find the evicted one still saving: it waits as long as a save may take.
+        wait = self.shell.core.policy.migration.save_timeout + AWAIT_SLACK_S
         if (heading := self._heading(cid, now)) is not None:
             mid, node = heading
             log.info("specon.manager.admission_steered", job=cid, node=node, migration=mid)
-            # The evicted copy may still be saving: the replacement waits as long as a save may take.
-            wait = self.shell.core.policy.migration.save_timeout + AWAIT_SLACK_S
             return "steered", answer(review.uid, steering_patch(pod, node, move=mid, await_previous=wait))
-        # A Job's pod holds its run lock, for the replacement a move will have wait for it.
+        # Each pod a Job makes holds its run lock and waits for its previous copy's, so a
+        # replacement waits even when a move's state was not yet known here.
         job_made = pods.controlling_job(pod) is not None and not holds_run_lock(pod)
-        lock = job_env_patch(pod, {ENV_RUN_LOCK: "1"}) if job_made else []
+        lock = job_env_patch(pod, {ENV_AWAIT_PREVIOUS: f"{wait:g}", ENV_RUN_LOCK: "1"}) if job_made else []
         # A pod that names its node itself: a preference would change nothing.
         patch = [] if bound(pod) else preference_patch(pod, self._homes(cid, pod, now))
         outcome = "preferred" if patch else "run_lock" if lock else "unchanged"
@@ -178,7 +180,7 @@ async def _handle(request: web.Request) -> web.Response:
     try:
         body = await request.json()
         return web.json_response(admission.review(body))
-    except (ValueError, UnicodeDecodeError) as exc:  # not JSON (JSONDecodeError), or ReviewError
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # not JSON, too deep, or ReviewError
         admission.invalid()
         log.warning("specon.manager.admission_invalid", error=str(exc), peer=request.remote)
         return web.json_response({"error": f"not an AdmissionReview of a pod: {exc}"}, status=400)

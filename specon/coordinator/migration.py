@@ -247,7 +247,7 @@ def heading(
     """Where the job of ``m`` is to run next: the target until the move failed, then the
     rollback's home (None: ended, or nowhere to go). A controller's replacement pod for the
     job is steered there (``specon.runtime.kubernetes.admission``)."""
-    if m.state.terminal:
+    if m.state.terminal or m.state is State.DECIDED:  # decided: nothing was stopped yet
         return None
     if m.state is State.FAILED:
         return rollback_home(m, alive, cordoned, refused)

@@ -456,47 +456,35 @@ class KubeCluster:
         )
 
     def _start_scheduler(self) -> None:
-        """kube-scheduler with the admin's credential, no leader election, its health endpoint
-        on a free loopback port (the insecure port off)."""
-        assert self._tmp is not None
-        config = self.kubeconfig(self._tmp / "scheduler.kubeconfig")
-        for attempt in range(1, PORT_ATTEMPTS + 1):
-            (port,) = free_ports(1)
-            proc = self._spawn(
-                "kube-scheduler",
-                [
-                    str(self.binaries.scheduler),
-                    f"--kubeconfig={config}",
-                    "--leader-elect=false",
-                    "--port=0",
-                    f"--secure-port={port}",
-                    f"--bind-address={LOOPBACK}",
-                    f"--cert-dir={self._tmp / 'scheduler-certs'}",
-                    "--v=1",
-                ],
-            )
-            if self._listening(proc, [port], last=attempt == PORT_ATTEMPTS):
-                break
-        self._wait(proc, f"https://{LOOPBACK}:{port}/healthz", lambda status, body: status == 200)
+        """kube-scheduler (its health endpoint on a free loopback port)."""
+        self._start_control_plane_component("kube-scheduler", self.binaries.scheduler)
 
     def _start_controller_manager(self) -> None:
         """kube-controller-manager running only ``controllers`` (the Job controller makes a
-        Job's pods as in any cluster), with the admin's credential, no leader election."""
+        Job's pods as in any cluster)."""
+        controllers = f"--controllers={','.join(self.controllers)}"
+        self._start_control_plane_component(
+            "kube-controller-manager", self.binaries.controller_manager, controllers
+        )
+
+    def _start_control_plane_component(self, name: str, binary: Path, *args: str) -> None:
+        """A control-plane binary with the admin's credential, no leader election, the insecure
+        port off, its secure health endpoint on a free loopback port (picked again when taken)."""
         assert self._tmp is not None
-        config = self.kubeconfig(self._tmp / "controller-manager.kubeconfig")
+        config = self.kubeconfig(self._tmp / f"{name}.kubeconfig")
         for attempt in range(1, PORT_ATTEMPTS + 1):
             (port,) = free_ports(1)
             proc = self._spawn(
-                "kube-controller-manager",
+                name,
                 [
-                    str(self.binaries.controller_manager),
+                    str(binary),
                     f"--kubeconfig={config}",
-                    f"--controllers={','.join(self.controllers)}",
+                    *args,
                     "--leader-elect=false",
                     "--port=0",
                     f"--secure-port={port}",
                     f"--bind-address={LOOPBACK}",
-                    f"--cert-dir={self._tmp / 'controller-manager-certs'}",
+                    f"--cert-dir={self._tmp / f'{name}-certs'}",
                     "--v=1",
                 ],
             )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from specon.testing.held_jobs import release, release_file
 from tests.k8s.cluster import KubeCluster
 from tests.k8s.nodes import RealNodes, on_real_node
 from tests.k8s.test_e2e_kubernetes import (
+    Deployment,
     both_agents,
     converging,
     deployed,
@@ -54,6 +56,28 @@ def job_of(pod: dict[str, Any], name: str) -> dict[str, Any]:
     }
 
 
+async def submit_job(d: Deployment) -> str:
+    """The Job ``trainer`` (its first pod bound to node-1, held until released) beside a
+    steady bare pod on node-1, so the manager moves the Job's pod to node-2; its job id."""
+    pod = d.adapt(converging("trainer", STEPS, extra=held("trainer")))
+    admin = KubeApi(d.cluster.api_client())
+    await asyncio.to_thread(
+        admin.request, "POST", f"/apis/batch/v1/namespaces/{d.namespace}/jobs", body=job_of(pod, "trainer")
+    )
+    await submit(d, steady("steady", 800))
+    return f"{d.namespace}.trainer"
+
+
+def succeeded(admin: KubeApi, namespace: str) -> Callable[[], dict[str, Any] | None]:
+    """A probe for ``until``: the Job ``trainer`` once it succeeded."""
+
+    def probe() -> dict[str, Any] | None:
+        j = admin.request("GET", f"/apis/batch/v1/namespaces/{namespace}/jobs/trainer")
+        return j if (j.get("status") or {}).get("succeeded") == 1 else None
+
+    return probe
+
+
 async def test_a_converged_jobs_pod_moves_and_the_job_completes_with_exactly_its_steps(
     real_cluster: KubeCluster, real_namespace: str, real_nodes: RealNodes, tmp_path: Path
 ) -> None:
@@ -68,23 +92,14 @@ async def test_a_converged_jobs_pod_moves_and_the_job_completes_with_exactly_its
         with webhook(real_cluster, d.webhook_url, ca, ns, probe):
             # The first pod binds to node-1 (nodeName in its template); the replacement is
             # steered (the webhook drops nodeName for a move's pod).
-            pod = d.adapt(converging("trainer", STEPS, extra=held("trainer")))
-            await asyncio.to_thread(
-                admin.request, "POST", f"/apis/batch/v1/namespaces/{ns}/jobs", body=job_of(pod, "trainer")
-            )
-            await submit(d, steady("steady", 800))
-            job = f"{ns}.trainer"
+            job = await submit_job(d)
             m = await until(
                 migration_of(d, job, lambda x: x.state.value == "done"), "the Job's pod to move", timeout=150
             )
             assert (m.source, m.target, m.reason) == ("node-1", "node-2", "converged")
             release(release_file(d.volume, "trainer"))
 
-            def succeeded() -> dict[str, Any] | None:
-                j = admin.request("GET", f"/apis/batch/v1/namespaces/{ns}/jobs/trainer")
-                return j if (j.get("status") or {}).get("succeeded") == 1 else None
-
-            done = await until(succeeded, "the Job to complete", timeout=120)
+            done = await until(succeeded(admin, ns), "the Job to complete", timeout=120)
         assert finished(d.volume, "trainer")
         trained_exactly(d.volume, "trainer", STEPS)
         events = [r.get("event") for r in records(d.volume, "trainer") if "event" in r]
@@ -120,12 +135,7 @@ async def test_without_the_webhook_a_jobs_pod_is_not_evicted_and_the_job_complet
         admin = KubeApi(real_cluster.api_client())
         ns = d.namespace
         await until(both_agents(d), "both agents heartbeating", timeout=120)
-        pod = d.adapt(converging("trainer", STEPS, extra=held("trainer")))
-        await asyncio.to_thread(
-            admin.request, "POST", f"/apis/batch/v1/namespaces/{ns}/jobs", body=job_of(pod, "trainer")
-        )
-        await submit(d, steady("steady", 800))
-        job = f"{ns}.trainer"
+        job = await submit_job(d)
         m = await until(
             migration_of(d, job, lambda x: x.state.value == "rolled_back"),
             "the move to be refused",
@@ -136,11 +146,7 @@ async def test_without_the_webhook_a_jobs_pod_is_not_evicted_and_the_job_complet
         assert "created without the admission webhook" in (record.error or ""), record.error
         release(release_file(d.volume, "trainer"))
 
-        def succeeded() -> dict[str, Any] | None:
-            j = admin.request("GET", f"/apis/batch/v1/namespaces/{ns}/jobs/trainer")
-            return j if (j.get("status") or {}).get("succeeded") == 1 else None
-
-        done = await until(succeeded, "the Job to complete", timeout=120)
+        done = await until(succeeded(admin, ns), "the Job to complete", timeout=120)
         assert not done["status"].get("failed")
         trained_exactly(d.volume, "trainer", STEPS)
         events = [r.get("event") for r in records(d.volume, "trainer") if "event" in r]

@@ -37,8 +37,7 @@ from specon.runtime.kubernetes import pods, steering
 
 REVIEW_API = "admission.k8s.io/v1"
 WEBHOOK_PATH = "/v1/kubernetes/admission/pods"
-# The annotation that says specon added preferred terms (a reinvoked webhook adds none again).
-ANN_PREFERRED = "specon.io/preferred"
+ANN_PREFERRED = steering.ANN_PREFERRED
 MAX_PREFERRED = 5
 # A probe pod carries a nonce here; the webhook's answer copies it to ``ANN_PROBE_ANSWER``.
 ANN_PROBE = "specon.io/webhook-probe"
@@ -61,6 +60,7 @@ class PodReview:
     operation: str
     namespace: str
     pod: dict[str, Any]  # with ``metadata.namespace`` set from the request
+    dry_run: bool = False  # nothing will be stored (a probe is answered only then)
 
     @property
     def creates_pod(self) -> bool:
@@ -90,8 +90,18 @@ def read_review(body: object) -> PodReview:
     meta = obj.get("metadata")
     if not isinstance(meta, dict) or not isinstance(obj.get("spec"), dict):
         raise ReviewError("the pod has no metadata or spec")
+    for part in ("labels", "annotations"):
+        value = meta.get(part)
+        if value is not None and not (
+            isinstance(value, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+        ):
+            raise ReviewError(f"the pod's {part} are not a map of strings")
     meta["namespace"] = namespace  # a create's object may omit it
-    return PodReview(uid=uid, operation=str(request.get("operation") or ""), namespace=namespace, pod=obj)
+    operation = str(request.get("operation") or "")
+    return PodReview(
+        uid=uid, operation=operation, namespace=namespace, pod=obj, dry_run=request.get("dryRun") is True
+    )
 
 
 def answer(uid: str, patch: Patch | None = None, *, warning: str | None = None) -> dict[str, Any]:
@@ -196,17 +206,34 @@ def preference_patch(pod: Mapping[str, Any], nodes: Sequence[str]) -> Patch:
 
 def probe_pod(namespace: str, labels: Mapping[str, str], nonce: str) -> dict[str, Any]:
     """A pod that asks the webhook to answer ``nonce`` (created with ``dryRun=All`` only):
-    ``labels`` make it managed, steered so that a policy requiring specon's shape admits it."""
+    ``labels`` make it managed, steered so that a policy requiring specon's shape admits it,
+    and as restricted as Pod Security's ``restricted`` level asks, with tiny requests and limits
+    (a quota may require them)."""
+    tiny = {"cpu": "1m", "memory": "1Mi"}  # within any quota that asks for requests and limits
     pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": PROBE_NODE,
+            "generateName": f"{PROBE_NODE}-",
             "namespace": namespace,
             "labels": dict(labels),
             "annotations": {ANN_PROBE: nonce},
         },
-        "spec": {"containers": [{"name": "probe", "image": "specon-webhook-probe"}]},
+        "spec": {
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 65534,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": "specon-webhook-probe",
+                    "resources": {"requests": tiny, "limits": tiny},
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
+        },
     }
     steering.steer(pod, PROBE_NODE)
     return pod

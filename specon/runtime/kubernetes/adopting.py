@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from specon.model import ContainerId
 from specon.runtime.base import StartFailed
@@ -25,6 +25,7 @@ from specon.runtime.kubernetes.pods import Manifest
 from specon.runtime.kubernetes.writes import PodRef
 
 ListPods = Callable[[], Awaitable[list[Manifest]]]  # every pod of the job, as the API holds them
+Mark = Callable[[PodRef, Mapping[str, str]], Awaitable[bool]]  # annotate the pod (the writer's)
 LOOK_S = 0.5
 
 
@@ -35,10 +36,12 @@ async def adopted(
     list_pods: ListPods,
     read: placement.Read,
     withdraw: placement.Withdraw,
+    mark: Mark,
     deadline: float = steering.PLACEMENT_DEADLINE_S,
     clock: Callable[[], float] = time.monotonic,
 ) -> Manifest:
-    """The controller's pod of ``job`` bound to ``node``; ``StartFailed`` when none is steered
+    """The controller's pod of ``job`` bound to ``node``, marked adopted (``mark``);
+    ``StartFailed`` when none is steered
     or bound here within ``deadline`` seconds (each pod unbound that long is withdrawn), or one
     went elsewhere."""
     give_up = clock() + deadline
@@ -47,9 +50,15 @@ async def adopted(
         here = [p for p in current if steering.steered_to(p) == node]
         if here:
             pod = max(here, key=pods.recency)
-            return await placement.placed(
+            bound = await placement.placed(
                 job, pod, node, read=read, withdraw=withdraw, deadline=max(0.0, give_up - clock())
             )
+            # Its agent lists it as the job's from now on (``steering.awaiting_adoption``).
+            if not await mark(PodRef.of(bound), {steering.ANN_ADOPTED: "true"}):
+                raise StartFailed(
+                    job, f"could not mark pod {PodRef.of(bound).label} adopted; it stays unlisted"
+                )
+            return bound
         # Steered for this move before it turned here (a rollback): never ran; withdrawn, so
         # the controller makes the next one, which the webhook steers here.
         for stale in [p for p in current if pods.node_of(p) is None and steering.steered_to(p) is not None]:

@@ -339,9 +339,8 @@ class KubernetesRuntime:
                 listed = functools.partial(asyncio.to_thread, self._calls.job_pods, job)
                 created = await adopted(
                     job, self.node, list_pods=listed, read=self._read_pod, withdraw=withdraw,
-                    deadline=self.placement_deadline,
+                    mark=functools.partial(self._writer.annotate, job), deadline=self.placement_deadline,
                 )  # fmt: skip
-                await self._writer.annotate(job, PodRef.of(created), {steering.ANN_ADOPTED: "true"})
             else:
                 created = await placement.placed(
                     job, await self._writer.create(job, name, supersede), self.node,

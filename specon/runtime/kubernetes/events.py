@@ -281,7 +281,12 @@ def _kind_of(obj: Mapping[str, Any]) -> tuple[str, str]:
 def owner_of(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     """The Job that controls ``pod``, as an object an Event can be about (None: no Job)."""
     for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
-        if isinstance(ref, dict) and ref.get("controller") is True and ref.get("kind") == "Job":
+        if (
+            isinstance(ref, dict)
+            and ref.get("controller") is True
+            and ref.get("kind") == "Job"
+            and str(ref.get("apiVersion", "")).startswith("batch/")
+        ):
             meta = {
                 "name": ref.get("name", ""),
                 "namespace": (pod.get("metadata") or {}).get("namespace", ""),

@@ -144,6 +144,7 @@ LABEL_JOB = "specon.io/job"
 ANN_MIGRATABLE = "specon.io/migratable"
 # On a restore record's template: the Job that controlled the pod (its next pod is the Job's).
 ANN_CONTROLLED = "specon.io/controlled-by"
+ANN_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # an Indexed Job's pod's
 ANN_PROGRESS = "specon.io/progress-file"
 ANN_CHECKPOINT = "specon.io/checkpoint-dir"
 ANN_CONTAINER = "specon.io/container"  # which container is the job, when there are several
@@ -159,7 +160,17 @@ ANN_STARTED_BY = "specon.io/started-by"
 ENV_RESTORE_CHECKPOINT = "SPECON_RESTORE_CHECKPOINT"
 
 # Annotations never copied into a template: tooling state that describes one object.
-_VOLATILE_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuration", ANN_STARTED_BY})
+# What a copy does not inherit: kubectl's, and what specon said of the pod it copies.
+_VOLATILE_ANNOTATIONS = frozenset(
+    {
+        "kubectl.kubernetes.io/last-applied-configuration",
+        ANN_STARTED_BY,
+        ANN_CONTROLLED,
+        steering.ANN_MOVE,
+        steering.ANN_ADOPTED,
+        steering.ANN_PREFERRED,
+    }
+)
 # Volumes the ServiceAccount admission plugin injects; a copy gets its own.
 _INJECTED_VOLUME = re.compile(r"^(kube-api-access-[a-z0-9]+|default-token-[a-z0-9]+)$")
 _GENERATION_SUFFIX = re.compile(r"-g\d+$")
@@ -207,13 +218,17 @@ def replaced_by_controller(pod: Mapping[str, Any]) -> bool:
 
 
 def _job_of(pod: Mapping[str, Any]) -> str | None:
-    """The Job that controls ``pod``, or that controlled the pod a record's template holds."""
-    if (owner := controlling_job(pod)) is not None:
-        return owner
-    said = annotations_of(pod).get(ANN_CONTROLLED, "")
-    if meta(pod).get("uid") or not said.startswith("Job/"):
-        return None
-    return said.removeprefix("Job/") or None
+    """The job a Job's pod is: the Job that controls ``pod`` (or controlled the pod a record's
+    template holds), and the pod's completion index where it has one (an Indexed Job's pods
+    are one job each)."""
+    owner = controlling_job(pod)
+    if owner is None:
+        said = annotations_of(pod).get(ANN_CONTROLLED, "")
+        if meta(pod).get("uid") or not said.startswith("Job/"):
+            return None
+        owner = said.removeprefix("Job/") or None
+    index = annotations_of(pod).get(ANN_COMPLETION_INDEX, "")
+    return f"{owner}-{index}" if owner and index.isdigit() else owner
 
 
 def controlling_job(pod: Mapping[str, Any]) -> str | None:

@@ -23,6 +23,8 @@ ANN_STEERED = "specon.io/steered-to"
 # manager does not see the job run on the target while the source still saves it.
 ANN_MOVE = "specon.io/move"
 ANN_ADOPTED = "specon.io/adopted"
+# The nodes the admission webhook added as a new pod's preferred affinities (not twice).
+ANN_PREFERRED = "specon.io/preferred"
 # Past the longest a move's save and start may take (``migration.save_timeout`` +
 # ``restore_timeout``: 420 s by default), a replacement no start adopted is listed anyway.
 ADOPTION_HOLD_S = 600.0

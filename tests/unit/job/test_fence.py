@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from specon import checkpoint, jobkit
+from specon import fence as fence_module
 from specon.fence import (
     ENV_AWAIT_PREVIOUS,
     ENV_GENERATION,
@@ -113,8 +114,8 @@ def test_a_replacement_waits_for_the_previous_copy_to_end_before_it_reads_anythi
 ) -> None:
     """The run lock: held by a run with ``$SPECON_RUN_LOCK`` (a Job's pod); a copy started while
     the previous one still runs (its replacement for an evicted pod) waits for it with
-    ``$SPECON_AWAIT_PREVIOUS``. Without either, no lock is taken (CRIU dumps no process that
-    holds one)."""
+    ``$SPECON_AWAIT_PREVIOUS`` (a while without it). Without either variable the lock is let go
+    at once (CRIU dumps no process that holds one)."""
     checkpoints = tmp_path / "job" / "checkpoints"
     checkpoints.mkdir(parents=True)
     monkeypatch.delenv(ENV_RUN_LOCK, raising=False)
@@ -136,6 +137,11 @@ def test_a_replacement_waits_for_the_previous_copy_to_end_before_it_reads_anythi
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        # Without the variables a copy waits too (a replacement the webhook did not answer for).
+        monkeypatch.setattr(fence_module, "DEFAULT_AWAIT_S", 0.2)
+        with pytest.raises(SystemExit) as stopped:
+            Fence.of_job(checkpoints)
+        assert stopped.value.code == EXIT_FENCED
         t0 = time.monotonic()
         monkeypatch.setenv(ENV_AWAIT_PREVIOUS, "30")
         fence = Fence.of_job(checkpoints)

@@ -14,9 +14,16 @@ from specon_manager.admission import PodAdmission
 from specon_manager.app import create_app
 from specon_manager.shell import ManagerShell
 
-from specon.model import Category
+from specon.coordinator.migration import Migration, State, heading
+from specon.model import Category, ContainerId, WorkerId
 from specon.runtime.kubernetes import steering
-from specon.runtime.kubernetes.admission import ANN_PREFERRED, WEBHOOK_PATH, patch_of
+from specon.runtime.kubernetes.admission import (
+    ANN_PREFERRED,
+    ANN_PROBE_ANSWER,
+    WEBHOOK_PATH,
+    patch_of,
+    probe_pod,
+)
 from specon.wire.protocol import Action
 from tests.unit.manager_fakes import FakeAgent, FakeClock, only, report, shell
 
@@ -194,6 +201,7 @@ async def test_every_pod_a_job_makes_holds_its_run_lock_once(tmp_path: Path, clo
     placed = apply(pod, adm.review(review(pod)))
     assert placed["spec"]["containers"][0]["env"] == [
         {"name": "MINE", "value": "x"},
+        {"name": "SPECON_AWAIT_PREVIOUS", "value": "150"},
         {"name": "SPECON_RUN_LOCK", "value": "1"},
     ]
     assert patch_of(adm.review(review(placed))) == []
@@ -237,3 +245,45 @@ def test_an_unreadable_pod_is_left_to_the_scheduler(tmp_path: Path, clock: FakeC
     pod["metadata"]["generateName"] = "x-"  # no name, no Job, no label: no job to name
     answer = PodAdmission(sh, "specon.io/managed=true").review(review(pod))
     assert answer["response"] == {"uid": "r-1", "allowed": True}
+
+
+async def test_whatever_the_body_holds_the_answer_is_never_a_500(tmp_path: Path, clock: FakeClock) -> None:
+    """Bodies that parse but hold odd shapes, or nest too deep to parse: a 200 without a patch
+    (counted unread) or a 400, never an error of the server."""
+    sh = await moving(tmp_path, clock)
+    app = create_app(sh, token="t" * 32, tick=False, extensions=[PodAdmission(sh, "specon.io/managed=true")])
+    odd_affinity = job_pod("c9")
+    odd_affinity["spec"]["affinity"] = [1]
+    no_annotations = job_pod("c1")
+    no_annotations["metadata"]["annotations"] = None
+    bad_labels = job_pod("c1")
+    bad_labels["metadata"]["labels"] = {"specon.io/managed": 1}
+    async with TestClient(TestServer(app)) as client:
+        for pod in (odd_affinity, no_annotations):
+            resp = await client.post(WEBHOOK_PATH, json=review(pod))
+            assert resp.status == 200 and (await resp.json())["response"] == {"uid": "r-1", "allowed": True}
+        assert (await client.post(WEBHOOK_PATH, json=review(bad_labels))).status == 400
+        deep = "[" * 50_000 + "]" * 50_000
+        resp = await client.post(WEBHOOK_PATH, data=deep, headers={"Content-Type": "application/json"})
+        assert resp.status == 400
+        metrics = await (await client.get("/metrics")).text()
+    assert 'specon_admission_reviews_total{outcome="unread"} 2.0' in metrics
+
+
+async def test_a_probe_is_answered_only_for_a_dry_run(tmp_path: Path, clock: FakeClock) -> None:
+    """So a pod template cannot carry the probe's annotation past the eviction's check."""
+    sh = await moving(tmp_path, clock)
+    adm = PodAdmission(sh, "specon.io/managed=true")
+    probe = probe_pod(NS, {"specon.io/managed": "true"}, "n-1")
+    asked = review(probe)
+    assert ANN_PROBE_ANSWER not in str(patch_of(adm.review(asked)))
+    asked["request"]["dryRun"] = True
+    answered = apply(probe, adm.review(asked))
+    assert answered["metadata"]["annotations"][ANN_PROBE_ANSWER] == "n-1"
+
+
+async def test_a_move_only_decided_steers_nothing(tmp_path: Path, clock: FakeClock) -> None:
+    """Nothing was stopped yet: a pod of the job created now is not the move's replacement."""
+    m = Migration("m-1", ContainerId(f"{NS}.c1"), WorkerId("a"), WorkerId("b"), "converged")
+    assert heading(m, {WorkerId("a"), WorkerId("b")}, ()) is None
+    assert heading(m.to(State.SAVING, at=1.0), {WorkerId("a"), WorkerId("b")}, ()) == "b"

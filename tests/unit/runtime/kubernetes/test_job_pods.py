@@ -6,6 +6,7 @@ Job controller and kube-scheduler: tests/k8s/test_job_real_nodes.py."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,8 @@ def job_pod(name: str, *, node: str | None = "node-1", admitted: bool = True) ->
 async def test_a_jobs_pod_is_evicted_only_once_the_webhook_answers(
     api: KubeApi, kmock: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """kmock has no admission: its probe comes back unanswered (the real API server's answer:
-    tests/k8s/test_admission_webhook.py), then the probe is made to say yes."""
+    """kmock has no admission (the real API server's answer to the probe:
+    tests/k8s/test_admission_webhook.py): the probe is made to say no, then yes."""
     await create(api, job_pod("unadmitted", admitted=False))
     rt = runtime(api, tmp_path)
     with pytest.raises(SaveFailed, match="created without the admission webhook: its job holds no run lock"):
@@ -66,19 +67,21 @@ async def test_a_jobs_pod_is_evicted_only_once_the_webhook_answers(
     await asyncio.to_thread(api.request, "DELETE", f"/api/v1/namespaces/{NS}/pods/unadmitted")
     await create(api, job_pod("trainer-x1"))
     seen = evictions(kmock, "trainer-x1", status=429)  # a PDB: the pod stays, the save fails after
-    with pytest.raises(SaveFailed, match="admission webhook does not answer in namespace ml"):
-        await rt.save(JOB, grace=5)
-    assert seen == [], "never evicted without the webhook"
     asked: list[str] = []
+    answering = False
 
     async def answers(self: WebhookProbe, namespace: str) -> bool:
         asked.append(namespace)
-        return True
+        return answering
 
     monkeypatch.setattr(WebhookProbe, "answers", answers)
+    with pytest.raises(SaveFailed, match="admission webhook does not answer in namespace ml"):
+        await rt.save(JOB, grace=5)
+    assert seen == [], "never evicted without the webhook"
+    answering = True
     with pytest.raises(SaveFailed, match="PodDisruptionBudget"):
         await rt.save(JOB, grace=5)
-    assert len(seen) == 1 and asked == [NS]
+    assert len(seen) == 1 and asked == [NS, NS]
 
 
 async def test_a_start_adopts_the_controllers_replacement_its_agent_did_not_list(
@@ -131,12 +134,23 @@ async def test_a_replacement_steered_before_the_move_turned_is_withdrawn_for_the
     async def withdraw(ref: PodRef) -> None:
         withdrawn.append(ref)
 
-    got = await adopted(JOB, "node-2", list_pods=list_pods, read=read, withdraw=withdraw, deadline=10)
+    marked: list[tuple[str, dict[str, str]]] = []
+
+    async def mark(ref: PodRef, annotations: Mapping[str, str]) -> bool:
+        marked.append((ref.name, dict(annotations)))
+        return True
+
+    got = await adopted(
+        JOB, "node-2", list_pods=list_pods, read=read, withdraw=withdraw, mark=mark, deadline=10
+    )
     assert got is fresh and [r.name for r in withdrawn] == ["trainer-x2"]
+    assert marked == [("trainer-x3", {ANN_ADOPTED: "true"})]
     # One bound elsewhere ran there: the start fails, saying where (the job runs on node-3).
     stale["spec"]["nodeName"] = "node-3"
     listed[0] = [stale]
     withdrawn.clear()
     with pytest.raises(StartFailed, match="trainer-x2 on node-3"):
-        await adopted(JOB, "node-2", list_pods=list_pods, read=read, withdraw=withdraw, deadline=10)
+        await adopted(
+            JOB, "node-2", list_pods=list_pods, read=read, withdraw=withdraw, mark=mark, deadline=10
+        )
     assert withdrawn == []

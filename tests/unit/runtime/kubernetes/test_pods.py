@@ -239,6 +239,10 @@ def test_a_jobs_pods_are_one_job_named_by_the_job() -> None:
     assert job_id(owned("vae-7-worker-0", "PyTorchJob", "kubeflow.org/v1")) == "ml.vae-7-worker-0"
     assert job_id(owned("rs-pod", "ReplicaSet", "apps/v1")) == "ml.rs-pod"
     assert job_id(owned("vae-7-abc", "Job", controller=False)) == "ml.vae-7-abc"
+    # An Indexed Job's pods are one job per completion index.
+    indexed = owned("vae-7-2-x2k4p", "Job")
+    indexed["metadata"]["annotations"] = {"batch.kubernetes.io/job-completion-index": "2"}
+    assert job_id(indexed) == "ml.vae-7-2"
     # The label still names the job first.
     labelled = owned("vae-7-x2k4p", "Job")
     labelled["metadata"]["labels"] = {LABEL_JOB: "mine"}
