@@ -129,7 +129,7 @@ def steered_already(pod: Mapping[str, Any]) -> bool:
 
 def bound(pod: Mapping[str, Any]) -> bool:
     """Whether the pod names its node itself (``spec.nodeName``: no scheduler places it)."""
-    return bool((pod.get("spec") or {}).get("nodeName"))
+    return pods.node_of(pod) is not None
 
 
 def _replace(changed: Mapping[str, Any]) -> Patch:

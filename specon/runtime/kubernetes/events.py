@@ -32,7 +32,7 @@ import structlog
 from specon.checkpoint import step_of
 from specon.runtime.base import RuntimeFailure, SaveResult
 from specon.runtime.kubernetes.api import MERGE_PATCH, KubeError
-from specon.runtime.kubernetes.pods import ANN_GENERATION, ANN_RESTORED_FROM, meta
+from specon.runtime.kubernetes.pods import ANN_GENERATION, ANN_RESTORED_FROM, controlling_job, meta
 
 log = structlog.get_logger()
 
@@ -279,19 +279,14 @@ def _kind_of(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def owner_of(pod: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The Job that controls ``pod``, as an object an Event can be about (None: no Job)."""
-    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
-        if (
-            isinstance(ref, dict)
-            and ref.get("controller") is True
-            and ref.get("kind") == "Job"
-            and str(ref.get("apiVersion", "")).startswith("batch/")
-        ):
-            meta = {
-                "name": ref.get("name", ""),
-                "namespace": (pod.get("metadata") or {}).get("namespace", ""),
-            }
-            if ref.get("uid"):
-                meta["uid"] = ref["uid"]
-            return {"apiVersion": str(ref.get("apiVersion") or "batch/v1"), "kind": "Job", "metadata": meta}
-    return None
+    """The Job that controls ``pod`` (``pods.controlling_job``), as an object an Event can be
+    about (None: no Job)."""
+    name = controlling_job(pod)
+    if name is None:
+        return None
+    m = meta(pod)
+    ref = next(r for r in m.get("ownerReferences") or [] if isinstance(r, dict) and r.get("name") == name)
+    job = {"name": name, "namespace": m.get("namespace", "")} | (
+        {"uid": ref["uid"]} if ref.get("uid") else {}
+    )
+    return {"apiVersion": str(ref.get("apiVersion")), "kind": "Job", "metadata": job}
