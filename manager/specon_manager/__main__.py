@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import socket
 import sqlite3
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -16,7 +17,7 @@ import structlog
 from aiohttp import web
 
 from specon.argtypes import non_negative_int
-from specon.config import PolicyError, default_policy, load_policy
+from specon.config import Policy, PolicyError, default_policy, load_policy
 from specon.daemon import logs
 from specon.daemon.cli_args import (
     add_managed_pod_options,
@@ -34,6 +35,7 @@ from specon_manager import standby
 from specon_manager.app import METRICS, Extension, NodeRequests, create_app
 from specon_manager.app import PodBroker as PodBrokerLike
 from specon_manager.auth import Authenticator, Chain, StaticTokens, load_agent_tokens
+from specon_manager.fronts import Listening, serve_fronts, socket_dir
 from specon_manager.journal import Journal, JournalStore
 from specon_manager.lease import Timing
 from specon_manager.shell import ManagerShell
@@ -145,7 +147,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--log-format", choices=("json", "console"), default="json", help="log rendering (default json)"
     )
+    p.add_argument(
+        "--fronts",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="serve --listen from N front processes (SO_REUSEPORT) that do TLS, HTTP, authentication, "
+        "decoding and the checks of heartbeats, and pass them to this process, which decides "
+        "(default 0: this process alone; see docs/architecture.md, Past one core)",
+    )
+    # Internal (set by --fronts): run as a front of the decider whose sockets are in DIR,
+    # serving the listening socket it handed over as file descriptor FD.
+    p.add_argument("--front-of", type=Path, metavar="DIR", help=argparse.SUPPRESS)
+    p.add_argument("--front-socket", type=non_negative_int, metavar="FD", help=argparse.SUPPRESS)
     return p
+
+
+def _serve_front(
+    args: argparse.Namespace,
+    policy: Policy,
+    settings: ManagerSettings,
+    auth: Authenticator,
+    tls: ServerCertificate | None,
+) -> int:
+    """Run this process as a front of the decider (``specon_manager.front``)."""
+    from specon_manager.front import front_app  # noqa: PLC0415  (only a front needs it)
+
+    if args.front_socket is None:
+        print("specon-manager: --front-of needs --front-socket (both are set by --fronts)", file=sys.stderr)
+        return 2
+
+    extra = _reloading(tls, settings.tls_reload_interval) if tls is not None else None
+    app = front_app(auth, args.front_of, policy.messaging.max_body_bytes, extra=extra)
+    host, port = args.listen
+    try:
+        web.run_app(
+            app,
+            sock=socket.socket(fileno=args.front_socket),
+            print=None,
+            handle_signals=True,
+            access_log=None,
+            shutdown_timeout=settings.shutdown_timeout,
+            ssl_context=tls.context if tls is not None else None,
+        )
+    except OSError as exc:
+        print(f"specon-manager front: cannot serve on {host}:{port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _authenticator(args: argparse.Namespace) -> tuple[Authenticator, bool]:
@@ -317,6 +365,7 @@ def _reloading(cert: ServerCertificate, interval: float) -> Callable[[web.Applic
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     logs.configure(level=args.log_level, fmt=args.log_format)
     try:
@@ -339,6 +388,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TLSConfigError as exc:  # one of the pair missing, unreadable, not PEM, mismatched
         print(f"specon-manager: {exc}", file=sys.stderr)
         return 2
+    if args.front_of is not None:
+        return _serve_front(args, policy, settings, auth, tls)
     timing = Timing(
         args.leader_elect_lease_duration, args.leader_elect_renew_deadline, args.leader_elect_retry_period
     )
@@ -438,20 +489,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         host=host,
         port=port,
         tls=tls is not None,
+        fronts=args.fronts,
         mode=policy.mode,
         dry_run=policy.migration.dry_run,
         journal=str(journal.path),
     )
+    # With fronts, they serve the address and this process a Unix socket only they reach.
+    served = {"host": host, "port": port, "ssl_context": tls.context if tls is not None else None}
+    if args.fronts:
+        try:
+            listening = Listening(host, port, args.fronts)
+        except OSError as exc:
+            print(f"specon-manager: cannot serve on {host}:{port}: {exc}", file=sys.stderr)
+            journal.close()
+            return 1
+        served = {"path": serve_fronts(app, listening, argv, socket_dir())}
     try:
         web.run_app(
             app,
-            host=host,
-            port=port,
             print=None,
             handle_signals=True,
             access_log=None,
             shutdown_timeout=settings.shutdown_timeout,
-            ssl_context=tls.context if tls is not None else None,
+            **served,
         )
     except OSError as exc:  # e.g. the address is in use
         print(f"specon-manager: cannot serve on {host}:{port}: {exc}", file=sys.stderr)

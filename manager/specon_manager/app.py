@@ -104,11 +104,13 @@ def _reply(msg: protocol.Message, status: int = 200) -> web.Response:
     return web.Response(body=protocol.encode(msg), status=status, content_type=protocol.CONTENT_TYPE)
 
 
-def _error(status: int, error: str, path: str | None = None) -> web.Response:
+def error_reply(status: int, error: str, path: str | None = None) -> web.Response:
+    """An ``ErrorReply`` with ``status``."""
     return _reply(ErrorReply(error=error, path=path), status)
 
 
-def _bearer(request: web.Request) -> str | None:
+def bearer(request: web.Request) -> str | None:
+    """The bearer token ``request`` carries, if any."""
     header = request.headers.get(protocol.AUTH_HEADER, "")
     scheme, _, given = header.partition(" ")
     if scheme.lower() != "bearer" or not given or not given.isascii():
@@ -146,7 +148,7 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         and (request.path in _GUARDED_READS or request.path.startswith(WORKERS_PREFIX))
     )
     if guarded:
-        token = _bearer(request)
+        token = bearer(request)
         if token is None and not post:  # a cookie stands in for the token on reads only, never on a POST
             who, form = _by_cookie(request)
             if form is not None:
@@ -156,22 +158,22 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if who is None:
             metrics.rejected.labels(reason="unauthorized").inc()
             log.warning("specon.manager.unauthorized", path=request.path, peer=request.remote)
-            return _error(401, "missing or wrong bearer token")
+            return error_reply(401, "missing or wrong bearer token")
         if not post and not login.may_read(who):
             metrics.rejected.labels(reason="forbidden").inc()
-            return _error(403, f"{who.name} may not read the status: use the read token")
+            return error_reply(403, f"{who.name} may not read the status: use the read token")
         if post and not who.agent and not (who.operator and request.path.startswith(WORKERS_PREFIX)):
             metrics.rejected.labels(reason="forbidden").inc()
             what = "may only drain and uncordon workers" if who.operator else "is read-only"
-            return _error(403, f"{who.name} {what}")
+            return error_reply(403, f"{who.name} {what}")
         request[IDENTITY] = who
     try:
         return await handler(request)
     except web.HTTPRequestEntityTooLarge as exc:
         metrics.rejected.labels(reason="too_large").inc()
-        return _error(413, f"body too large: {exc.text}")
+        return error_reply(413, f"body too large: {exc.text}")
     except web.HTTPClientError as exc:  # no such route or method: say so as an ErrorReply too
-        return _error(exc.status, exc.reason)
+        return error_reply(exc.status, exc.reason)
 
 
 def _forbidden(request: web.Request, worker: str) -> web.Response | None:
@@ -181,7 +183,7 @@ def _forbidden(request: web.Request, worker: str) -> web.Response | None:
         return None
     request.app[METRICS].rejected.labels(reason="forbidden").inc()
     log.warning("specon.manager.forbidden", identity=who.name, worker=worker, path=request.path)
-    return _error(403, f"{who.name} may not speak for worker {worker}", "worker")
+    return error_reply(403, f"{who.name} may not speak for worker {worker}", "worker")
 
 
 async def _decode(request: web.Request, kind: type[protocol.M]) -> protocol.M | web.Response:
@@ -191,13 +193,13 @@ async def _decode(request: web.Request, kind: type[protocol.M]) -> protocol.M | 
         raise
     except web.RequestPayloadError as exc:  # e.g. a Content-Encoding that does not decode
         request.app[METRICS].rejected.labels(reason="malformed").inc()
-        return _error(400, f"unreadable body: {exc}")
+        return error_reply(400, f"unreadable body: {exc}")
     try:
         return protocol.decode(body, kind)
     except ProtocolError as exc:
         request.app[METRICS].rejected.labels(reason="malformed").inc()
         log.warning("specon.manager.bad_message", path=request.path, error=str(exc), field=exc.path)
-        return _error(400, str(exc), exc.path)
+        return error_reply(400, str(exc), exc.path)
 
 
 async def heartbeat(request: web.Request) -> web.Response:
@@ -206,30 +208,51 @@ async def heartbeat(request: web.Request) -> web.Response:
         return msg
     if (denied := _forbidden(request, msg.worker)) is not None:
         return denied
-    shell = request.app[SHELL]
-    coord = shell.core
-    cap = coord.policy.messaging.max_containers_per_heartbeat
+    if (problem := _state_problem(request.app, msg)) is not None:
+        request.app[METRICS].rejected.labels(reason="malformed").inc()
+        error, path = problem
+        if path == "seq":
+            log.warning("specon.manager.seq_implausible", worker=msg.worker, seq=msg.seq)
+        return error_reply(400, error, path)
+    return _reply(await _apply(request.app, msg))
+
+
+async def relayed_heartbeat(app: web.Application, msg: Heartbeat) -> bytes | None:
+    """The answer to a heartbeat a front (``specon_manager.front``) has authenticated, decoded
+    and checked, or None where the HTTP handler would refuse it or a standby gets it: the front
+    then sends the request itself, and ``heartbeat`` answers it, counts and logs it."""
+    if not app[SHELL].leading or _state_problem(app, msg) is not None:
+        return None
+    return protocol.encode(await _apply(app, msg))
+
+
+def _state_problem(app: web.Application, msg: Heartbeat) -> tuple[str, str] | None:
+    """``(error, path)`` when the cluster's state refuses ``msg``, which decoded and checked."""
+    shell = app[SHELL]
+    cap = shell.core.policy.messaging.max_containers_per_heartbeat
     if len(msg.containers) > cap:
-        request.app[METRICS].rejected.labels(reason="malformed").inc()
-        return _error(400, f"containers: {len(msg.containers)} in one heartbeat, at most {cap}", "containers")
-    if not coord.state.seq_plausible(msg, shell.clock()):
-        request.app[METRICS].rejected.labels(reason="malformed").inc()
-        log.warning("specon.manager.seq_implausible", worker=msg.worker, seq=msg.seq)
-        return _error(400, "seq: implausibly far ahead of the manager's clock (expected microseconds)", "seq")
-    if (reqs := request.app.get(NODE_REQUESTS)) is not None:
+        return f"containers: {len(msg.containers)} in one heartbeat, at most {cap}", "containers"
+    if not shell.core.state.seq_plausible(msg, shell.clock()):
+        return "seq: implausibly far ahead of the manager's clock (expected microseconds)", "seq"
+    return None
+
+
+async def _apply(app: web.Application, msg: Heartbeat) -> CommandBatch:
+    if (reqs := app.get(NODE_REQUESTS)) is not None:
         free = reqs.free(msg.worker, msg.capacity, (c.id for c in msg.containers))
         if free != msg.capacity:
             msg = dataclasses.replace(msg, capacity=free)
+    metrics = app[METRICS]
     t0 = time.perf_counter()
-    batch = await shell.heartbeat(msg)
-    request.app[METRICS].heartbeat_latency.observe(time.perf_counter() - t0)
+    batch = await app[SHELL].heartbeat(msg)
+    metrics.heartbeat_latency.observe(time.perf_counter() - t0)
     # The ack says whether it was applied (other heartbeats may be applied meanwhile: the
     # journal write is awaited, so a count taken before it would not tell).
     if batch.ack is not None:
-        request.app[METRICS].heartbeat_accepted(msg.worker)
+        metrics.heartbeat_accepted(msg.worker)
     else:
-        request.app[METRICS].rejected.labels(reason="stale").inc()
-    return _reply(batch)
+        metrics.rejected.labels(reason="stale").inc()
+    return batch
 
 
 async def reallocation_request(request: web.Request) -> web.Response:
@@ -244,7 +267,7 @@ async def reallocation_request(request: web.Request) -> web.Response:
     except NotHostedError as exc:
         request.app[METRICS].rejected.labels(reason="forbidden").inc()
         log.warning("specon.manager.request_not_hosted", worker=msg.worker, container=msg.container)
-        return _error(403, str(exc), "container")
+        return error_reply(403, str(exc), "container")
 
 
 async def poll(request: web.Request) -> web.Response:
@@ -273,7 +296,7 @@ def _worker(request: web.Request) -> WorkerId | web.Response:
     try:
         return WorkerId(valid_id(request.match_info["worker"]))
     except InvalidIdError as exc:
-        return _error(400, str(exc), "worker")
+        return error_reply(400, str(exc), "worker")
 
 
 def _operator(request: web.Request) -> WorkerId | web.Response:
@@ -282,7 +305,7 @@ def _operator(request: web.Request) -> WorkerId | web.Response:
     if not who.operator:
         request.app[METRICS].rejected.labels(reason="forbidden").inc()
         log.warning("specon.manager.forbidden", identity=who.name, path=request.path)
-        return _error(403, f"{who.name} may not drain or uncordon workers: use the operator token")
+        return error_reply(403, f"{who.name} may not drain or uncordon workers: use the operator token")
     return _worker(request)
 
 
@@ -294,11 +317,11 @@ async def drain(request: web.Request) -> web.Response:
         req = DrainRequest.parse(await request.read())
     except ValueError as exc:
         request.app[METRICS].rejected.labels(reason="malformed").inc()
-        return _error(400, str(exc))
+        return error_reply(400, str(exc))
     try:
         reply = await request.app[SHELL].drain(worker, req.deadline)
     except UnknownWorkerError:
-        return _error(404, f"no worker {worker} has been heard from", "worker")
+        return error_reply(404, f"no worker {worker} has been heard from", "worker")
     log.info(
         "specon.manager.drain_requested",
         worker=worker,
@@ -315,7 +338,7 @@ async def uncordon(request: web.Request) -> web.Response:
     try:
         return _json((await request.app[SHELL].uncordon(worker)).to_json())
     except UnknownWorkerError:
-        return _error(404, f"no worker {worker} has been heard from", "worker")
+        return error_reply(404, f"no worker {worker} has been heard from", "worker")
 
 
 async def drain_status(request: web.Request) -> web.Response:
@@ -324,7 +347,7 @@ async def drain_status(request: web.Request) -> web.Response:
         return worker
     core = request.app[SHELL].core
     if worker not in core.state.workers and worker not in core.cordons:
-        return _error(404, f"no worker {worker} has been heard from", "worker")
+        return error_reply(404, f"no worker {worker} has been heard from", "worker")
     return _json(drain_reply(core, worker).to_json())
 
 
@@ -334,7 +357,7 @@ async def pod_writes(request: web.Request) -> web.Response:
         req = PodWriteRequest.parse(await request.read())
     except ValueError as exc:
         request.app[METRICS].rejected.labels(reason="malformed").inc()
-        return _error(400, str(exc))
+        return error_reply(400, str(exc))
     return _json((await request.app[POD_BROKER].write(request[IDENTITY], req)).to_json())
 
 
@@ -346,7 +369,7 @@ def _page(request: web.Request) -> Page | web.Response:
     try:
         return Page.parse(request.query.get("limit"), request.query.get("after"), request.app[SETTINGS])
     except BadPageError as exc:
-        return _error(400, str(exc), "query")
+        return error_reply(400, str(exc), "query")
 
 
 async def _rendered(request: web.Request, kind: str, render: Callable[[Page], bytes]) -> web.Response:
@@ -398,13 +421,13 @@ async def status_page(request: web.Request) -> web.Response:
 
 async def login_post(request: web.Request) -> web.Response:
     if not request.app[GUARD_READS]:
-        return _error(404, "no read token is configured: the status page needs no login")
+        return error_reply(404, "no read token is configured: the status page needs no login")
     return await login.login(request, request.app[AUTH], request.app[SESSIONS], request.app[METRICS])
 
 
 async def logout_post(request: web.Request) -> web.Response:
     if not request.app[GUARD_READS]:
-        return _error(404, "no read token is configured: the status page needs no login")
+        return error_reply(404, "no read token is configured: the status page needs no login")
     return await login.logout(request, request.app[SESSIONS], request.app[METRICS])
 
 

@@ -30,6 +30,8 @@ from specon_manager.shell import STANDBY_REFRESH, ManagerShell
 log = structlog.get_logger()
 
 READYZ_PATH = "/readyz"
+# Set on an app that takes part in leader election (its answers carry ``ROLE_HEADER``).
+ELECTED = web.AppKey("elected", bool)
 ROLE_HEADER = "Specon-Role"
 # The POSTs that carry protocol messages: inputs of the coordinator. (A browser's login is
 # not one: a standby's status page may be logged in to.)
@@ -69,6 +71,7 @@ def install(app: web.Application, shell: ManagerShell, *, leader: Callable[[], s
     app.router.add_get(READYZ_PATH, readyz)
     if leader is None:
         return
+    app[ELECTED] = True
 
     @web.middleware
     async def role(request: web.Request, handler: Handler) -> web.StreamResponse:
