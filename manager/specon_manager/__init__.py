@@ -5,6 +5,9 @@ An I/O shell around ``specon.coordinator``: no algorithm and no message schema l
 - ``__main__``: ``specon-manager``, its arguments and start-up;
 - ``shell``: the asynchronous shell that performs the coordinator's effects;
 - ``app``: the HTTP face (protocol endpoints, status, /metrics, /healthz);
+- ``fronts``: past one core (``--fronts N``), the decider's side: its sockets and the front
+  processes it keeps; ``front``: one front (TLS, HTTP, tokens, decoding and checks of
+  heartbeats); ``relay``: the frames between them;
 - ``auth``: bearer tokens and identities; ``auth_kubernetes``: ServiceAccount tokens (TokenReview);
 - ``pod_broker``: the pod writes Kubernetes agents ask for, made if the manager decided them;
   ``k8s_events``: the Events it records on a job's pod when a move ends; ``admission``: the

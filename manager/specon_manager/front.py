@@ -151,7 +151,10 @@ class Front:
             return None
         if not who.may_speak_for(msg.worker):
             return None
-        kind, payload = await self._channel.ask(msgspec.msgpack.encode(msg))
+        frame = packed(msg)
+        if frame is None:
+            return None
+        kind, payload = await self._channel.ask(frame)
         if kind not in (relay.ANSWER, relay.ANSWER_AS_LEADER):
             return None
         resp = web.Response(body=payload, content_type=protocol.CONTENT_TYPE)
@@ -195,6 +198,15 @@ class Front:
         await channel.closed.wait()
         log.warning("specon.front.decider_gone")
         os.kill(os.getpid(), signal.SIGTERM)  # run_app's own shutdown
+
+
+def packed(msg: Heartbeat) -> bytes | None:
+    """``msg`` as the decider reads it (``fronts.HEARTBEATS``); None where msgpack cannot
+    carry it (an integer past 64 bits in a command's free-form detail, which JSON allows)."""
+    try:
+        return msgspec.msgpack.encode(msg)
+    except (OverflowError, TypeError, ValueError):
+        return None
 
 
 async def _connect(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -51,7 +51,8 @@ STOP_GRACE = 5.0
 FRONT_REASONS = frozenset({"malformed", "too_large"})
 _PR_SET_PDEATHSIG = 1
 BACKLOG = 1024
-_HEARTBEATS = msgspec.msgpack.Decoder(Heartbeat)
+# A heartbeat as a front packs it (``front.packed``).
+HEARTBEATS = msgspec.msgpack.Decoder(Heartbeat)
 
 
 class Listening:
@@ -143,7 +144,7 @@ class _Beats(asyncio.Protocol):
     async def _answer(self, ident: int, payload: bytes) -> None:
         kind, body = relay.DECLINED, b""
         try:
-            answer = await relayed_heartbeat(self.app, _HEARTBEATS.decode(payload))
+            answer = await relayed_heartbeat(self.app, HEARTBEATS.decode(payload))
         except msgspec.DecodeError as exc:  # a front of another version: it sends it as HTTP
             log.warning("specon.manager.front_heartbeat_unreadable", error=str(exc))
         except Exception:  # the HTTP handler answers it (a 500 there, if it fails again)
@@ -151,6 +152,7 @@ class _Beats(asyncio.Protocol):
         else:
             if answer is not None:
                 kind, body = (relay.ANSWER_AS_LEADER if self.app.get(ELECTED) else relay.ANSWER), answer
+                self.app[METRICS].relayed.inc()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(relay.frame(ident, kind, body))
 
@@ -219,6 +221,7 @@ def serve_fronts(app: web.Application, listening: Listening, argv: Sequence[str]
         loop = asyncio.get_running_loop()
         server = await loop.create_unix_server(lambda: _Beats(app), str(sockets / relay.BEATS_SOCKET))
         keeper = asyncio.create_task(fronts.keep(), name="specon-manager-fronts")
+        log.info("specon.manager.fronts", fronts=len(listening.sockets), sockets=str(sockets))
         yield
         keeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):

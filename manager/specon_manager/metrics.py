@@ -72,6 +72,11 @@ class ManagerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.relayed = Counter(
+            "specon_manager_relayed_heartbeats",
+            "Heartbeats a front process checked and this decider answered over its socket (--fronts)",
+            registry=r,
+        )
         self.forgotten = Counter(
             "specon_manager_workers_forgotten",
             "Workers pruned after prune_after x worker_timeout of silence",

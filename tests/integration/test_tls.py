@@ -82,12 +82,13 @@ class Rig:
         self.token.write_text(TOKEN + "\n")
         self.ca = TestCA.create(root / "ca")
 
-    def manager(self, cert: Path, key: Path) -> Daemon:
+    def manager(self, cert: Path, key: Path, *extra: str) -> Daemon:
         log = self.root / "manager.log"
 
         def start(port: int) -> subprocess.Popen[bytes]:
             argv = [str(MANAGER), "--listen", f"127.0.0.1:{port}", "--token-file", str(self.token)]
             argv += ["--state-dir", str(self.root / "state"), "--tls-cert", str(cert), "--tls-key", str(key)]
+            argv += extra
             with log.open("ab") as err:
                 return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=_env(MANAGER_ENV))
 
@@ -239,6 +240,29 @@ def test_a_bad_certificate_is_refused_with_one_clear_line_and_retried(
     # The agent logs it once the reply is back, which can be after the manager listed it.
     _until(lambda: bool(agent.events("specon.agent.tls_ok")), "the agent to say TLS is fine again", agent)
     assert len(agent.events("specon.agent.tls_error")) == 1
+
+
+def test_fronts_serve_tls_and_the_renewed_certificate(rig: Rig) -> None:
+    """With ``--fronts``, the fronts end TLS: a real agent's heartbeats are relayed through
+    them once the manager's certificate is renewed from one the agent refuses."""
+    live = rig.root / "tls"
+    cert, key = rig.ca.issue(live, names=["198.51.100.7"])
+    manager = rig.manager(cert, key, "--fronts", "2")
+    agent = rig.agent(manager.url, "--ca-file", str(rig.ca.cert_path))
+    _until(lambda: _tls_errors(agent) >= 2, "refused handshakes", manager, agent)
+    _renew(rig, live, ["127.0.0.1"])
+    _until(lambda: WORKER in _workers(manager), "a heartbeat after the renewal", agent)
+
+    def relayed() -> float:
+        text = _get(f"{manager.url}/metrics").decode()
+        match = re.search(r"^specon_manager_relayed_heartbeats_total (\S+)$", text, re.M)
+        assert match, text
+        return float(match.group(1))
+
+    _until(lambda: relayed() >= 2, "heartbeats relayed by the fronts", agent)
+    assert manager.events("specon.manager.front_started") and not manager.events(
+        "specon.manager.front_exited"
+    )
 
 
 # -- refused before starting -----------------------------------------------------------------

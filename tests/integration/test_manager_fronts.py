@@ -1,0 +1,200 @@
+"""``specon-manager --fronts N``: the real decider and its real front processes on 127.0.0.1.
+
+A front answers a heartbeat that passes every check through the decider's socket and passes
+everything else to the decider's HTTP app, so every answer, error and counter is what a
+manager without fronts gives; fronts that die are started again without a refused
+connection; SIGTERM stops them all and removes the sockets; a second manager cannot take the
+address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from manager_proc import MANAGER, Running, manager_env, running_manager, wait_healthy
+
+from specon.model import Category, ContainerId, Resources, WorkerId
+from specon.wire import protocol
+from specon.wire.protocol import CommandBatch, ContainerReport, ErrorReply, Heartbeat, Poll, Status
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+TOKENS = {
+    "w1": "fronts-agent-token-w1-0123456789abcdef0123",
+    "w2": "fronts-agent-token-w2-0123456789abcdef0123",
+}
+READ = "fronts-read-token-0123456789abcdef0123456789"
+FRONTS = 2
+
+
+@pytest.fixture
+def manager(tmp_path: Path) -> Iterator[Running]:
+    (tmp_path / "agents.yaml").write_text("".join(f"{w}: {t}\n" for w, t in TOKENS.items()))
+    (tmp_path / "read").write_text(READ + "\n")
+    args = ("--fronts", str(FRONTS), "--agent-tokens", str(tmp_path / "agents.yaml"))
+    with running_manager(tmp_path, *args, "--read-token-file", str(tmp_path / "read")) as running:
+        yield running
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {protocol.AUTH_HEADER: f"Bearer {token}", "Content-Type": protocol.CONTENT_TYPE}
+
+
+class Beats:
+    """One worker's heartbeats, ``seq`` increasing."""
+
+    def __init__(self, worker: str) -> None:
+        self.worker = WorkerId(worker)
+        self.seq = 0
+
+    def next(self, containers: int = 1) -> bytes:
+        self.seq += 1
+        return protocol.encode(
+            Heartbeat(
+                worker=self.worker,
+                address="127.0.0.1:7701",
+                seq=self.seq,
+                sent_at=time.time(),
+                capacity=Resources(cpu=4.0, memory=8 << 30),
+                usage=0.3,
+                containers=tuple(
+                    ContainerReport(id=ContainerId(f"{self.worker}-job-{i}"), category=Category.PROGRESSING)
+                    for i in range(containers)
+                ),
+            )
+        )
+
+
+def _children(pid: int) -> set[int]:
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out |= {int(c) for c in (task / "children").read_text().split()}
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def _events(m: Running, name: str) -> list[dict[str, object]]:
+    lines = (json.loads(line) for line in m.log.read_text().splitlines() if f'"{name}"' in line)
+    return [e for e in lines if e.get("event") == name]
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: bytes, **headers: str) -> tuple[int, bytes]:
+    async with session.post(url, data=body, headers=headers) as resp:
+        return resp.status, await resp.read()
+
+
+async def _metrics(session: aiohttp.ClientSession, m: Running) -> str:
+    async with session.get(f"{m.url}/metrics") as resp:
+        return await resp.text()
+
+
+async def test_fronts_answer_what_passes_and_the_decider_everything_else(manager: Running) -> None:
+    url = f"{manager.url}{protocol.HEARTBEAT_PATH}"
+    w1 = Beats("w1")
+    async with aiohttp.ClientSession() as session:
+        await wait_healthy(manager, session)
+        assert len(_children(manager.proc.pid)) == FRONTS
+
+        for _ in range(5):
+            status, body = await _post(session, url, w1.next(3), **_auth(TOKENS["w1"]))
+            assert status == 200 and protocol.decode(body, CommandBatch).ack == w1.seq
+        # Refused by the decider's own handler, passed on by the front: the same answers.
+        status, body = await _post(session, url, Beats("w2").next(), **_auth(TOKENS["w1"]))
+        assert status == 403 and "may not speak for worker w2" in protocol.decode(body, ErrorReply).error
+        spoofed = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https"}
+        status, body = await _post(session, url, w1.next(), **spoofed, **_auth("not-a-token"))
+        assert status == 401
+        status, body = await _post(
+            session, url, b'{"version":"1.6","kind":"Heartbeat"}', **_auth(TOKENS["w1"])
+        )
+        assert status == 400 and protocol.decode(body, ErrorReply).path == "worker"
+        status, body = await _post(session, url, b"x" * (2 << 20), **_auth(TOKENS["w1"]))
+        assert status == 413 and "too large" in protocol.decode(body, ErrorReply).error
+        # A long poll is held by the decider and answered through the front.
+        poll = protocol.encode(Poll(worker=WorkerId("w1"), sent_at=time.time(), wait=0.5))
+        t0 = time.monotonic()
+        status, body = await _post(session, f"{manager.url}{protocol.POLL_PATH}", poll, **_auth(TOKENS["w1"]))
+        assert status == 200 and time.monotonic() - t0 >= 0.4
+        protocol.decode(body, CommandBatch)
+
+        async with session.get(f"{manager.url}{protocol.STATUS_PATH}") as resp:
+            assert resp.status == 401  # the read token guards it, as without fronts
+        async with session.get(f"{manager.url}{protocol.STATUS_PATH}", headers=_auth(READ)) as resp:
+            status_doc = protocol.decode(await resp.read(), Status)
+        metrics = await _metrics(session, manager)
+    assert [w.id for w in status_doc.workers] == ["w1"] and len(status_doc.containers) == 3
+    assert 'specon_manager_heartbeats_total{worker="w1"} 5.0' in metrics
+    assert "specon_manager_relayed_heartbeats_total 5.0" in metrics
+    # unauthorized: the heartbeat and the status read without a token.
+    for reason, count in (("forbidden", 1), ("unauthorized", 2), ("malformed", 1), ("too_large", 1)):
+        assert f'specon_manager_rejected_messages_total{{reason="{reason}"}} {count}.0' in metrics, reason
+    unauthorized = _events(manager, "specon.manager.unauthorized")
+    # The address the front saw, not the one the caller's header claimed.
+    assert [e["peer"] for e in unauthorized] == ["127.0.0.1", "127.0.0.1"]
+
+
+async def test_a_front_killed_is_started_again_and_no_heartbeat_is_refused(manager: Running) -> None:
+    url = f"{manager.url}{protocol.HEARTBEAT_PATH}"
+    w1 = Beats("w1")
+    async with aiohttp.ClientSession() as session:
+        await wait_healthy(manager, session)
+        before = _children(manager.proc.pid)
+        victim = min(before)
+        os.kill(victim, signal.SIGKILL)
+        # New connections each time: some land on the dead front's socket, whose backlog the
+        # decider keeps until the new front accepts them.
+        for _ in range(40):
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh:
+                status, _ = await _post(fresh, url, w1.next(), **_auth(TOKENS["w1"]))
+            assert status == 200
+            await asyncio.sleep(0.05)
+        deadline = time.monotonic() + 20
+        while len(_children(manager.proc.pid) - {victim}) < FRONTS and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert len(_children(manager.proc.pid) - {victim}) == FRONTS
+    (exited,) = _events(manager, "specon.manager.front_exited")
+    assert exited["pid"] == victim and exited["code"] == -signal.SIGKILL
+
+
+async def test_sigterm_stops_the_fronts_and_removes_the_sockets(manager: Running) -> None:
+    async with aiohttp.ClientSession() as session:
+        await wait_healthy(manager, session)
+    fronts = _children(manager.proc.pid)
+    (serving,) = _events(manager, "specon.manager.fronts")
+    sockets = Path(str(serving["sockets"]))
+    assert sockets.is_dir() and oct(sockets.stat().st_mode & 0o777) == "0o700"
+    manager.proc.send_signal(signal.SIGTERM)
+    assert manager.proc.wait(20) == 0
+    assert not any(_alive(pid) for pid in fronts)
+    assert not sockets.exists()
+    assert "Traceback" not in manager.log.read_text()
+
+
+async def test_a_second_manager_cannot_take_the_address(manager: Running, tmp_path: Path) -> None:
+    async with aiohttp.ClientSession() as session:
+        await wait_healthy(manager, session)
+    port = manager.url.rsplit(":", 1)[1]
+    (tmp_path / "other").mkdir()
+    for fronts in ("1", "0"):
+        argv = [str(MANAGER), "--listen", f"127.0.0.1:{port}", "--fronts", fronts]
+        argv += ["--token-file", str(tmp_path / "read"), "--state-dir", str(tmp_path / "other" / fronts)]
+        other = subprocess.run(
+            argv, capture_output=True, text=True, env=manager_env(), timeout=30, check=False
+        )
+        assert other.returncode == 1 and "address already in use" in other.stderr.lower(), other.stderr
