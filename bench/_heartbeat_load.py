@@ -252,13 +252,16 @@ class Load:
             raise RuntimeError(f"the manager acked {batch.ack}, expected {seq}")
         return tally
 
-    async def run(self, duration: float, rate: float | None, manager_pid: int | None) -> dict[str, object]:
+    async def run(
+        self, duration: float, rate: float | None, manager_pid: int | None, front_pids: Sequence[int] = ()
+    ) -> dict[str, object]:
         tally = Tally()
         slots = itertools.count()
         n = len(self.templates)
         t0 = time.perf_counter()
         stop_at = t0 + duration
         cpu0 = cpu_seconds(manager_pid) if manager_pid else None
+        fronts0 = _total_cpu(front_pids)
         client0 = time.process_time()
 
         async def worker(k: int) -> None:
@@ -288,6 +291,7 @@ class Load:
             ticker.cancel()
         elapsed = time.perf_counter() - t0
         cpu1 = cpu_seconds(manager_pid) if manager_pid else None
+        fronts1 = _total_cpu(front_pids)
         lat = sorted(tally.latencies)
         return {
             "ok": tally.ok,
@@ -301,8 +305,15 @@ class Load:
             "p99_ms": _quantile(lat, 0.99) * 1000,
             "max_ms": (lat[-1] if lat else float("nan")) * 1000,
             "manager_cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0,
+            "fronts_cpu_s": None if fronts0 is None or fronts1 is None else fronts1 - fronts0,
             "client_cpu_s": time.process_time() - client0,
         }
+
+
+def _total_cpu(pids: Sequence[int]) -> float | None:
+    """The CPU seconds of ``pids`` together (None: none given, or one is gone)."""
+    times = [cpu_seconds(pid) for pid in pids]
+    return None if not times or None in times else sum(t for t in times if t is not None)
 
 
 def _quantile(sorted_values: Sequence[float], q: float) -> float:
@@ -330,7 +341,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             ) from None
         if warm.errors:
             raise RuntimeError(f"warm-up failed: {dict(warm.errors)}")
-        result = await load.run(args.duration, args.rate, args.manager_pid)
+        result = await load.run(args.duration, args.rate, args.manager_pid, args.front_pids)
     finally:
         await load.close()
     result["agents"] = args.agents
@@ -350,6 +361,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, help="heartbeats per second in total (default: as fast as answered)")
     p.add_argument("--sources", nargs="+", default=["127.0.0.1"], help="loopback source addresses")
     p.add_argument("--manager-pid", type=int, help="to report the manager's CPU time in the timed phase")
+    p.add_argument(
+        "--front-pids",
+        type=int,
+        nargs="*",
+        default=(),
+        help="the manager's fronts (--fronts), their CPU time too",
+    )
     p.add_argument("--warmup-timeout", type=float, default=120.0, help="seconds allowed for the warm-up")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(

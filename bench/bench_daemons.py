@@ -8,8 +8,12 @@
    manager's CPU per heartbeat (the robust figure on a shared machine) and its RSS, with
    rebalance ``off``; then the shipped default policy (whose ticker runs Algorithm 3 over
    the whole cluster every second), saturated (the target: 10,000/s) and paced at 80 % of
-   that rate (the target: p99 under 20 ms). ``SPECON_BENCH_DAEMONS=manager`` runs this
-   part only.
+   that rate (the target: p99 under 20 ms). Then the same with ``--fronts`` (the manager past
+   one core, docs/architecture.md): the decider pinned as before, each front on a core of its
+   own where the machine has one (else beside the decider); measured: heartbeats/s, the
+   decider's CPU per heartbeat (the part that cannot be spread: target 0.1 ms, i.e. 10,000
+   beats per decider core), the fronts' CPU per heartbeat, p99 at 80 % of the rate.
+   ``SPECON_BENCH_DAEMONS=manager`` runs this part only.
 2. Agent: the real ``python -m specon_agent`` of an embedded cluster (specon.embedded.cluster) whose one
    worker owns 100 running jobs (``bench/_log_job.py``, started through the local runtime,
    each appending a progress record every 0.2 s); the agent's CPU time from /proc over a
@@ -61,6 +65,8 @@ CONTAINERS_PER_AGENT = 8
 IN_FLIGHT = 64
 SOURCES = ("127.0.0.10", "127.0.0.11", "127.0.0.12", "127.0.0.13")
 HEARTBEAT_TARGET = 10_000.0  # heartbeats/s on one core, shipped default policy
+DECIDER_CPU_TARGET_MS = 1000 / HEARTBEAT_TARGET  # with fronts: the decider's CPU per heartbeat
+MAX_FRONTS = 4
 PACED_SHARE = 0.8  # the default policy is also paced at this share of its saturated rate ...
 PACED_P99_TARGET_MS = 20.0  # ... where p99 must stay under this
 PARTS_ENV = "SPECON_BENCH_DAEMONS"
@@ -282,6 +288,19 @@ def _manager_figures(quick: bool) -> list[Figure]:
                 # Too slow even to warm up: report it instead of losing the other figures.
                 dflt = dpaced = {"rate": float("nan"), "p99_ms": float("nan"), "failed": str(exc)}
 
+        fronts, front_cpus, fnote = _front_cores(mcpu)
+        say(f"manager with {fronts} front(s) (shipped default policy), {dsize} containers; {fnote}")
+        fr, frp = _fronts_runs(
+            root / "fronts",
+            token,
+            decider=mcpu,
+            fronts=fronts,
+            cpus=front_cpus,
+            agents=default_agents,
+            duration=duration,
+            load_cpu=lcpu,
+        )
+
     sent = sat["ok"] + paced["ok"] + 2 * AGENTS  # timed beats and both warm-ups
     figures = [
         Figure(
@@ -367,8 +386,118 @@ def _manager_figures(quick: bool) -> list[Figure]:
             detail=f"idle before: {(rss_idle or 0) / 2**20:.1f} MiB; after {sent:,} beats; "
             f"its log grew {log_bytes / 2**20:.1f} MiB ({log_bytes / sent:.0f} B per beat)",
         ),
+        *_fronts_figures(fr, frp, fronts, dsize, fnote, own_cores=bool(front_cpus)),
     ]
     return figures
+
+
+def _front_cores(decider: int | None) -> tuple[int, list[int], str]:
+    """(fronts, a core for each or none, note): the cores past the decider's and the load's."""
+    spare = usable_cpus()[2:]
+    if spare:
+        n = min(MAX_FRONTS, len(spare))
+        return n, spare[:n], f"fronts on cpus {', '.join(map(str, spare[:n]))}"
+    return 1, [], f"one front beside the decider on cpu {decider} (no spare core: heartbeats/s understates)"
+
+
+def _fronts_runs(
+    directory: Path,
+    token: Path,
+    *,
+    decider: int | None,
+    fronts: int,
+    cpus: list[int],
+    agents: int,
+    duration: float,
+    load_cpu: int | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Saturated, then paced at PACED_SHARE of that, with ``--fronts``."""
+    with _manager(directory, token, None, decider, extra=("--fronts", str(fronts))) as mgr:
+        pids = _fronts_of(mgr, fronts)
+        for pid, cpu in zip(pids, cpus, strict=False):
+            os.sched_setaffinity(pid, {cpu})
+        extra = ("--front-pids", *map(str, pids))
+        try:
+            fr = _load(mgr, name="fronts", agents=agents, duration=duration, cpu=load_cpu, extra=extra)
+            rate = PACED_SHARE * fr["rate"]
+            say(f"with fronts, paced at {100 * PACED_SHARE:.0f}%: {rate:,.0f}/s, {duration:g} s")
+            frp = _load(
+                mgr,
+                name="fronts-paced",
+                agents=agents,
+                duration=duration,
+                cpu=load_cpu,
+                rate=rate,
+                extra=extra,
+            )
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            fr = frp = {"rate": float("nan"), "p99_ms": float("nan"), "failed": str(exc)}
+    return fr, frp
+
+
+def _fronts_of(mgr: Manager, count: int, timeout: float = 30.0) -> list[int]:
+    """The pids of the decider's ``count`` fronts, once all are up."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids: set[int] = set()
+        for task in Path(f"/proc/{mgr.proc.pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                pids |= {int(c) for c in (task / "children").read_text().split()}
+        if len(pids) == count:
+            return sorted(pids)
+        time.sleep(0.1)
+    raise TimeoutError(f"the manager did not start {count} front(s) in {timeout:g} s")
+
+
+def _fronts_figures(
+    fr: dict[str, Any], frp: dict[str, Any], fronts: int, dsize: str, note: str, *, own_cores: bool
+) -> list[Figure]:
+    failed = "failed" in fr
+    decider = float("nan") if failed else _cpu_ms_per_beat(fr)
+    front = float("nan") if failed or fr.get("fronts_cpu_s") is None else 1000 * fr["fronts_cpu_s"] / fr["ok"]
+    return [
+        Figure(
+            f"manager heartbeats/s with {fronts} front(s) ({dsize}, shipped default policy)",
+            fr["rate"],
+            "/s",
+            HEARTBEAT_TARGET if own_cores else None,
+            "min",
+            clock="wall",
+            detail=f"failed: {fr['failed']}"
+            if failed
+            else f"p50 {fr['p50_ms']:.0f} ms, p99 {fr['p99_ms']:.0f} ms; {_errors(fr)}; decider "
+            f"{_manager_share(fr).removeprefix('manager ')}; {note}",
+        ),
+        Figure(
+            "decider CPU per heartbeat with fronts, shipped default policy",
+            decider,
+            "ms",
+            DECIDER_CPU_TARGET_MS,
+            "max",
+            clock="cpu",
+            detail=f"{1000 / decider:,.0f} beats per decider CPU-second: one decider's ceiling, given "
+            "cores enough for its fronts; the ticker's decision pass included",
+        ),
+        Figure(
+            "front CPU per heartbeat, shipped default policy",
+            front,
+            "ms",
+            clock="cpu",
+            detail=f"all fronts together: {1000 / front:,.0f} beats per front CPU-second",
+        ),
+        Figure(
+            f"manager heartbeat latency p99 with fronts at {100 * PACED_SHARE:.0f}% of its rate",
+            frp["p99_ms"],
+            "ms",
+            PACED_P99_TARGET_MS,
+            "max",
+            clock="wall",
+            detail=f"failed: {frp['failed']}"
+            if "failed" in frp
+            else f"{frp['ok']:,} answered at {frp['rate']:,.0f}/s; p50 {frp['p50_ms']:.1f} ms; "
+            f"{_errors(frp)}",
+        ),
+    ]
 
 
 def _errors(r: dict[str, Any]) -> str:
