@@ -12,7 +12,10 @@
    one core, docs/architecture.md): the decider pinned as before, each front on a core of its
    own where the machine has one (else beside the decider); measured: heartbeats/s, the
    decider's CPU per heartbeat (the part that cannot be spread: target 0.1 ms, i.e. 10,000
-   beats per decider core), the fronts' CPU per heartbeat, p99 at 80 % of the rate.
+   beats per decider core), the fronts' CPU per heartbeat, p99 at 80 % of the rate. Last,
+   the floor under any aiohttp manager (``bench/_aiohttp_floor.py`` on the manager's core):
+   CPU per heartbeat of a bare aiohttp app answering a fixed reply, and of the same app
+   decoding and checking each body with ``protocol.decode``.
    ``SPECON_BENCH_DAEMONS=manager`` runs this part only.
 2. Agent: the real ``python -m specon_agent`` of an embedded cluster (specon.embedded.cluster) whose one
    worker owns 100 running jobs (``bench/_log_job.py``, started through the local runtime,
@@ -37,6 +40,7 @@ import random
 import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -58,6 +62,7 @@ from specon.runtime.base import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG_JOB = Path(__file__).with_name("_log_job.py")
+FLOOR_MODES = {"a fixed reply": (), "protocol.decode, then a fixed reply": ("--decode",)}
 
 # -- manager load ---------------------------------------------------------------------------
 AGENTS = 1_000
@@ -301,6 +306,13 @@ def _manager_figures(quick: bool) -> list[Figure]:
             load_cpu=lcpu,
         )
 
+        floors = {}
+        for what, flags in FLOOR_MODES.items():
+            say(f"aiohttp floor: {what}, {duration:g} s")
+            floors[what] = _floor_run(
+                root / f"floor{len(floors)}", token, flags, cpu=mcpu, duration=duration, load_cpu=lcpu
+            )
+
     sent = sat["ok"] + paced["ok"] + 2 * AGENTS  # timed beats and both warm-ups
     figures = [
         Figure(
@@ -387,8 +399,47 @@ def _manager_figures(quick: bool) -> list[Figure]:
             f"its log grew {log_bytes / 2**20:.1f} MiB ({log_bytes / sent:.0f} B per beat)",
         ),
         *_fronts_figures(fr, frp, fronts, dsize, fnote, own_cores=bool(front_cpus)),
+        *(
+            Figure(
+                f"aiohttp floor: CPU per heartbeat, {what}",
+                _cpu_ms_per_beat(r),
+                "ms",
+                clock="cpu",
+                detail=f"{r['rate']:,.0f}/s answered; no token, no state, no metrics: what any aiohttp "
+                "manager pays before its own work",
+            )
+            for what, r in floors.items()
+        ),
     ]
     return figures
+
+
+def _floor_run(
+    directory: Path,
+    token: Path,
+    flags: Sequence[str],
+    *,
+    cpu: int | None,
+    duration: float,
+    load_cpu: int | None,
+) -> dict[str, Any]:
+    """The load generator against ``bench/_aiohttp_floor.py`` pinned to ``cpu``."""
+    directory.mkdir(parents=True)
+    port = free_port()
+    argv = [sys.executable, "-m", "bench._aiohttp_floor", "--port", str(port), *flags]
+    proc = subprocess.Popen(argv, cwd=ROOT, preexec_fn=pinned_child(cpu))  # noqa: PLW1509 - see pinned_child
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the aiohttp floor server did not listen (exit {proc.poll()})")
+            time.sleep(0.1)
+        server = Manager(proc, f"http://127.0.0.1:{port}", directory, token)
+        return _load(server, name="floor", agents=AGENTS, duration=duration, cpu=load_cpu)
+    finally:
+        _stop(proc)
 
 
 def _front_cores(decider: int | None) -> tuple[int, list[int], str]:
