@@ -35,7 +35,7 @@ from specon_manager import standby
 from specon_manager.app import METRICS, Extension, NodeRequests, create_app
 from specon_manager.app import PodBroker as PodBrokerLike
 from specon_manager.auth import Authenticator, Chain, StaticTokens, load_agent_tokens
-from specon_manager.fronts import Listening, serve_fronts, socket_dir
+from specon_manager.fronts import CONFIG_ENV, Listening, become_front, config_digest, serve_fronts, socket_dir
 from specon_manager.journal import Journal, JournalStore
 from specon_manager.lease import Timing
 from specon_manager.shell import ManagerShell
@@ -163,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _config_digest(args: argparse.Namespace, policy: Policy) -> str:
+    token_files = (args.agent_tokens, args.token_file, args.read_token_file, args.operator_token_file)
+    return config_digest(policy, token_files)
+
+
 def _serve_front(
     args: argparse.Namespace,
     policy: Policy,
@@ -173,8 +178,18 @@ def _serve_front(
     """Run this process as a front of the decider (``specon_manager.front``)."""
     from specon_manager.front import front_app  # noqa: PLC0415  (only a front needs it)
 
+    if (gone := become_front()) is not None:
+        print(f"specon-manager front: {gone}", file=sys.stderr)
+        return 1
     if args.front_socket is None:
         print("specon-manager: --front-of needs --front-socket (both are set by --fronts)", file=sys.stderr)
+        return 2
+    if os.environ.get(CONFIG_ENV) != _config_digest(args, policy):
+        print(
+            "specon-manager front: the policy or a token file changed since the manager started; "
+            "restart the manager to serve them",
+            file=sys.stderr,
+        )
         return 2
 
     extra = _reloading(tls, settings.tls_reload_interval) if tls is not None else None
@@ -185,7 +200,7 @@ def _serve_front(
             app,
             sock=socket.socket(fileno=args.front_socket),
             print=None,
-            handle_signals=True,
+            handle_signals=False,  # the front's own (``front._stop_once``)
             access_log=None,
             shutdown_timeout=settings.shutdown_timeout,
             ssl_context=tls.context if tls is not None else None,
@@ -496,6 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # With fronts, they serve the address and this process a Unix socket only they reach.
     served = {"host": host, "port": port, "ssl_context": tls.context if tls is not None else None}
+    fronts = None
     if args.fronts:
         try:
             listening = Listening(host, port, args.fronts)
@@ -503,7 +519,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"specon-manager: cannot serve on {host}:{port}: {exc}", file=sys.stderr)
             journal.close()
             return 1
-        served = {"path": serve_fronts(app, listening, argv, socket_dir())}
+        path, fronts = serve_fronts(
+            app,
+            listening,
+            argv,
+            socket_dir(),
+            config=_config_digest(args, policy),
+            grace=settings.shutdown_timeout,
+        )
+        served = {"path": path}
     try:
         web.run_app(
             app,
@@ -519,8 +543,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         journal.close()
         log.info("specon.manager.stopped")
-    # Leadership lost: a non-zero exit, so Kubernetes restarts it (as a standby).
-    return 1 if elector is not None and elector.lost else 0
+    # Leadership lost, or fronts that would not stay up: a non-zero exit, so Kubernetes or
+    # systemd restarts it.
+    return 1 if (elector is not None and elector.lost) or (fronts is not None and fronts.failed) else 0
 
 
 if __name__ == "__main__":

@@ -121,7 +121,7 @@ def bearer(request: web.Request) -> str | None:
 _GUARDED_READS = frozenset({protocol.STATUS_PATH, "/"})
 WORKERS_PREFIX = "/v1/workers/"  # the operator's paths (drain, uncordon)
 # POSTs without a credential: logging in, and the API server's admission reviews (it sends none).
-_OPEN_POSTS = frozenset({*login.PATHS, WEBHOOK_PATH})
+OPEN_POSTS = frozenset({*login.PATHS, WEBHOOK_PATH})
 
 
 def _by_cookie(request: web.Request) -> tuple[Identity | None, web.Response | None]:
@@ -143,7 +143,7 @@ def _by_cookie(request: web.Request) -> tuple[Identity | None, web.Response | No
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     metrics = request.app[METRICS]
     post = request.method == "POST"
-    guarded = (post and request.path not in _OPEN_POSTS) or (
+    guarded = (post and request.path not in OPEN_POSTS) or (
         request.app[GUARD_READS]
         and (request.path in _GUARDED_READS or request.path.startswith(WORKERS_PREFIX))
     )

@@ -28,19 +28,20 @@ import msgspec
 import structlog
 from aiohttp import web
 from multidict import CIMultiDict
+from yarl import URL
 
 from specon.wire import protocol
 from specon.wire.protocol import Heartbeat, ProtocolError
 from specon_manager import relay
-from specon_manager.app import bearer, error_reply
-from specon_manager.auth import Authenticator
+from specon_manager.app import OPEN_POSTS, WORKERS_PREFIX, bearer, error_reply
+from specon_manager.auth import Authenticator, Identity
 from specon_manager.standby import ROLE_HEADER
 
 log = structlog.get_logger()
 
 # Seconds a starting front waits for the decider's sockets.
 CONNECT_TIMEOUT = 60.0
-# Headers that describe one hop, not the request (RFC 9110 §7.6.1), and those the proxy sets.
+# Headers that describe one hop, not the message (RFC 9110 §7.6.1), and those the front sets.
 _HOP = frozenset(
     h.lower()
     for h in (
@@ -53,11 +54,16 @@ _HOP = frozenset(
         "Transfer-Encoding",
         "Upgrade",
         "Content-Length",
-        "Content-Encoding",  # bodies are passed on decoded, both ways
-        "X-Forwarded-For",
-        "X-Forwarded-Proto",
     )
 )
+# A request body is passed on as the front's server decoded it; the caller's address and
+# scheme are the front's to say.
+_NOT_PASSED_ON = _HOP | {"content-encoding", "x-forwarded-for", "x-forwarded-proto"}
+# Headers aiohttp's client adds by itself: the decider gets only what the caller sent.
+_NOT_ADDED = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+# Signals that stop a front: the first starts its graceful shutdown, later ones change nothing
+# (a process group's SIGTERM and the decider's own reach a front one after the other).
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Channel:
@@ -71,7 +77,9 @@ class Channel:
         self.closed = asyncio.Event()
 
     async def ask(self, payload: bytes) -> tuple[bytes, bytes]:
-        """The decider's ``(kind, payload)`` answer to a heartbeat frame."""
+        """The decider's ``(kind, payload)`` answer to a heartbeat frame (declined once closed)."""
+        if self.closed.is_set():
+            return relay.DECLINED, b""
         ident = next(self._ids)
         fut: asyncio.Future[tuple[bytes, bytes]] = asyncio.get_running_loop().create_future()
         self._waiting[ident] = fut
@@ -116,42 +124,54 @@ class Front:
         self._session: aiohttp.ClientSession | None = None
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        body: bytes | None = None
+        if request.method != "POST":
+            return await self._pass_on(request, None)
+        who = None
+        if request.path not in OPEN_POSTS:  # a bearer token, checked before the body as ``_guard`` does
+            token = bearer(request)
+            who = None if token is None else await self.auth.authenticate(token)
+            refused = who is None or not (
+                who.agent or (who.operator and request.path.startswith(WORKERS_PREFIX))
+            )
+            if refused:  # the decider's 401 or 403, which it answers without reading the body
+                return await self._pass_on(request, b"")
+        read = await self._read(request)
+        if isinstance(read, web.Response):
+            return read
+        if read is not None and who is not None and who.agent and request.path == protocol.HEARTBEAT_PATH:
+            answered = await self._answer(read, who)
+            if answered is not None:
+                return answered
+        return await self._pass_on(request, read)
+
+    async def _read(self, request: web.Request) -> bytes | web.Response | None:
+        """The body, as the handler reads it (its errors counted as the decider counts them);
+        None: too large or of unknown length, streamed to the decider to refuse or take."""
         length = request.content_length
-        if length is not None and length <= self.max_body:
-            try:
-                body = await request.read()
-            except web.HTTPRequestEntityTooLarge as exc:  # larger once decoded
-                self._rejected("too_large")
-                return error_reply(413, f"body too large: {exc.text}")
-            except web.RequestPayloadError as exc:  # e.g. a Content-Encoding that does not decode
-                self._rejected("malformed")
-                return error_reply(400, f"unreadable body: {exc}")
-            if request.method == "POST" and request.path == protocol.HEARTBEAT_PATH:
-                answered = await self._answer(request, body)
-                if answered is not None:
-                    return answered
-        return await self._pass_on(request, body)
+        if length is None or length > self.max_body:
+            return None
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:  # larger once decoded
+            self._rejected("too_large")
+            return error_reply(413, f"body too large: {exc.text}")
+        except web.RequestPayloadError as exc:  # e.g. a Content-Encoding that does not decode
+            self._rejected("malformed")
+            return error_reply(400, f"unreadable body: {exc}")
 
     def _rejected(self, reason: str) -> None:
         if self._channel is not None:
             self._channel.tell_rejected(reason)
 
-    async def _answer(self, request: web.Request, body: bytes) -> web.Response | None:
-        """The decider's answer to a heartbeat every check passes; None: pass it on."""
-        token = bearer(request)
-        if token is None or self._channel is None:
-            return None
-        who = await self.auth.authenticate(token)
-        if who is None or not who.agent:
+    async def _answer(self, body: bytes, who: Identity) -> web.Response | None:
+        """The decider's answer to a heartbeat that passes every check; None: pass it on."""
+        if self._channel is None:
             return None
         try:
             msg = protocol.decode(body, Heartbeat)
         except ProtocolError:
             return None
-        if not who.may_speak_for(msg.worker):
-            return None
-        frame = packed(msg)
+        frame = packed(msg) if who.may_speak_for(msg.worker) else None
         if frame is None:
             return None
         kind, payload = await self._channel.ask(frame)
@@ -163,18 +183,23 @@ class Front:
         return resp
 
     async def _pass_on(self, request: web.Request, body: bytes | None) -> web.StreamResponse:
-        """``request`` as the decider's HTTP app answers it."""
+        """``request`` as the decider's HTTP app answers it: its body as read, or streamed."""
         assert self._session is not None
-        headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _HOP)
+        headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _NOT_PASSED_ON)
         headers["X-Forwarded-For"] = request.remote or ""
         headers["X-Forwarded-Proto"] = request.scheme
         data = body if body is not None else (request.content if request.body_exists else None)
+        # The path as it came: yarl would resolve dot segments the decider's router refuses.
+        url = URL(f"http://manager{request.raw_path}", encoded=True)
         try:
             async with self._session.request(
-                request.method, f"http://manager{request.rel_url}", headers=headers, data=data
+                request.method, url, headers=headers, data=data, allow_redirects=False
             ) as upstream:
                 payload = await upstream.read()
                 out = CIMultiDict((k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP)
+                if request.method == "HEAD" and (length := upstream.headers.get("Content-Length")):
+                    out["Content-Length"] = length  # of the body a GET would have, as HEAD says
+                    return web.Response(status=upstream.status, headers=out)
                 return web.Response(status=upstream.status, body=payload, headers=out)
         except aiohttp.ClientError as exc:
             log.error("specon.front.decider_unreachable", path=request.path, error=str(exc))
@@ -185,9 +210,15 @@ class Front:
         reader, writer = await _connect(self.sockets / relay.BEATS_SOCKET)
         self._channel = Channel(reader, writer)
         connector = aiohttp.UnixConnector(path=str(self.sockets / relay.HTTP_SOCKET), limit=0)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT),
+            auto_decompress=False,  # answers pass through as the decider wrote them
+            cookie_jar=aiohttp.DummyCookieJar(),  # a cookie is its caller's, never the front's
+            skip_auto_headers=_NOT_ADDED,
+        )
         watch = asyncio.create_task(self._exit_when_closed(self._channel), name="specon-front-watch")
+        _stop_once(asyncio.get_running_loop())
         yield
         watch.cancel()
         await self._session.close()
@@ -198,6 +229,21 @@ class Front:
         await channel.closed.wait()
         log.warning("specon.front.decider_gone")
         os.kill(os.getpid(), signal.SIGTERM)  # run_app's own shutdown
+
+
+def _stop_once(loop: asyncio.AbstractEventLoop) -> None:
+    """The first stop signal shuts the front down gracefully; a second would cut that short
+    (``run_app`` raises ``GracefulExit`` again inside its cleanup), so from then on they are
+    ignored (the decider kills a front that does not finish in its grace)."""
+
+    def stop() -> None:
+        for sig in _STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)
+        raise web.GracefulExit
+
+    for sig in _STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop)
 
 
 def packed(msg: Heartbeat) -> bytes | None:

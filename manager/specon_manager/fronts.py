@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import hashlib
 import os
 import shutil
 import signal
@@ -30,6 +31,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -44,9 +46,17 @@ from specon_manager.standby import ELECTED
 
 log = structlog.get_logger()
 
-# Seconds between a front's exit and its restart; and a stopping front's grace.
+# A front's restart: after RESTART_AFTER s, doubling to RESTART_MAX s for each exit within
+# FAILING_WITHIN s of its start; FAILING_TIMES such exits in a row stop the manager.
 RESTART_AFTER = 1.0
-STOP_GRACE = 5.0
+RESTART_MAX = 30.0
+FAILING_WITHIN = 10.0
+FAILING_TIMES = 3
+WATCH_EVERY = 0.2
+# A front's environment: the decider's pid (a front whose parent is another stops) and the
+# fingerprint of the configuration the decider loaded (``config_digest``).
+PARENT_ENV = "SPECON_FRONT_PARENT"
+CONFIG_ENV = "SPECON_FRONT_CONFIG"
 # The reasons a front may count a rejection under (``specon_manager_rejected_messages``).
 FRONT_REASONS = frozenset({"malformed", "too_large"})
 _PR_SET_PDEATHSIG = 1
@@ -84,9 +94,13 @@ class Listening:
             self.close()
             raise
 
-    def close(self) -> None:
+    def close_sockets(self) -> None:
+        """The decider's copies: the address is served until the fronts close theirs too."""
         for sock in self.sockets:
             sock.close()
+
+    def close(self) -> None:
+        self.close_sockets()
         self._claim.close()
 
 
@@ -109,11 +123,11 @@ async def forwarded(request: web.Request, handler: Handler) -> web.StreamRespons
 class _Beats(asyncio.Protocol):
     """One front's frame connection."""
 
-    def __init__(self, app: web.Application) -> None:
+    def __init__(self, app: web.Application, tasks: set[asyncio.Task[None]]) -> None:
         self.app = app
         self.frames = relay.Frames()
         self.transport: asyncio.Transport | None = None
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks = tasks  # every connection's, awaited before the decider's journal closes
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -158,42 +172,72 @@ class _Beats(asyncio.Protocol):
 
 
 class Fronts:
-    """Starts ``count`` fronts with the manager's command line and keeps them running."""
+    """Starts a front per listening socket with the manager's command line and keeps them
+    running: one that exits is started again after a back-off (1 s, doubling to 30 s); one
+    that exits within 10 s of its start three times in a row stops the manager (exit 1), as a
+    manager that cannot serve should, instead of leaving its socket's connections unanswered."""
 
-    def __init__(self, listening: Sequence[socket.socket], argv: Sequence[str], sockets: Path) -> None:
+    def __init__(
+        self, listening: Listening, argv: Sequence[str], sockets: Path, *, config: str, grace: float
+    ) -> None:
         self.listening = listening
         self.argv = [sys.executable, "-m", "specon_manager", *argv, "--front-of", str(sockets)]
-        self.procs: list[subprocess.Popen[bytes] | None] = [None] * len(listening)
+        self.env = {**os.environ, PARENT_ENV: str(os.getpid()), CONFIG_ENV: config}
+        self.grace = grace
+        n = len(listening.sockets)
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * n
+        self.started = [0.0] * n
+        self.quick_exits = [0] * n
         self.stopping = False
+        self.failed = False
 
     def start(self, i: int) -> None:
-        fd = self.listening[i].fileno()
-        proc = subprocess.Popen(
-            [*self.argv, "--front-socket", str(fd)],
-            pass_fds=(fd,),
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - a prctl before exec only
-        )
+        fd = self.listening.sockets[i].fileno()
+        proc = subprocess.Popen([*self.argv, "--front-socket", str(fd)], pass_fds=(fd,), env=self.env)
         self.procs[i] = proc
+        self.started[i] = time.monotonic()
         log.info("specon.manager.front_started", front=i, pid=proc.pid)
 
     async def keep(self) -> None:
         """Start every front and start again each one that exits, until ``stop``."""
+        due: dict[int, float] = {}
         for i in range(len(self.procs)):
             self.start(i)
         while not self.stopping:
-            await asyncio.sleep(RESTART_AFTER)
-            for i, proc in enumerate(self.procs):
-                if proc is not None and proc.poll() is not None and not self.stopping:
-                    log.warning("specon.manager.front_exited", front=i, pid=proc.pid, code=proc.returncode)
-                    self.start(i)
+            await asyncio.sleep(WATCH_EVERY)
+            now = time.monotonic()
+            for i, proc in enumerate(self.procs):  # no await in here: ``stop`` cannot interleave
+                if i in due:
+                    if now >= due[i]:
+                        del due[i]
+                        self.start(i)
+                    continue
+                if proc is None or proc.poll() is None:
+                    continue
+                quick = now - self.started[i] < FAILING_WITHIN
+                self.quick_exits[i] = self.quick_exits[i] + 1 if quick else 0
+                log.warning("specon.manager.front_exited", front=i, pid=proc.pid, code=proc.returncode)
+                if self.quick_exits[i] >= FAILING_TIMES:
+                    log.error(
+                        "specon.manager.front_failing",
+                        front=i,
+                        exits=self.quick_exits[i],
+                        code=proc.returncode,
+                    )
+                    self.failed = True
+                    os.kill(os.getpid(), signal.SIGTERM)  # run_app's own shutdown
+                    return
+                due[i] = now + min(RESTART_MAX, RESTART_AFTER * 2 ** max(0, self.quick_exits[i] - 1))
 
     async def stop(self) -> None:
+        """New connections are refused from now on; each front finishes what it holds."""
         self.stopping = True
+        self.listening.close_sockets()
         live = [p for p in self.procs if p is not None and p.poll() is None]
         for p in live:
             p.send_signal(signal.SIGTERM)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + STOP_GRACE
+        deadline = loop.time() + self.grace
         while any(p.poll() is None for p in live) and loop.time() < deadline:
             await asyncio.sleep(0.05)
         for p in live:
@@ -202,30 +246,48 @@ class Fronts:
             p.wait()
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the decider dies, however it dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def config_digest(policy: object, files: Sequence[str | Path | None]) -> str:
+    """A fingerprint of what a front must load as the decider did: the policy and the token
+    files (a restarted front re-reads them; one that finds them changed refuses to serve)."""
+    h = hashlib.sha256(repr(policy).encode())
+    h.update(os.environ.get("SPECON_TOKEN", "").encode())
+    for path in files:
+        h.update(b"\0" if path is None else b"\1" + Path(path).read_bytes())
+    return h.hexdigest()
 
 
-def serve_fronts(app: web.Application, listening: Listening, argv: Sequence[str], sockets: Path) -> str:
+def serve_fronts(
+    app: web.Application,
+    listening: Listening,
+    argv: Sequence[str],
+    sockets: Path,
+    *,
+    config: str,
+    grace: float,
+) -> tuple[str, Fronts]:
     """Make ``app`` the decider of a front per ``listening`` socket: the frame socket and the
-    fronts live with it; returns the path its HTTP app is to be served on (``run_app(path=)``)."""
+    fronts live with it. Returns the path its HTTP app is to be served on (``run_app(path=)``)
+    and the fronts (``failed``: they could not be kept running)."""
     app.middlewares.insert(0, forwarded)
-    fronts = Fronts(listening.sockets, argv, sockets)
+    fronts = Fronts(listening, argv, sockets, config=config, grace=grace)
+    answering: set[asyncio.Task[None]] = set()
 
     async def stop_fronts(_app: web.Application) -> None:
         await fronts.stop()  # after the polls they pass on are released (``_release_polls``)
 
     async def ctx(_app: web.Application) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
-        server = await loop.create_unix_server(lambda: _Beats(app), str(sockets / relay.BEATS_SOCKET))
+        server = await loop.create_unix_server(
+            lambda: _Beats(app, answering), str(sockets / relay.BEATS_SOCKET)
+        )
         keeper = asyncio.create_task(fronts.keep(), name="specon-manager-fronts")
         log.info("specon.manager.fronts", fronts=len(listening.sockets), sockets=str(sockets))
         yield
         keeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await keeper
+        if answering:  # relayed heartbeats still being applied: before the journal closes
+            await asyncio.wait(answering, timeout=grace)
         server.close()
         await server.wait_closed()
         listening.close()
@@ -233,4 +295,15 @@ def serve_fronts(app: web.Application, listening: Listening, argv: Sequence[str]
 
     app.cleanup_ctx.append(ctx)
     app.on_shutdown.append(stop_fronts)
-    return str(sockets / relay.HTTP_SOCKET)
+    return str(sockets / relay.HTTP_SOCKET), fronts
+
+
+def become_front() -> str | None:
+    """In a front, first thing: die with the decider (``PR_SET_PDEATHSIG``), however it dies;
+    None, or why this process cannot be its front (its parent is gone already)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    parent = os.environ.get(PARENT_ENV, "")
+    if not parent.isdigit() or os.getppid() != int(parent):
+        return "the manager that started this front is gone"
+    return None

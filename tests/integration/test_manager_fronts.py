@@ -135,6 +135,10 @@ async def test_fronts_answer_what_passes_and_the_decider_everything_else(manager
 
         async with session.get(f"{manager.url}{protocol.STATUS_PATH}") as resp:
             assert resp.status == 401  # the read token guards it, as without fronts
+        async with session.head(f"{manager.url}/healthz") as resp:
+            assert resp.status == 200 and int(resp.headers["Content-Length"]) > 0
+        # The path as it came: not resolved to /v1/status on the way (the router's 404).
+        assert (await _raw(manager, "GET", "/v1/workers/../status", b"", _auth(READ)))[0] == 404
         async with session.get(f"{manager.url}{protocol.STATUS_PATH}", headers=_auth(READ)) as resp:
             status_doc = protocol.decode(await resp.read(), Status)
         metrics = await _metrics(session, manager)
@@ -198,3 +202,86 @@ async def test_a_second_manager_cannot_take_the_address(manager: Running, tmp_pa
             argv, capture_output=True, text=True, env=manager_env(), timeout=30, check=False
         )
         assert other.returncode == 1 and "address already in use" in other.stderr.lower(), other.stderr
+
+
+async def test_a_browser_login_through_a_front_is_that_browsers_alone(manager: Running) -> None:
+    """The session cookie reaches the browser that logged in (the 303 is not followed by the
+    front), and the front keeps no cookie of its own for the next caller."""
+    form = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "text/html"}
+    jar = aiohttp.CookieJar(unsafe=True)  # cookies of an IP address's site too
+    async with aiohttp.ClientSession(cookie_jar=jar) as browser, aiohttp.ClientSession() as stranger:
+        await wait_healthy(manager, browser)
+        async with browser.post(
+            f"{manager.url}/login", data=f"token={READ}", headers=form, allow_redirects=False
+        ) as resp:
+            assert resp.status == 303 and resp.headers["Location"] == "/"
+            assert "specon_session" in resp.headers["Set-Cookie"]
+        async with browser.get(f"{manager.url}/", headers={"Accept": "text/html"}) as resp:
+            assert resp.status == 200 and "log out" in (await resp.text()).lower()
+        async with stranger.get(f"{manager.url}/", headers={"Accept": "text/html"}) as resp:
+            assert resp.status == 401  # the login form, not the page
+        async with stranger.get(f"{manager.url}{protocol.STATUS_PATH}") as resp:
+            assert resp.status == 401
+
+
+async def _raw(m: Running, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+    """One request written whole, in one write: a server may answer before it reads the
+    body (as the manager does a 401), and a client still writing would see the reset."""
+    host, port = m.url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    writer.write(
+        f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: {len(body)}\r\n"
+        f"Connection: close\r\n{head}\r\n".encode()
+        + body
+    )
+    answer = await reader.read()
+    writer.close()
+    status_line, _, rest = answer.partition(b"\r\n")
+    return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+async def test_the_token_is_checked_before_the_body_is_read(manager: Running) -> None:
+    path = protocol.HEARTBEAT_PATH
+    garbage = {"Content-Encoding": "gzip"}
+    async with aiohttp.ClientSession() as session:
+        await wait_healthy(manager, session)
+        status, _ = await _raw(manager, "POST", path, b"not gzip at all", {**garbage, **_auth("not-a-token")})
+        assert status == 401
+        status, body = await _raw(
+            manager, "POST", path, b"not gzip at all", {**garbage, **_auth(TOKENS["w1"])}
+        )
+        assert status == 400 and "unreadable body" in protocol.decode(body, ErrorReply).error
+        metrics = await _metrics(session, manager)
+    assert 'specon_manager_rejected_messages_total{reason="unauthorized"} 1.0' in metrics
+    assert 'specon_manager_rejected_messages_total{reason="malformed"} 1.0' in metrics
+
+
+async def test_a_second_stop_signal_does_not_cut_a_fronts_shutdown_short(manager: Running) -> None:
+    async with aiohttp.ClientSession() as session:
+        await wait_healthy(manager, session)
+    victim = min(_children(manager.proc.pid))
+    os.kill(victim, signal.SIGTERM)  # as a process group's SIGTERM, then the decider's own
+    time.sleep(0.02)
+    os.kill(victim, signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    while not _events(manager, "specon.manager.front_exited") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (exited,) = _events(manager, "specon.manager.front_exited")
+    assert exited["pid"] == victim and exited["code"] == 0
+
+
+async def test_fronts_that_cannot_serve_what_the_manager_loaded_stop_it(
+    manager: Running, tmp_path: Path
+) -> None:
+    """A token added to the file after the start would be honoured by a restarted front and
+    not by the decider: the front refuses to start, and after three tries the manager stops."""
+    async with aiohttp.ClientSession() as session:
+        await wait_healthy(manager, session)
+    with (tmp_path / "agents.yaml").open("a") as f:
+        f.write("w3: fronts-agent-token-w3-0123456789abcdef0123\n")
+    os.kill(min(_children(manager.proc.pid)), signal.SIGKILL)
+    assert manager.proc.wait(60) == 1
+    (failing,) = _events(manager, "specon.manager.front_failing")
+    assert failing["code"] == 2
+    assert "the policy or a token file changed since the manager started" in manager.log.read_text()
