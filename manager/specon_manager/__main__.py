@@ -157,9 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 0: this process alone; see docs/architecture.md, Past one core)",
     )
     # Internal (set by --fronts): run as a front of the decider whose sockets are in DIR,
-    # serving the listening socket it handed over as file descriptor FD.
+    # serving the listening sockets it handed over as file descriptors FD (one per address).
     p.add_argument("--front-of", type=Path, metavar="DIR", help=argparse.SUPPRESS)
-    p.add_argument("--front-socket", type=non_negative_int, metavar="FD", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--front-socket", type=non_negative_int, action="append", metavar="FD", help=argparse.SUPPRESS
+    )
     return p
 
 
@@ -198,7 +200,7 @@ def _serve_front(
     try:
         web.run_app(
             app,
-            sock=socket.socket(fileno=args.front_socket),
+            sock=[socket.socket(fileno=fd) for fd in args.front_socket],
             print=None,
             handle_signals=False,  # the front's own (``front._stop_once``)
             access_log=None,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import hashlib
 import os
 import shutil
@@ -34,6 +35,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import structlog
@@ -68,31 +70,39 @@ HEARTBEATS = msgspec.msgpack.Decoder(Heartbeat)
 class Listening:
     """The manager's address, bound once per front with ``SO_REUSEPORT``, and held alone.
 
-    ``SO_REUSEPORT`` would let a second manager of the same user bind the address too and
-    take half its connections; an abstract Unix socket named after the address, which only
-    one process can bind, refuses that second manager as a taken port refuses it without
-    fronts."""
+    Every address the host name resolves to is bound, as the manager without fronts binds
+    them (``localhost``: 127.0.0.1 and ::1), an IPv6 one for IPv6 only. ``SO_REUSEPORT``
+    would let a second manager of the same user bind the address too and take half its
+    connections; an abstract Unix socket named after the port, which only one process of the
+    network namespace can bind, refuses that second manager (on any address of that port) as
+    a taken port refuses it without fronts."""
 
     def __init__(self, host: str, port: int, count: int) -> None:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        self.sockets: list[socket.socket] = []
+        if port == 0:
+            raise OSError(
+                errno.EINVAL, "--fronts needs a port of its own (not 0): every front serves the same one"
+            )
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        addresses = list(dict.fromkeys((family, addr) for family, _, _, _, addr in found))
+        self.per_front: list[list[socket.socket]] = []
         self._claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             try:
-                self._claim.bind(f"\0specon-manager {addr}")
+                self._claim.bind(f"\0specon-manager port {port}")
             except OSError as exc:
                 why = f"{exc.strerror} (another specon-manager with --fronts serves it)"
                 raise OSError(exc.errno, why) from None
             for _ in range(count):
-                sock = socket.socket(family, kind, proto)
-                self.sockets.append(sock)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-                sock.bind(addr)
-                sock.listen(BACKLOG)
+                self.per_front.append([])
+                for family, addr in addresses:
+                    self.per_front[-1].append(_listening(family, addr))
         except OSError:
             self.close()
             raise
+
+    @property
+    def sockets(self) -> list[socket.socket]:
+        return [sock for socks in self.per_front for sock in socks]
 
     def close_sockets(self) -> None:
         """The decider's copies: the address is served until the fronts close theirs too."""
@@ -102,6 +112,21 @@ class Listening:
     def close(self) -> None:
         self.close_sockets()
         self._claim.close()
+
+
+def _listening(family: socket.AddressFamily, addr: tuple[Any, ...]) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(addr)
+        sock.listen(BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def socket_dir() -> Path:
@@ -184,7 +209,7 @@ class Fronts:
         self.argv = [sys.executable, "-m", "specon_manager", *argv, "--front-of", str(sockets)]
         self.env = {**os.environ, PARENT_ENV: str(os.getpid()), CONFIG_ENV: config}
         self.grace = grace
-        n = len(listening.sockets)
+        n = len(listening.per_front)
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * n
         self.started = [0.0] * n
         self.quick_exits = [0] * n
@@ -192,8 +217,9 @@ class Fronts:
         self.failed = False
 
     def start(self, i: int) -> None:
-        fd = self.listening.sockets[i].fileno()
-        proc = subprocess.Popen([*self.argv, "--front-socket", str(fd)], pass_fds=(fd,), env=self.env)
+        fds = [sock.fileno() for sock in self.listening.per_front[i]]
+        argv = [*self.argv, *(a for fd in fds for a in ("--front-socket", str(fd)))]
+        proc = subprocess.Popen(argv, pass_fds=fds, env=self.env)
         self.procs[i] = proc
         self.started[i] = time.monotonic()
         log.info("specon.manager.front_started", front=i, pid=proc.pid)
@@ -281,7 +307,7 @@ def serve_fronts(
             lambda: _Beats(app, answering), str(sockets / relay.BEATS_SOCKET)
         )
         keeper = asyncio.create_task(fronts.keep(), name="specon-manager-fronts")
-        log.info("specon.manager.fronts", fronts=len(listening.sockets), sockets=str(sockets))
+        log.info("specon.manager.fronts", fronts=len(listening.per_front), sockets=str(sockets))
         yield
         keeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
