@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import inspect
 import re
 import textwrap
@@ -50,6 +51,9 @@ ID_SCHEMA: dict[str, Any] = {
 }
 # NewType ids that follow the id rule, by their name.
 ID_TYPES = ("WorkerId", "ContainerId")
+# A label key, a taint or a toleration: printable text (``str.isprintable``, the checks'
+# rule), stated as "no character of this class" (``not`` ``pattern``, which needs no anchors).
+PRINTABLE_TEXT = "PrintableText"
 
 # Messages that travel on their own, in the envelope {"version", "kind", ...fields}.
 ENVELOPED: tuple[type[Any], ...] = (
@@ -97,18 +101,47 @@ def _keywords(cls: type[Any], name: str, rule: Limit, tp: Any) -> tuple[dict[str
         case Labels(count, key, value):
             return {
                 "maxProperties": count,
-                "propertyNames": {"minLength": 1, "maxLength": key},
+                "propertyNames": {**ref(PRINTABLE_TEXT), "minLength": 1, "maxLength": key},
                 "additionalProperties": {"type": "string", "maxLength": value},
-            }, ["Keys are printable text"]
+            }, []
         case Taints(count, length):
             return {
                 "maxItems": count,
-                "items": {"type": "string", "minLength": 1, "maxLength": length},
-            }, ["Each printable text"]
+                "items": {**ref(PRINTABLE_TEXT), "minLength": 1, "maxLength": length},
+            }, []
         case Items(max_items, unique):
             keywords = {} if max_items is None else {"maxItems": max_items}
             return keywords, [] if unique is None else [f"Each {unique} at most once"]
     typing.assert_never(rule)
+
+
+def printable_text_schema() -> dict[str, Any]:
+    """``PrintableText``: no character ``str.isprintable`` refuses within the Basic Multilingual
+    Plane, written with ``\\uXXXX`` escapes (the same class in ECMA-262 and Python's ``re``).
+    Surrogates are left out of the class: an ECMA-262 pattern without the ``u`` flag sees a
+    character past the BMP as two of them. Such a character is refused when it is not
+    printable (a tag, a private-use or an unassigned code point): the description says so."""
+    return {
+        "type": "string",
+        "not": {"pattern": _non_printable_class()},
+        "description": "Printable text (Python's str.isprintable): no control, format, private-use, "
+        "unassigned or surrogate character and no separator but the space. The pattern states it for "
+        "the Basic Multilingual Plane; a character beyond it that is not printable is refused too.",
+    }
+
+
+@functools.cache
+def _non_printable_class() -> str:
+    ranges: list[str] = []
+    start = None
+    for code in range(0x10000 + 1):
+        refused = code < 0x10000 and not chr(code).isprintable() and not 0xD800 <= code <= 0xDFFF
+        if refused and start is None:
+            start = code
+        elif not refused and start is not None:
+            ranges.append(f"\\u{start:04x}" if start == code - 1 else f"\\u{start:04x}-\\u{code - 1:04x}")
+            start = None
+    return f"[{''.join(ranges)}]"
 
 
 def _non_null(tp: Any) -> Any:
@@ -269,6 +302,8 @@ class SchemaBuilder:
             description = comments.get(f.name)
             rule = limit_of(cls, f)
             keywords, notes = ({}, []) if rule is None else _keywords(cls, f.name, rule, hints[f.name])
+            if isinstance(rule, Labels | Taints):
+                self.schemas.setdefault(PRINTABLE_TEXT, printable_text_schema())
             if (extra := _RULES.get((cls, f.name))) is not None:
                 self.used_rules.add((cls, f.name))
                 keywords = {**keywords, **extra}
