@@ -19,6 +19,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 import specon
+from specon.argtypes import non_negative_int
 from specon.cli.systemd_units import (
     AGENT_UNIT,
     DEFAULT_ENV_FILE,
@@ -323,6 +324,7 @@ def manager_unit(args: argparse.Namespace) -> ManagerUnit:
         protect_home=protect_home(needed),
         tls_cert=tls_cert,
         tls_key=tls_key,
+        fronts=args.fronts,
     )
 
 
@@ -576,6 +578,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--user",
         metavar="NAME",
         help="run as this existing user instead of a DynamicUser= (when the install is not world-readable)",
+    )
+    manager.add_argument(
+        "--fronts",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="passed to the manager: serve from N front processes beside the deciding one, for a "
+        "cluster past one core's heartbeats (default 0; docs/architecture.md, Past one core)",
     )
     _common(manager, "specon-manager")
     manager.set_defaults(func=_manager)

@@ -75,6 +75,7 @@ class ManagerUnit:
     # Both or neither (validated): HTTPS with this certificate chain and key.
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    fronts: int = 0  # specon-manager --fronts: front processes beside the decider (0: none)
 
 
 # -- rendering (pure) -------------------------------------------------------------------
@@ -222,6 +223,8 @@ def render_manager(unit: ManagerUnit) -> str:
         ]
     if unit.policy:
         argv.append(["--policy", exec_arg(str(unit.policy))])
+    if unit.fronts:
+        argv.append(["--fronts", str(unit.fronts)])
     if unit.user:
         user = f"User={escape(unit.user)}"
     else:

@@ -160,9 +160,12 @@ def test_agent_unit_restarts_and_heartbeats(manager: tuple[str, str, str], boote
     assert journal().count("specon.agent.started") == 2
 
 
-def test_manager_unit_runs_as_a_dynamic_user_over_tls(booted: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fronts", [0, 2])
+def test_manager_unit_runs_as_a_dynamic_user_over_tls(booted: Any, tmp_path: Path, fronts: int) -> None:
     """The manager's unit, with its sandbox and syscall filter, serves an agent's unit over
-    HTTPS: certificate, key and CA reach the services only through ``LoadCredential=``."""
+    HTTPS: certificate, key and CA reach the services only through ``LoadCredential=``. With
+    ``--fronts 2`` the fronts run in the same sandbox, relay the agent's heartbeats, and
+    ``systemctl stop`` (SIGTERM to every process of the unit) ends them all cleanly."""
     from specon.testing.certs import TestCA  # noqa: PLC0415 - cryptography: a dev extra
 
     worker, token = f"sd-{secrets.token_hex(3)}", secrets.token_hex(32)
@@ -181,7 +184,7 @@ def test_manager_unit_runs_as_a_dynamic_user_over_tls(booted: Any, tmp_path: Pat
     _exec(
         booted,
         f"{specon} systemd manager --agent-tokens /etc/specon/agent-tokens.yaml --listen {host}:{port} "
-        "--tls-cert /etc/specon/tls/manager.crt --tls-key /etc/specon/tls/manager.key && "
+        f"--tls-cert /etc/specon/tls/manager.crt --tls-key /etc/specon/tls/manager.key --fronts {fronts} && "
         f"{specon} systemd agent --manager {url} --worker {worker} --token-file {TOKEN_INSIDE} "
         f"--volume {VOLUME_INSIDE} --listen {_addr()}:{free_port()} --ca-file /etc/specon/tls/ca.crt",
     )
@@ -210,6 +213,15 @@ def test_manager_unit_runs_as_a_dynamic_user_over_tls(booted: Any, tmp_path: Pat
     assert status["NoNewPrivs"].strip() == "1"
     # The journal is in its state directory, owned by that user and by nobody else.
     _exec(booted, "test -s /var/lib/private/specon-manager/journal.db")
+    children = _exec(booted, f"cat /proc/{pid}/task/*/children").split()
+    assert len(children) == fronts, journal()
+    if fronts:
+        relayed = _until(lambda: _relayed(url, ca.cert_path), 30, "heartbeats relayed by the fronts", journal)
+        assert relayed >= 1
+        _exec(booted, "systemctl stop specon-manager")
+        stopped = _exec(booted, "systemctl show -p Result,ActiveState specon-manager")
+        assert "Result=success" in stopped and "ActiveState=inactive" in stopped, journal()
+        assert "specon.manager.front_exited" not in journal()  # stopped, not lost
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -257,6 +269,20 @@ def _heartbeat(url: str, worker: str, ca: Path | None = None) -> tuple[float, fl
     for w in (status or {}).get("workers", []):
         if w["id"] == worker and w["heartbeat_age"] is not None:
             return float(status["now"]), float(status["now"]) - float(w["heartbeat_age"])
+    return None
+
+
+def _relayed(url: str, ca: Path) -> float | None:
+    """``specon_manager_relayed_heartbeats_total`` of an https manager (None while 0 or unread)."""
+    with (
+        contextlib.suppress(OSError, ValueError),
+        urllib.request.urlopen(
+            f"{url}/metrics", timeout=5, context=ssl.create_default_context(cafile=str(ca))
+        ) as r,
+    ):
+        for line in r.read().decode().splitlines():
+            if line.startswith("specon_manager_relayed_heartbeats_total "):
+                return float(line.split()[1]) or None
     return None
 
 

@@ -171,6 +171,12 @@ def test_agent_insecure_http_is_passed_through() -> None:
     assert "--insecure-http" in _exec_start(render_agent(unit))
 
 
+def test_manager_unit_with_fronts() -> None:
+    text = render_manager(dataclasses.replace(MANAGER, fronts=2))
+    assert _exec_start(text)[-2:] == ["--fronts", "2"]
+    assert "--fronts" not in render_manager(MANAGER)
+
+
 def test_manager_tls_unit() -> None:
     unit = dataclasses.replace(
         MANAGER, tls_cert=Path("/etc/specon/tls/manager.crt"), tls_key=Path("/etc/specon/tls/manager.key")
