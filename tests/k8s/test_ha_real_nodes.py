@@ -2,8 +2,10 @@
 its replica's ``/healthz`` as the Deployment says, so "2/2 Ready" is what the kubelets report,
 not what the manifests promise. One replica leads (it holds the Lease and labels its own pod
 ``specon.io/leader=true``, which the Service selects); when its pod is deleted the other takes
-the Lease and the label, and stays Ready throughout. (The test control plane runs no
-Deployment controller: the two pods are the ones it would create, one per node.)"""
+the Lease and the label, and stays Ready throughout. The same with ``components/fronts`` added:
+each replica's fronts answer the probes and the standby's pass its protocol POSTs on to its
+decider. (The test control plane runs no Deployment controller: the two pods are the ones it
+would create, one per node.)"""
 
 from __future__ import annotations
 
@@ -28,13 +30,12 @@ from tests.k8s.test_runtime_kubernetes import until
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def ha_template(tmp_path: Path) -> dict[str, Any]:
-    """The manager Deployment's pod template with ``components/ha`` (no TLS or read token:
-    they need Secrets that this test has no use for)."""
+def ha_template(tmp_path: Path, components: tuple[str, ...] = ("ha",)) -> dict[str, Any]:
+    """The manager Deployment's pod template with ``components`` (no TLS or read token: they
+    need Secrets that this test has no use for)."""
     rel = os.path.relpath(MANIFESTS, tmp_path)
-    (tmp_path / "kustomization.yaml").write_text(
-        f"resources: [{rel}/base]\ncomponents: [{rel}/components/ha]\n"
-    )
+    listed = ", ".join(f"{rel}/components/{c}" for c in components)
+    (tmp_path / "kustomization.yaml").write_text(f"resources: [{rel}/base]\ncomponents: [{listed}]\n")
     (deployment,) = by_kind(render(tmp_path))["Deployment"]
     assert deployment["spec"]["replicas"] == 2
     return dict(deployment["spec"]["template"])
@@ -53,6 +54,8 @@ def replica(
     for probe in ("readinessProbe", "livenessProbe"):
         c[probe]["httpGet"].update({"host": "127.0.0.1", "port": port})
     c.pop("ports", None)
+    # components/fronts asks 3 cores; the test kubelets' nodes have 2 (and run the rest too).
+    c["resources"]["requests"]["cpu"] = "100m"
     for v in spec["volumes"]:
         if v["name"] == "policy":  # the generated (hash-suffixed) name: ours
             v["configMap"]["name"] = "specon-policy"
@@ -63,16 +66,27 @@ def replica(
     )
 
 
+def _listening(port: int) -> int:
+    """Sockets listening on TCP ``port`` of 127.0.0.1 (the kubelets share the host network)."""
+    rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for r in rows if r.split()[1] == f"0100007F:{port:04X}" and r.split()[3] == "0A")
+
+
 def ready(pod: dict[str, Any]) -> bool:
     conditions = (pod.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+@pytest.mark.parametrize("components", [("ha",), ("ha", "fronts")])
 async def test_both_ha_replicas_are_ready_on_their_kubelets_and_one_leads(
-    real_cluster: KubeCluster, real_namespace: str, real_nodes: RealNodes, tmp_path: Path
+    real_cluster: KubeCluster,
+    real_namespace: str,
+    real_nodes: RealNodes,
+    tmp_path: Path,
+    components: tuple[str, ...],
 ) -> None:
     ns, admin = real_namespace, KubeApi(real_cluster.api_client())
-    template = ha_template(tmp_path)
+    template = ha_template(tmp_path, components)
     admin.request(
         "POST", f"/api/v1/namespaces/{ns}/serviceaccounts", body={"metadata": {"name": "specon-manager"}}
     )
@@ -84,7 +98,8 @@ async def test_both_ha_replicas_are_ready_on_their_kubelets_and_one_leads(
         admin.request("POST", f"/api/v1/namespaces/{ns}/configmaps", body=cm)
     pods = f"/api/v1/namespaces/{ns}/pods"
     names = {"manager-a": "node-1", "manager-b": "node-2"}
-    for (name, node), port in zip(names.items(), free_ports(2), strict=True):
+    ports = free_ports(2)
+    for (name, node), port in zip(names.items(), ports, strict=True):
         admin.request("POST", pods, body=replica(template, real_cluster, name, node, port))
 
     def replicas() -> dict[str, dict[str, Any]]:
@@ -105,6 +120,8 @@ async def test_both_ha_replicas_are_ready_on_their_kubelets_and_one_leads(
     t0 = time.monotonic()
     await until(lambda: all_ready(set(names)), "2/2 Ready by the kubelets' probes, one leader", timeout=180)
     up = time.monotonic() - t0
+    # Each replica listens once per front (SO_REUSEPORT), or once: the host network shows it.
+    assert [_listening(port) for port in ports] == [2 if "fronts" in components else 1] * 2
     (first,) = leaders()
     # The leader's pod goes (a node drained, a rollout): the other takes over, Ready throughout.
     other = next(n for n in names if n != first)

@@ -763,6 +763,25 @@ async def test_the_manager_role_allows_every_call_the_journal_and_tokenreview_ma
     assert forbidden(manager, "GET", f"/api/v1/namespaces/{rbac.other}/pods/m1")
 
 
+def test_the_fronts_component_gives_the_manager_fronts_and_a_core_for_each(tmp_path: Path) -> None:
+    """components/fronts, alone and with components/ha: ``--fronts 2`` (a flag the manager
+    knows), three cores requested; the base runs one process."""
+    (single,) = by_kind(render(MANIFESTS))["Deployment"]
+    assert manager_parser().parse_args(container(single)["args"]).fronts == 0
+    rel = os.path.relpath(MANIFESTS, tmp_path)
+    for extra in ("", f", {rel}/components/ha"):
+        (tmp_path / "kustomization.yaml").write_text(
+            f"resources: [{rel}]\ncomponents: [{rel}/components/fronts{extra}]\n"
+        )
+        (manager,) = by_kind(render(tmp_path))["Deployment"]
+        c = container(manager)
+        args = manager_parser().parse_args(c["args"])
+        assert args.fronts == 2 and args.leader_elect == bool(extra)
+        assert c["resources"]["requests"]["cpu"] == "3" and c["resources"]["limits"]["memory"] == "1Gi"
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True  # its sockets go to the /tmp volume
+        assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+
+
 def test_the_cpu_weights_component_mounts_only_the_node_cgroups_into_the_agent(tmp_path: Path) -> None:
     rel = os.path.relpath(MANIFESTS, tmp_path)
     (tmp_path / "kustomization.yaml").write_text(
