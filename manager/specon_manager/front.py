@@ -233,17 +233,20 @@ class Front:
 
 def _stop_once(loop: asyncio.AbstractEventLoop) -> None:
     """The first stop signal shuts the front down gracefully; a second would cut that short
-    (``run_app`` raises ``GracefulExit`` again inside its cleanup), so from then on they are
-    ignored (the decider kills a front that does not finish in its grace)."""
+    (``run_app`` raises ``GracefulExit`` again inside its cleanup), so from then on they do
+    nothing (the decider kills a front that does not finish in its grace)."""
 
     def stop() -> None:
-        for sig in _STOP_SIGNALS:
-            loop.remove_signal_handler(sig)
-            signal.signal(sig, signal.SIG_IGN)
+        for sig in _STOP_SIGNALS:  # still caught, so no signal kills the front meanwhile
+            loop.add_signal_handler(sig, _ignored)
         raise web.GracefulExit
 
     for sig in _STOP_SIGNALS:
         loop.add_signal_handler(sig, stop)
+
+
+def _ignored() -> None:
+    """A stop signal after the first."""
 
 
 def packed(msg: Heartbeat) -> bytes | None:

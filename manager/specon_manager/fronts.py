@@ -225,8 +225,12 @@ class Fronts:
         log.info("specon.manager.front_started", front=i, pid=proc.pid)
 
     async def keep(self) -> None:
-        """Start every front and start again each one that exits, until ``stop``."""
+        """Start every front and start again each one that exits, until ``stop``. An exit is
+        acted on a watch later: a process group's stop signal reaches a front (one still
+        starting dies of it at once) as it reaches the decider, whose handler says it is
+        stopping only when the loop gets to it."""
         due: dict[int, float] = {}
+        noticed: set[int] = set()
         for i in range(len(self.procs)):
             self.start(i)
         while not self.stopping:
@@ -240,6 +244,10 @@ class Fronts:
                     continue
                 if proc is None or proc.poll() is None:
                     continue
+                if i not in noticed:
+                    noticed.add(i)
+                    continue
+                noticed.discard(i)
                 quick = now - self.started[i] < FAILING_WITHIN
                 self.quick_exits[i] = self.quick_exits[i] + 1 if quick else 0
                 log.warning("specon.manager.front_exited", front=i, pid=proc.pid, code=proc.returncode)
@@ -301,8 +309,17 @@ def serve_fronts(
     async def stop_fronts(_app: web.Application) -> None:
         await fronts.stop()  # after the polls they pass on are released (``_release_polls``)
 
+    def stopping() -> None:
+        """The decider's own SIGTERM or SIGINT (replacing ``run_app``'s handler, which only
+        raises): from this moment a front that exits is not started again, nor logged as lost
+        (a process group's signal reaches the fronts at the same time)."""
+        fronts.stopping = True
+        raise web.GracefulExit
+
     async def ctx(_app: web.Application) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping)
         server = await loop.create_unix_server(
             lambda: _Beats(app, answering), str(sockets / relay.BEATS_SOCKET)
         )
