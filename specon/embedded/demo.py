@@ -141,13 +141,22 @@ class PageKeeper:
     looked_at: float = -math.inf
 
     def due(self, now: float, status: Status) -> bool:
-        """Whether to fetch the page now: every ``PAGE_EVERY`` s, while it shows at least as
-        many curves as the one kept."""
+        """Whether to fetch the page now: every ``PAGE_EVERY`` s, while the status shows at
+        least as many curves as the page kept."""
         return now - self.looked_at >= PAGE_EVERY and _curves(status) >= self.curves
 
-    def keep(self, now: float, status: Status, html: bytes) -> None:
+    def keep(self, now: float, html: bytes) -> None:
+        """``html`` if it draws at least as many curves as the page kept. Counted on the page
+        itself: the manager shares a built page for a second, so it may be older than the
+        status that made it due."""
         self.looked_at = now
-        self.html, self.curves = html, _curves(status)
+        curves = html.count(CURVE_MARK)
+        if curves >= self.curves:
+            self.html, self.curves = html, curves
+
+
+# How the status page draws one job's loss curve (specon_manager.page_jobs).
+CURVE_MARK = b"<polyline"
 
 
 def _curves(status: Status) -> int:
@@ -301,7 +310,7 @@ async def run_once(
                 with contextlib.suppress(Exception):
                     st = await cluster.status()
                     if page is not None and page.due(now, st):
-                        page.keep(now, st, await _page(cluster))
+                        page.keep(now, await _page(cluster))
                     for m in st.migrations:
                         if m.id not in seen_migrations and m.state.value in ("done", "rolled_back"):
                             seen_migrations.add(m.id)
