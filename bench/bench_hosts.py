@@ -36,7 +36,7 @@ from specon.embedded.cluster import EmbeddedCluster
 from specon.model import WorkerId
 from specon.testing.certs import manager_tls
 from specon.testing.net_hosts import NetHost, NetHosts
-from specon.wire.protocol import MigrationStatus
+from specon.wire.status import MigrationStatus
 from tests.integration.test_e2e_local import POLICY, job, records, wait_for
 
 LOOPBACK = "one host, loopback HTTP"

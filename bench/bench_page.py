@@ -40,7 +40,8 @@ from bench.figures import Figure
 from specon.config import Policy, default_policy
 from specon.coordinator.machine import Coordinator
 from specon.model import Category, ContainerId, Resources, WorkerId
-from specon.wire.protocol import STEPS_LABEL, ContainerReport, Heartbeat, LossWindow
+from specon.wire.protocol import STEPS_LABEL, ContainerReport, Heartbeat
+from specon.wire.status import LossWindow
 
 WORKERS, PER_WORKER = 50, 20
 RUNS = 9

@@ -11,7 +11,8 @@ its declared total, as the agent does:
 * ``fit``: where Optimus's fit of the losses so far comes within 5 % of its floor
   (``specon.policy.remaining.steps_to_converge``), at most the job's steps;
 * ``memory``: ``quality_point``'s ``memory`` having seen the other traces of the same model
-  finish (leave-one-out over the recorded seeds: the median of their true shares).
+  finish on the cluster (leave-one-out over the recorded seeds: the median of their true
+  shares, ``specon.policy.quality_memory``).
 
 Per model and point of life: the median absolute error in steps and as a share of the job's
 steps, and the share of estimates before the true point (early: the rule stops favouring
@@ -28,7 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.figures import Figure
-from specon.policy import quality_point
+from specon.policy import quality_memory, quality_point
+from specon.policy.quality_memory import QualityMemory
 from specon.policy.remaining import steps_to_converge
 from specon.sim.detection import ground_truth_step
 from specon.sim.trace import Trace, load_traces
@@ -53,11 +55,11 @@ def _fit(tr: Trace, now: float, steps: list[float], losses: list[float], others:
 
 
 def _recalled(model: str, others: list[float]) -> float | None:
-    """What a worker that saw ``others`` (shares) of ``model`` finish recalls."""
-    memory: quality_point.Memory = {}
-    for share in others:
-        memory = quality_point.remember(memory, model, share)
-    return quality_point.recall(memory, model)
+    """What a cluster that saw ``others`` (shares) of ``model`` finish recalls."""
+    memory = QualityMemory()
+    for i, share in enumerate(others):
+        memory = memory.finished(model, f"job-{i}", share) or memory
+    return quality_memory.recall(memory.shares(), model)
 
 
 ESTIMATE: dict[str, Estimator] = {

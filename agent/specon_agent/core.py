@@ -45,14 +45,8 @@ from specon.runtime.base import (
 from specon.runtime.gpu.nvml import NvmlReader
 from specon.runtime.gpu.sample import GpuSample, gpu_capacity, gpu_labels
 from specon.wire.limits import COUNT
-from specon.wire.protocol import (
-    Action,
-    Command,
-    CommandBatch,
-    CommandResult,
-    Heartbeat,
-    Phase,
-)
+from specon.wire.protocol import Action, Command, CommandBatch, CommandResult, Heartbeat
+from specon.wire.status import Phase
 from specon_agent.gpu_share import GpuShare, gpu_state_path
 from specon_agent.gpus import GpuUsage, device_reports, gpu_use
 from specon_agent.priority import Running, running_of
@@ -123,18 +117,15 @@ class Agent:
         self.gpu_sample: GpuSample | None = None
         self.gpu_states: dict[ContainerId, GpuState] = {}
         # Priority on the GPUs (``specon_agent.gpu_share``): it keeps ``gpu_states``.
+        gpu_file = None if state_file is None else gpu_state_path(state_file)
+        grace = policy.migration.grace_period
         self.gpu_share = GpuShare(
-            runtime,
-            policy.gpu,
-            state_file=None if state_file is None else gpu_state_path(state_file),
-            grace=policy.migration.grace_period,
-            states=self.gpu_states,
+            runtime, policy.gpu, state_file=gpu_file, grace=grace, states=self.gpu_states
         )
         # The priority action: CPU weights among this worker's containers (``specon_agent.weights``).
         self._remaining: dict[ContainerId, float] = {}  # CPU-seconds left, per running job
-        self.cpu_weights = CpuWeights(
-            runtime, policy.priority, state_file=None if state_file is None else state_path(state_file)
-        )
+        weights_file = None if state_file is None else state_path(state_file)
+        self.cpu_weights = CpuWeights(runtime, policy.priority, state_file=weights_file)
 
     @property
     def worker(self) -> WorkerId:
@@ -164,9 +155,8 @@ class Agent:
                 if gone is not None:
                     gone.tailer.close()
                 self.ended[info.id] = (info, phase)
-                log.info(
-                    "specon.agent.container_ended", container=info.id, phase=phase, exit_code=info.exit_code
-                )
+                log.info("specon.agent.container_ended", container=info.id, phase=phase,
+                         exit_code=info.exit_code)  # fmt: skip
         for cid in list(self.watched):
             if cid not in seen:  # saved away or forgotten
                 self.watched.pop(cid).tailer.close()
@@ -353,13 +343,16 @@ class Agent:
             for cid, w in self.watched.items()
         ]
         initial = self.classifier.initial().category
+        measured = self.cpu_weights.finished  # finished jobs' quality points
         for info, phase in self.ended.values():
             gpu = gpu_use(info.id, sample, states)  # a job the GPU sharing suspended says so
-            reports.append(ended_report(info, phase, self.saved_states.get(info.id), initial, gpu))
+            state = self.saved_states.get(info.id)
+            reports.append(
+                ended_report(info, phase, state, initial, gpu, quality_share=measured.get(info.id))
+            )
         # Suspended jobs the runtime no longer lists (its save ended their run here).
-        gone = {
-            k: t for k, t in self.gpu_share.suspended().items() if k not in self.watched.keys() | self.ended
-        }
+        here = self.watched.keys() | self.ended
+        gone = {k: t for k, t in self.gpu_share.suspended().items() if k not in here}
         reports += suspended_reports(gone, self.saved_states, initial)
         gpus = device_reports(sample)
         results = []
@@ -378,14 +371,15 @@ class Agent:
             results=tuple(results),
             # NVML's GPU labels, under the node's own (GPU feature discovery's win) and --label.
             labels={**gpu_labels(gpus), **self.runtime.node_labels, **self.labels},
-            # Reports carry each container's selector and tolerations, so the manager can
-            # offer this worker only to containers that tolerate its taints.
+            # The manager offers this worker only to containers whose tolerations admit these.
             taints=self.runtime.node_taints + (self.taints_file.taints() if self.taints_file else ()),
             gpus=gpus,
+            quality_version=self.cpu_weights.quality_version,
         )
 
     def acknowledge(self, batch: CommandBatch) -> None:
-        """Drop results the manager has recorded (those sent in heartbeat ``ack`` or before)."""
+        """Drop the results recorded (sent in heartbeat ``ack`` or before); take quality points sent."""
+        self.cpu_weights.learn(batch.quality_version, batch.quality)
         if batch.ack is None:
             return
         for cid in [c for c, (sent, _) in self.unacked.items() if sent is not None and sent <= batch.ack]:

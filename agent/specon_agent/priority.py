@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from specon.config import PriorityConfig
 from specon.model import ContainerId
-from specon.policy import quality_point
+from specon.policy import quality_memory, quality_point
 from specon.policy.monitor import MonitorState
 from specon.policy.priority.base import JobProgress
 from specon.policy.priority.rules import weighs, weights
@@ -135,10 +135,10 @@ def accrue(
 
 
 def progress(
-    running: Sequence[Running], fair: Mapping[ContainerId, float], memory: quality_point.Memory | None = None
+    running: Sequence[Running], fair: Mapping[ContainerId, float], shares: Mapping[str, float] | None = None
 ) -> list[JobProgress]:
-    """What the rule is told of each job; ``memory`` the quality points of the finished jobs
-    of each model (``remember_finished``)."""
+    """What the rule is told of each job; ``shares`` each model's quality point on the cluster
+    (``CommandBatch.quality``, as a share of a job's steps)."""
     return [
         JobProgress(
             id=r.id,
@@ -155,7 +155,7 @@ def progress(
             measured=r.step is not None,
             loss_steps=[k for k, _ in r.curve],
             losses=[v for _, v in r.curve],
-            quality_memory=quality_point.recall(memory or {}, r.model),
+            quality_memory=quality_memory.recall(shares or {}, r.model),
         )
         for r in running
     ]
@@ -165,13 +165,13 @@ def decide(
     running: Sequence[Running],
     fair: Mapping[ContainerId, float],
     cfg: PriorityConfig,
-    memory: quality_point.Memory | None = None,
+    shares: Mapping[str, float] | None = None,
 ) -> dict[ContainerId, int]:
     """The weight of every running container under ``cfg.rule``; none under a rule that sets
     no weights (``none``: the runtime's defaults stay untouched)."""
     if not weighs(cfg) or not running:
         return {}
-    return weights(progress(running, fair, memory), cfg)
+    return weights(progress(running, fair, shares), cfg)
 
 
 # A job gone once it trained this share of its declared steps finished (it exits between two
@@ -181,12 +181,11 @@ FINISHED = 0.9
 SEEN_FROM = 0.1
 
 
-def remember_finished(
-    memory: quality_point.Memory, before: Sequence[Running], now: Sequence[Running]
-) -> quality_point.Memory:
-    """``memory`` with the quality point of each job of a known model that ran at the last
-    tick, is gone now and finished here (``FINISHED``, ``SEEN_FROM``), measured over its
-    whole curve (``quality_point.finished_share``)."""
+def finished_shares(before: Sequence[Running], now: Sequence[Running]) -> dict[ContainerId, float]:
+    """The quality point, as a share of its steps, of each job of a known model that ran at the
+    last tick, is gone now and finished here (``FINISHED``, ``SEEN_FROM``), measured over its
+    whole curve (``quality_point.finished_share``): what its ended report tells the manager."""
+    out: dict[ContainerId, float] = {}
     still = {r.id for r in now}
     for r in before:
         if r.id in still or r.model is None or not r.total or not r.curve:
@@ -195,8 +194,8 @@ def remember_finished(
             continue
         share = quality_point.finished_share([k for k, _ in r.curve], [v for _, v in r.curve], r.total)
         if share is not None:
-            memory = quality_point.remember(memory, r.model, share)
-    return memory
+            out[r.id] = share
+    return out
 
 
 def changed(wanted: Mapping[ContainerId, int], applied: Mapping[ContainerId, int]) -> dict[ContainerId, int]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 
 from specon.model import Category, ContainerId
 from specon.policy.monitor import MonitorState
 from specon.runtime.base import ContainerInfo, JobSpec
 from specon.wire.gpu import GpuUse
-from specon.wire.protocol import STEPS_LABEL, ContainerReport, LossWindow, Phase
+from specon.wire.protocol import STEPS_LABEL, ContainerReport
+from specon.wire.status import LossWindow, Phase
 from specon_agent.gpu_share import Tracked
 from specon_agent.watched import Watched
 
@@ -48,10 +50,20 @@ def running_report(
 
 
 def ended_report(
-    info: ContainerInfo, phase: Phase, state: MonitorState | None, initial: Category, gpu: GpuUse | None
+    info: ContainerInfo,
+    phase: Phase,
+    state: MonitorState | None,
+    initial: Category,
+    gpu: GpuUse | None,
+    *,
+    quality_share: float | None = None,
 ) -> ContainerReport:
-    """A container that ended here (finished, stopped or failed), in its last category."""
-    return stopped_report(info.id, info.spec, phase, state, initial=initial, gpu=gpu)
+    """A container that ended here (finished, stopped or failed), in its last category; a
+    finished one with its quality point as measured here (``quality_share``), if it was."""
+    out = stopped_report(info.id, info.spec, phase, state, initial=initial, gpu=gpu)
+    if phase == "finished" and quality_share is not None:
+        out = replace(out, quality_share=quality_share)
+    return out
 
 
 def stopped_report(

@@ -4,8 +4,10 @@ priority rule (``specon_agent.priority``) applied through the runtime, only thos
 A weight the runtime cannot apply is logged once per container (``specon.agent.cpu_weight_failed``),
 counted, and tried again next tick; it never stops the agent. ``fair_seconds`` and the time
 of the last tick are kept in a small file beside the monitor states, so a restarted agent
-goes on accumulating them (the jobs ran on meanwhile) instead of starting from zero; so is
-the quality points of the jobs that finished here, per model (``priority.quality_point: memory``).
+goes on accumulating them (the jobs ran on meanwhile) instead of starting from zero; so are
+the quality points of the jobs that finished here (each reported to the manager with its ended
+container) and the cluster's quality point per model, as the manager last sent them
+(``priority.quality_point: memory``; ``specon.policy.quality_memory``).
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import structlog
 from specon import checkpoint as ckpt
 from specon.config import PriorityConfig
 from specon.model import ContainerId
-from specon.policy import quality_point
 from specon.runtime.base import Runtime
-from specon_agent.priority import Running, accrue, changed, decide, remember_finished
+from specon.wire.protocol import QualityPoint
+from specon_agent.priority import Running, accrue, changed, decide, finished_shares
 
 log = structlog.get_logger()
 
@@ -42,10 +44,13 @@ class CpuWeights:
         self.state_file = state_file
         self.fair: dict[ContainerId, float] = {}
         self.last_tick: float | None = None
-        # Each model's finished jobs' quality points (``remember_finished``), and the running
-        # jobs of the last tick (a job gone since, having trained its steps, finished).
-        self.memory: quality_point.Memory = {}
+        # The quality point measured of each job that finished here (``finished_shares``), the
+        # running jobs of the last tick (a job gone since, having trained its steps, finished),
+        # and each model's on the cluster as the manager sent them, with their version.
+        self.finished: dict[ContainerId, float] = {}
         self._running: Sequence[Running] = ()
+        self.shares: dict[str, float] = {}
+        self.quality_version: int | None = None
         # The weight in effect per running container (what heartbeats and /metrics report).
         self.applied: dict[ContainerId, int] = {}
         self.failures = 0
@@ -67,8 +72,9 @@ class CpuWeights:
         # Each container since the last tick or its start, whichever is later.
         dt = math.inf if self.last_tick is None else now - self.last_tick
         self.fair, self.last_tick = accrue(self.fair, running, capacity, dt, now=now), now
-        self.memory, self._running = remember_finished(self.memory, self._running, running), running
-        wanted = decide(running, self.fair, self.cfg, self.memory)
+        self.finished.update(finished_shares(self._running, running))
+        self._running = running
+        wanted = decide(running, self.fair, self.cfg, self.shares)
         for cid in set(self.applied) - set(wanted):  # no longer running here
             del self.applied[cid]
         self._failing &= set(wanted)
@@ -95,9 +101,17 @@ class CpuWeights:
             log.warning("specon.agent.cpu_weight_failed", container=cid, weight=weight, error=error)
 
     def forget(self, cids: Iterable[ContainerId]) -> None:
-        """Drop the fair shares of containers the agent forgot (gone past its retention)."""
+        """Drop what is kept of containers the agent forgot (gone past its retention)."""
         for cid in cids:
             self.fair.pop(cid, None)
+            self.finished.pop(cid, None)
+
+    def learn(self, version: int | None, points: Iterable[QualityPoint]) -> None:
+        """Take the cluster's quality points (a ``CommandBatch``'s; ``version`` None: none sent)."""
+        if version is None or version == self.quality_version:
+            return
+        self.shares, self.quality_version = {p.model: p.share for p in points}, version
+        self._save()
 
     # -- persistence -----------------------------------------------------------------------
     def _load(self) -> None:
@@ -108,18 +122,29 @@ class CpuWeights:
             fair = {ContainerId(str(k)): float(v) for k, v in raw["fair_seconds"].items()}
             at = raw.get("at")
             last = None if at is None else float(at)
-            memory = {str(k): tuple(float(x) for x in v) for k, v in raw.get("quality_memory", {}).items()}
+            finished = {ContainerId(str(k)): float(v) for k, v in raw.get("finished", {}).items()}
+            shares = {str(k): float(v) for k, v in raw.get("quality_points", {}).items()}
+            version = raw.get("quality_version")
+            version = None if version is None else int(version)
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             log.warning("specon.agent.priority_state_unreadable", path=str(self.state_file), error=str(exc))
             return
         self.fair = {k: v for k, v in fair.items() if math.isfinite(v) and v >= 0}
         self.last_tick = last if last is not None and math.isfinite(last) else None
-        self.memory = {k: v for k, v in memory.items() if all(0 <= x <= 1 for x in v)}
+        self.finished = {k: v for k, v in finished.items() if 0 <= v <= 1}
+        self.shares = {k: v for k, v in shares.items() if 0 <= v <= 1}
+        self.quality_version = version if len(self.shares) == len(shares) else None  # asks anew
 
     def _save(self) -> None:
         if self.state_file is None:
             return
-        data = {"at": self.last_tick, "fair_seconds": self.fair, "quality_memory": self.memory}
+        data = {
+            "at": self.last_tick,
+            "fair_seconds": self.fair,
+            "finished": self.finished,
+            "quality_points": self.shares,
+            "quality_version": self.quality_version,
+        }
         try:
             ckpt.atomic_write(self.state_file, json.dumps(data, sort_keys=True).encode())
         except OSError as exc:  # weights go on; only a restart would lose the fair shares

@@ -1,4 +1,4 @@
-"""Each job's loss window for the status page (``protocol.LossWindow``): the mean loss of each
+"""Each job's loss window for the status page (``specon.wire.status.LossWindow``): the mean loss of each
 tick since the agent adopted it, thinned to every other tick when full, sent resampled to
 ``POINTS`` evenly spaced steps with the step rate of its latest ticks.
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from specon.model import ContainerId
 from specon.wire.limits import MAX_SEQ, MAX_SHORT_TEXT, MAX_STEP_RATE, MAX_WINDOW_POINTS
-from specon.wire.protocol import LossWindow
+from specon.wire.status import LossWindow
 from specon_agent.watched import Watched
 
 # Points sent (the protocol allows MAX_WINDOW_POINTS): enough for a sparkline, half the decoding.

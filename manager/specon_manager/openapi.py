@@ -25,15 +25,8 @@ from specon.runtime.kubernetes.admission import WEBHOOK_PATH
 from specon.wire import protocol
 from specon.wire.operator import DRAIN_PATH, UNCORDON_PATH, DrainReply, DrainRequest
 from specon.wire.pod_writes import POD_WRITES_PATH, PodWriteReply, PodWriteRequest
-from specon.wire.protocol import (
-    CommandBatch,
-    ErrorReply,
-    Goodbye,
-    Heartbeat,
-    Poll,
-    ReallocationRequest,
-    Status,
-)
+from specon.wire.protocol import CommandBatch, ErrorReply, Goodbye, Heartbeat, Poll, ReallocationRequest
+from specon.wire.status import Status
 from specon_manager.login import COOKIE, FORM_TYPE, MAX_TOKEN_LENGTH, SECURE_COOKIE
 from specon_manager.openapi_schemas import ENVELOPED, ID_PATTERN, ID_TYPES, SchemaBuilder, ref
 from specon_manager.page import LOGIN_PATH, LOGOUT_PATH

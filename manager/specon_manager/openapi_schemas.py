@@ -26,15 +26,8 @@ from typing import Any
 from specon.config import MessagingConfig
 from specon.wire import codec, protocol
 from specon.wire.limits import Finite, Id, Items, Labels, Limit, Range, Taints, Text, limit_of
-from specon.wire.protocol import (
-    CommandBatch,
-    ErrorReply,
-    Goodbye,
-    Heartbeat,
-    Poll,
-    ReallocationRequest,
-    Status,
-)
+from specon.wire.protocol import CommandBatch, ErrorReply, Goodbye, Heartbeat, Poll, ReallocationRequest
+from specon.wire.status import Status
 from specon.wire.validate import ID_REGEX, ID_RULE, MAX_ID_LENGTH
 
 SCHEMA_REF = "#/components/schemas/"

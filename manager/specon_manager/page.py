@@ -10,7 +10,7 @@ from __future__ import annotations
 from html import escape
 from urllib.parse import quote
 
-from specon.wire.protocol import Status
+from specon.wire.status import Status
 from specon_manager import page_jobs, page_workers
 from specon_manager.page_jobs import clock
 

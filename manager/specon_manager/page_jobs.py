@@ -3,7 +3,7 @@ steps with the time left, its category history as a strip, its migrations, and i
 (memory, devices, utilisation, frozen or suspended by the GPU sharing).
 
 The curve is an inline SVG drawn here from the window its agent reported
-(``protocol.LossWindow``): no script, no image fetched from anywhere. Pure: a ``Status`` in,
+(``specon.wire.status.LossWindow``): no script, no image fetched from anywhere. Pure: a ``Status`` in,
 HTML out, every text from outside (ids, labels, the metric's name) escaped.
 """
 
@@ -17,7 +17,7 @@ from html import escape
 
 from specon.model import Category
 from specon.wire.gpu import GpuUse
-from specon.wire.protocol import ContainerStatus, LossWindow, MigrationStatus, Status
+from specon.wire.status import ContainerStatus, LossWindow, MigrationStatus, Status
 
 COLOURS = {
     Category.PROGRESSING: "#2e7d32",

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from html import escape
 
 from specon.wire.gpu import GpuDevice
-from specon.wire.protocol import ContainerStatus, Status, WorkerStatus
+from specon.wire.status import ContainerStatus, Status, WorkerStatus
 from specon_manager.page_jobs import COLOURS, anchor
 
 CSS = """

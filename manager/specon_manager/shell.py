@@ -36,12 +36,11 @@ from specon.config import Policy
 from specon.coordinator.deciding import answer
 from specon.coordinator.effects import (
     CORDONS_KEY,
+    QUALITY_KEY,
     CommandQueued,
     Event,
     JournalWrite,
     Log,
-    PutCordons,
-    PutMark,
     PutMigration,
     Recovered,
     cordons_from_text,
@@ -51,6 +50,7 @@ from specon.coordinator.machine import RECENT_MIGRATIONS, Coordinator
 from specon.coordinator.migration import Migration
 from specon.daemon.settings import ManagerSettings
 from specon.model import WorkerId
+from specon.policy.quality_memory import QualityMemory
 from specon.wire.operator import DrainReply
 from specon.wire.protocol import CommandBatch, Heartbeat, ReallocationRequest
 from specon_manager.journal import JournalStore
@@ -86,7 +86,18 @@ def read_back(journal: JournalStore) -> Recovered:
         marks=tuple(journal.marks().values()),
         restarted=journal.get_meta("started_at") is not None,
         cordons=cordons_from_text(journal.get_meta(CORDONS_KEY)),
+        quality=_quality_of(journal.get_meta(QUALITY_KEY)),
     )
+
+
+def _quality_of(text: str | None) -> QualityMemory:
+    """The journaled quality memory; an unreadable one is logged and started afresh (it only
+    informs CPU weights, and the agents' next finished jobs fill it again)."""
+    try:
+        return QualityMemory.from_text(text)
+    except ValueError as exc:
+        log.warning("specon.manager.quality_memory_unreadable", error=str(exc))
+        return QualityMemory()
 
 
 def recover(journal: JournalStore, now: float) -> Recovered:
@@ -196,7 +207,7 @@ class ManagerShell:
     def _perform(self) -> None:
         """Log and count now; queue journal writes and wake-ups for ``flush``."""
         for e in self.core.take_effects():
-            if isinstance(e, PutMigration | PutMark | PutCordons):
+            if isinstance(e, JournalWrite):
                 self._pending.append(e)
                 if isinstance(e, PutMigration) and e.migration.state.terminal and self.on_migration_end:
                     self.on_migration_end(e.migration)
@@ -239,7 +250,7 @@ class ManagerShell:
     async def heartbeat(self, hb: Heartbeat) -> CommandBatch:
         ack = self.core.heartbeat(hb, self.clock())
         await self.flush()
-        return self.core.batch_for(hb.worker, self.clock(), ack=ack)
+        return self.core.batch_for(hb.worker, self.clock(), ack=ack, quality_held=hb.quality_version)
 
     async def request(self, req: ReallocationRequest) -> CommandBatch:
         """``NotHostedError`` unless ``req.worker`` runs the container."""

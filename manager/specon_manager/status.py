@@ -21,7 +21,8 @@ from specon.coordinator.machine import Coordinator
 from specon.daemon.settings import ManagerSettings
 from specon.model import ContainerId, WorkerId
 from specon.wire.operator import DrainReply
-from specon.wire.protocol import STEPS_LABEL, ContainerStatus, MigrationStatus, Phase, Status
+from specon.wire.protocol import STEPS_LABEL
+from specon.wire.status import ContainerStatus, MigrationStatus, Phase, Status
 from specon.wire.validate import MAX_SECONDS
 
 _DEFAULTS = ManagerSettings()

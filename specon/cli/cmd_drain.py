@@ -19,7 +19,7 @@ from typing import TextIO
 
 from specon.cli.manager_client import OPERATOR_TOKEN, Source, StatusError, add_connection_options, source_of
 from specon.wire.operator import DRAIN_PATH, MAX_DEADLINE, UNCORDON_PATH, DrainReply
-from specon.wire.protocol import MigrationStatus
+from specon.wire.status import MigrationStatus
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 POLL = 1.0  # seconds between reads of the drain's progress

@@ -18,7 +18,8 @@ from typing import TextIO
 
 from specon.cli.manager_client import Source, StatusError, add_connection_options, source_of
 from specon.wire import protocol
-from specon.wire.protocol import ContainerStatus, ProtocolError, Status, WorkerStatus
+from specon.wire.protocol import ProtocolError
+from specon.wire.status import ContainerStatus, Status, WorkerStatus
 
 DEFAULT_WATCH = 2.0
 EXIT_FAILED, EXIT_USAGE = 1, 2

@@ -8,6 +8,7 @@ come out (journal writes, commands for agents, metric and log events); the shell
 - ``reconcile``: which jobs run nowhere and where each is restored (lost hosts, crashes),
   and which jobs a drain moves off;
 - ``draining``: cordoning and uncordoning workers (``specon drain``);
+- ``remembering``: finished jobs' quality points in, each model's median out to the agents;
 - ``evacuation``: reclaim-notice and cordon taints as drains (pure rules);
 - ``state``: the manager's picture of the cluster, built from heartbeats;
 - ``migration``: a save/restore migration as a pure, journaled state machine (SPEC §6);

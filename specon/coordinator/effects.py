@@ -23,6 +23,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from specon.coordinator.migration import Cordon, Mark, Migration
 from specon.model import ContainerId, WorkerId
+from specon.policy.quality_memory import QualityMemory
 from specon.wire import codec
 from specon.wire.protocol import Command
 
@@ -62,6 +63,14 @@ class PutCordons:
 
     seq: int
     cordons: tuple[Cordon, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PutQuality:
+    """Journal the cluster's quality memory (the whole of it: small, written once per finished job)."""
+
+    seq: int
+    memory: QualityMemory
 
 
 def cordons_to_text(cordons: Iterable[Cordon]) -> str:
@@ -106,12 +115,14 @@ class Recovered:
     # The journal was opened by a manager before: a restart into a running cluster.
     restarted: bool = False
     cordons: tuple[Cordon, ...] = ()
+    quality: QualityMemory = field(default_factory=QualityMemory)
 
 
-JournalWrite = PutMigration | PutMark | PutCordons
-Effect = PutMigration | PutMark | PutCordons | CommandQueued | Event | Log
-# The meta key the cordons are journaled under.
+JournalWrite = PutMigration | PutMark | PutCordons | PutQuality
+Effect = PutMigration | PutMark | PutCordons | PutQuality | CommandQueued | Event | Log
+# The meta keys the cordons and the quality memory are journaled under.
 CORDONS_KEY = "cordons"
+QUALITY_KEY = "quality_memory"
 
 
 class JournalWriter(Protocol):
@@ -139,6 +150,8 @@ def write(store: JournalWriter, writes: Iterable[JournalWrite]) -> int:
                 store.put(w.migration)
             elif isinstance(w, PutMark):
                 store.put_mark(w.mark)
+            elif isinstance(w, PutQuality):
+                store.set_meta(QUALITY_KEY, w.memory.to_text())
             else:
                 store.set_meta(CORDONS_KEY, cordons_to_text(w.cordons))
             last = w.seq

@@ -15,11 +15,9 @@ from specon.config import Policy
 from specon.coordinator.effects import (
     CommandQueued,
     Event,
+    JournalWrite,
     JournalWriter,
     Log,
-    PutCordons,
-    PutMark,
-    PutMigration,
     Recovered,
     write,
 )
@@ -58,9 +56,7 @@ class InlineCoordinator:
     def perform(self) -> None:
         """Perform what the core asked for: journal writes first (write-ahead), then the rest."""
         effects = self.core.take_effects()
-        self.core.journaled(
-            write(self.journal, (e for e in effects if isinstance(e, PutMigration | PutMark | PutCordons)))
-        )
+        self.core.journaled(write(self.journal, (e for e in effects if isinstance(e, JournalWrite))))
         for e in effects:
             if isinstance(e, Event):
                 if self.on_event is not None:
@@ -76,7 +72,7 @@ class InlineCoordinator:
         now = self.clock()
         ack = self.core.heartbeat(hb, now)
         self.perform()
-        return self.core.batch_for(hb.worker, now, ack=ack)
+        return self.core.batch_for(hb.worker, now, ack=ack, quality_held=hb.quality_version)
 
     def on_request(self, req: ReallocationRequest) -> CommandBatch:
         now = self.clock()

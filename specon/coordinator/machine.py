@@ -11,10 +11,9 @@ holds (Algorithm 3), and drives every journaled migration one step further with
 ``specon.coordinator.migration.next_step``. Commands for an agent wait in its outbox until a
 result says they ran; each is idempotent on the agent, so repeats are harmless.
 
-Dry-run (``migration.dry_run`` in the policy) is one branch where a decided move begins
-(``_begin``): decisions are taken, journaled and reported exactly as in a live run, but no
-save or start is ever sent. The coordinator reads no clock: every input carries its time, and
-the time a decision pass took comes from the ``timer`` its shell hands it.
+Dry-run (``migration.dry_run``): decisions are taken, journaled and reported as in a live
+run where a move begins (``_begin``), but no save or start is ever sent. The coordinator reads
+no clock: inputs carry their time; a decision pass is timed by its shell's ``timer``.
 """
 
 from __future__ import annotations
@@ -56,6 +55,7 @@ from specon.coordinator.migration import (
 )
 from specon.coordinator.outbox import Outbox, migration_command
 from specon.coordinator.reconcile import Reconciler, Skip
+from specon.coordinator.remembering import Remembering
 from specon.coordinator.retention import expired
 from specon.coordinator.state import UNMARKED, ClusterState
 from specon.model import ClusterSnapshot, ContainerId, WorkerId
@@ -79,7 +79,7 @@ class NotHostedError(ValueError):
     """A worker asked about a container it does not run."""
 
 
-class Coordinator(Deciding, Draining):
+class Coordinator(Deciding, Draining, Remembering):
     def __init__(
         self,
         *,
@@ -143,6 +143,7 @@ class Coordinator(Deciding, Draining):
         self.cordons: dict[WorkerId, Cordon] = {c.worker: c for c in recovered.cordons}
         for w in self.cordons:
             self.state.cordon(w, True)
+        self.quality = recovered.quality  # finished jobs' quality points (``Remembering``)
         if self.migrations:
             self._log("specon.manager.recovered", in_flight=len(self.migrations), ids=sorted(self.migrations))
 
@@ -207,6 +208,7 @@ class Coordinator(Deciding, Draining):
         for rep in containers:
             if rep.phase in {"running", "finished"}:
                 self._note_place(rep.id, worker, now)
+                self._remember(rep)
             if rep.pending_request and rep.phase == "running" and rep.id not in self.requests:
                 self.requests[rep.id] = now
                 # Asked again right after an answer (the agent has not applied it yet): no news.
@@ -239,10 +241,13 @@ class Coordinator(Deciding, Draining):
         self.tick(now, rebalance=False)
 
     # -- outputs -------------------------------------------------------------------------
-    def batch_for(self, worker: WorkerId, now: float, *, ack: int | None = None) -> CommandBatch:
-        """The commands for ``worker`` whose journal writes are durable; counts them as sent."""
+    def batch_for(
+        self, worker: WorkerId, now: float, *, ack: int | None = None, quality_held: int | None = None
+    ) -> CommandBatch:
+        """Its commands whose journal writes are durable (counted as sent); quality points if due."""
         ready = self.commands.deliver(worker, self._durable)
-        return CommandBatch(manager_time=now, policy_generation=self.generation, commands=ready, ack=ack)
+        version, points = self.quality_for(quality_held) if ack is not None else (None, ())
+        return CommandBatch(now, self.generation, ready, ack, quality_version=version, quality=points)
 
     def has_unsent(self, worker: WorkerId) -> bool:
         """``worker`` has a deliverable command no reply or poll carried yet (wakes a long poll)."""
@@ -404,9 +409,8 @@ class Coordinator(Deciding, Draining):
             if isinstance(step, IssueSave):
                 self._send(step.worker, self.command(m, Action.SAVE, step.worker, now))
             elif isinstance(step, IssueStart):
-                if step.rollback and not retry_due(
-                    self.refusals.get(m.id, 0), now - m.updated_at, self.policy
-                ):
+                refused = self.refusals.get(m.id, 0)
+                if step.rollback and not retry_due(refused, now - m.updated_at, self.policy):
                     pass  # a refused restart is retried with backoff, by the ticker
                 elif not self.commands.has_start(m.id, (m.source, m.target)):  # never two at once
                     cmd = self.command(m, Action.START, step.worker, now, rollback=step.rollback)
@@ -448,9 +452,8 @@ class Coordinator(Deciding, Draining):
         if error is not None:
             changes["error"] = error
         if state is State.FAILED and m.error is None and error is None:
-            changes["error"] = why_failed(
-                m, self.state.running_on(m.container), self.state.finished(m.container)
-            )
+            where = self.state.running_on(m.container)
+            changes["error"] = why_failed(m, where, self.state.finished(m.container))
         new = m.to(state, at=now, **changes)
         self.record(new)
         # A save that reached the source may still stop the job: its result is awaited.
@@ -574,14 +577,8 @@ class Coordinator(Deciding, Draining):
             began = res.detail.get("began_at")
             stopped = at - (res.finished_at - began) if isinstance(began, float) and res.finished_at else at
             lost = save_lost_steps(res)
-            new = m.to(
-                State.SAVED,
-                at=at,
-                checkpoint=res.checkpoint,
-                checkpoint_step=res.checkpoint_step,
-                stopped_at=stopped,
-                lost_steps=lost,
-            )
+            new = m.to(State.SAVED, at=at, checkpoint=res.checkpoint, checkpoint_step=res.checkpoint_step,
+                       stopped_at=stopped, lost_steps=lost)  # fmt: skip
             self.record(new)
             self.migrations[m.id] = new
         elif cmd.action is Action.SAVE and m.state is State.FAILED:

@@ -29,14 +29,8 @@ from specon.model import (
     WorkerSnapshot,
 )
 from specon.wire.gpu import GpuDevice
-from specon.wire.protocol import (
-    ContainerReport,
-    ContainerStatus,
-    Heartbeat,
-    LossWindow,
-    Phase,
-    WorkerStatus,
-)
+from specon.wire.protocol import ContainerReport, Heartbeat
+from specon.wire.status import ContainerStatus, LossWindow, Phase, WorkerStatus
 
 # A job's opt-out from moves, carried in its report's job labels.
 MIGRATABLE_LABEL = "specon.io/migratable"

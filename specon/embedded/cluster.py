@@ -41,7 +41,7 @@ from specon.model import ContainerId, WorkerId
 from specon.runtime.base import ContainerInfo, JobSpec, Runtime
 from specon.runtime.local.cluster import LocalCluster
 from specon.wire import protocol
-from specon.wire.protocol import Status
+from specon.wire.status import Status
 
 if TYPE_CHECKING:
     from specon.embedded.docker_workers import DockerWorkers

@@ -39,7 +39,7 @@ from specon.progress.last import last_record, read_records
 from specon.runtime.base import ContainerInfo, JobSpec
 from specon.sim.detection import SMOOTH_HALF_WIDTH_STEPS, ground_truth_index
 from specon.wire import protocol
-from specon.wire.protocol import Status
+from specon.wire.status import Status
 
 Say = Callable[[str], None]
 MODELS = ("vae", "gru", "birnn", "rnn", "dynrnn")

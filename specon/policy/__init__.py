@@ -11,6 +11,7 @@ daemons, the simulator and the demo.
 - ``remaining``: steps left predicted from the loss curve; ``loss_curve``: Optimus' curve fit;
 - ``replay``: a recorded progress log through a classifier (``specon classify``);
 - ``quality_point``: a job's quality point estimated from its loss curve (the ``phased`` rule's);
+- ``quality_memory``: the cluster's memory of where each model's finished jobs reached quality;
 - ``priority/``: priority on the node, one module per rule, and their registry;
 - ``dl2/``: the learned rule's features, numpy networks and weights files, and the hook its
   trainer decides through;

@@ -12,8 +12,9 @@ with hindsight). While a job trains, its final loss is not known, so it is estim
   still improves, ``WINDOW`` of its steps ahead of now and never before ``share`` of its
   steps (the fixed share until the curve says more);
 * ``memory``: the median share of the steps at which the finished jobs of the same model
-  reached theirs on this worker (the last ``MEMORY``, each measured by ``knee`` over its
-  whole curve: the ground truth's definition), ``share`` until one of that model finished;
+  reached theirs on this cluster (``specon.policy.quality_memory``: each measured by ``knee``
+  over its whole curve, the ground truth's definition), the ``curve`` estimate until one of
+  that model finished;
 * ``oracle``: the true point, where the caller knows it (only the simulator, from its
   trace): the yardstick of what a perfect estimate is worth; without it, ``share``.
 
@@ -23,8 +24,7 @@ against the recorded traces' true points (docs/priority.md).
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 ESTIMATORS = ("share", "curve", "memory", "oracle")
 # The share of its final improvement a job may still miss at its quality point.
@@ -36,8 +36,6 @@ SMOOTH_SHARE = 0.025
 # far before its point counts as reached, and how far ahead of now a still-improving job's
 # point is put.
 WINDOW = 0.2
-# Finished jobs remembered per model (the newest): a model's runs differ by seed and data.
-MEMORY = 16
 
 
 def knee(losses: Sequence[float], half_width: int, fraction: float = FRACTION) -> int:
@@ -82,22 +80,6 @@ def finished_share(steps: Sequence[float], losses: Sequence[float], total: float
     return None if at is None else min(1.0, max(0.0, at / total))
 
 
-Memory = Mapping[str, Sequence[float]]
-
-
-def remember(memory: Memory, model: str, share: float) -> dict[str, tuple[float, ...]]:
-    """``memory`` with ``share`` the newest of ``model``'s finished jobs (``MEMORY`` kept)."""
-    out = {k: tuple(v) for k, v in memory.items()}
-    out[model] = (*out.get(model, ())[-(MEMORY - 1) :], share)
-    return out
-
-
-def recall(memory: Memory, model: str | None) -> float | None:
-    """The median share of ``model``'s finished jobs (None: none finished, or no model)."""
-    got = memory.get(model, ()) if model is not None else ()
-    return statistics.median(got) if got else None
-
-
 def curve_point(
     steps: Sequence[float], losses: Sequence[float], step: float, total: float, share: float
 ) -> float:
@@ -125,11 +107,11 @@ def estimate(
 ) -> float:
     """The quality step of a job at ``step`` of ``total`` by estimator ``how`` (module
     doc); ``truth`` the true quality step where known (``oracle``), ``recalled`` its model's
-    remembered share (``memory``: ``recall``)."""
+    share on this cluster (``memory``: ``quality_memory.recall``)."""
     if how == "oracle" and truth is not None:
         return truth
     if how == "memory" and recalled is not None:
         return recalled * total
-    if how == "curve":
+    if how in {"curve", "memory"}:
         return curve_point(steps, losses, step, total, share)
     return share * total

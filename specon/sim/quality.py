@@ -1,14 +1,15 @@
 """What a simulated job's agent knows toward its quality-point estimate
 (``specon.policy.quality_point``, through the ``phased`` rule): its loss curve so far, where
-the rule reads it; its model's finished jobs on its worker, as the agent remembers them
-(``specon_agent.weights``); and its true point, the ``oracle`` yardstick's."""
+the rule reads it; its model's finished jobs on the cluster, as the manager gathers them from
+the agents and sends them back (``specon.policy.quality_memory``); and its true point, the
+``oracle`` yardstick's."""
 
 from __future__ import annotations
 
 import math
 from typing import NamedTuple
 
-from specon.policy import quality_point
+from specon.policy import quality_memory, quality_point
 from specon.policy.priority.rules import Settings
 from specon.sim.cluster import SimJob
 
@@ -25,21 +26,21 @@ class QualityInputs:
 
     def __init__(self, priority: Settings) -> None:
         how = getattr(getattr(priority, priority.rule, None), "quality_point", "share")
-        self.curves = how == "curve"
         self.remembers = how == "memory"
-        self.memory: dict[str, dict[str, tuple[float, ...]]] = {}  # worker -> model -> shares
+        self.curves = how == "curve" or self.remembers  # memory: the curve until a job of its model finished
+        self.memory = quality_memory.QualityMemory()
+        self._shares: dict[str, float] = {}
 
     def finished(self, job: SimJob) -> None:
-        """``job`` completed on its worker: its agent remembers its quality point."""
-        if not self.remembers or job.worker is None:
+        """``job`` completed: its agent measures its quality point and the manager remembers it."""
+        if not self.remembers:
             return
         every, losses = job.log_every, job.data.losses
         share = quality_point.finished_share(
             [(i + 1) * every for i in range(len(losses))], losses, job.plan.steps
         )
-        if share is not None:
-            mine = self.memory.get(job.worker, {})
-            self.memory[job.worker] = quality_point.remember(mine, job.plan.model, share)
+        if share is not None and (got := self.memory.finished(job.plan.model, job.id, share)) is not None:
+            self.memory, self._shares = got, got.shares()
 
     def of(self, job: SimJob, step: float) -> Known:
         """What ``job``'s agent knows at ``step``."""
@@ -48,7 +49,9 @@ class QualityInputs:
         if self.curves:
             n = min(math.floor(step / job.log_every), len(job.data.losses))
             steps, losses = [(i + 1) * job.log_every for i in range(n)], list(job.data.losses[:n])
-        mine = self.memory.get(job.worker or "", {}) if self.remembers else {}
         return Known(
-            steps, losses, job.data.quality_at * job.plan.steps, quality_point.recall(mine, job.plan.model)
+            steps,
+            losses,
+            job.data.quality_at * job.plan.steps,
+            quality_memory.recall(self._shares, job.plan.model),
         )

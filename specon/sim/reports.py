@@ -10,7 +10,7 @@ from specon.model import Category, ContainerId, Resources
 from specon.sim import gpu_placement
 from specon.sim.cluster import Phase, SimJob
 from specon.wire.protocol import ContainerReport
-from specon.wire.protocol import Phase as ReportPhase
+from specon.wire.status import Phase as ReportPhase
 
 REPORTED: dict[Phase, ReportPhase] = {
     Phase.WAITING: "stopped",

@@ -1,6 +1,7 @@
 """The agent <-> manager wire protocol (SPEC §7), defined once.
 
 - ``protocol``: every message as a frozen dataclass, with its limits declared on its fields;
+- ``status``: the status API's messages, and the phase and loss window a heartbeat shares with them;
 - ``gpu``: the messages' GPU parts (a worker's devices, a container's use), apart so that the
   runtimes' NVML reader builds them too;
 - ``limits``: what a field may declare beyond its type (a length, a range, the id rule), and

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specon.model import Resources
+from specon.policy import quality_memory
 from specon.wire.validate import MAX_SECONDS
 
 
@@ -93,11 +94,13 @@ MAX_RESULTS = 1000
 MAX_TAINT = MAX_LABEL_KEY + 1 + 63 + 1 + 16
 MAX_TAINTS = MAX_LABELS
 MAX_POLL_WAIT = 3600.0
-# A job's loss window (``protocol.LossWindow``): points, and steps a second no job reaches.
+# A job's loss window (``specon.wire.status.LossWindow``): points, and steps a second no job reaches.
 MAX_WINDOW_POINTS = 64
 MAX_STEP_RATE = 1e9
 # GPUs of one worker (NVML indexes up to 64 on the largest hosts) and the devices of one job.
 MAX_GPU_DEVICES = 64
+# Models in a batch's quality points: as many as the manager remembers.
+MAX_QUALITY_MODELS = quality_memory.MODELS
 
 # The limits many fields share.
 ID = Id()

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from specon.wire import codec
-from specon.wire.protocol import MigrationStatus
+from specon.wire.status import MigrationStatus
 
 DRAIN_PATH = "/v1/workers/{worker}/drain"
 UNCORDON_PATH = "/v1/workers/{worker}/uncordon"

@@ -39,10 +39,8 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, TypeVar, overload
 
-from specon.config import Mode
-from specon.coordinator.migration import Migration, Reason, State
 from specon.model import WEIGHT_MAX, WEIGHT_MIN, Category, ContainerId, Resources, WorkerId
 from specon.wire import codec, fastpath
 from specon.wire.checks import check
@@ -54,20 +52,22 @@ from specon.wire.limits import (
     ID,
     LABELS,
     MAX_GPU_DEVICES,
+    MAX_LABEL_VALUE,
     MAX_POLL_WAIT,
+    MAX_QUALITY_MODELS,
     MAX_RESULTS,
-    MAX_STEP_RATE,
-    MAX_WINDOW_POINTS,
     SHORT_TEXT,
     TAINTS,
     TEXT,
     TIME,
     Items,
     Range,
+    Text,
     limit,
 )
+from specon.wire.status import LossWindow, Phase, Status
 
-VERSION = "1.6"
+VERSION = "1.7"
 MAJOR, MINOR = (int(part) for part in VERSION.split("."))
 
 CONTENT_TYPE = "application/json"
@@ -106,25 +106,6 @@ class Action(enum.StrEnum):
     MARK_MIGRATED = "mark_migrated"
     # Stop the container without a checkpoint (e.g. the job was deleted).
     STOP = "stop"
-
-
-# Where a container's process is, as the agent sees it. The migration state machine
-# reads "running" and "finished" (``specon.coordinator.migration.next_step``).
-Phase = Literal["running", "stopped", "finished", "failed"]
-
-
-@dataclass(frozen=True, slots=True)
-class LossWindow:
-    """A job's loss curve for the status page (protocol 1.3): the mean of ``metric`` over each
-    categorisation tick since its agent adopted it, resampled to evenly spaced steps from
-    ``first_step`` to ``last_step`` (one point when they are equal); and its step rate over its
-    latest ticks, which with its declared total steps gives the time it has left."""
-
-    first_step: int = field(metadata=limit(COUNT))
-    last_step: int = field(metadata=limit(COUNT))
-    loss: tuple[float, ...] = field(default=(), metadata=limit(Items(MAX_WINDOW_POINTS)))
-    steps_per_second: float | None = field(default=None, metadata=limit(Range(0, MAX_STEP_RATE)))
-    metric: str = field(default="loss", metadata=limit(SHORT_TEXT))
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +148,10 @@ class ContainerReport:
     # the agent has no NVML).
     gpu_memory: int = field(default=0, metadata=limit(BYTES))
     gpu: GpuUse | None = None
+    # Protocol 1.7, a finished job only: the share of its steps at which it reached its quality
+    # point (95 % of its loss reduction), measured by its agent over the curve it logged there
+    # (``specon.policy.quality_memory``); None: not measured (no model, or not seen from its start).
+    quality_share: float | None = field(default=None, metadata=limit(Range(0, 1)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +192,9 @@ class Heartbeat:
     # Protocol 1.4: the worker's GPUs (empty: none, or no NVML). ``capacity.gpu`` counts them
     # and ``labels`` carry ``specon.model.GPU_PRODUCT_LABEL`` and ``GPU_MEMORY_LABEL``.
     gpus: tuple[GpuDevice, ...] = field(default=(), metadata=limit(Items(MAX_GPU_DEVICES, unique="index")))
+    # Protocol 1.7: the ``CommandBatch.quality_version`` the agent holds (None: none), so the
+    # manager sends the quality points only when they changed.
+    quality_version: int | None = field(default=None, metadata=limit(COUNT))
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +257,15 @@ class Command:
 
 
 @dataclass(frozen=True, slots=True)
+class QualityPoint:
+    """A model's quality point on this cluster (protocol 1.7): the median share of their steps
+    at which its finished jobs reached quality (``specon.policy.quality_memory``)."""
+
+    model: str = field(metadata=limit(Text(MAX_LABEL_VALUE)))
+    share: float = field(metadata=limit(Range(0, 1)))
+
+
+@dataclass(frozen=True, slots=True)
 class CommandBatch:
     """Manager -> agent: the answer to every heartbeat and request."""
 
@@ -278,6 +275,13 @@ class CommandBatch:
     # The heartbeat ``seq`` this answers (None for a request): results sent in it or
     # earlier have been recorded and need not be sent again.
     ack: int | None = None
+    # Protocol 1.7, sent to an agent whose heartbeat holds another ``quality_version``: every
+    # model's quality point as of ``quality_version`` (the whole set, replacing the agent's).
+    # None: unchanged, nothing sent.
+    quality_version: int | None = field(default=None, metadata=limit(COUNT))
+    quality: tuple[QualityPoint, ...] = field(
+        default=(), metadata=limit(Items(MAX_QUALITY_MODELS, unique="model"))
+    )
 
     def remaining(self, command: Command) -> float:
         """Seconds ``command`` has left, independent of clock skew between the hosts."""
@@ -290,116 +294,6 @@ class ErrorReply:
 
     error: str
     path: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerStatus:
-    id: WorkerId
-    address: str
-    ready: bool
-    reachable: bool  # heartbeat younger than worker_timeout
-    heartbeat_age: float | None  # seconds, manager clock; None: never heard from
-    capacity: Resources
-    usage: float
-    containers: tuple[ContainerId, ...] = ()
-    labels: dict[str, str] = field(default_factory=dict, hash=False)
-    taints: tuple[str, ...] = ()
-    # Protocol 1.4: its GPUs as its agent last reported them (empty: none, or no NVML).
-    gpus: tuple[GpuDevice, ...] = field(default=(), metadata=limit(Items(MAX_GPU_DEVICES, unique="index")))
-    # Being drained (``specon drain``): it takes no new jobs and its jobs move off.
-    cordoned: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerStatus:
-    id: ContainerId
-    worker: WorkerId
-    category: Category
-    phase: Phase = "running"
-    # (manager time, category) at every change, oldest first.
-    history: tuple[tuple[float, Category], ...] = ()
-    last_g: float | None = None
-    t_cc: float | None = None  # manager clock
-    migrated: bool = False
-    stalled: bool = False
-    pending_request: bool = False
-    step: int | None = None
-    migrations: int = 0
-    rebalances: int = 0
-    job: dict[str, str] = field(default_factory=dict, hash=False)
-    # Its CPU weight on its worker, as its agent last reported it (protocol 1.2).
-    cpu_weight: int | None = None
-    # Protocol 1.3: the last loss window its agents sent (kept across moves); its declared
-    # total steps (``job[STEPS_LABEL]``); and the seconds it has left at the window's step rate.
-    window: LossWindow | None = None
-    total_steps: int | None = None
-    eta: float | None = None
-    # Protocol 1.4: its GPU use as its agent last reported it while it ran (None: no GPU
-    # process seen), or its state under the GPU sharing (frozen, suspended).
-    gpu: GpuUse | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class MigrationStatus:
-    """A journaled migration (``specon.coordinator.migration.Migration``) as the status API shows it."""
-
-    id: str
-    container: ContainerId
-    source: WorkerId
-    target: WorkerId
-    reason: Reason
-    state: State
-    decided_at: float
-    updated_at: float
-    checkpoint: str | None = None
-    checkpoint_step: int | None = None
-    stopped_at: float | None = None
-    started_at: float | None = None
-    downtime: float | None = None
-    error: str | None = None
-    attempts: int = 0
-    # Steps trained past the checkpoint it moved with (a drain's deadline cut the save short).
-    lost_steps: int | None = None
-
-    @classmethod
-    def of(cls, m: Migration) -> MigrationStatus:
-        return cls(
-            id=m.id,
-            container=m.container,
-            source=m.source,
-            target=m.target,
-            reason=m.reason,
-            state=m.state,
-            decided_at=m.decided_at,
-            updated_at=m.updated_at,
-            checkpoint=m.checkpoint,
-            checkpoint_step=m.checkpoint_step,
-            stopped_at=m.stopped_at,
-            started_at=m.started_at,
-            downtime=m.downtime,
-            error=m.error,
-            attempts=m.attempts,
-            lost_steps=m.lost_steps,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    """The manager's ``GET /v1/status``: the whole cluster as it sees it."""
-
-    now: float  # manager clock
-    mode: Mode
-    policy_generation: int
-    dry_run: bool = False
-    workers: tuple[WorkerStatus, ...] = ()
-    containers: tuple[ContainerStatus, ...] = ()
-    migrations: tuple[MigrationStatus, ...] = ()
-    # Paging (protocol 1.1): the cursor of the next page (``?after=``), None on the last;
-    # the totals count every entry, not only this page's.
-    next: str | None = None
-    total_workers: int = 0
-    total_containers: int = 0
-    total_migrations: int = 0
 
 
 Message = (
@@ -458,13 +352,15 @@ def _plain_batch(b: CommandBatch) -> bytes | None:
     """The answer to nearly every heartbeat, a batch without commands, written directly: what
     the codec writes, byte for byte (``tests/unit/wire/test_fastpath.py``); None for any other."""
     t, gen, ack = b.manager_time, b.policy_generation, b.ack
-    if b.commands or type(t) is not float or not math.isfinite(t) or type(gen) is not int:
+    if b.commands or b.quality_version is not None or b.quality:
+        return None
+    if type(t) is not float or not math.isfinite(t) or type(gen) is not int:
         return None
     if ack is not None and type(ack) is not int:
         return None
     return (
         f'{{"version":"{VERSION}","kind":"CommandBatch","manager_time":{t!r},"policy_generation":{gen},'
-        f'"commands":[],"ack":{"null" if ack is None else ack}}}'
+        f'"commands":[],"ack":{"null" if ack is None else ack},"quality_version":null,"quality":[]}}'
     ).encode()
 
 

@@ -91,7 +91,7 @@ from specon.runtime.base import StartFailed
 from specon.runtime.volume import JobPaths
 from specon.testing.net_hosts import NetHost
 from specon.testing.progress_log import BrokenLogError
-from specon.wire.protocol import Status
+from specon.wire.status import Status
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from specon.model import ContainerId, WorkerId
 from specon.runtime.base import JobSpec
 from specon.runtime.volume import JobPaths
 from specon.testing.progress_log import job_records
-from specon.wire.protocol import MigrationStatus, Status
+from specon.wire.status import MigrationStatus, Status
 
 JOB = Path(__file__).parent / "jobs" / "curve_job.py"
 CHECKPOINT_EVERY = 50

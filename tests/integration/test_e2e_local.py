@@ -16,7 +16,7 @@ from specon.model import ContainerId, WorkerId
 from specon.runtime.base import JobSpec
 from specon.testing.held_jobs import finished_steps, release, release_file
 from specon.testing.progress_log import job_records
-from specon.wire.protocol import Status
+from specon.wire.status import Status
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -24,7 +24,8 @@ from manager_proc import MANAGER, Running, manager_env, running_manager, wait_he
 
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.wire import protocol
-from specon.wire.protocol import CommandBatch, ContainerReport, ErrorReply, Heartbeat, Poll, Status
+from specon.wire.protocol import CommandBatch, ContainerReport, ErrorReply, Heartbeat, Poll
+from specon.wire.status import Status
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

@@ -58,8 +58,8 @@ from specon.wire.protocol import (
     Heartbeat,
     Poll,
     ReallocationRequest,
-    Status,
 )
+from specon.wire.status import Status
 
 T = TypeVar("T")
 

@@ -13,7 +13,8 @@ from manager_proc import MANAGER, Running, manager_env, running_manager, wait_he
 
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.wire import protocol
-from specon.wire.protocol import CommandBatch, ContainerReport, ErrorReply, Heartbeat, Status
+from specon.wire.protocol import CommandBatch, ContainerReport, ErrorReply, Heartbeat
+from specon.wire.status import Status
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 

@@ -42,7 +42,7 @@ from specon.embedded.cluster import Daemon, EmbeddedCluster
 from specon.model import WorkerId
 from specon.testing.held_jobs import finished_steps, release
 from specon.testing.net_hosts import NetHost, NetHosts
-from specon.wire.protocol import MigrationStatus
+from specon.wire.status import MigrationStatus
 from tests.hosts import tls_if_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]

@@ -37,8 +37,8 @@ from specon.wire.protocol import (
     Heartbeat,
     Poll,
     ReallocationRequest,
-    Status,
 )
+from specon.wire.status import Status
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(120)]
 

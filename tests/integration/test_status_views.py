@@ -28,7 +28,7 @@ from specon.embedded import demo
 from specon.embedded.cluster import EmbeddedCluster
 from specon.model import WorkerId
 from specon.wire import protocol
-from specon.wire.protocol import Status
+from specon.wire.status import Status
 from tests.integration.test_e2e_local import POLICY, job
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1800)]

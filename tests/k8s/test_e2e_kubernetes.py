@@ -33,7 +33,7 @@ from specon.testing.certs import TestCA
 from specon.testing.held_jobs import finished_steps, release, release_file
 from specon.wire import protocol
 from specon.wire.pod_writes import POD_WRITES_PATH
-from specon.wire.protocol import Status
+from specon.wire.status import Status
 from tests.integration.listening import PortTakenError, wait_listening
 from tests.k8s.cluster import PORT_ATTEMPTS, KubeCluster, free_ports
 from tests.k8s.kubelet import FakeKubelet

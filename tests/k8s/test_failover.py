@@ -41,7 +41,8 @@ from specon.runtime.base import JobSpec
 from specon.runtime.kubernetes.api import MERGE_PATCH, KubeApi, KubeError
 from specon.testing.progress_log import job_records
 from specon.wire import protocol
-from specon.wire.protocol import ErrorReply, Status
+from specon.wire.protocol import ErrorReply
+from specon.wire.status import Status
 from tests.integration.listening import serve_on_free_port
 from tests.integration.test_e2e_local import job
 from tests.k8s.cluster import KubeCluster

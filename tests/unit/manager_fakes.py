@@ -13,15 +13,8 @@ from specon.config import Policy, default_policy
 from specon.coordinator.effects import Event
 from specon.coordinator.inline import InlineCoordinator
 from specon.model import Category, ContainerId, Resources, WorkerId
-from specon.wire.protocol import (
-    Action,
-    Command,
-    CommandBatch,
-    CommandResult,
-    ContainerReport,
-    Heartbeat,
-    Phase,
-)
+from specon.wire.protocol import Action, Command, CommandBatch, CommandResult, ContainerReport, Heartbeat
+from specon.wire.status import Phase
 
 START = 1_000_000.0
 

@@ -34,7 +34,8 @@ from specon.policy.monitor import MonitorState
 from specon.runtime import JobSpec, WorkerUsage
 from specon.testing.fake_runtime import FakeClock, FakeRuntime, FakeVolume
 from specon.wire import protocol
-from specon.wire.protocol import Action, Command, Status
+from specon.wire.protocol import Action, Command
+from specon.wire.status import Status
 from tests.unit.manager_fakes import policy as make_policy
 
 TOKEN = "agent-daemon-test-token"

@@ -20,8 +20,8 @@ from specon_agent.priority import (
     changed,
     decide,
     fair_shares,
+    finished_shares,
     progress,
-    remember_finished,
     running_of,
 )
 from specon_agent.watched import CURVE_POINTS, Watched, append_curve, predicted_steps
@@ -35,6 +35,7 @@ from specon.policy.priority import phased
 from specon.progress import Tailer
 from specon.runtime import ContainerInfo, ContainerState, JobSpec
 from specon.testing.fake_runtime import FakeClock, FakeRuntime, FakeVolume, JobScript
+from specon.wire.protocol import QualityPoint
 from tests.unit.manager_fakes import policy as make_policy
 
 A, B, C = ContainerId("a"), ContainerId("b"), ContainerId("c")
@@ -213,7 +214,9 @@ async def test_fair_seconds_survive_a_restart_and_count_the_time_between(
     assert json.loads(path.read_text()) == {
         "at": 1010.0,
         "fair_seconds": {"a": 10.0, "b": 10.0},
-        "quality_memory": {},
+        "finished": {},
+        "quality_points": {},
+        "quality_version": None,
     }
     again = CpuWeights(worker, SRPT, state_file=path)  # the agent restarted; the jobs ran on
     await again.tick(jobs, 2.0, 1040.0)
@@ -222,7 +225,7 @@ async def test_fair_seconds_survive_a_restart_and_count_the_time_between(
     assert again.fair == {B: 40.0}
 
 
-async def test_the_quality_points_of_finished_jobs_are_remembered_per_model_across_a_restart(
+async def test_finished_jobs_are_measured_and_the_clusters_points_kept_across_a_restart(
     worker: Recording, tmp_path: Path
 ) -> None:
     await started(worker, A, B)
@@ -234,20 +237,25 @@ async def test_the_quality_points_of_finished_jobs_are_remembered_per_model_acro
     half = run(B, step=100, total=200, curve=curve[:100], model="gru")
     await first.tick([done, half], 2.0, 1000.0)
     await first.tick([], 2.0, 1010.0)  # both gone: A had trained its steps, B only half
-    assert first.memory == {"gru": (pytest.approx(0.48),)}  # 95 % of the fall, smoothed
+    assert first.finished == {A: pytest.approx(0.48)}  # 95 % of the fall, smoothed: for the manager
+    assert first.shares == {} and first.quality_version is None  # nothing from the manager yet
+    first.learn(3, [QualityPoint("gru", 0.48), QualityPoint("vae", 0.2)])
+    first.learn(None, [])  # a batch without points changes nothing
     again = CpuWeights(worker, cfg, state_file=path)  # the agent restarted
-    assert again.memory == first.memory
-    # A new gru job's quality point is its model's: 48 % of its steps, not the share.
-    assert progress([run(C, step=1, total=400, model="gru")], {}, again.memory)[
+    assert (again.finished, again.shares, again.quality_version) == (first.finished, first.shares, 3)
+    # A new gru job's quality point is its model's on the cluster: 48 % of its steps.
+    assert progress([run(C, step=1, total=400, model="gru")], {}, again.shares)[
         0
     ].quality_memory == pytest.approx(0.48)
+    again.forget([A])
+    assert again.finished == {}
 
 
-def test_a_job_moved_here_mid_training_is_not_remembered() -> None:
+def test_a_job_moved_here_mid_training_is_not_measured() -> None:
     curve = tuple((float(k), 100.0 - k / 2) for k in range(100, 201))
     gone = run(A, step=200, total=200, curve=curve, model="gru")
-    assert remember_finished({}, [gone], []) == {}
-    assert remember_finished({}, [gone], [gone]) == {}  # still running
+    assert finished_shares([gone], []) == {}
+    assert finished_shares([gone], [gone]) == {}  # still running
 
 
 async def test_an_unreadable_priority_state_starts_afresh(worker: Recording, tmp_path: Path) -> None:

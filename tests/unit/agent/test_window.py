@@ -15,7 +15,8 @@ from specon.runtime import JobSpec
 from specon.testing.fake_runtime import FakeClock, FakeRuntime, FakeVolume, JobScript
 from specon.wire import protocol
 from specon.wire.limits import MAX_WINDOW_POINTS
-from specon.wire.protocol import STEPS_LABEL, ContainerReport, Heartbeat, LossWindow
+from specon.wire.protocol import STEPS_LABEL, ContainerReport, Heartbeat
+from specon.wire.status import LossWindow
 from tests.unit.manager_fakes import policy
 
 TICK = 10.0

@@ -16,7 +16,8 @@ from specon.cli import cmd_status
 from specon.cli.main import build_parser
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.wire import protocol
-from specon.wire.protocol import ContainerStatus, ErrorReply, Status, WorkerStatus
+from specon.wire.protocol import ErrorReply
+from specon.wire.status import ContainerStatus, Status, WorkerStatus
 
 NOW = 1_700_000_000.0
 READ_TOKEN = "r" * 32

@@ -21,7 +21,8 @@ from specon.coordinator.migration import State
 from specon.model import Category, ContainerId, WorkerId
 from specon.policy.decisions import Move, Stay
 from specon.policy.move_costs import Observation
-from specon.wire.protocol import Action, CommandResult, ContainerReport, Heartbeat, Phase, ReallocationRequest
+from specon.wire.protocol import Action, CommandResult, ContainerReport, Heartbeat, ReallocationRequest
+from specon.wire.status import Phase
 from tests.unit.manager_fakes import START, FakeAgent, FakeClock, policy, report
 
 CC = Category.CONVERGED

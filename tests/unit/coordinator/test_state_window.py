@@ -6,7 +6,7 @@ import dataclasses
 
 from specon.coordinator.state import ClusterState
 from specon.model import Category, ContainerId
-from specon.wire.protocol import LossWindow
+from specon.wire.status import LossWindow
 from tests.unit.manager_fakes import FakeAgent, FakeClock, report
 
 C1 = ContainerId("c1")

@@ -9,7 +9,7 @@ import pytest
 
 from specon.embedded import demo
 from specon.model import Category, ContainerId, WorkerId
-from specon.wire.protocol import ContainerStatus, LossWindow, Phase, Status
+from specon.wire.status import ContainerStatus, LossWindow, Phase, Status
 
 CURVE = LossWindow(first_step=0, last_step=5, loss=(1.0, 0.5))
 

@@ -23,7 +23,8 @@ from specon.coordinator.machine import Coordinator
 from specon.coordinator.migration import State
 from specon.model import Category
 from specon.wire import protocol
-from specon.wire.protocol import Action, CommandBatch, ErrorReply, Goodbye, Poll, ReallocationRequest, Status
+from specon.wire.protocol import Action, CommandBatch, ErrorReply, Goodbye, Poll, ReallocationRequest
+from specon.wire.status import Status
 from tests.unit.manager_fakes import START, FakeAgent, FakeClock, only, policy, report, shell
 
 TOKEN = "s3cret-token"

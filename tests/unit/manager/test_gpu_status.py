@@ -13,7 +13,8 @@ from specon_manager.status import build_status
 
 from specon.wire import protocol
 from specon.wire.gpu import GpuDevice, GpuUse
-from specon.wire.protocol import Heartbeat, Status
+from specon.wire.protocol import Heartbeat
+from specon.wire.status import Status
 from tests.unit.manager_fakes import FakeAgent, FakeClock, coordinator, policy, report
 
 GIB = 2**30

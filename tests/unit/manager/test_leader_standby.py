@@ -28,7 +28,8 @@ from specon.coordinator.migration import Migration, State
 from specon.model import ContainerId, WorkerId
 from specon.wire import protocol
 from specon.wire.pod_writes import POD_WRITES_PATH
-from specon.wire.protocol import ErrorReply, Status
+from specon.wire.protocol import ErrorReply
+from specon.wire.status import Status
 from tests.unit.manager.test_leader import FakeLeases
 from tests.unit.manager_fakes import FakeAgent, FakeClock, policy
 

@@ -33,7 +33,8 @@ from specon_manager.sessions import SessionStore
 
 from specon.daemon.settings import ManagerSettings
 from specon.wire import protocol
-from specon.wire.protocol import ErrorReply, Status
+from specon.wire.protocol import ErrorReply
+from specon.wire.status import Status
 from tests.unit.manager.test_app import metric
 from tests.unit.manager_fakes import FakeAgent, FakeClock, report, shell
 

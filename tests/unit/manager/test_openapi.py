@@ -27,6 +27,7 @@ from specon.config import default_policy
 from specon.wire import codec, protocol
 from specon.wire.limits import Finite, Id, Items, Labels, Range, Taints, Text, limit_of
 from specon.wire.pod_writes import PodWriteReply, PodWriteRequest
+from specon.wire.status import Status
 from specon.wire.validate import is_valid_id
 from tests.strategies import Leaves, from_type
 
@@ -325,7 +326,7 @@ def test_printable_text_is_stated_for_every_character_of_the_bmp() -> None:
 def test_protocol_messages_validate_against_their_schemas() -> None:
     """The status and error replies the manager writes fit their documented shapes."""
     doc = openapi_document()
-    status = protocol.Status(now=1.0, mode="default", policy_generation=1, next="w:a")
+    status = Status(now=1.0, mode="default", policy_generation=1, next="w:a")
     assert validator(doc, "Status").is_valid(json.loads(protocol.encode(status)))
     error = protocol.ErrorReply(error="no", path="worker")
     assert validator(doc, "ErrorReply").is_valid(json.loads(protocol.encode(error)))

@@ -13,14 +13,8 @@ from specon_manager.status import with_progress
 
 from specon.coordinator.migration import State
 from specon.model import Category, ContainerId, Resources, WorkerId
-from specon.wire.protocol import (
-    STEPS_LABEL,
-    ContainerStatus,
-    LossWindow,
-    MigrationStatus,
-    Status,
-    WorkerStatus,
-)
+from specon.wire.protocol import STEPS_LABEL
+from specon.wire.status import ContainerStatus, LossWindow, MigrationStatus, Status, WorkerStatus
 
 EVIL = '<img src=x onerror="alert(1)">&'
 NOW = 1_700_000_000.0

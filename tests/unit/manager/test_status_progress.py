@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from specon_manager.status import Page, build_status, declared_steps, time_left
 
-from specon.wire.protocol import STEPS_LABEL, LossWindow
+from specon.wire.protocol import STEPS_LABEL
+from specon.wire.status import LossWindow
 from specon.wire.validate import MAX_SECONDS
 from tests.unit.manager_fakes import FakeAgent, FakeClock, coordinator, report
 

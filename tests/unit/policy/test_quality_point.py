@@ -122,18 +122,17 @@ def test_a_finished_jobs_point_from_its_whole_curve_is_its_true_point() -> None:
             assert share == pytest.approx(ground_truth_step(tr) / tr.steps)
 
 
-def test_memory_recalls_the_median_of_the_newest_finished_jobs_of_a_model() -> None:
-    mem: quality_point.Memory = {}
-    assert quality_point.recall(mem, "gru") is None
-    for share in (0.2, 0.3, 0.9):
-        mem = quality_point.remember(mem, "gru", share)
-    assert quality_point.recall(mem, "gru") == 0.3
-    assert quality_point.recall(mem, "vae") is None and quality_point.recall(mem, None) is None
-    for _ in range(quality_point.MEMORY):
-        mem = quality_point.remember(mem, "gru", 0.5)
-    assert mem["gru"] == (0.5,) * quality_point.MEMORY  # the oldest forgotten
+def test_memory_is_the_recalled_share_else_the_curve_estimate() -> None:
     assert quality_point.estimate("memory", step=1.0, total=TOTAL, share=0.35, recalled=0.5) == 500.0
-    assert quality_point.estimate("memory", step=1.0, total=TOTAL, share=0.35) == 350.0  # none yet
+    assert quality_point.estimate("memory", step=1.0, total=TOTAL, share=0.35) == 350.0  # no curve yet
+    steps = [float(k) for k in range(1, 601)]
+    flat = [max(0.0, 100.0 - k) for k in range(1, 601)]  # flat from step 100, 500 steps ago
+    by_curve = quality_point.estimate("curve", step=600.0, total=TOTAL, share=0.35, steps=steps, losses=flat)
+    assert by_curve < 350.0
+    assert (
+        quality_point.estimate("memory", step=600.0, total=TOTAL, share=0.35, steps=steps, losses=flat)
+        == by_curve
+    )
 
 
 def test_the_rule_checks_the_knob() -> None:

@@ -26,9 +26,8 @@ from specon.wire.protocol import (
     Goodbye,
     Heartbeat,
     Poll,
-    Status,
-    WorkerStatus,
 )
+from specon.wire.status import Status, WorkerStatus
 from tests.strategies import Leaves, from_type
 
 # --- values at and just past every declared bound ------------------------------------------------

@@ -24,12 +24,12 @@ from specon.wire.protocol import (
     CommandResult,
     ContainerReport,
     Heartbeat,
-    LossWindow,
     Poll,
     ProtocolError,
     decode,
     encode,
 )
+from specon.wire.status import LossWindow
 from tests.unit.wire.test_protocol import any_message, heartbeat
 
 
@@ -240,6 +240,8 @@ def test_the_plain_batch_is_written_as_the_codec_writes_it(t: float, gen: int, a
         "policy_generation",
         "commands",
         "ack",
+        "quality_version",
+        "quality",
     ]
 
 

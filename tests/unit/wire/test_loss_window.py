@@ -10,14 +10,8 @@ import pytest
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.wire import protocol
 from specon.wire.limits import MAX_WINDOW_POINTS
-from specon.wire.protocol import (
-    ContainerReport,
-    ContainerStatus,
-    Heartbeat,
-    LossWindow,
-    ProtocolError,
-    Status,
-)
+from specon.wire.protocol import ContainerReport, Heartbeat, ProtocolError
+from specon.wire.status import ContainerStatus, LossWindow, Status
 
 
 def _heartbeat(window: LossWindow | None) -> Heartbeat:

@@ -26,12 +26,11 @@ from specon.wire.protocol import (
     ContainerReport,
     Goodbye,
     Heartbeat,
-    MigrationStatus,
     ProtocolError,
-    Status,
     decode,
     encode,
 )
+from specon.wire.status import ContainerStatus, MigrationStatus, Status
 from tests.strategies import Leaves, from_type
 
 # --- strategies, derived from the type hints like the codec itself -----------------------
@@ -154,7 +153,7 @@ def test_status_history_round_trips() -> None:
         mode="paper",
         policy_generation=3,
         containers=(
-            protocol.ContainerStatus(
+            ContainerStatus(
                 id=ContainerId("job"),
                 worker=WorkerId("b"),
                 category=Category.CONVERGED,
@@ -481,7 +480,7 @@ def test_container_status_carries_the_cpu_weight() -> None:
         mode="default",
         policy_generation=1,
         containers=(
-            protocol.ContainerStatus(
+            ContainerStatus(
                 id=ContainerId("a"), worker=WorkerId("w"), category=Category.PROGRESSING, cpu_weight=250
             ),
         ),
