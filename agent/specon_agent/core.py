@@ -230,10 +230,9 @@ class Agent:
                 # A step the protocol cannot carry (negative, past 2^63) would get every
                 # heartbeat of this worker refused: its loss still counts, its step does not.
                 steps = [s.step for s in got if s.step is not None and COUNT.lo <= s.step <= COUNT.hi]
-                if steps:
+                if steps:  # the curve: the quality point's and, without a declared total, the fit's
                     w.step = steps[-1]
-                    if w.info.spec.steps is None:
-                        append_curve(w, steps[-1], [s.value for s in got])
+                    append_curve(w, steps[-1], [s.value for s in got])
                 w.last_sample_at = now
                 self.counters.samples += len(got)
             if w.first_step is None and stepped_before:

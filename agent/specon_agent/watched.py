@@ -1,6 +1,7 @@
 """What the agent keeps per container: the classifier's view (``Watched``), its counters, the
-total steps a job declared in its progress log, and the loss curve a job with no declared total
-is sized by (``specon.policy.remaining``)."""
+total steps a job declared in its progress log, and its loss curve: what its quality point is
+estimated and measured from (``specon.policy.quality_point``) and, for a job with no declared
+total, what it is sized by (``specon.policy.remaining``)."""
 
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ class Watched:
     # times their cost: srpt then froze a short job on a GPU behind a long one, for good).
     first_step: int | None = None
     first_cpu: float = 0.0
-    # (step, mean loss) per tick, for the loss-curve prediction of a job with no declared
-    # total (``specon.policy.remaining``); thinned to every other point when full.
+    # (step, mean loss) per tick: its quality point's input and, with no declared total, its
+    # size's (``specon.policy.remaining``); thinned to every other point when full.
     curve: list[tuple[float, float]] = field(default_factory=list)
     curve_samples: int = 0  # points ever added to ``curve`` (thinned ones included)
     fit: Fit = field(default_factory=Fit)  # its last fit (``remaining.refit``)
@@ -100,7 +101,7 @@ class AgentCounters:
     states_forgotten: int = 0
 
 
-# Loss-curve points kept per job for the prediction (thinned to every other point when full).
+# Loss-curve points kept per job (thinned to every other point when full).
 CURVE_POINTS = 256
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -123,3 +124,46 @@ def test_without_a_usable_token_it_exits_2_with_a_message(
     assert out.returncode == 2
     assert message in out.stderr
     assert "Traceback" not in out.stderr
+
+
+async def _beat(session: aiohttp.ClientSession, url: str, hb: Heartbeat) -> CommandBatch:
+    auth = {protocol.AUTH_HEADER: f"Bearer {TOKEN}", "Content-Type": protocol.CONTENT_TYPE}
+    async with session.post(
+        f"{url}{protocol.HEARTBEAT_PATH}", data=protocol.encode(hb), headers=auth
+    ) as resp:
+        assert resp.status == 200, await resp.text()
+        return protocol.decode(await resp.read(), CommandBatch)
+
+
+async def test_a_finished_jobs_quality_point_reaches_the_other_workers_and_outlives_a_restart(
+    tmp_path: Path,
+) -> None:
+    """What one worker measured of a finished job is every worker's estimate for its model, also
+    from the restarted manager (the journal keeps it; the job is counted once)."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    done = ContainerReport(
+        id=ContainerId("job-1"),
+        category=Category.CONVERGED,
+        phase="finished",
+        job={"model": "gru"},
+        quality_share=0.4,
+    )
+    base = _heartbeat()
+    first = dataclasses.replace(base, containers=(done,))
+    other = dataclasses.replace(base, worker=WorkerId("worker-2"), containers=())
+    for round_ in range(2):
+        with running_manager(tmp_path, "--token-file", str(token_file)) as manager:
+            async with aiohttp.ClientSession() as session:
+                await wait_healthy(manager, session, tries=200)
+                seq = 10 * round_
+                await _beat(
+                    session, manager.url, dataclasses.replace(first, seq=seq + 1)
+                )  # again after the restart
+                got = await _beat(session, manager.url, dataclasses.replace(other, seq=seq + 2))
+                assert (got.quality_version, [(p.model, p.share) for p in got.quality]) == (1, [("gru", 0.4)])
+                held = dataclasses.replace(other, seq=seq + 3, quality_version=1)
+                assert (await _beat(session, manager.url, held)).quality_version is None
+            manager.proc.send_signal(signal.SIGTERM)
+            assert manager.proc.wait(15) == 0
+    assert manager.log.read_text().count("specon.manager.quality_point") == 1

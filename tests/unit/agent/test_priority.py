@@ -35,7 +35,7 @@ from specon.policy.priority import phased
 from specon.progress import Tailer
 from specon.runtime import ContainerInfo, ContainerState, JobSpec
 from specon.testing.fake_runtime import FakeClock, FakeRuntime, FakeVolume, JobScript
-from specon.wire.protocol import QualityPoint
+from specon.wire.protocol import CommandBatch, QualityPoint
 from tests.unit.manager_fakes import policy as make_policy
 
 A, B, C = ContainerId("a"), ContainerId("b"), ContainerId("c")
@@ -472,3 +472,33 @@ def test_a_job_seen_at_its_first_step_is_not_weighed_by_its_start_up() -> None:
     assert [j.cpu_per_step for j in jobs] == [pytest.approx(0.002), None]
     got = decide([long, new], {}, PriorityConfig(rule="srpt"))
     assert got[ContainerId("new")] > got[ContainerId("long")]  # 160 steps left against 260
+
+
+async def test_the_agent_reports_a_finished_jobs_quality_point_and_takes_the_clusters(tmp_path: Path) -> None:
+    """Through the agent: a job of a known model trains its steps and exits; its ended report
+    carries its measured quality point; a batch's quality points become the estimate's input and
+    the heartbeats then say which version they hold."""
+    volume = FakeVolume(FakeClock(1000.0), root=tmp_path / "volume")
+    rt = FakeRuntime("w0", volume, capacity=Resources(cpu=1.0))
+    volume.script("j", JobScript(loss=lambda step: max(1.0, 100.0 - step)))  # flat from step 99 of 200
+    await rt.start(JobSpec(id=ContainerId("j"), command=("train",), steps=200, model="gru"))
+    cfg = {"rule": "phased", "phased": phased.Args(quality_point="memory")}
+    agent = Agent(runtime=rt, policy=make_policy(priority=cfg), state_file=None)
+    try:
+        for _ in range(25):  # past its 200 steps at 1 step/s
+            await agent.refresh()
+            await volume.clock.advance(10.0)
+            await agent.sample_usage()
+            agent.tick(volume.clock.now())
+            await agent.apply_priority(volume.clock.now())
+        (report,) = agent.heartbeat(volume.clock.now()).containers
+        assert report.phase == "finished" and report.job["model"] == "gru"
+        assert report.quality_share == pytest.approx(0.48, abs=0.06)  # 95 % of its fall, by tick
+        assert agent.heartbeat(volume.clock.now()).quality_version is None
+        agent.acknowledge(CommandBatch(manager_time=1.0, policy_generation=1, quality_version=4,
+                                       quality=(QualityPoint("gru", 0.45),)))  # fmt: skip
+        assert agent.cpu_weights.shares == {"gru": 0.45}
+        assert agent.heartbeat(volume.clock.now()).quality_version == 4
+    finally:
+        for w in agent.watched.values():
+            w.tailer.close()
