@@ -20,8 +20,9 @@ still finish first.
 
 The quality point is not known while a job trains: ``quality_point`` names its estimate
 (``specon.policy.quality_point``, the same function in the agent and the simulator), by
-default ``quality_share`` of the job's steps (done plus left: declared, else the loss
-curve's prediction). As in
+default the median point of its model's finished jobs on the cluster, else what its own
+curve says (while it still improves, not before ``quality_share`` of its steps: done plus
+left, declared, else the loss curve's prediction). As in
 ``fsp``, ``aging`` times the job's deficit against equal sharing is taken off its key,
 so a job that fell behind its fair-shared progress moves up; and a job whose deficit
 reached ``late`` times its remaining work (1: equal sharing would already have finished
@@ -47,39 +48,42 @@ from specon.policy.priority.base import RATIO_DOC, JobProgress, fifo_key, ranked
 @dataclass(frozen=True, slots=True)
 class Args:
     ratio: float = field(default=100.0, metadata={"doc": RATIO_DOC})
-    # The recorded traces reach 95 % of their loss reduction at 20-60 % of their steps.
+    # The recorded traces reach 95 % of their loss reduction at 20-60 % of their steps; the
+    # share is the estimate's floor until a job's curve or its model's finished jobs say more.
     quality_share: float = field(
-        default=0.35,
+        default=0.3,
         metadata={"doc": "share of a job's steps taken as its early part (its quality point), in (0, 1]"},
     )
     # bench_quality_point and bench_sim judged the estimators (docs/priority.md).
     quality_point: str = field(
-        default="share",
+        default="memory",
         metadata={
             "doc": "how a job's quality point is estimated: share (quality_share of its steps), "
             "curve (the share until its loss curve says more or less), memory (the median of "
-            "its model's finished jobs on this worker, else the share), oracle (the simulator's "
+            "its model's finished jobs on the cluster, else as curve), oracle (the simulator's "
             "true point; elsewhere share)"
         },
     )
-    # 0.75: the smallest weight tried (the most average-JCT gain) whose time-to-quality is
-    # no later than DS's on A1-A5 and the example scenarios (docs/priority.md).
+    # With memory, 0.6 (aging 0.2, late 1, quality_share 0.3) reaches quality no later than
+    # DS on A1-A5 and the example scenarios, also over 20 seeds, with the most average-JCT
+    # gain of the grid tried (weight 0.5-0.65, share 0.25-0.35, aging 0.15-0.3, late 0.75/1;
+    # docs/priority.md).
     quality_weight: float = field(
-        default=0.75,
+        default=0.6,
         metadata={
             "doc": "worth of reaching a job's quality point, in completions "
             "(0: plain shortest remaining first; larger: early parts further ahead)"
         },
     )
     aging: float = field(
-        default=0.25,
+        default=0.2,
         metadata={"doc": "share of a job's deficit against equal sharing taken off its key (as fsp's)"},
     )
-    # Slowest job against its DS JCT, A5 / scenario-generated.yaml, 10 seeds: x2.35 / x1.89
-    # at 0.5, x1.79 / x1.81 at 0.75, x1.87 / x2.19 at 1 (FSP's point: equal sharing would
-    # have finished the job by now).
+    # 1: FSP's point, equal sharing would have finished the job by now. With the share as the
+    # estimate 0.75 kept the slowest jobs of A5 and scenario-generated.yaml under x2 (x1.87 /
+    # x2.19 at 1); with memory every slowest job is under x1.5 at 1, with sooner quality.
     late: float = field(
-        default=0.75,
+        default=1.0,
         metadata={
             "doc": "a job whose deficit against equal sharing reaches this share of its remaining "
             "work goes ahead of every job that is not, in (0, 1] (1: once equal sharing would "
