@@ -156,6 +156,7 @@ class ManagerMetrics:
         self.registry.register(_CategoryCollector(lambda: coord))
         self.registry.register(_GpuCollector(lambda: coord))
         self.registry.register(MoveCostCollector(lambda: coord))
+        self.registry.register(_QualityCollector(lambda: coord))
 
     def watch_journal(self, failures: Callable[[], int], pruned: Callable[[], int]) -> None:
         """The journal's failed writes and pruned records, read at scrape time."""
@@ -252,3 +253,26 @@ class _GpuCollector(Collector):
                 used.add_metric(key, d.memory_used)
                 total.add_metric(key, d.memory_total)
         yield from (count, util, used, total)
+
+
+class _QualityCollector(Collector):
+    """The cluster's quality memory (``specon.coordinator.remembering``), read at scrape time."""
+
+    def __init__(self, get: Callable[[], Coordinator]) -> None:
+        self._get = get
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        memory = self._get().quality
+        points = GaugeMetricFamily(
+            "specon_manager_quality_point",
+            "Median share of their steps at which a model's finished jobs reached quality",
+            labels=["model"],
+        )
+        jobs = GaugeMetricFamily(
+            "specon_manager_quality_jobs", "Finished jobs remembered per model (the newest)", labels=["model"]
+        )
+        for model, share in sorted(memory.shares().items()):
+            points.add_metric([model], share)
+            jobs.add_metric([model], len(memory.jobs[model]))
+        yield points
+        yield jobs

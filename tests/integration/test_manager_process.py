@@ -164,6 +164,10 @@ async def test_a_finished_jobs_quality_point_reaches_the_other_workers_and_outli
                 assert (got.quality_version, [(p.model, p.share) for p in got.quality]) == (1, [("gru", 0.4)])
                 held = dataclasses.replace(other, seq=seq + 3, quality_version=1)
                 assert (await _beat(session, manager.url, held)).quality_version is None
+                async with session.get(f"{manager.url}/metrics") as resp:
+                    metrics = await resp.text()
+                assert 'specon_manager_quality_point{model="gru"} 0.4' in metrics
+                assert 'specon_manager_quality_jobs{model="gru"} 1.0' in metrics
             manager.proc.send_signal(signal.SIGTERM)
             assert manager.proc.wait(15) == 0
     assert manager.log.read_text().count("specon.manager.quality_point") == 1
