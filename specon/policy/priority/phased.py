@@ -64,24 +64,24 @@ class Args:
             "true point; elsewhere share)"
         },
     )
-    # With memory, 0.6 (aging 0.2, late 1, quality_share 0.3) reaches quality no later than
-    # DS on A1-A5 and the example scenarios, also over 20 seeds, with the most average-JCT
-    # gain of the grid tried (weight 0.5-0.65, share 0.25-0.35, aging 0.15-0.3, late 0.75/1;
-    # docs/priority.md).
+    # With memory, 0.55 (aging 0.3, late 1, quality_share 0.3) reaches quality no later than
+    # DS on A1-A5 and the example scenarios (also over 20 seeds), no job past x2 its DS JCT,
+    # with the most average-JCT gain of the grid tried (weight 0.5-0.65, share 0.25-0.35,
+    # aging 0.15-0.3, late 0.5-1; docs/priority.md).
     quality_weight: float = field(
-        default=0.6,
+        default=0.55,
         metadata={
             "doc": "worth of reaching a job's quality point, in completions "
             "(0: plain shortest remaining first; larger: early parts further ahead)"
         },
     )
     aging: float = field(
-        default=0.2,
+        default=0.3,
         metadata={"doc": "share of a job's deficit against equal sharing taken off its key (as fsp's)"},
     )
     # 1: FSP's point, equal sharing would have finished the job by now. With the share as the
     # estimate 0.75 kept the slowest jobs of A5 and scenario-generated.yaml under x2 (x1.87 /
-    # x2.19 at 1); with memory every slowest job is under x1.5 at 1, with sooner quality.
+    # x2.19 at 1); with memory, 1 does (aging 0.3), with more JCT gain than 0.5 or 0.75.
     late: float = field(
         default=1.0,
         metadata={
