@@ -9,7 +9,8 @@ An I/O shell around ``specon``'s pure core: no algorithm and no message schema l
 - ``priority``: the priority action's pure half; ``weights``: its I/O shell;
 - ``gpus``: the worker's GPU usage (NVML); ``gpu_metrics``: its /metrics; ``gpu_share``: the
   priority on a GPU (freeze, suspend, resume), the I/O shell of ``specon.policy.gpu_share``;
-- ``reports``: the heartbeat's per-container reports; ``taints_file``: taints the host announces;
+- ``reports``: the heartbeat's per-container reports; ``labels``: the job labels they carry;
+  ``taints_file``: taints the host announces;
 - ``client``: the HTTP client for the manager; ``daemon``: the supervised background tasks;
 - ``k8s_pod_writes``: a Kubernetes agent's pod writes, asked of the manager (retried while it
   restarts);

@@ -200,6 +200,7 @@ class AgentDaemon:
                     fair=agent.cpu_weights.fair,
                     priority=agent.policy.priority,
                     specs={cid: w.info.spec for cid, w in agent.watched.items()},
+                    shares=agent.cpu_weights.shares,
                 )
         except Exception:
             log.exception("specon.agent.gpu_share_crashed")

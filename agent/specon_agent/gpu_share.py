@@ -137,10 +137,12 @@ class GpuShare:
         fair: Mapping[ContainerId, float],
         priority: Settings,
         specs: Mapping[ContainerId, JobSpec],
+        shares: Mapping[str, float] | None = None,
     ) -> None:
         """One tick for every GPU: ``running`` are the worker's running jobs as the CPU
         priority sees them (``Agent.running_jobs``), ``fair`` their fair seconds, ``specs``
-        their specs. Without a sample (no NVML) nothing is shared: what this agent froze or
+        their specs, ``shares`` each model's quality point on the cluster (as the CPU
+        weights'). Without a sample (no NVML) nothing is shared: what this agent froze or
         suspended before is thawed and resumed."""
         live = {r.id: r for r in running}
         self._saving &= live.keys()
@@ -148,7 +150,7 @@ class GpuShare:
             del self.jobs[cid]  # ended, saved away or forgotten: nothing of it is ours now
         groups = self._groups(sample, live, specs)
         for device, (members, total) in sorted(groups.items()):
-            weighed = self._weights([m[0] for m in members], fair, priority)
+            weighed = self._weights([m[0] for m in members], fair, priority, shares)
             jobs = [
                 GpuJob(
                     id=r.id,
@@ -213,11 +215,14 @@ class GpuShare:
 
     @staticmethod
     def _weights(
-        jobs: Sequence[Running], fair: Mapping[ContainerId, float], priority: Settings
+        jobs: Sequence[Running],
+        fair: Mapping[ContainerId, float],
+        priority: Settings,
+        shares: Mapping[str, float] | None = None,
     ) -> dict[ContainerId, int]:
         """The rule's weights among the jobs of one GPU (the default where it gives none)."""
         try:
-            got = weights(progress(jobs, fair), priority)
+            got = weights(progress(jobs, fair, shares), priority)
         except Exception as exc:  # a rule's bug must not stop the sharing: all equal
             log.warning("specon.agent.gpu_weights_failed", error=f"{type(exc).__name__}: {exc}")
             got = {}

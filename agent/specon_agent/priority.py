@@ -26,6 +26,7 @@ from specon.policy.monitor import MonitorState
 from specon.policy.priority.base import JobProgress
 from specon.policy.priority.rules import weighs, weights
 from specon.runtime.base import ContainerInfo
+from specon_agent.labels import job_labels
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +99,7 @@ def running_of(
         first_cpu=first_cpu if math.isfinite(first_cpu) else 0.0,
         predicted_steps=predicted_steps,
         curve=tuple(curve),
-        model=info.spec.model,
+        model=job_labels(info.spec).get("model"),  # as its reports name it (the manager's key)
     )
 
 

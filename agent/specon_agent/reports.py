@@ -11,9 +11,10 @@ from specon.model import Category, ContainerId
 from specon.policy.monitor import MonitorState
 from specon.runtime.base import ContainerInfo, JobSpec
 from specon.wire.gpu import GpuUse
-from specon.wire.protocol import STEPS_LABEL, ContainerReport
+from specon.wire.protocol import ContainerReport
 from specon.wire.status import LossWindow, Phase
 from specon_agent.gpu_share import Tracked
+from specon_agent.labels import job_labels
 from specon_agent.watched import Watched
 
 
@@ -109,13 +110,3 @@ def suspended_reports(
         )
         for cid, t in sorted(jobs.items())
     ]
-
-
-def job_labels(spec: JobSpec) -> dict[str, str]:
-    """Its job labels, with its model and declared steps where the spec has them."""
-    out = {k: v for k, v in spec.labels}
-    if spec.model:
-        out.setdefault("model", spec.model)
-    if spec.steps is not None:
-        out.setdefault(STEPS_LABEL, str(spec.steps))
-    return out

@@ -50,7 +50,7 @@ class CpuWeights:
         self.finished: dict[ContainerId, float] = {}
         self._running: Sequence[Running] = ()
         self.shares: dict[str, float] = {}
-        self.quality_version: int | None = None
+        self.quality_version = 0  # 0: none yet
         # The weight in effect per running container (what heartbeats and /metrics report).
         self.applied: dict[ContainerId, int] = {}
         self.failures = 0
@@ -124,8 +124,7 @@ class CpuWeights:
             last = None if at is None else float(at)
             finished = {ContainerId(str(k)): float(v) for k, v in raw.get("finished", {}).items()}
             shares = {str(k): float(v) for k, v in raw.get("quality_points", {}).items()}
-            version = raw.get("quality_version")
-            version = None if version is None else int(version)
+            version = int(raw.get("quality_version") or 0)
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             log.warning("specon.agent.priority_state_unreadable", path=str(self.state_file), error=str(exc))
             return
@@ -133,7 +132,7 @@ class CpuWeights:
         self.last_tick = last if last is not None and math.isfinite(last) else None
         self.finished = {k: v for k, v in finished.items() if 0 <= v <= 1}
         self.shares = {k: v for k, v in shares.items() if 0 <= v <= 1}
-        self.quality_version = version if len(self.shares) == len(shares) else None  # asks anew
+        self.quality_version = version if len(self.shares) == len(shares) and version >= 0 else 0  # asks anew
 
     def _save(self) -> None:
         if self.state_file is None:

@@ -207,8 +207,9 @@ class Coordinator(Deciding, Draining, Remembering):
         fresh = False
         for rep in containers:
             if rep.phase in {"running", "finished"}:
+                if rep.quality_share is not None:  # a finished job's, measured: before its mark is set
+                    self._remember(worker, rep)
                 self._note_place(rep.id, worker, now)
-                self._remember(rep)
             if rep.pending_request and rep.phase == "running" and rep.id not in self.requests:
                 self.requests[rep.id] = now
                 # Asked again right after an answer (the agent has not applied it yet): no news.

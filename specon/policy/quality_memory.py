@@ -8,13 +8,18 @@ newest ``PER_MODEL`` of them and sends every agent the median of each (``Command
 the simulator keeps the same memory for its agents. One model's jobs on a whole cluster are
 what makes the median worth having: a worker alone sees few finish (docs/priority.md).
 
-A job counts once, whatever the number of heartbeats that report it finished and whichever
-manager hears them (the entries name the job and are journaled); the memory holds at most
-``MODELS`` models, the least recently finished forgotten first. Pure: values in, values out.
+Bounds, so that no worker's reports (honest or not) outweigh the cluster's: a job counts once
+(its entry names it); one worker holds at most ``PER_WORKER`` of a model's entries (its own
+oldest make way); a model name is at most ``MODEL_CHARS`` printable characters (a Kubernetes
+label value's limit); at most ``MODELS`` models are kept, and a new one displaces the model
+with the fewest entries, the least recently finished of those, so a flood of one-job models
+cannot push out a model the cluster has learned. Jobs and workers are kept as short digests:
+the journaled value stays under about 100 KiB. Pure: values in, values out.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import statistics
@@ -24,40 +29,61 @@ from typing import Any
 
 # Finished jobs remembered per model (the newest): a model's runs differ by seed and data.
 PER_MODEL = 16
-# Models remembered, the most recently finished kept: bounds the journal entry and the answer.
+# A model's entries one worker may hold.
+PER_WORKER = 4
+# Models remembered: bounds the journal entry and the answer.
 MODELS = 128
+# The longest model name remembered (a Kubernetes label value's limit).
+MODEL_CHARS = 63
+
+# One finished job: its digest, its worker's digest, and its quality point as a share of its steps.
+Entry = tuple[str, str, float]
+
+
+def digest(name: str, size: int = 16) -> str:
+    """A short, stable digest of ``name`` (``size`` hex digits)."""
+    return hashlib.blake2b(name.encode(), digest_size=size // 2).hexdigest()
+
+
+def model_ok(model: str) -> bool:
+    """Whether ``model`` names a model the memory keeps (non-empty, printable, short)."""
+    return 0 < len(model) <= MODEL_CHARS and model.isprintable()
 
 
 @dataclass(frozen=True, slots=True)
 class QualityMemory:
-    """Per model, its newest finished jobs as ``(job, share)``, oldest first; ``version`` is
-    bumped by every change (an agent holding it needs nothing resent)."""
+    """Per model, its newest finished jobs, oldest first (the dict in order of each model's
+    latest finish); ``version`` is bumped by every change (an agent holding it needs nothing)."""
 
     version: int = 0
-    jobs: Mapping[str, tuple[tuple[str, float], ...]] = field(default_factory=dict)
+    jobs: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
 
-    def finished(self, model: str, job: str, share: float) -> QualityMemory | None:
-        """This memory with ``job`` of ``model`` finished at ``share`` of its steps; None
-        when nothing changes (already counted, or a share outside [0, 1])."""
-        if not (math.isfinite(share) and 0 <= share <= 1):
+    def finished(self, model: str, job: str, share: float, worker: str = "") -> QualityMemory | None:
+        """This memory with ``job`` of ``model`` finished on ``worker`` at ``share`` of its
+        steps; None when nothing changes (counted before, a share outside [0, 1], a model
+        name ``model_ok`` refuses)."""
+        if not (math.isfinite(share) and 0 <= share <= 1) or not model_ok(model):
             return None
-        mine = self.jobs.get(model, ())
-        if any(j == job for j, _ in mine):
+        key, by = digest(job), digest(worker, 8)
+        mine = list(self.jobs.get(model, ()))
+        if any(k == key for k, _, _ in mine):
             return None
+        if sum(w == by for _, w, _ in mine) >= PER_WORKER:
+            mine.remove(next(e for e in mine if e[1] == by))  # the worker's own oldest
+        mine = [*mine, (key, by, share)][-PER_MODEL:]
         jobs = {k: v for k, v in self.jobs.items() if k != model}
-        jobs[model] = (*mine[-(PER_MODEL - 1) :], (job, share))  # newest last: dict order = recency
-        while len(jobs) > MODELS:
-            del jobs[next(iter(jobs))]
+        if len(jobs) >= MODELS:  # the fewest entries, then the least recently finished, goes
+            del jobs[min(jobs, key=lambda m: len(jobs[m]))]
+        jobs[model] = tuple(mine)
         return QualityMemory(self.version + 1, jobs)
 
     def shares(self) -> dict[str, float]:
         """Each model's median share: what the ``memory`` estimate recalls."""
-        return {model: statistics.median(s for _, s in got) for model, got in self.jobs.items() if got}
+        return {model: statistics.median(s for _, _, s in got) for model, got in self.jobs.items() if got}
 
     def to_text(self) -> str:
-        return json.dumps(
-            {"version": self.version, "jobs": {k: [list(e) for e in v] for k, v in self.jobs.items()}}
-        )
+        jobs = {k: [list(e) for e in v] for k, v in self.jobs.items()}
+        return json.dumps({"version": self.version, "jobs": jobs}, ensure_ascii=False, separators=(",", ":"))
 
     @staticmethod
     def from_text(text: str | None) -> QualityMemory:
@@ -68,12 +94,12 @@ class QualityMemory:
             raw: Any = json.loads(text)
             version = int(raw["version"])
             jobs = {
-                str(model): tuple((str(j), float(s)) for j, s in entries)
+                str(model): tuple((str(j), str(w), float(s)) for j, w, s in entries)
                 for model, entries in raw["jobs"].items()
             }
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"unreadable quality memory: {exc}") from None
-        if version < 0 or any(not (0 <= s <= 1) for got in jobs.values() for _, s in got):
+        if version < 0 or any(not (0 <= s <= 1) for got in jobs.values() for _, _, s in got):
             raise ValueError("unreadable quality memory: a version below 0 or a share outside [0, 1]")
         return QualityMemory(version, jobs)
 

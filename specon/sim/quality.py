@@ -24,22 +24,25 @@ class Known(NamedTuple):
 class QualityInputs:
     """One run's inputs to the estimate, per the policy's ``quality_point`` knob."""
 
-    def __init__(self, priority: Settings) -> None:
+    def __init__(self, priority: Settings, *, declared: bool = True) -> None:
         how = getattr(getattr(priority, priority.rule, None), "quality_point", "share")
-        self.remembers = how == "memory"
-        self.curves = how == "curve" or self.remembers  # memory: the curve until a job of its model finished
+        # An agent measures only a job of declared steps that trained on its worker from its start.
+        self.remembers = how == "memory" and declared
+        self.curves = how in {"curve", "memory"}  # memory: the curve until a job of its model finished
         self.memory = quality_memory.QualityMemory()
         self._shares: dict[str, float] = {}
 
     def finished(self, job: SimJob) -> None:
-        """``job`` completed: its agent measures its quality point and the manager remembers it."""
-        if not self.remembers:
+        """``job`` completed: its agent measures its quality point and the manager remembers it,
+        unless it moved (no agent saw its whole curve)."""
+        if not self.remembers or job.moves or job.worker is None:
             return
         every, losses = job.log_every, job.data.losses
         share = quality_point.finished_share(
             [(i + 1) * every for i in range(len(losses))], losses, job.plan.steps
         )
-        if share is not None and (got := self.memory.finished(job.plan.model, job.id, share)) is not None:
+        got = None if share is None else self.memory.finished(job.plan.model, job.id, share, job.worker)
+        if got is not None:
             self.memory, self._shares = got, got.shares()
 
     def of(self, job: SimJob, step: float) -> Known:

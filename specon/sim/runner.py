@@ -123,7 +123,8 @@ class _Run:
         self.engine = Engine()
         self.prioritised = weighs(policy.priority)
         self._fits: dict[str, Fit] = {}  # job -> its last loss-curve fit
-        self._quality = QualityInputs(policy.priority)  # toward each job's quality point
+        # Toward each job's quality point.
+        self._quality = QualityInputs(policy.priority, declared=policy.declared)
         self._declarations: dict[str, int] = {}  # job -> the steps it declared (``_declared``)
         self._misdeclared = params.declared_error > 0
         # Agents report remaining work where the manager's policy uses it.

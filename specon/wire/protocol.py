@@ -192,8 +192,9 @@ class Heartbeat:
     # Protocol 1.4: the worker's GPUs (empty: none, or no NVML). ``capacity.gpu`` counts them
     # and ``labels`` carry ``specon.model.GPU_PRODUCT_LABEL`` and ``GPU_MEMORY_LABEL``.
     gpus: tuple[GpuDevice, ...] = field(default=(), metadata=limit(Items(MAX_GPU_DEVICES, unique="index")))
-    # Protocol 1.7: the ``CommandBatch.quality_version`` the agent holds (None: none), so the
-    # manager sends the quality points only when they changed.
+    # Protocol 1.7: the ``CommandBatch.quality_version`` the agent holds (0: none yet), so the
+    # manager sends the quality points only when they changed; None (an agent before 1.7):
+    # it takes none, none are sent.
     quality_version: int | None = field(default=None, metadata=limit(COUNT))
 
 

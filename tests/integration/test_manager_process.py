@@ -149,20 +149,22 @@ async def test_a_finished_jobs_quality_point_reaches_the_other_workers_and_outli
         job={"model": "gru"},
         quality_share=0.4,
     )
-    base = _heartbeat()
+    base = _heartbeat()  # job-1 running on worker-1
     first = dataclasses.replace(base, containers=(done,))
-    other = dataclasses.replace(base, worker=WorkerId("worker-2"), containers=())
+    other = dataclasses.replace(base, worker=WorkerId("worker-2"), containers=(), quality_version=0)
     for round_ in range(2):
         with running_manager(tmp_path, "--token-file", str(token_file)) as manager:
             async with aiohttp.ClientSession() as session:
                 await wait_healthy(manager, session, tries=200)
                 seq = 10 * round_
+                if round_ == 0:  # the manager sees it run on worker-1, then finish there
+                    await _beat(session, manager.url, dataclasses.replace(base, seq=1))
                 await _beat(
-                    session, manager.url, dataclasses.replace(first, seq=seq + 1)
+                    session, manager.url, dataclasses.replace(first, seq=seq + 2)
                 )  # again after the restart
-                got = await _beat(session, manager.url, dataclasses.replace(other, seq=seq + 2))
+                got = await _beat(session, manager.url, dataclasses.replace(other, seq=seq + 3))
                 assert (got.quality_version, [(p.model, p.share) for p in got.quality]) == (1, [("gru", 0.4)])
-                held = dataclasses.replace(other, seq=seq + 3, quality_version=1)
+                held = dataclasses.replace(other, seq=seq + 4, quality_version=1)
                 assert (await _beat(session, manager.url, held)).quality_version is None
                 async with session.get(f"{manager.url}/metrics") as resp:
                     metrics = await resp.text()

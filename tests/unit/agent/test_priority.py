@@ -216,7 +216,7 @@ async def test_fair_seconds_survive_a_restart_and_count_the_time_between(
         "fair_seconds": {"a": 10.0, "b": 10.0},
         "finished": {},
         "quality_points": {},
-        "quality_version": None,
+        "quality_version": 0,
     }
     again = CpuWeights(worker, SRPT, state_file=path)  # the agent restarted; the jobs ran on
     await again.tick(jobs, 2.0, 1040.0)
@@ -238,7 +238,7 @@ async def test_finished_jobs_are_measured_and_the_clusters_points_kept_across_a_
     await first.tick([done, half], 2.0, 1000.0)
     await first.tick([], 2.0, 1010.0)  # both gone: A had trained its steps, B only half
     assert first.finished == {A: pytest.approx(0.48)}  # 95 % of the fall, smoothed: for the manager
-    assert first.shares == {} and first.quality_version is None  # nothing from the manager yet
+    assert first.shares == {} and first.quality_version == 0  # nothing from the manager yet
     first.learn(3, [QualityPoint("gru", 0.48), QualityPoint("vae", 0.2)])
     first.learn(None, [])  # a batch without points changes nothing
     again = CpuWeights(worker, cfg, state_file=path)  # the agent restarted
@@ -494,7 +494,7 @@ async def test_the_agent_reports_a_finished_jobs_quality_point_and_takes_the_clu
         (report,) = agent.heartbeat(volume.clock.now()).containers
         assert report.phase == "finished" and report.job["model"] == "gru"
         assert report.quality_share == pytest.approx(0.48, abs=0.06)  # 95 % of its fall, by tick
-        assert agent.heartbeat(volume.clock.now()).quality_version is None
+        assert agent.heartbeat(volume.clock.now()).quality_version == 0  # none yet
         agent.acknowledge(CommandBatch(manager_time=1.0, policy_generation=1, quality_version=4,
                                        quality=(QualityPoint("gru", 0.45),)))  # fmt: skip
         assert agent.cpu_weights.shares == {"gru": 0.45}

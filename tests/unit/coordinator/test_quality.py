@@ -1,21 +1,33 @@
-"""The coordinator's quality memory: finished jobs' measured quality points in (once each),
-each model's median out to every agent that does not hold it yet, journaled across a restart."""
+"""The coordinator's quality memory: a finished job's measured quality point counted once, from
+the worker it ran on; each model's median sent to every agent that holds another version, once
+the memory is durable; journaled across a restart."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
+from specon.coordinator.inline import InlineCoordinator
 from specon.wire.protocol import ContainerReport, Heartbeat, QualityPoint
 from tests.unit.manager_fakes import FakeAgent, FakeClock, coordinator, report
 
 
-def _finished(cid: str, model: str, share: float | None) -> ContainerReport:
-    return dataclasses.replace(report(cid, phase="finished"), job={"model": model}, quality_share=share)
+def _job(
+    cid: str, model: str = "gru", *, share: float | None = None, phase: str = "running"
+) -> ContainerReport:
+    rep = report(cid, phase="finished" if share is not None else phase)  # type: ignore[arg-type]
+    return dataclasses.replace(rep, job={"model": model}, quality_share=share)
 
 
-def _holding(hb: Heartbeat, version: int | None) -> Heartbeat:
+def _holding(hb: Heartbeat, version: int | None = 0) -> Heartbeat:
     return dataclasses.replace(hb, quality_version=version)
+
+
+def _ran_and_finished(
+    coord: InlineCoordinator, agent: FakeAgent, cid: str, share: float, model: str = "gru"
+) -> None:
+    coord.on_heartbeat(agent.heartbeat(_job(cid, model)))
+    coord.on_heartbeat(agent.heartbeat(_job(cid, model, share=share)))
 
 
 def test_finished_jobs_are_counted_once_and_sent_to_agents_that_do_not_hold_them(
@@ -23,41 +35,75 @@ def test_finished_jobs_are_counted_once_and_sent_to_agents_that_do_not_hold_them
 ) -> None:
     coord = coordinator(tmp_path, clock)
     a, b = FakeAgent("a", clock), FakeAgent("b", clock)
-    first = coord.on_heartbeat(a.heartbeat(report("j0")))
+    first = coord.on_heartbeat(_holding(a.heartbeat(_job("j0"))))
     assert first.quality_version is None and first.quality == ()  # nothing known yet
-    coord.on_heartbeat(a.heartbeat(_finished("j1", "gru", 0.4), _finished("j2", "vae", 0.2)))
-    again = coord.on_heartbeat(a.heartbeat(_finished("j1", "gru", 0.4), _finished("j2", "vae", 0.2)))
-    assert again.quality_version == 2  # the repeated reports counted nothing
+    _ran_and_finished(coord, a, "j1", 0.4)
+    _ran_and_finished(coord, a, "j2", 0.2, "vae")
+    for _ in range(3):  # the agent reports its ended jobs for a while: counted once
+        again = coord.on_heartbeat(_holding(a.heartbeat(_job("j1", share=0.4), _job("j2", "vae", share=0.2))))
+    assert again.quality_version == 2
     assert again.quality == (QualityPoint("gru", 0.4), QualityPoint("vae", 0.2))
     assert coord.on_heartbeat(_holding(a.heartbeat(), 2)).quality_version is None  # it holds them
     # Another worker's job of the same model: the median moves, every agent is sent it.
-    got = coord.on_heartbeat(_holding(b.heartbeat(_finished("k1", "gru", 0.6)), 2))
-    assert got.quality_version == 3 and dict((p.model, p.share) for p in got.quality)["gru"] == 0.5
+    _ran_and_finished(coord, b, "k1", 0.6)
+    assert (
+        dict((p.model, p.share) for p in coord.on_heartbeat(_holding(b.heartbeat(), 2)).quality)["gru"] == 0.5
+    )
     assert coord.on_heartbeat(_holding(a.heartbeat(), 2)).quality_version == 3
+    # An agent before protocol 1.7 says nothing of what it holds: it is sent nothing.
+    assert coord.on_heartbeat(_holding(a.heartbeat(), None)).quality_version is None
 
 
-def test_only_a_finished_job_with_a_measure_and_a_model_counts(tmp_path: Path, clock: FakeClock) -> None:
+def test_a_job_that_left_the_window_is_not_counted_again(tmp_path: Path, clock: FakeClock) -> None:
     coord = coordinator(tmp_path, clock)
     a = FakeAgent("a", clock)
-    running = dataclasses.replace(report("r"), job={"model": "gru"}, quality_share=0.3)
-    failed = dataclasses.replace(_finished("f", "gru", 0.3), phase="failed")
-    no_model = dataclasses.replace(_finished("n", "gru", 0.3), job={})
-    coord.on_heartbeat(a.heartbeat(running, failed, no_model, _finished("u", "gru", None)))
+    for i in range(20):  # more than a model keeps
+        coord.on_heartbeat(a.heartbeat(_job(f"j{i}")))
+    ended = tuple(_job(f"j{i}", share=0.3) for i in range(20))
+    coord.on_heartbeat(a.heartbeat(*ended))
+    version = coord.core.quality.version
+    for _ in range(5):
+        coord.on_heartbeat(a.heartbeat(*ended))
+    coord.step(rebalance=True)  # the finished marks journaled
+    assert coord.core.quality.version == version == 20
+
+
+def test_only_a_job_seen_running_on_that_worker_with_a_measure_and_a_model_counts(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    coord = coordinator(tmp_path, clock)
+    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
+    coord.on_heartbeat(
+        a.heartbeat(_job("on-a"), _job("long-name", "x" * 64), _job("unmeasured"), _job("failed"))
+    )
+    # b claims a's job, and a job nobody ever saw run: neither counts.
+    coord.on_heartbeat(b.heartbeat(_job("on-a", share=0.1), _job("never-ran", share=0.1)))
+    failed = dataclasses.replace(_job("failed", share=0.3), phase="failed")
+    running = _job("r", share=None)
+    coord.on_heartbeat(
+        a.heartbeat(_job("long-name", "x" * 64, share=0.3), _job("unmeasured", share=None), failed, running)
+    )
     assert coord.core.quality.version == 0
+    coord.on_heartbeat(a.heartbeat(_job("on-a", share=0.3)))
+    assert coord.core.quality.shares() == {"gru": 0.3}
 
 
 def test_the_memory_survives_a_manager_restart(tmp_path: Path, clock: FakeClock) -> None:
     coord = coordinator(tmp_path, clock)
     a = FakeAgent("a", clock)
-    coord.on_heartbeat(a.heartbeat(_finished("j1", "gru", 0.4)))
+    _ran_and_finished(coord, a, "j1", 0.4)
     restarted = coordinator(tmp_path, clock)  # the same journal, read back
     assert restarted.core.quality == coord.core.quality
-    got = restarted.on_heartbeat(a.heartbeat(_finished("j1", "gru", 0.4)))  # not counted twice
+    got = restarted.on_heartbeat(_holding(a.heartbeat(_job("j1", share=0.4))))  # not counted twice
     assert (got.quality_version, got.quality) == (1, (QualityPoint("gru", 0.4),))
 
 
-def test_a_request_is_answered_without_the_points(tmp_path: Path, clock: FakeClock) -> None:
+def test_points_wait_for_the_journal_and_a_request_gets_none(tmp_path: Path, clock: FakeClock) -> None:
     coord = coordinator(tmp_path, clock)
     a = FakeAgent("a", clock)
-    coord.on_heartbeat(a.heartbeat(_finished("j1", "gru", 0.4), report("j2")))
+    coord.on_heartbeat(a.heartbeat(_job("j1")))
+    coord.core.heartbeat(a.heartbeat(_job("j1", share=0.4)), clock())  # not yet journaled
+    assert coord.core.batch_for(a.worker, clock(), ack=1, quality_held=0).quality_version is None
+    coord.perform()  # the write made durable
+    assert coord.core.batch_for(a.worker, clock(), ack=1, quality_held=0).quality_version == 1
     assert coord.core.batch_for(a.worker, clock()).quality_version is None  # no heartbeat said what it holds

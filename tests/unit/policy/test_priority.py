@@ -3,6 +3,7 @@ weighted sharing of a worker."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -181,11 +182,15 @@ def test_phased_runs_a_long_jobs_early_part_before_a_short_jobs_tail_where_srpt_
         _job("tail", step=500, total=1000, cpu_seconds=500),  # past its early part: 500 left
         _job("unknown", step=5, cpu_seconds=5),
     ]
-    no_aging = phased.Args(aging=0.0)
+    # The fixed share: an early part of 35 % of the steps worth 0.75 of a completion.
+    no_aging = phased.Args(aging=0.0, quality_point="share", quality_share=0.35, quality_weight=0.75)
     assert phased.order(jobs, no_aging) == _ids("long-fresh", "tail", "unknown")
     assert srpt.order(jobs) == _ids("tail", "long-fresh", "unknown")
     # Quality weight 0 is shortest remaining first.
     assert phased.order(jobs, phased.Args(aging=0.0, quality_weight=0.0)) == srpt.order(jobs)
+    # Its model's jobs on the cluster reached quality at 20 % of their steps: cheaper still.
+    learned = [dataclasses.replace(j, quality_memory=0.2) for j in jobs]
+    assert phased.order(learned, phased.Args(aging=0.0))[0] == "long-fresh"
 
 
 def test_phased_puts_a_job_late_against_equal_sharing_ahead_of_every_job_on_time() -> None:
