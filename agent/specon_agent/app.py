@@ -86,6 +86,14 @@ class AgentCollector(Collector):
             "CPU weights the runtime could not apply",
             value=a.cpu_weights.failures,
         )
+        points = GaugeMetricFamily(
+            "specon_agent_quality_point",
+            "Each model's quality point on the cluster as the manager last sent it (share of the steps)",
+            labels=["model"],
+        )
+        for model, share in sorted(a.cpu_weights.shares.items()):
+            points.add_metric([model], share)
+        yield points
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from specon.embedded.cluster import EmbeddedCluster
@@ -136,3 +137,27 @@ async def moves_once_and_finishes_exactly(cluster: EmbeddedCluster, gate: Path) 
     # It ran on w1 after the move; the manager saw it there, frozen in CC.
     fast = next(c for c in st.containers if c.id == "fast")
     assert fast.worker == "w1" and fast.migrated
+
+
+async def test_a_finished_jobs_quality_point_reaches_every_agent(cluster: EmbeddedCluster) -> None:
+    """Real agent and manager processes over HTTP: a job of a model trains alone on w0 to its
+    end; w0's agent measures where it reached quality, the manager counts it, and w1's agent,
+    which never ran a job of that model, holds the model's point."""
+    await cluster.submit(job("first", 600, "converge"), WorkerId("w0"))
+    assert cluster.manager is not None
+    manager, other = cluster.manager.url, cluster.agents[WorkerId("w1")].url
+
+    async def metric(url: str, name: str) -> float | None:
+        async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as resp:
+            text = await resp.text()
+        line = next((x for x in text.splitlines() if x.startswith(f'{name}{{model="converge"}}')), None)
+        return None if line is None else float(line.split()[-1])
+
+    async def held() -> bool:
+        return await metric(other, "specon_agent_quality_point") is not None
+
+    await wait_for(held, "w1's agent to hold the model's quality point", timeout=120)
+    share = await metric(other, "specon_agent_quality_point")
+    assert share is not None and 0 < share < 1
+    assert await metric(manager, "specon_manager_quality_point") == share
+    assert await metric(manager, "specon_manager_quality_jobs") == 1
