@@ -31,6 +31,8 @@ class QualityInputs:
         self.curves = how in {"curve", "memory"}  # memory: the curve until a job of its model finished
         self.memory = quality_memory.QualityMemory()
         self._shares: dict[str, float] = {}
+        # A trace's point for a job's steps and logging: the same for every job that replays it.
+        self._measured: dict[tuple[object, int, float], float | None] = {}
 
     def finished(self, job: SimJob) -> None:
         """``job`` completed: its agent measures its quality point and the manager remembers it,
@@ -38,23 +40,22 @@ class QualityInputs:
         if not self.remembers or job.moves or job.worker is None:
             return
         every, losses = job.log_every, job.data.losses
-        share = quality_point.finished_share(
-            [(i + 1) * every for i in range(len(losses))], losses, job.plan.steps
-        )
+        key = (job.data, job.plan.steps, every)
+        if key not in self._measured:
+            steps = [(i + 1) * every for i in range(len(losses))]
+            self._measured[key] = quality_point.finished_share(steps, losses, job.plan.steps)
+        share = self._measured[key]
         got = None if share is None else self.memory.finished(job.plan.model, job.id, share, job.worker)
         if got is not None:
             self.memory, self._shares = got, got.shares()
 
     def of(self, job: SimJob, step: float) -> Known:
-        """What ``job``'s agent knows at ``step``."""
+        """What ``job``'s agent knows at ``step`` (its curve only where the estimate reads it:
+        not once its model's point is known)."""
         steps: list[float] = []
         losses: list[float] = []
-        if self.curves:
+        recalled = quality_memory.recall(self._shares, job.plan.model) if self.remembers else None
+        if self.curves and recalled is None:
             n = min(math.floor(step / job.log_every), len(job.data.losses))
             steps, losses = [(i + 1) * job.log_every for i in range(n)], list(job.data.losses[:n])
-        return Known(
-            steps,
-            losses,
-            job.data.quality_at * job.plan.steps,
-            quality_memory.recall(self._shares, job.plan.model),
-        )
+        return Known(steps, losses, job.data.quality_at * job.plan.steps, recalled)
