@@ -207,7 +207,7 @@ class Coordinator(Deciding, Draining, Remembering):
         fresh = False
         for rep in containers:
             if rep.phase in {"running", "finished"}:
-                if rep.quality_share is not None:  # a finished job's, measured: before its mark is set
+                if rep.quality_share is not None:  # a finished job's, measured
                     self._remember(worker, rep)
                 self._note_place(rep.id, worker, now)
             if rep.pending_request and rep.phase == "running" and rep.id not in self.requests:

@@ -4,9 +4,8 @@ each model's median sent back to the agents that hold another version
 (``CommandBatch.quality``; ``specon.policy.quality_memory``). A part of
 ``specon.coordinator.machine.Coordinator``.
 
-A job counts once, and only from the worker the manager saw it run on: the report that first
-says it finished there, its ``finished`` mark not yet set (marks are journaled, so a restarted
-manager does not count it again; the memory's own entries catch the rest). Points go out only
+A job counts once (the journaled memory keeps the digests of the jobs it counted), and only
+from the worker the manager saw it run on (its ``home`` mark). Points go out only
 once the write that holds them is durable, so no agent holds a version a restarted or
 failed-over manager never had.
 """
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING
 from specon.coordinator.effects import Effect, PutQuality
 from specon.coordinator.migration import Mark
 from specon.model import ContainerId, WorkerId
-from specon.policy.quality_memory import QualityMemory, model_ok
+from specon.policy.quality_memory import QualityMemory, digest, model_ok
 from specon.wire.protocol import ContainerReport, QualityPoint
 
 
@@ -30,6 +29,8 @@ class Remembering:
     marks: dict[ContainerId, Mark]
     _points: tuple[QualityPoint, ...] = ()  # each model's median, built when first sent
     _quality_seq = 0  # the journal write holding ``quality``
+    _seen: frozenset[str] = frozenset()
+    _seen_of: QualityMemory | None = None
     _written: int
     _durable: int
     _effects: list[Effect]
@@ -38,13 +39,13 @@ class Remembering:
         _log: Callable[..., None]
 
     def _remember(self, worker: WorkerId, rep: ContainerReport) -> None:
-        """Count ``rep``'s job if it finished here with a measured quality point (call before
-        its ``finished`` mark is set)."""
+        """Count ``rep``'s job if it finished here with a measured quality point (the agent
+        measures it a tick after the job ended: the report may come after the first to say so)."""
         if rep.phase != "finished" or rep.quality_share is None:
             return
         mk, model = self.marks.get(rep.id), rep.job.get("model", "")
-        if mk is None or mk.finished or mk.home != worker:
-            return  # counted before, or never seen running here
+        if mk is None or mk.home != worker or self._counted(rep.id):
+            return  # never seen running here, or counted before
         if not model_ok(model):
             why = "no model, or a model name not printable or over 63 characters"
             self._log("specon.manager.quality_point_skipped", level="warning", container=rep.id,
@@ -59,6 +60,13 @@ class Remembering:
         self._effects.append(PutQuality(self._written, got))
         self._log("specon.manager.quality_point", container=rep.id, worker=worker, model=model,
                   share=rep.quality_share, median=got.shares()[model], version=got.version)  # fmt: skip
+
+    def _counted(self, job: str) -> bool:
+        """Whether ``job`` was counted (a set of the memory's digests, rebuilt when it changes:
+        every heartbeat repeats its worker's ended jobs)."""
+        if self._seen_of is not self.quality:
+            self._seen, self._seen_of = frozenset(self.quality.seen), self.quality
+        return digest(job) in self._seen
 
     def quality_for(self, held: int | None) -> tuple[int | None, tuple[QualityPoint, ...]]:
         """``(version, points)`` for an agent holding version ``held`` (0: none; None: an agent

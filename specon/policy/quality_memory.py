@@ -9,12 +9,14 @@ the simulator keeps the same memory for its agents. One model's jobs on a whole 
 what makes the median worth having: a worker alone sees few finish (docs/priority.md).
 
 Bounds, so that no worker's reports (honest or not) outweigh the cluster's: a job counts once
-(its entry names it); one worker holds at most ``PER_WORKER`` of a model's entries (its own
-oldest make way); a model name is at most ``MODEL_CHARS`` printable characters (a Kubernetes
-label value's limit); at most ``MODELS`` models are kept, and a new one displaces the model
-with the fewest entries, the least recently finished of those, so a flood of one-job models
-cannot push out a model the cluster has learned. Jobs and workers are kept as short digests:
-the journaled value stays under about 100 KiB. Pure: values in, values out.
+(the digests of the newest ``SEEN`` jobs counted are kept, also past their model's window: an
+agent reports an ended job for as long as its runtime lists it); one worker holds at most
+``PER_WORKER`` of a model's entries (its own oldest make way); a model name is at most
+``MODEL_CHARS`` printable characters (a Kubernetes label value's limit); at most ``MODELS``
+models are kept, and a new one displaces the model with the fewest entries, the least
+recently finished of those, so a flood of one-job models cannot push out a model the
+cluster has learned. Jobs and workers are kept as short digests:
+the journaled value stays under about 150 KiB. Pure: values in, values out.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ PER_WORKER = 4
 MODELS = 128
 # The longest model name remembered (a Kubernetes label value's limit).
 MODEL_CHARS = 63
+# Jobs remembered as counted (their digests), the newest.
+SEEN = 2048
 
 # One finished job: its digest, its worker's digest, and its quality point as a share of its steps.
 Entry = tuple[str, str, float]
@@ -57,6 +61,7 @@ class QualityMemory:
 
     version: int = 0
     jobs: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
+    seen: tuple[str, ...] = ()  # the digests of the newest jobs counted, oldest first
 
     def finished(self, model: str, job: str, share: float, worker: str = "") -> QualityMemory | None:
         """This memory with ``job`` of ``model`` finished on ``worker`` at ``share`` of its
@@ -65,9 +70,9 @@ class QualityMemory:
         if not (math.isfinite(share) and 0 <= share <= 1) or not model_ok(model):
             return None
         key, by = digest(job), digest(worker, 8)
-        mine = list(self.jobs.get(model, ()))
-        if any(k == key for k, _, _ in mine):
+        if key in self.seen:
             return None
+        mine = list(self.jobs.get(model, ()))
         if sum(w == by for _, w, _ in mine) >= PER_WORKER:
             mine.remove(next(e for e in mine if e[1] == by))  # the worker's own oldest
         mine = [*mine, (key, by, share)][-PER_MODEL:]
@@ -75,7 +80,7 @@ class QualityMemory:
         if len(jobs) >= MODELS:  # the fewest entries, then the least recently finished, goes
             del jobs[min(jobs, key=lambda m: len(jobs[m]))]
         jobs[model] = tuple(mine)
-        return QualityMemory(self.version + 1, jobs)
+        return QualityMemory(self.version + 1, jobs, (*self.seen[-(SEEN - 1) :], key))
 
     def shares(self) -> dict[str, float]:
         """Each model's median share: what the ``memory`` estimate recalls."""
@@ -83,7 +88,8 @@ class QualityMemory:
 
     def to_text(self) -> str:
         jobs = {k: [list(e) for e in v] for k, v in self.jobs.items()}
-        return json.dumps({"version": self.version, "jobs": jobs}, ensure_ascii=False, separators=(",", ":"))
+        body = {"version": self.version, "jobs": jobs, "seen": list(self.seen)}
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
 
     @staticmethod
     def from_text(text: str | None) -> QualityMemory:
@@ -97,11 +103,12 @@ class QualityMemory:
                 str(model): tuple((str(j), str(w), float(s)) for j, w, s in entries)
                 for model, entries in raw["jobs"].items()
             }
+            seen = tuple(str(k) for k in raw.get("seen", ()))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"unreadable quality memory: {exc}") from None
         if version < 0 or any(not (0 <= s <= 1) for got in jobs.values() for _, _, s in got):
             raise ValueError("unreadable quality memory: a version below 0 or a share outside [0, 1]")
-        return QualityMemory(version, jobs)
+        return QualityMemory(version, jobs, seen)
 
 
 def recall(shares: Mapping[str, float], model: str | None) -> float | None:

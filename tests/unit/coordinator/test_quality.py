@@ -107,3 +107,19 @@ def test_points_wait_for_the_journal_and_a_request_gets_none(tmp_path: Path, clo
     coord.perform()  # the write made durable
     assert coord.core.batch_for(a.worker, clock(), ack=1, quality_held=0).quality_version == 1
     assert coord.core.batch_for(a.worker, clock()).quality_version is None  # no heartbeat said what it holds
+
+
+def test_a_measure_that_comes_a_heartbeat_after_the_job_ended_counts(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """The agent measures a job a tick after it ended: its first finished report has no point."""
+    coord = coordinator(tmp_path, clock)
+    a = FakeAgent("a", clock)
+    coord.on_heartbeat(a.heartbeat(_job("j1")))
+    coord.on_heartbeat(a.heartbeat(_job("j1", phase="finished")))
+    coord.step(rebalance=True)  # its finished mark journaled
+    coord.on_heartbeat(a.heartbeat(_job("j1", share=0.4)))
+    assert coord.core.quality.shares() == {"gru": 0.4}
+    restarted = coordinator(tmp_path, clock)  # counted once, also by the next manager
+    restarted.on_heartbeat(a.heartbeat(_job("j1", share=0.4)))
+    assert restarted.core.quality.version == 1

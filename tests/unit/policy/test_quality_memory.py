@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from specon.policy import quality_memory
-from specon.policy.quality_memory import MODEL_CHARS, MODELS, PER_MODEL, PER_WORKER, QualityMemory
+from specon.policy.quality_memory import MODEL_CHARS, MODELS, PER_MODEL, PER_WORKER, SEEN, QualityMemory
 
 
 def _with(memory: QualityMemory, model: str, job: str, share: float, worker: str = "w") -> QualityMemory:
@@ -34,6 +34,7 @@ def test_each_job_counts_once_and_the_median_of_the_newest_is_recalled() -> None
     assert quality_memory.recall(shares, "vae") is None and quality_memory.recall(shares, None) is None
     mem = _spread(mem, "gru", PER_MODEL, 0.5, prefix="k")
     assert [s for _, _, s in mem.jobs["gru"]] == [0.5] * PER_MODEL  # the oldest forgotten
+    assert mem.finished("gru", "j1", 0.9, "w1") is None  # out of the window, still counted
 
 
 def test_one_worker_holds_at_most_its_part_of_a_model() -> None:
@@ -59,10 +60,10 @@ def test_a_model_name_too_long_or_not_printable_is_not_remembered(model: str) ->
 def test_a_flood_of_new_models_cannot_push_out_the_ones_the_cluster_learned() -> None:
     mem = _spread(QualityMemory(), "gru", 3, 0.4)
     for i in range(MODELS - 1):
-        mem = _with(mem, f"m{i}", "j", 0.4)
+        mem = _with(mem, f"m{i}", f"m{i}-j", 0.4)
     mem = _with(mem, "m0", "again", 0.4, "w9")  # m0 has two now; m1 is the oldest of the singles
     for i in range(3 * MODELS):  # one-job models, one after another
-        mem = _with(mem, f"fake{i}", "j", 0.0)
+        mem = _with(mem, f"fake{i}", f"fake{i}-j", 0.0)
     assert len(mem.jobs) == MODELS and {"gru", "m0"} <= mem.jobs.keys() and "m1" not in mem.jobs
 
 
@@ -82,5 +83,6 @@ def test_the_journal_text_reads_back_exactly_is_small_and_refuses_what_it_did_no
     for m in range(MODELS):  # the largest memory: every model at its longest, four-byte characters
         model = chr(0x1F600 + m) * MODEL_CHARS
         for i in range(PER_MODEL):
-            full = _with(full, model, f"{long_id}{i}", 0.5, f"{'w' * 253}{i}")
+            full = _with(full, model, f"{long_id}{m}-{i}", 0.5, f"{'w' * 253}{i}")
+    assert len(full.seen) == SEEN
     assert len(full.to_text().encode()) < 150 * 1024  # well inside a ConfigMap's 1 MiB
