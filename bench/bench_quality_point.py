@@ -5,7 +5,7 @@ The true point of a trace is where it has made 95 % of its final loss reduction
 Each estimator sees only the losses a job has logged by 10, 25 and 50 % of its steps and
 its declared total, as the agent does:
 
-* ``share``: 35 % of the steps (``phased``'s ``quality_share``, the default);
+* ``share``: 35 % of the steps (``phased``'s fixed share before its default became ``memory``);
 * ``curve``: ``specon.policy.quality_point``'s ``curve`` (the share until the curve says more);
 * ``knee``: the curve's own point so far (``quality_point.knee`` of the losses so far);
 * ``fit``: where Optimus's fit of the losses so far comes within 5 % of its floor
