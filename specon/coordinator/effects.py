@@ -143,9 +143,15 @@ class Transactional(Protocol):
 def write(store: JournalWriter, writes: Iterable[JournalWrite]) -> int:
     """Make ``writes`` durable in ``store``, in order (together, where it is ``Transactional``);
     the last sequence number written (0: none)."""
+    writes = list(writes)
+    # The cordons and the quality memory are written whole: an earlier one in the batch is
+    # superseded by the last of its kind (a heartbeat may end many jobs).
+    whole = {type(w): i for i, w in enumerate(writes) if isinstance(w, PutCordons | PutQuality)}
     last = 0
     with store.transaction() if isinstance(store, Transactional) else nullcontext():
-        for w in writes:
+        for i, w in enumerate(writes):
+            if isinstance(w, PutCordons | PutQuality) and whole[type(w)] != i:
+                continue
             if isinstance(w, PutMigration):
                 store.put(w.migration)
             elif isinstance(w, PutMark):

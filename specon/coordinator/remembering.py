@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from specon.coordinator.effects import Effect, PutQuality
 from specon.coordinator.migration import Mark
 from specon.model import ContainerId, WorkerId
-from specon.policy.quality_memory import QualityMemory, digest, model_ok
+from specon.policy.quality_memory import QualityMemory, model_ok
 from specon.wire.protocol import ContainerReport, QualityPoint
 
 
@@ -29,8 +29,6 @@ class Remembering:
     marks: dict[ContainerId, Mark]
     _points: tuple[QualityPoint, ...] = ()  # each model's median, built when first sent
     _quality_seq = 0  # the journal write holding ``quality``
-    _seen: frozenset[str] = frozenset()
-    _seen_of: QualityMemory | None = None
     _written: int
     _durable: int
     _effects: list[Effect]
@@ -44,7 +42,7 @@ class Remembering:
         if rep.phase != "finished" or rep.quality_share is None:
             return
         mk, model = self.marks.get(rep.id), rep.job.get("model", "")
-        if mk is None or mk.home != worker or self._counted(rep.id):
+        if mk is None or mk.home != worker or self.quality.counted(rep.id):
             return  # never seen running here, or counted before
         if not model_ok(model):
             why = "no model, or a model name not printable or over 63 characters"
@@ -59,14 +57,7 @@ class Remembering:
         self._quality_seq = self._written
         self._effects.append(PutQuality(self._written, got))
         self._log("specon.manager.quality_point", container=rep.id, worker=worker, model=model,
-                  share=rep.quality_share, median=got.shares()[model], version=got.version)  # fmt: skip
-
-    def _counted(self, job: str) -> bool:
-        """Whether ``job`` was counted (a set of the memory's digests, rebuilt when it changes:
-        every heartbeat repeats its worker's ended jobs)."""
-        if self._seen_of is not self.quality:
-            self._seen, self._seen_of = frozenset(self.quality.seen), self.quality
-        return digest(job) in self._seen
+                  share=rep.quality_share, median=got.share(model), version=got.version)  # fmt: skip
 
     def quality_for(self, held: int | None) -> tuple[int | None, tuple[QualityPoint, ...]]:
         """``(version, points)`` for an agent holding version ``held`` (0: none; None: an agent

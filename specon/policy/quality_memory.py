@@ -62,6 +62,14 @@ class QualityMemory:
     version: int = 0
     jobs: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
     seen: tuple[str, ...] = ()  # the digests of the newest jobs counted, oldest first
+    _seen: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_seen", frozenset(self.seen))  # every heartbeat asks ``counted``
+
+    def counted(self, job: str) -> bool:
+        """Whether ``job`` was counted (among the newest ``SEEN``)."""
+        return digest(job) in self._seen
 
     def finished(self, model: str, job: str, share: float, worker: str = "") -> QualityMemory | None:
         """This memory with ``job`` of ``model`` finished on ``worker`` at ``share`` of its
@@ -70,7 +78,7 @@ class QualityMemory:
         if not (math.isfinite(share) and 0 <= share <= 1) or not model_ok(model):
             return None
         key, by = digest(job), digest(worker, 8)
-        if key in self.seen:
+        if key in self._seen:
             return None
         mine = list(self.jobs.get(model, ()))
         if sum(w == by for _, w, _ in mine) >= PER_WORKER:
@@ -82,9 +90,14 @@ class QualityMemory:
         jobs[model] = tuple(mine)
         return QualityMemory(self.version + 1, jobs, (*self.seen[-(SEEN - 1) :], key))
 
+    def share(self, model: str) -> float | None:
+        """``model``'s median share: what the ``memory`` estimate recalls (None: none kept)."""
+        got = self.jobs.get(model)
+        return statistics.median(s for _, _, s in got) if got else None
+
     def shares(self) -> dict[str, float]:
-        """Each model's median share: what the ``memory`` estimate recalls."""
-        return {model: statistics.median(s for _, _, s in got) for model, got in self.jobs.items() if got}
+        """Each model's median share."""
+        return {model: s for model in self.jobs if (s := self.share(model)) is not None}
 
     def to_text(self) -> str:
         jobs = {k: [list(e) for e in v] for k, v in self.jobs.items()}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from specon.policy import quality_memory, quality_point
+from specon.policy import quality_memory
 from specon.policy.priority.rules import Settings
 from specon.sim.cluster import SimJob
 
@@ -31,21 +31,15 @@ class QualityInputs:
         self.curves = how in {"curve", "memory"}  # memory: the curve until a job of its model finished
         self.memory = quality_memory.QualityMemory()
         self._shares: dict[str, float] = {}
-        # A trace's point for a job's steps and logging: the same for every job that replays it.
-        self._measured: dict[tuple[object, int, float], float | None] = {}
 
     def finished(self, job: SimJob) -> None:
         """``job`` completed: its agent measures its quality point and the manager remembers it,
         unless it moved (no agent saw its whole curve)."""
         if not self.remembers or job.moves or job.worker is None:
             return
-        every, losses = job.log_every, job.data.losses
-        key = (job.data, job.plan.steps, every)
-        if key not in self._measured:
-            steps = [(i + 1) * every for i in range(len(losses))]
-            self._measured[key] = quality_point.finished_share(steps, losses, job.plan.steps)
-        share = self._measured[key]
-        got = None if share is None else self.memory.finished(job.plan.model, job.id, share, job.worker)
+        # What its agent measures over its whole curve is its trace's true point
+        # (``quality_point.finished_share``: tests/unit/policy/test_quality_point.py).
+        got = self.memory.finished(job.plan.model, job.id, job.data.quality_at, job.worker)
         if got is not None:
             self.memory, self._shares = got, got.shares()
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from specon.coordinator.effects import MemoryJournal, PutQuality, write
 from specon.coordinator.inline import InlineCoordinator
+from specon.policy.quality_memory import QualityMemory
 from specon.wire.protocol import ContainerReport, Heartbeat, QualityPoint
 from tests.unit.manager_fakes import FakeAgent, FakeClock, coordinator, report
 
@@ -123,3 +125,26 @@ def test_a_measure_that_comes_a_heartbeat_after_the_job_ended_counts(
     restarted = coordinator(tmp_path, clock)  # counted once, also by the next manager
     restarted.on_heartbeat(a.heartbeat(_job("j1", share=0.4)))
     assert restarted.core.quality.version == 1
+
+
+def test_a_batch_writes_the_memory_once_whatever_number_of_jobs_it_counted() -> None:
+    """Many jobs ending in one heartbeat: each count holds the whole memory, only the last is written."""
+
+    class Counting(MemoryJournal):
+        def __init__(self) -> None:
+            super().__init__()
+            self.meta_writes = 0
+
+        def set_meta(self, key: str, value: str) -> None:
+            self.meta_writes += 1
+            super().set_meta(key, value)
+
+    mems = [QualityMemory()]
+    for i in range(3):
+        got = mems[-1].finished("gru", f"j{i}", 0.1 * (i + 1), "w")
+        assert got is not None
+        mems.append(got)
+    journal = Counting()
+    assert write(journal, [PutQuality(i + 1, m) for i, m in enumerate(mems[1:])]) == 3
+    assert journal.meta_writes == 1
+    assert QualityMemory.from_text(journal.meta["quality_memory"]) == mems[-1]
