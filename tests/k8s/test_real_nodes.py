@@ -8,6 +8,7 @@ grace period, pod teardown and creation are the kubelet's. One pair of nodes ser
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import time
@@ -213,8 +214,15 @@ async def test_a_pods_cpu_weight_lands_in_the_cgroup_its_kubelet_made(
     rt = real_runtimes["node-1"]
     await create(real_admin, real_namespace, on_real_node(training_pod("weighed", "node-1", steps=10**6)))
     try:
-        info = await until(lambda: running(rt, "weighed"), "the pod running")
-        pod = real_admin.request("GET", f"/api/v1/namespaces/{real_namespace}/pods/weighed")
+        info = await until(lambda: running(rt, "weighed"), "the pod on node-1")
+        # The runtime lists a Pending pod as alive; its kubelet makes the pod's cgroup before
+        # it starts the containers, so only the Running phase says the group is there (a
+        # loaded CI machine once asked while the pod was still Pending).
+        path = f"/api/v1/namespaces/{real_namespace}/pods/weighed"
+        pod = await until(
+            lambda: asyncio.to_thread(lambda: phase_running(real_admin.request("GET", path))),
+            "the pod Running",
+        )
         for weight in (10_000, 1):
             assert await rt.set_cpu_weight(info.id, weight)
             rel = rt._cgroups.locate(pod)
@@ -231,6 +239,10 @@ async def test_a_pods_cpu_weight_lands_in_the_cgroup_its_kubelet_made(
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
         with contextlib.suppress(KubeError):
             real_admin.request("DELETE", f"/api/v1/namespaces/{real_namespace}/pods/weighed", body=body)
+
+
+def phase_running(pod: dict[str, Any]) -> dict[str, Any] | None:
+    return pod if (pod.get("status") or {}).get("phase") == "Running" else None
 
 
 def sleeper(name: str, node: str, requests: dict[str, str]) -> dict[str, Any]:
