@@ -57,6 +57,12 @@ STEPS = {SHORT: 160, LONG: 320}  # srpt: the short one runs first
 # same ratio, so a held short job never trains past the total it declared (past it, the long
 # job was seen to run beside it) and the rule's order stays settled however long it is held.
 DECLARED = {jid: 10 * steps for jid, steps in STEPS.items()}
+# CPU-seconds each step costs (``curve_job.py --step-cpu``): srpt weighs the steps left times
+# the CPU per step the agent measured, at first over a dozen steps. A step that only sleeps
+# costs ~0.2 ms, and one checkpoint in that window (~3 ms) once made the short job look twice
+# as costly as the long one, which then ran first and ended first (a full suite, 4 Dec). 5 ms a
+# step outweighs such an event twentyfold: the declared steps decide the order, as meant.
+STEP_CPU = 0.005
 TIGHT = int(0.7 * GIB)  # each job's GPU memory on the tight GPU (two do not fit in 1 GiB)
 
 
@@ -64,7 +70,7 @@ def job(jid: ContainerId, release: Path | None = None) -> JobSpec:
     """A ``curve_job.py`` run asking for one GPU; ``linear``: it keeps progressing. ``release``:
     held past its steps until that file exists (:func:`release`)."""
     argv: tuple[str, ...] = (sys.executable, str(JOB), "--steps", str(STEPS[jid]), "--curve", "linear")
-    argv += ("--step-seconds", str(STEP_SECONDS), "--checkpoint-every", "40")
+    argv += ("--step-seconds", str(STEP_SECONDS), "--step-cpu", str(STEP_CPU), "--checkpoint-every", "40")
     argv += ("--until-released", str(release)) if release is not None else ()
     return JobSpec(id=jid, command=argv, steps=DECLARED[jid], model="linear", requests=Resources(gpu=1))
 

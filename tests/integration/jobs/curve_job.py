@@ -18,6 +18,11 @@ makes the next checkpoint load fail while FILE exists (it is removed first, so o
 crashes): the copy exits 1 before its first record, as one that cannot load its state on its
 new host would.
 
+``--step-cpu S`` spends S CPU-seconds (the thread's own clock) training each step besides the
+``--step-seconds`` sleep: a step of a sleeping job costs ~0.2 ms of CPU, a checkpoint as much as
+15 such steps, so a rule that weighs remaining work by the CPU per step measured over a few
+steps can find one such job twice as costly as another; a set CPU cost per step settles it.
+
 ``--until-released FILE`` hands the job's end to the test: it trains its ``--steps`` and then
 goes on training (the same curve, so a converged job still looks converged) until FILE exists,
 finishing at the first step boundary after that. A test that must act on a running job
@@ -49,6 +54,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--curve", choices=sorted(CURVES), default="converge")
     p.add_argument("--step-seconds", type=float, default=0.05)
+    p.add_argument("--step-cpu", type=float, default=0.0, metavar="S")
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--save-seconds", type=float, default=0.0)
     p.add_argument("--ignore-sigterm", action="store_true")
@@ -87,6 +93,9 @@ def main() -> None:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # after jobkit installed its handler
         for step in job.steps():
             time.sleep(args.step_seconds)
+            busy_until = time.thread_time() + args.step_cpu
+            while time.thread_time() < busy_until:
+                pass
             state["trained"] += 1
             job.log(step, curve(step), trained=state["trained"])
             if release is not None and step >= args.steps and release.exists():
