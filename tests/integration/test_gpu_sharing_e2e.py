@@ -59,9 +59,9 @@ STEPS = {SHORT: 160, LONG: 320}  # srpt: the short one runs first
 DECLARED = {jid: 10 * steps for jid, steps in STEPS.items()}
 # CPU-seconds each step costs (``curve_job.py --step-cpu``): srpt weighs the steps left times
 # the CPU per step the agent measured, at first over a dozen steps. A step that only sleeps
-# costs ~0.2 ms, and one checkpoint in that window (~3 ms) once made the short job look twice
-# as costly as the long one, which then ran first and ended first (a full suite, 4 Dec). 5 ms a
-# step outweighs such an event twentyfold: the declared steps decide the order, as meant.
+# costs ~0.2 ms and a checkpoint a few ms: one in a job's window can make the short job look
+# as costly as the long one, which then ran first and ended first (a full suite, 4 Dec). 5 ms
+# a step is over ten times what a checkpoint adds to a step there: the declared steps decide.
 STEP_CPU = 0.005
 TIGHT = int(0.7 * GIB)  # each job's GPU memory on the tight GPU (two do not fit in 1 GiB)
 

@@ -19,9 +19,9 @@ crashes): the copy exits 1 before its first record, as one that cannot load its 
 new host would.
 
 ``--step-cpu S`` spends S CPU-seconds (the thread's own clock) training each step besides the
-``--step-seconds`` sleep: a step of a sleeping job costs ~0.2 ms of CPU, a checkpoint as much as
-15 such steps, so a rule that weighs remaining work by the CPU per step measured over a few
-steps can find one such job twice as costly as another; a set CPU cost per step settles it.
+``--step-seconds`` sleep: a step of a sleeping job costs ~0.2 ms of CPU and a checkpoint a few
+ms, so a rule that weighs remaining work by the CPU per step measured over a few steps can
+find one such job twice as costly as another; a set CPU cost per step settles it.
 
 ``--until-released FILE`` hands the job's end to the test: it trains its ``--steps`` and then
 goes on training (the same curve, so a converged job still looks converged) until FILE exists,
