@@ -522,9 +522,8 @@ class Coordinator(Deciding, Draining, Remembering):
         drain = self.cordons.get(m.source) if m.reason == "evacuated" and action is Action.SAVE else None
         if drain is not None and drain.deadline is not None:  # the agent saves within what is left
             cmd = replace(cmd, deadline=min(cmd.deadline, drain.deadline))
-        # The other side of the move is silent: a copy it may still run is fenced, not waited for
-        # (a rollback restarts on the target too, when the source is the silent one).
-        other = m.source if worker == m.target else m.target
+        # The other side of the move is silent: a copy it may still run is fenced, not waited for.
+        other = m.target if rollback else m.source
         lost = self.state.silent_for(other, now) >= self.policy.messaging.worker_timeout
         return (
             replace(cmd, supersede=True, lost=other)

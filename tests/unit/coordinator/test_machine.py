@@ -693,38 +693,6 @@ def test_a_forward_start_is_not_a_rollback(tmp_path: Path, clock: FakeClock) -> 
     assert not start.rollback
 
 
-def test_a_rollback_onto_the_target_fences_the_copy_the_silent_source_may_run(
-    tmp_path: Path, clock: FakeClock
-) -> None:
-    """The source goes silent while it saves: the move rolls back onto the target, the one
-    live home. Its start fences the copy the source may still run (``supersede``, ``lost`` the
-    source), as a forward start's does; without it the target refuses the start while the
-    source's owner record stands, and the job runs nowhere until the source is back (a chaos
-    run: 36 s)."""
-    coord = coordinator(tmp_path, clock)
-    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
-    _begin_move(coord, a, b)
-    for _ in range(int(coord.policy.messaging.worker_timeout) + 2):  # only b beats
-        clock.advance(1.0)
-        coord.step()
-        starts = commands(coord.on_heartbeat(b.heartbeat()), Action.START)
-        if starts:
-            break
-    (start,) = starts
-    assert (start.container, start.rollback) == (C1, True)
-    assert (start.supersede, start.lost) == (True, "a")
-    assert _one_migration(coord).state is State.FAILED
-
-
-def test_a_rollback_onto_a_live_source_fences_nothing(tmp_path: Path, clock: FakeClock) -> None:
-    coord = coordinator(tmp_path, clock)
-    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
-    save = _begin_move(coord, a, b)
-    failed = CommandResult(command=save.id, ok=False, error="killed", finished_at=a.now())
-    start = only(coord.on_heartbeat(a.heartbeat(report("c2"), report("c3"), results=(failed,))), Action.START)
-    assert start.rollback and not start.supersede and start.lost is None
-
-
 def test_record_dry_run_journals_and_counts_the_container_on_its_target(
     tmp_path: Path, clock: FakeClock
 ) -> None:
