@@ -8,7 +8,6 @@ grace period, pod teardown and creation are the kubelet's. One pair of nodes ser
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import time
@@ -35,6 +34,7 @@ from tests.k8s.test_e2e_kubernetes import (
     finished,
     manager_restart_recovers,
     migration_of,
+    running_phase,
     submit,
 )
 from tests.k8s.test_runtime_kubernetes import (
@@ -219,10 +219,8 @@ async def test_a_pods_cpu_weight_lands_in_the_cgroup_its_kubelet_made(
         # it starts the containers, so only the Running phase says the group is there (a
         # loaded CI machine once asked while the pod was still Pending).
         path = f"/api/v1/namespaces/{real_namespace}/pods/weighed"
-        pod = await until(
-            lambda: asyncio.to_thread(lambda: phase_running(real_admin.request("GET", path))),
-            "the pod Running",
-        )
+        await until(lambda: running_phase(real_admin, path), "the pod Running")
+        pod = real_admin.request("GET", path)
         for weight in (10_000, 1):
             assert await rt.set_cpu_weight(info.id, weight)
             rel = rt._cgroups.locate(pod)
@@ -239,10 +237,6 @@ async def test_a_pods_cpu_weight_lands_in_the_cgroup_its_kubelet_made(
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
         with contextlib.suppress(KubeError):
             real_admin.request("DELETE", f"/api/v1/namespaces/{real_namespace}/pods/weighed", body=body)
-
-
-def phase_running(pod: dict[str, Any]) -> dict[str, Any] | None:
-    return pod if (pod.get("status") or {}).get("phase") == "Running" else None
 
 
 def sleeper(name: str, node: str, requests: dict[str, str]) -> dict[str, Any]:
