@@ -1,10 +1,14 @@
-"""How long a migration may take: the deadlines on its states and when it stops holding the
-budget (pure rules; the coordinator acts on them)."""
+"""How long a migration may take: the deadlines on its states, when it stops holding the
+budget, and when a silent side's copy is given up (pure rules; the coordinator acts on them)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from specon.config import MigrationConfig, Policy
 from specon.coordinator.migration import Migration, State
+from specon.coordinator.reconcile import lost_after
+from specon.model import WorkerId
 
 
 def deadline_passed(m: Migration, spent: float, cfg: MigrationConfig) -> str | None:
@@ -40,3 +44,23 @@ def retry_due(refusals: int, waited: float, policy: Policy) -> bool:
         return True
     msg = policy.messaging
     return waited >= min(msg.worker_timeout, msg.heartbeat_interval * float(2 ** min(refusals - 1, 16)))
+
+
+def fenced_side(
+    m: Migration, worker: WorkerId, *, rollback: bool, silent_for: Callable[[WorkerId], float], policy: Policy
+) -> WorkerId | None:
+    """The side of ``m`` whose copy a start on ``worker`` supersedes (SPEC §6.5), or None.
+
+    A forward start (a recovery's too) fences a source silent past ``worker_timeout``: its
+    save stopped the job, or its host is lost. A rollback onto the source fences a target
+    silent that long (its start may have run). A rollback onto the target fences the source
+    only once the source is *lost* (silent past ``recovery.after``, as a recovery would):
+    before that its agent may be dead while the job runs on, and the refused start is retried.
+    """
+    if not rollback:
+        other, limit = m.source, policy.messaging.worker_timeout
+    elif worker == m.target:
+        other, limit = m.source, lost_after(policy)
+    else:
+        other, limit = m.target, policy.messaging.worker_timeout
+    return other if other != worker and silent_for(other) >= limit else None

@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Literal
 
 from specon.config import Policy
-from specon.coordinator.deadlines import deadline_passed, parked, retry_due, save_may_stop
+from specon.coordinator.deadlines import deadline_passed, fenced_side, parked, retry_due, save_may_stop
 from specon.coordinator.deciding import Ask, Deciding, answer
 from specon.coordinator.draining import Draining
 from specon.coordinator.effects import (
@@ -522,14 +522,12 @@ class Coordinator(Deciding, Draining, Remembering):
         drain = self.cordons.get(m.source) if m.reason == "evacuated" and action is Action.SAVE else None
         if drain is not None and drain.deadline is not None:  # the agent saves within what is left
             cmd = replace(cmd, deadline=min(cmd.deadline, drain.deadline))
+        if action is not Action.START:
+            return cmd
         # The other side of the move is silent: a copy it may still run is fenced, not waited for.
-        other = m.target if rollback else m.source
-        lost = self.state.silent_for(other, now) >= self.policy.messaging.worker_timeout
-        return (
-            replace(cmd, supersede=True, lost=other)
-            if action is Action.START and other != worker and lost
-            else cmd
-        )
+        lost = fenced_side(m, worker, rollback=rollback, silent_for=lambda w: self.state.silent_for(w, now),
+                           policy=self.policy)  # fmt: skip
+        return cmd if lost is None else replace(cmd, supersede=True, lost=lost)
 
     def _send(self, worker: WorkerId, cmd: Command) -> None:
         if self.commands.put(worker, cmd, after_write=self._written):

@@ -693,6 +693,45 @@ def test_a_forward_start_is_not_a_rollback(tmp_path: Path, clock: FakeClock) -> 
     assert not start.rollback
 
 
+def test_a_rollback_onto_the_target_fences_the_source_once_it_is_lost(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """The source goes silent while it saves (its host died): the move rolls back onto the
+    target, the one live home. Until the source is lost (silent past ``recovery.after``) its
+    agent may be dead while the job runs on, so the target refuses and the start is retried;
+    from then on the start fences the source's copy (``supersede``, ``lost`` the source), as a
+    recovery would, instead of waiting for the host to come back (a chaos run: 36 s)."""
+    pol = policy(recovery={"after": 40.0})
+    coord = coordinator(tmp_path, clock, pol)
+    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
+    _begin_move(coord, a, b)
+    t0, sent = clock(), dict[str, tuple[float, Command]]()
+    while clock() - t0 < 120.0 and not any(c.supersede for _, c in sent.values()):
+        clock.advance(1.0)
+        coord.step()
+        for start in commands(coord.on_heartbeat(b.heartbeat()), Action.START):
+            if start.id not in sent:
+                sent[start.id] = (clock() - t0, start)
+            if not start.supersede:  # the target still sees a's run on the volume
+                no = CommandResult(command=start.id, ok=False, error="already running", finished_at=b.now())
+                coord.on_heartbeat(b.heartbeat(results=(no,)))
+    *waited, (at, fencing) = sorted(sent.values(), key=lambda s: s[0])
+    assert waited and all(c.rollback and not c.supersede and c.lost is None for _, c in waited)
+    assert all(t < 40.0 for t, _ in waited), "a start refused after the source was lost"
+    assert (fencing.container, fencing.rollback, fencing.supersede, fencing.lost) == (C1, True, True, "a")
+    assert 40.0 <= at <= 40.0 + pol.messaging.worker_timeout + 1.0  # the retry back-off's cap
+    assert _one_migration(coord).state is State.FAILED
+
+
+def test_a_rollback_onto_a_live_source_fences_nothing(tmp_path: Path, clock: FakeClock) -> None:
+    coord = coordinator(tmp_path, clock)
+    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
+    save = _begin_move(coord, a, b)
+    failed = CommandResult(command=save.id, ok=False, error="killed", finished_at=a.now())
+    start = only(coord.on_heartbeat(a.heartbeat(report("c2"), report("c3"), results=(failed,))), Action.START)
+    assert start.rollback and not start.supersede and start.lost is None
+
+
 def test_record_dry_run_journals_and_counts_the_container_on_its_target(
     tmp_path: Path, clock: FakeClock
 ) -> None:
