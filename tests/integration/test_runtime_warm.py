@@ -99,10 +99,10 @@ def spec(
     return JobSpec(id=ContainerId(job), command=argv, steps=steps, model="loop")
 
 
-async def ready(rt: LocalRuntime) -> WarmInterpreter:
+async def ready(rt: LocalRuntime, timeout: float = 30.0) -> WarmInterpreter:
     warm = rt.warm
     assert warm is not None
-    await wait_for(lambda: warm.ready, "the warm interpreter to import and serve", timeout=30)
+    await wait_for(lambda: warm.ready, "the warm interpreter to import and serve", timeout=timeout)
     return warm
 
 
@@ -369,14 +369,16 @@ async def test_the_server_exits_with_the_process_that_started_it(tmp_path: Path,
     assert not home.exists(), "the orphaned server removed its directory"
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 async def test_the_torch_workload_runs_warm_and_resumes_with_exactly_its_steps(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     c = LocalCluster(tmp_path / "volume", [1.0, 1.0], warm=True)
     try:
         src, dst = c["w0"], c["w1"]
-        await ready(src)
-        await ready(dst)
+        # Two interpreters import torch and torch._dynamo at once: 5 s of CPU each alone here,
+        # over 30 s with the suite's workers on two cores (a full run missed 30 s once).
+        await ready(src, timeout=120)
+        await ready(dst, timeout=120)
         # The first run has no end of its own (HELD steps): the save ends it, however loaded the
         # machine. It resumes as the 60-step job (saved past step 60, as one of that many).
         job = JobSpec(id=ContainerId("gru-1"), command=gru(HELD), steps=60, model="gru")
