@@ -515,7 +515,8 @@ class Agent:
                     self.changed.add(cmd.container)
                     self._save_states()
                 return CommandResult(command=cmd.id, ok=True, finished_at=self.runtime.now())
-            return CommandResult(command=cmd.id, ok=False, error=str(exc))
+            # Not a restart: a copy runs elsewhere (the manager may not hear from it yet).
+            return CommandResult(command=cmd.id, ok=False, error=str(exc), detail={"running_elsewhere": True})
         except AlreadyFinished as exc:
             # Not an error to retry: the manager ends the migration (nothing left to run).
             return CommandResult(command=cmd.id, ok=False, error=str(exc), detail={"finished": True})

@@ -366,6 +366,7 @@ class Coordinator(Deciding, Draining, Remembering):
                 self._put_mark(
                     replace(self.marks.get(m.container) or Mark(m.container), restarts=step.restarts)
                 )
+            self.reconciler.opened(step)
             self.record(m)
             self.migrations[m.id] = m
             self.emit(Event("recovery", {"reason": m.reason}))
@@ -470,6 +471,7 @@ class Coordinator(Deciding, Draining, Remembering):
     def _finished(self, m: Migration, result: str, now: float) -> None:
         del self.migrations[m.id]
         self._parked.discard(m.id)
+        self.reconciler.closed(m.id)
         self.emit(Event("migration_finished", {"result": result, "reason": m.reason}, downtime=m.downtime,
                         duration=now - m.decided_at))  # fmt: skip
         self._log("specon.manager.migration_finished", migration=m.id, container=m.container,
@@ -558,6 +560,8 @@ class Coordinator(Deciding, Draining, Remembering):
         if not res.ok:
             self._log("specon.manager.command_failed", level="warning", command=res.command, worker=worker,
                       error=res.error)  # fmt: skip
+            if (refunded := self.reconciler.refund(m, res.detail, self.marks)) is not None:
+                self._put_mark(refunded)
             if not rollback and m.state in (State.SAVING, State.RESTORING):
                 self.record(new := m.to(State.FAILED, at=at, error=res.error, attempts=m.attempts + 1))
                 self.migrations[m.id] = new

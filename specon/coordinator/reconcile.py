@@ -22,7 +22,7 @@ host do not. Pure: no I/O, no clock; the in-memory back-off starts afresh with a
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specon.config import Policy, RecoveryConfig
 from specon.coordinator.migration import Cordon, Mark, Migration, Reason, State
@@ -86,6 +86,8 @@ class Reconciler:
         self.gave_up: set[ContainerId] = set()
         # Jobs no worker can host now (logged once until one can).
         self._waiting: set[ContainerId] = set()
+        # Open recoveries that counted a restart (``refund``); a new manager starts without.
+        self._counted: set[str] = set()
 
     @property
     def lost_after(self) -> float:
@@ -106,6 +108,27 @@ class Reconciler:
             self.gave_up.discard(cid)
         if self._waiting:
             self._waiting.discard(cid)
+
+    def opened(self, restore: Restore) -> None:
+        if restore.restarts is not None:
+            self._counted.add(restore.migration.id)
+
+    def closed(self, mid: str) -> None:
+        self._counted.discard(mid)
+
+    def refund(
+        self, m: Migration, detail: Mapping[str, object], marks: Mapping[ContainerId, Mark]
+    ) -> Mark | None:
+        """The job's mark with the restart recovery ``m`` counted given back, when its start was
+        refused because a copy of the job runs elsewhere (``detail``: the result's): the job was
+        not restarted. Else None. A copy the manager cannot hear from (a partition, a start it
+        gave up on that ran after all) is refused at every attempt, and those refusals must not
+        use up ``recovery.limit`` and leave the job failed once that copy is lost too."""
+        if detail.get("running_elsewhere") is not True or m.id not in self._counted:
+            return None
+        self._counted.discard(m.id)
+        mark = marks.get(m.container)
+        return None if mark is None or mark.restarts == 0 else replace(mark, restarts=mark.restarts - 1)
 
     def tried(self, cid: ContainerId, now: float) -> None:
         n, _ = self._tries.get(cid, (0, now))

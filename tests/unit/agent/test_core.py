@@ -572,6 +572,7 @@ async def test_start_of_a_container_running_elsewhere_fails(world: World) -> Non
     res = await execute(agent, world.clock, command("start-a", Action.START, "a"))
 
     assert not res.ok and res.error is not None and "already running on worker w0" in res.error
+    assert res.detail == {"running_elsewhere": True}  # no restart: the manager counts none
     assert "a" not in agent.watched
 
 

@@ -162,6 +162,48 @@ def test_a_refused_recovery_start_ends_and_the_next_attempt_backs_off(
     assert len(_recoveries(coord)) == 2
 
 
+def _refuse_recoveries(coord: InlineCoordinator, clock: FakeClock, detail: dict[str, object]) -> int:
+    """j1 listed stopped on a, b idle: refuse every recovery start (``detail``: the results');
+    the number of starts refused in 30 s."""
+    a, b = FakeAgent("a", clock), FakeAgent("b", clock)
+    refused = 0
+    for _ in range(30):
+        clock.advance(1.0)
+        coord.step(rebalance=True)
+        for agent, listed in ((a, (report("j1", phase="stopped"),)), (b, ())):
+            for start in commands(coord.on_heartbeat(agent.heartbeat(*listed)), Action.START):
+                no = CommandResult(start.id, ok=False, error="j1: already running on worker c", detail=detail)
+                coord.on_heartbeat(agent.heartbeat(*listed, results=(no,)))
+                refused += 1
+    return refused
+
+
+def test_starts_refused_because_a_copy_runs_elsewhere_never_use_up_the_restart_limit(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    # The copy that ended counts one restart; a start refused because another copy runs (one
+    # the manager cannot hear from: a partition, a start it gave up on that ran after all) is
+    # no restart. A chaos run left two jobs failed: six refusals in 20 s, then that copy's host
+    # was lost too and nothing restored them.
+    pol = policy(recovery={"limit": 2, "backoff": 1.0, "max_backoff": 2.0})
+    coord = coordinator(tmp_path, clock, pol)
+    events = record_events(coord)
+    assert _refuse_recoveries(coord, clock, {"running_elsewhere": True}) > pol.recovery.limit
+    assert coord.marks[J].restarts == 0
+    assert not [e for e in events if e.kind == "recovery_gave_up"]
+
+
+def test_starts_refused_for_any_other_reason_count_against_the_limit(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    pol = policy(recovery={"limit": 2, "backoff": 1.0, "max_backoff": 2.0})
+    coord = coordinator(tmp_path / "other", clock, pol)
+    events = record_events(coord)
+    assert _refuse_recoveries(coord, clock, {}) == pol.recovery.limit
+    assert coord.marks[J].restarts == pol.recovery.limit
+    assert [e.labels for e in events if e.kind == "recovery_gave_up"] == [{"reason": "recovered"}]
+
+
 def test_a_restarted_manager_restores_a_job_its_journal_knows_and_nobody_reports(
     tmp_path: Path, clock: FakeClock
 ) -> None:
