@@ -105,6 +105,8 @@ class ChaosConfig:
     steps: int = 400  # about 13 s of training: long partitions find jobs to fence
     step_seconds: float = 0.03
     max_seconds: float = 1800.0  # give up (and fail) after this long
+    # Once the faults stop: every job must finish within this, or it counts as lost.
+    finish_seconds: float = 180.0
     lost_after: float = 40.0  # running nowhere longer than this (unfinished) = lost
     fault_every: tuple[float, float] = (0.5, 2.5)  # seconds between faults, uniform
     volume_bytes: int = 256 << 20  # the tmpfs the volume lives on (the full-disk fault)
@@ -774,7 +776,7 @@ class Chaos:
             stop.set()
             await asyncio.gather(tasks[1], tasks[2], return_exceptions=True)
             print("  .. faults stopped; waiting for every job to finish", flush=True)
-            deadline = time.monotonic() + 180.0
+            deadline = time.monotonic() + self.cfg.finish_seconds
             while not all(self.finished(j) for j in self.jobs) and time.monotonic() < deadline:
                 await asyncio.sleep(0.5)
             await asyncio.sleep(0.5)  # the last scans see the last processes end
