@@ -65,6 +65,11 @@ class AgentCollector(Collector):
         yield CounterMetricFamily(
             "specon_agent_heartbeats", "Heartbeats answered", value=link.heartbeats_sent
         )
+        yield CounterMetricFamily(
+            "specon_agent_heartbeats_unlisted",
+            "Heartbeats sent with the containers as last listed: the runtime was still listing",
+            value=link.heartbeats_unlisted,
+        )
         yield CounterMetricFamily("specon_agent_manager_failures", "Failed exchanges", value=link.failures)
         yield GaugeMetricFamily(
             "specon_agent_manager_up", "1 while the manager answers", value=int(link.connected)

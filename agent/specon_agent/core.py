@@ -328,7 +328,10 @@ class Agent:
         self._seq = max(self._seq + 1, time.time_ns() // 1000)
         return self._seq
 
-    def heartbeat(self, now: float) -> Heartbeat:
+    def heartbeat(self, now: float, *, new_results: bool = True) -> Heartbeat:
+        """The next heartbeat. ``new_results`` False (its containers not listed afresh): only
+        results already sent go again; a new one waits for a listing at least as new as it,
+        so the manager never reads a start's success beside a list that lacks its job."""
         seq = self.next_seq()
         sample, states = self.gpu_sample, self.gpu_states
         reports = [
@@ -357,6 +360,8 @@ class Agent:
         results = []
         for cid, (sent_in, res) in self.unacked.items():
             if sent_in is None:
+                if not new_results:
+                    continue
                 self.unacked[cid] = (seq, res)
             results.append(res)
         return Heartbeat(

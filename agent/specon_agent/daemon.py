@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -68,6 +69,8 @@ class LinkState:
     failures: int = 0
     rejected: int = 0
     heartbeats_sent: int = 0
+    # Sent before the runtime's listing came back (``AgentDaemon._listed``).
+    heartbeats_unlisted: int = 0
 
 
 class AgentDaemon:
@@ -83,6 +86,10 @@ class AgentDaemon:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        # The heartbeat's refresh of the containers while the runtime is still listing, and
+        # since when (monotonic seconds).
+        self._listing: asyncio.Task[None] | None = None
+        self._listing_since = 0.0
         # Priority on the GPUs (``specon_agent.gpu_share``), the agent's; one pass at a time.
         self.gpu_share = agent.gpu_share
         self._gpu_lock = asyncio.Lock()
@@ -114,6 +121,10 @@ class AgentDaemon:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        if self._listing is not None:
+            self._listing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # its error is no news now
+                await self._listing
         try:  # no job stays frozen behind an agent that left (suspended ones are resumed by the next)
             await self.gpu_share.close()
         except Exception:
@@ -249,8 +260,31 @@ class AgentDaemon:
                 await self._nap(interval * random.uniform(0.9, 1.1))  # jitter: agents don't beat in step
 
     async def _beat(self) -> bool:
-        await self.agent.refresh()
-        return await self._exchange(protocol.HEARTBEAT_PATH, self.agent.heartbeat(self.agent.runtime.now()))
+        messaging = self.agent.policy.messaging
+        listed = await self._listed(messaging.heartbeat_interval)
+        if not listed:
+            if time.monotonic() - self._listing_since > messaging.worker_timeout:
+                return False  # a runtime stuck listing for so long: let the worker fall silent
+            self.link.heartbeats_unlisted += 1
+        hb = self.agent.heartbeat(self.agent.runtime.now(), new_results=listed)
+        return await self._exchange(protocol.HEARTBEAT_PATH, hb)
+
+    async def _listed(self, within: float) -> bool:
+        """Refresh the containers for a heartbeat; False when the runtime is still listing
+        after ``within`` seconds. A Docker engine answers a listing only once a container it
+        is starting has started (its inspect waits for the container's lock): seconds under
+        load. The heartbeat then goes with the containers as last listed instead of waiting,
+        so a slow start never makes the worker look silent to the manager (a restore given up
+        as 'worker unreachable' while it ran); the listing carries on for the next beat."""
+        if self._listing is None:
+            self._listing = asyncio.create_task(self.agent.refresh(), name="specon-agent-listing")
+            self._listing_since = time.monotonic()
+        done, _ = await asyncio.wait({self._listing}, timeout=within)
+        if not done:
+            return False
+        task, self._listing = self._listing, None
+        task.result()  # a failed listing fails the beat, as it always did
+        return True
 
     async def _nap(self, seconds: float) -> None:
         self._wake.clear()

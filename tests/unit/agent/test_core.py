@@ -576,6 +576,19 @@ async def test_start_of_a_container_running_elsewhere_fails(world: World) -> Non
     assert "a" not in agent.watched
 
 
+def test_a_heartbeat_without_a_fresh_listing_sends_only_results_sent_before(world: World) -> None:
+    agent = world.agent()
+    old = CommandResult(command="old", ok=True)
+    new = CommandResult(command="new", ok=True)
+    agent.unacked = {"old": (None, old)}
+    assert agent.heartbeat(agent.runtime.now()).results == (old,)  # now sent: it goes again until acked
+    agent.unacked["new"] = (None, new)
+    # The runtime still lists: the new result waits for a listing at least as new as it.
+    assert agent.heartbeat(agent.runtime.now(), new_results=False).results == (old,)
+    assert agent.unacked["new"] == (None, new)
+    assert agent.heartbeat(agent.runtime.now()).results == (old, new)
+
+
 async def test_mark_migrated_freezes_the_container_and_answers_its_request(world: World) -> None:
     await world.run("conv", loss=converging)
     await world.run("busy")

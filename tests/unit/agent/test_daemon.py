@@ -31,7 +31,7 @@ from specon.config import Policy
 from specon.daemon.settings import AgentSettings
 from specon.model import Category, ContainerId, Resources, WorkerId
 from specon.policy.monitor import MonitorState
-from specon.runtime import JobSpec, WorkerUsage
+from specon.runtime import ContainerInfo, JobSpec, WorkerUsage
 from specon.testing.fake_runtime import FakeClock, FakeRuntime, FakeVolume
 from specon.wire import protocol
 from specon.wire.protocol import Action, Command
@@ -175,6 +175,69 @@ async def test_heartbeats_reach_the_manager_which_lists_the_worker_and_its_conta
     assert {(c.id, c.worker, c.phase) for c in st.containers} == {("a", W0, "running"), ("b", W0, "running")}
     assert d.link.connected and d.link.heartbeats_sent >= 1 and d.link.last_ok is not None
     assert d.agent.counters.ticks >= 1 and alive(d)
+
+
+async def test_a_runtime_slow_to_list_does_not_silence_the_heartbeats(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A Docker engine answers a listing only once the container it is starting has started:
+    # the heartbeats go on with the containers as last listed, and the worker stays reachable.
+    await rig.runtime.start(spec("a"))
+    coord = rig.coordinator()
+    server = await rig.serve(coord)
+    d = rig.daemon(url_of(server))
+    d.start()
+    await eventually(lambda: coord.core.state.heartbeats >= 2, "two heartbeats")
+    released = asyncio.Event()
+    listing = rig.runtime.list_containers
+
+    async def slow() -> list[ContainerInfo]:
+        await released.wait()
+        return await listing()
+
+    monkeypatch.setattr(rig.runtime, "list_containers", slow)
+    await rig.runtime.start(spec("b"))
+    before = coord.core.state.heartbeats
+    await eventually(lambda: coord.core.state.heartbeats >= before + 5, "heartbeats while it lists")
+    assert d.link.heartbeats_unlisted >= 1
+    [worker] = (await status(url_of(server))).workers
+    assert worker.reachable and sorted(worker.containers) == ["a"]  # as last listed
+    released.set()
+
+    async def both_listed() -> bool:
+        return sorted((await status(url_of(server))).workers[0].containers) == ["a", "b"]
+
+    for _ in range(500):
+        if await both_listed():
+            break
+        await asyncio.sleep(0.02)
+    assert await both_listed()
+    assert alive(d)
+
+
+async def test_a_runtime_stuck_listing_past_a_worker_timeout_lets_the_worker_fall_silent(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Heartbeats with a stale view are for a slow start, not for a runtime that hangs: past
+    # worker_timeout the manager must see the worker silent (and restore its jobs once lost).
+    coord = rig.coordinator()
+    server = await rig.serve(coord)
+    d = rig.daemon(url_of(server))  # its loops not started: each beat by hand
+    assert await d._beat() and coord.core.state.heartbeats == 1
+    hung = asyncio.Event()
+
+    async def stuck() -> list[ContainerInfo]:
+        await hung.wait()
+        return []
+
+    monkeypatch.setattr(rig.runtime, "list_containers", stuck)
+    assert await d._beat(), "a listing under way holds no heartbeat back"
+    assert coord.core.state.heartbeats == 2 and d.link.heartbeats_unlisted == 1
+    d._listing_since -= rig.pol.messaging.worker_timeout  # the same listing, a worker timeout on
+    assert not await d._beat()
+    assert coord.core.state.heartbeats == 2 and d.link.heartbeats_unlisted == 1
+    hung.set()
+    assert await d._beat() and coord.core.state.heartbeats == 3
 
 
 async def test_a_request_answered_by_the_manager_freezes_the_container(rig: Rig) -> None:
