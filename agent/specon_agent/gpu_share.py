@@ -178,6 +178,8 @@ class GpuShare:
         out: dict[int, tuple[list[tuple[Running, Tracked, bool]], int]] = {}
         for cid, r in live.items():
             use, t = uses.get(cid), self.jobs.get(cid)
+            if t is None and r.step is None:
+                continue  # still starting: a freeze could stop its launcher before it joins its budget
             seen = use is not None and bool(use.devices)
             if seen and t is not None and t.state == "suspended" and not read_after(sample, t.since):
                 use, seen = None, False  # read while it was being saved: no news of it since

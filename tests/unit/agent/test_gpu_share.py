@@ -115,6 +115,18 @@ async def test_the_job_with_the_least_work_left_runs_and_the_other_is_frozen(rt:
     assert (share.counters.freezes, share.counters.thaws, share.counters.switches) == (1, 1, 2)
 
 
+async def test_a_job_still_starting_is_not_frozen_before_its_first_record(rt: GpuRuntime) -> None:
+    # B is on the GPU (NVML sees its launcher's group) but has logged no step yet: a freeze
+    # now could stop its launcher before it joined its budget (a full run: the start waited
+    # 30 s for a launcher the agent had SIGSTOPped, and failed).
+    share = GpuShare(rt, FREEZE)
+    starting = [*running((A, 10)), Running(id=B, started=1000.0, step=None, total=1000)]
+    await step(share, rt, starting, {A: GB, B: GB})
+    assert actions(rt) == [] and B not in share.states
+    await step(share, rt, running((A, 10), (B, 999)), {A: GB, B: GB})  # it trains: shared now
+    assert actions(rt) == [("freeze", B)]
+
+
 async def test_a_state_is_published_when_its_action_is_done_and_counted(
     rt: GpuRuntime, volume: FakeVolume
 ) -> None:
@@ -319,6 +331,14 @@ async def test_an_unreadable_state_file_is_said_and_started_afresh(rt: GpuRuntim
         assert share.jobs == {} and logs[0]["event"] == "specon.agent.gpu_state_unreadable"
 
 
+async def trained_a_step(agent: Agent, rt: FakeRuntime) -> None:
+    """The agent has adopted the jobs and read a step of each (a job still starting is not shared)."""
+    await agent.refresh()
+    await rt.clock.advance(5.0)
+    agent.tick(rt.now())
+    assert all(r.step is not None for r in agent.running_jobs())
+
+
 async def test_the_daemon_shares_the_gpus_each_tick_and_thaws_when_it_stops(
     rt: GpuRuntime, tmp_path: Path
 ) -> None:
@@ -326,7 +346,7 @@ async def test_the_daemon_shares_the_gpus_each_tick_and_thaws_when_it_stops(
     agent = Agent(runtime=rt, policy=pol, state_file=tmp_path / "monitor.json")
     daemon = AgentDaemon(agent, ManagerClient("http://127.0.0.1:9", "token"))
     assert daemon.gpu_share.states is agent.gpu_states  # the heartbeat reports them
-    await agent.refresh()
+    await trained_a_step(agent, rt)
     agent.gpu_sample = sample({A: GB, B: GB, C: GB})
     await daemon.share_gpus()
     assert len(rt.frozen) == 2 and sorted(agent.gpu_states.values()) == ["frozen", "frozen", "running"]
@@ -341,7 +361,7 @@ async def test_a_save_command_thaws_first_and_a_gpu_loop_runs_only_where_it_can_
     rt: GpuRuntime, tmp_path: Path
 ) -> None:
     agent = Agent(runtime=rt, policy=make_policy(priority={"rule": "srpt"}), state_file=tmp_path / "m.json")
-    await agent.refresh()
+    await trained_a_step(agent, rt)
     agent.gpu_sample = sample({A: GB, B: GB, C: GB})
     await agent.gpu_share.step(
         rt.now(),

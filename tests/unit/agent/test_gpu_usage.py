@@ -351,6 +351,8 @@ async def test_between_monitor_ticks_the_gpu_loop_samples_and_shares(world: Worl
     agent = Agent(runtime=world.runtime, policy=make_policy(priority={"rule": "srpt"}), gpus=NvmlReader())
     world.agents.append(agent)
     await world.sample(agent)
+    await world.sample(agent)  # a step of each read: a job still starting is not shared
+    assert all(r.step is not None for r in agent.running_jobs())
     assert not world.volume.jobs[B].frozen
     daemon = AgentDaemon(agent, ManagerClient("http://127.0.0.1:9", "token"))
     loop = asyncio.create_task(daemon._gpus())
