@@ -392,6 +392,7 @@ class Chaos:
         self.disk = disk  # the volume is a tmpfs of its own: it can be filled
         self.links = links or []  # the hosts whose links can be cut: the manager's first
         self.rng = random.Random(cfg.seed)
+        self.started = time.monotonic()  # the run's start (``run`` sets it again)
         self.watch = ProcessWatch(c)
         self.jobs: list[str] = []
         self.corrupt: dict[str, set[int]] = {}
@@ -543,6 +544,11 @@ class Chaos:
             for k, w in FAULT_WEIGHTS.items()
             if (self.disk or k != "full-disk") and (self.links or not k.startswith("partition"))
         }
+        owed = self.owed()
+        if owed and time.monotonic() - self.started > self.cfg.max_seconds / 2:
+            # Half the run gone with a quota unmet: draw only what it still needs, so the run
+            # meets its quotas within max_seconds instead of giving up on a long unlucky draw.
+            weights = {k: w for k, w in weights.items() if k in owed} or weights
         action = rng.choices(list(weights), weights=list(weights.values()))[0]
         if action == "kill-manager" and c.manager is not None:
             await self.kill_daemon("manager")
@@ -729,6 +735,21 @@ class Chaos:
         await restart_agent(self.c, w, attempts=AGENT_STARTS)
         self.report.recoveries += 1
 
+    def owed(self) -> set[str]:
+        """The fault kinds a quota not yet met still needs (``run``'s loop condition)."""
+        r, cfg, out = self.report, self.cfg, set()
+        if r.kills < cfg.min_faults:
+            out |= {"kill-manager", "kill-agent", "kill-saving-job"}
+        if self.links and r.partitions < cfg.min_partitions:
+            out |= {"partition", "partition-long"}
+        if self.links and r.long_partitions < cfg.min_long_partitions:
+            out.add("partition-long")
+        if r.faults["host-loss"] < cfg.min_host_losses:
+            out.add("host-loss")
+        if r.faults["reclaim"] < cfg.min_reclaims:
+            out.add("reclaim")
+        return out
+
     async def faults(self, stop: asyncio.Event) -> None:
         lo, hi = self.cfg.fault_every
         while not stop.is_set():
@@ -738,7 +759,7 @@ class Chaos:
 
     # -- the run ----------------------------------------------------------------------------
     async def run(self) -> None:
-        t0 = time.monotonic()
+        t0 = self.started = time.monotonic()
         stop = asyncio.Event()
         tasks = [
             asyncio.create_task(self.watch.run()),
