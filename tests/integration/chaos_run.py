@@ -75,6 +75,7 @@ from jobwatch import (
     finished,
     generation_of,
     handover_gaps,
+    job_and_launcher_environs,
     job_environs,
     records,
     restart_agent,
@@ -122,9 +123,12 @@ class ChaosConfig:
     # What a restore may take on top of recovery.after before a job counts as having run
     # nowhere for too long (``handover_gaps``): the reconciler's pass (1 s), the start command's
     # way to the target (a long poll; heartbeats every 0.5 s), a crash's backoff (at most
-    # max_backoff, 5 s), launching the copy and loading its checkpoint (1-3 s on two loaded
-    # cores), and the agent's first heartbeat after a cut (a request in flight times out
-    # first: up to SPECON_AGENT_REQUEST_TIMEOUT, 10 s, but recovery.after runs meanwhile).
+    # max_backoff, 5 s), the agent's first heartbeat after a cut (a request in flight times out
+    # first: up to SPECON_AGENT_REQUEST_TIMEOUT, 10 s, but recovery.after runs meanwhile) and
+    # the agent's own start of the launcher. The gap ends once the new copy's launcher runs:
+    # its interpreter's start and checkpoint load on the worker's CPU share (0.5 CPU for all
+    # its jobs: 1 s, or 12 s with the suite's other tests on the same two cores) is the
+    # worker's speed, not the cluster's handover.
     restore_allowance: float = 15.0
     # How long a partition lasts: a blip, longer than the policy's worker_timeout (4 s) but
     # shorter than recovery.after, or (agents only) longer than recovery.after by this much.
@@ -169,6 +173,9 @@ class ChaosReport:
     longest_gap: float = 0.0
     longest_gap_at: str = ""
     gaps_over_bound: int = 0
+    # The slowest restart's start-up: its launch to its ``started`` record (not in the gaps).
+    longest_launch: float = 0.0
+    longest_launch_at: str = ""
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -204,7 +211,9 @@ class ChaosReport:
             f" (/proc): {self.longest_down:.1f} s",
             f"  stale commits: {self.stale_commits}; restarts with no live copy for longer than"
             f" {self.gap_bound:.0f} s: {self.gaps_over_bound} (longest {self.longest_gap:.1f} s"
-            f"{', ' + self.longest_gap_at if self.longest_gap_at else ''})",
+            f"{', ' + self.longest_gap_at if self.longest_gap_at else ''}); slowest restart from"
+            f" its launch to its first record: {self.longest_launch:.1f} s"
+            f"{', ' + self.longest_launch_at if self.longest_launch_at else ''}",
             *(f"  note: {n}" for n in self.notes),
             f"  problems: {len(self.problems)}" + "".join(f"\n    - {p}" for p in self.problems),
         ]
@@ -328,8 +337,11 @@ class ProcessWatch:
         self.overlap_since: dict[str, float] = {}
         self.longest_overlap: dict[str, float] = {}
         self.pids: dict[str, dict[int, str]] = {}
-        # When a process of each generation of each job was last seen (handover_gaps' alive).
+        # When a process of each generation of each job was last seen (handover_gaps' alive),
+        # and when each of its processes, launchers included, was first seen (its launched).
         self.alive: dict[str, dict[int, float]] = {}
+        self.launched: dict[str, dict[int, list[float]]] = {}
+        self.first_seen: dict[int, float] = {}  # pid -> when, for the processes still there
 
     def add(self, jid: str) -> None:
         path = JobPaths(self.c.volume, ContainerId(jid)).progress
@@ -348,12 +360,20 @@ class ProcessWatch:
         markers = dict(self.markers)  # jobs are added meanwhile, by the submitter
         found: dict[str, dict[int, str]] = {jid: {} for jid in markers.values()}
         gens: dict[tuple[str, int], int | None] = {}
-        for pid, env in job_environs():
-            jid = next((markers[e] for e in env if e in markers), None)
-            if jid is not None:
-                found[jid][pid] = worker_of(env)
-                gens[jid, pid] = generation_of(env)
         now = time.monotonic()
+        first_seen: dict[int, float] = {}
+        for pid, env, launcher in job_and_launcher_environs():
+            jid = next((markers[e] for e in env if e in markers), None)
+            if jid is None:
+                continue
+            gen = generation_of(env)
+            first_seen[pid] = self.first_seen.get(pid, now)
+            if pid not in self.first_seen and gen is not None:
+                self.launched.setdefault(jid, {}).setdefault(gen, []).append(now)
+            if not launcher:
+                found[jid][pid] = worker_of(env)
+                gens[jid, pid] = gen
+        self.first_seen = first_seen
         for (jid, _), gen in gens.items():
             if gen is not None:
                 self.alive.setdefault(jid, {})[gen] = now
@@ -830,17 +850,25 @@ class Chaos:
                     r.stale_commits += 1
                     r.problems.append(f"{jid}: stale commit: {why}")
             for (gap, started), (t, _) in zip(
-                handover_gaps(self.watch.tails[jid].seen, self.watch.alive.get(jid)),
+                handover_gaps(
+                    self.watch.tails[jid].seen, self.watch.alive.get(jid), self.watch.launched.get(jid)
+                ),
                 [x for x in self.watch.tails[jid].seen[1:] if x[1].get("event") == "started"],
                 strict=True,
             ):
-                where = f"{jid} gen {started.get('generation')} from step {started.get('step')}"
+                gen = started.get("generation")
+                where = f"{jid} gen {gen} from step {started.get('step')}"
                 if gap > r.longest_gap:
                     r.longest_gap, r.longest_gap_at = gap, where
+                # The gap ends at the copy's launch (handover_gaps), its start-up is reported.
+                launches = self.watch.launched.get(jid, {}).get(gen, []) if isinstance(gen, int) else []
+                end = max((at for at in launches if at <= t), default=t)
+                if t - end > r.longest_launch:
+                    r.longest_launch, r.longest_launch_at = t - end, where
                 # A restore whose target went silent right after (lost, or stopped) is given up
                 # after worker_timeout and made again elsewhere: each such one within the gap
                 # allows another notice and restore.
-                again = sum(wall + t - gap - 1.0 <= d <= wall + t for d in given_up)
+                again = sum(wall + end - gap - 1.0 <= d <= wall + end for d in given_up)
                 bound = r.gap_bound + again * (WORKER_TIMEOUT + self.cfg.restore_allowance)
                 if gap > bound:
                     r.gaps_over_bound += 1

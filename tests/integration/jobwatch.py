@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -175,7 +175,9 @@ def stale_commits(recs: list[dict[str, Any]]) -> list[str]:
 
 
 def handover_gaps(
-    seen: list[tuple[float, dict[str, Any]]], alive: Mapping[int, float] | None = None
+    seen: list[tuple[float, dict[str, Any]]],
+    alive: Mapping[int, float] | None = None,
+    launched: Mapping[int, Sequence[float]] | None = None,
 ) -> list[tuple[float, dict[str, Any]]]:
     """How long a job went without a live copy at each of its restarts, from its progress
     log as an observer read it: ``seen`` is every record in file order with the time (the
@@ -187,11 +189,14 @@ def handover_gaps(
     was fenced) to the new copy's ``started`` record, which it writes once it has loaded its
     checkpoint. ``alive``: the last time (same clock) a process of each generation was seen
     running; an older copy seen alive later than its last record (silent: waiting out a full
-    disk, SIGSTOPped) was a live copy until then, up to the restart. It bounds the time the
-    job ran nowhere from above: it also counts the old copy's last moments (a save on
-    SIGTERM) and the new one's start and restore. Returned as (gap in seconds, the
-    ``started`` record), in file order."""
-    alive = alive or {}
+    disk, SIGSTOPped) was a live copy until then, up to the restart. ``launched``: when each
+    process (launcher or job) of each generation was first seen; the gap then ends at the
+    newest launch of the restart's generation before its ``started`` record, so it measures
+    how long the cluster took to start a copy, not how long the copy's interpreter took to
+    start and load its checkpoint on its worker's CPU share. It bounds the time the job ran
+    nowhere from above: it also counts the old copy's last moments (a save on SIGTERM).
+    Returned as (gap in seconds, the ``started`` record), in file order."""
+    alive, launched = alive or {}, launched or {}
     out = []
     for (t_prev, _), (t, r) in itertools.pairwise(seen):
         if r.get("event") != "started":
@@ -199,7 +204,9 @@ def handover_gaps(
         gen = r.get("generation")
         older = [at for g, at in alive.items() if isinstance(gen, int) and g < gen]
         last_sign = max(t_prev, min(t, max(older))) if older else t_prev
-        out.append((t - last_sign, r))
+        launches = [at for at in launched.get(gen, ()) if at <= t] if isinstance(gen, int) else []
+        end = max(launches, default=t)
+        out.append((max(0.0, end - last_sign), r))
     return out
 
 
@@ -259,17 +266,26 @@ async def assert_finished_once(
 def job_environs() -> Iterator[tuple[int, list[bytes]]]:
     """(pid, environment) of every live training-job process (the job itself, not its
     launcher) of ``jobs/curve_job.py``, from /proc."""
+    for pid, env, launcher in job_and_launcher_environs():
+        if not launcher:
+            yield pid, env
+
+
+def job_and_launcher_environs() -> Iterator[tuple[int, list[bytes], bool]]:
+    """(pid, environment, whether it is the launcher) of every live process of a run of
+    ``jobs/curve_job.py``: the job and the launcher it runs under (which has its
+    environment too), from /proc."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
-            if JOB.name.encode() not in cmdline or b"launcher.py" in cmdline:
+            if JOB.name.encode() not in cmdline:
                 continue
             env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
         except OSError:  # gone meanwhile, or not ours
             continue
-        yield int(name), env
+        yield int(name), env, b"launcher.py" in cmdline
 
 
 def generation_of(env: list[bytes]) -> int | None:

@@ -71,6 +71,18 @@ def test_handover_gaps_run_from_the_last_record_before_each_restart() -> None:
     assert [round(g, 1) for g, _ in handover_gaps(seen, {1: 25.0})] == [0.0, 0.0]
 
 
+def test_handover_gaps_end_at_the_newest_launch_of_the_restarts_generation() -> None:
+    seen = [(10.0, started(1)), (11.0, sample(1)), (19.0, started(2, 0)), (19.5, sample(1))]
+    seen += [(30.0, started(3, 0))]
+    # Generation 2 launched at 14 s (its interpreter took 5 s to start and restore); the
+    # first launch of generation 3 (at 20 s) crashed and the one at 27 s wrote the record.
+    launched = {1: [9.5], 2: [14.0], 3: [20.0, 27.0, 31.0]}
+    assert [round(g, 1) for g, _ in handover_gaps(seen, None, launched)] == [3.0, 7.5]
+    # A launch before the old copy's last sign of life leaves no gap (an overlap), and a
+    # generation never seen launched (too brief for the scan) ends at its record.
+    assert [round(g, 1) for g, _ in handover_gaps(seen, {1: 16.0}, {2: [14.0]})] == [0.0, 10.5]
+
+
 def test_the_tail_stamps_whole_records_when_first_seen(tmp_path: Path) -> None:
     log = tmp_path / "progress.jsonl"
     tail = LogTail(log)
