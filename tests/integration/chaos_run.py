@@ -77,6 +77,7 @@ from jobwatch import (
     handover_gaps,
     job_and_launcher_environs,
     job_environs,
+    parent_of,
     records,
     restart_agent,
     spec,
@@ -338,7 +339,8 @@ class ProcessWatch:
         self.longest_overlap: dict[str, float] = {}
         self.pids: dict[str, dict[int, str]] = {}
         # When a process of each generation of each job was last seen (handover_gaps' alive),
-        # and when each of its processes, launchers included, was first seen (its launched).
+        # and when each copy of it was launched: its launcher first seen, or the job process
+        # where its launcher was not (handover_gaps' launched).
         self.alive: dict[str, dict[int, float]] = {}
         self.launched: dict[str, dict[int, list[float]]] = {}
         self.first_seen: dict[int, float] = {}  # pid -> when, for the processes still there
@@ -368,7 +370,8 @@ class ProcessWatch:
                 continue
             gen = generation_of(env)
             first_seen[pid] = self.first_seen.get(pid, now)
-            if pid not in self.first_seen and gen is not None:
+            new_copy = launcher or parent_of(pid) not in self.first_seen  # not its launcher's child
+            if pid not in self.first_seen and gen is not None and new_copy:
                 self.launched.setdefault(jid, {}).setdefault(gen, []).append(now)
             if not launcher:
                 found[jid][pid] = worker_of(env)

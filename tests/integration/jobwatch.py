@@ -190,7 +190,7 @@ def handover_gaps(
     checkpoint. ``alive``: the last time (same clock) a process of each generation was seen
     running; an older copy seen alive later than its last record (silent: waiting out a full
     disk, SIGSTOPped) was a live copy until then, up to the restart. ``launched``: when each
-    process (launcher or job) of each generation was first seen; the gap then ends at the
+    copy of each generation was launched (its launcher first seen); the gap then ends at the
     newest launch of the restart's generation before its ``started`` record, so it measures
     how long the cluster took to start a copy, not how long the copy's interpreter took to
     start and load its checkpoint on its worker's CPU share. It bounds the time the job ran
@@ -286,6 +286,17 @@ def job_and_launcher_environs() -> Iterator[tuple[int, list[bytes], bool]]:
         except OSError:  # gone meanwhile, or not ours
             continue
         yield int(name), env, b"launcher.py" in cmdline
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent process id of ``pid``, from /proc; None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so after the last ")".
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[1]) if len(fields) > 1 else None
 
 
 def generation_of(env: list[bytes]) -> int | None:
