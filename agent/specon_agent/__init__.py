@@ -3,7 +3,8 @@
 An I/O shell around ``specon``'s pure core: no algorithm and no message schema lives here.
 
 - ``__main__``: ``specon-agent``, its arguments and start-up;
-- ``core``: the agent's work without the network (watch containers, classify, run commands);
+- ``core``: the agent's work without the network (watch containers, classify, heartbeat);
+  ``commands``: the manager's commands, run once per id (save, start, mark, stop);
 - ``resumed``: when a restarted job trains again (its first record after the start);
 - ``watched``: what it keeps per container; ``window``: each job's loss window for the status page;
 - ``priority``: the priority action's pure half; ``weights``: its I/O shell;

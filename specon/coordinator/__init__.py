@@ -5,6 +5,7 @@ come out (journal writes, commands for agents, metric and log events); the shell
 
 - ``machine``: the ``Coordinator`` itself (Algorithms 2 and 3 applied to the cluster state);
 - ``deciding``: its answers to a decision pass (Algorithm 2's requests, Algorithm 3's moves);
+- ``command_results``: what each command result an agent sends does to its migration;
 - ``reconcile``: which jobs run nowhere and where each is restored (lost hosts, crashes),
   and which jobs a drain moves off;
 - ``draining``: cordoning and uncordoning workers (``specon drain``);
