@@ -8,6 +8,7 @@ import asyncio
 import json
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -16,7 +17,15 @@ from pathlib import Path
 from specon.config import PolicyError, load_policy, policy_to_yaml
 from specon.coordinator.reconcile import lost_after
 from specon.daemon import logs
-from specon.embedded.demo import MODELS, PageKeeper, make_workload, run_once, screenshot
+from specon.embedded.demo import (
+    MODELS,
+    PageKeeper,
+    machine_speed,
+    make_workload,
+    run_once,
+    screenshot,
+    step_factors,
+)
 from specon.embedded.host_loss import HostLoss, parse_loss
 from specon.embedded.live_policies import NAMES, SIM_ONLY, WITHOUT_DAEMONS, live_policy
 from specon.evaluation import Comparison, RunResult, compare
@@ -56,6 +65,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--window", type=float, help="arrivals uniform in [0, WINDOW] seconds (default 60, quick 20)"
     )
     p.add_argument("--seed", type=int, default=1, help="seed of the workload (models, arrivals, job seeds)")
+    p.add_argument(
+        "--no-fit",
+        action="store_true",
+        help="keep each model's full step count; by default a few steps of each model are timed first "
+        "and the jobs shrunk so that they train about as long as on the machine the recorded traces "
+        "came from (never grown)",
+    )
     p.add_argument(
         "--models", default=",".join(MODELS), help=f"comma-separated models (default {','.join(MODELS)})"
     )
@@ -186,6 +202,24 @@ def _losses(base: RunResult, ours: RunResult, name: str) -> list[str]:
     ]
 
 
+def _fit_to_machine(models: list[str]) -> dict[str, float]:
+    """Each model's share of its steps on this machine (``step_factors``), said on stdout."""
+    from specon.sim.trace import load_traces  # noqa: PLC0415
+
+    print("specon demo: timing a few training steps of each model on this machine ...", flush=True)
+    measured = machine_speed(models)
+    if measured is None:
+        print("specon demo: could not time the models: the jobs keep their full step counts", flush=True)
+        return {m: 1.0 for m in models}
+    recorded = load_traces()
+    nominal = {m: statistics.median(t.step_cost for t in recorded[m]) for m in models if recorded.get(m)}
+    factors = step_factors(measured, nominal)
+    said = ", ".join(f"{m} {measured[m] * 1000:.0f} ms/step (x{factors[m]:.2f})" for m in models)
+    print(f"specon demo: {said}; the jobs' steps are scaled to train here about as long as the "
+          f"recorded traces did (--no-fit keeps the full counts)", flush=True)  # fmt: skip
+    return factors
+
+
 def main(args: argparse.Namespace) -> int:
     # Heavy imports (matplotlib, torch) only when the demo really runs, not for --help.
     try:
@@ -209,9 +243,10 @@ def main(args: argparse.Namespace) -> int:
         )
         return 2
     scale = STEP_SCALE[args.quick]
+    fit = {m: 1.0 for m in models} if args.no_fit else _fit_to_machine(models)
     jobs = make_workload(
         jobs=n_jobs, window=window, seed=args.seed, models=models,
-        steps=lambda m: max(50, int(WORKLOADS[m].steps * scale)),
+        steps=lambda m: max(50, int(WORKLOADS[m].steps * scale * fit[m])),
         spread=0.5,
     )  # fmt: skip
     name: str = args.policy
@@ -302,6 +337,7 @@ def main(args: argparse.Namespace) -> int:
         },
         "config": {"workers": workers, "cpus_per_worker": cpus, "jobs": n_jobs, "window": window,
                    "seed": args.seed, "quick": args.quick, "policy": name,
+                   "step_factors": {m: round(f, 3) for m, f in fit.items()},
                    "lose": [f"{loss.worker}@{loss.at:g}" for loss in args.lose],
                    "seconds": round(time.monotonic() - started, 1)},
     }  # fmt: skip

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +82,34 @@ def make_workload(
 
 # Steps between two progress records of a demo job.
 LOG_EVERY = 5
+
+
+def machine_speed(
+    models: Sequence[str], *, python: str = sys.executable, timeout: float = 300.0
+) -> dict[str, float] | None:
+    """Seconds per training step of each model on this machine (``specon.workloads.speed``, in
+    a process of its own: the driver never imports torch); None where it could not be measured."""
+    argv = [python, "-m", "specon.workloads.speed", "--models", ",".join(models)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True)
+        got = json.loads(done.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    if not isinstance(got, dict):
+        return None
+    out = {m: got.get(m) for m in models}
+    ok = all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in out.values())
+    return {m: float(v) for m, v in out.items() if isinstance(v, float)} if ok else None
+
+
+def step_factors(measured: Mapping[str, float], nominal: Mapping[str, float]) -> dict[str, float]:
+    """Per model, the share of its steps a demo job keeps so that it trains as long here as on
+    the machine its step count was set for: that machine's seconds per step (``nominal``, the
+    recorded traces' ``step_cost``) over this one's, never above 1 (a faster machine keeps the
+    full count). A model measured or recorded at no positive speed keeps its count."""
+    return {
+        m: min(1.0, nominal[m] / t) if t > 0 and nominal.get(m, 0.0) > 0 else 1.0 for m, t in measured.items()
+    }
 
 
 def job_spec(job: DemoJob, *, python: str = sys.executable, log_every: int = LOG_EVERY) -> JobSpec:

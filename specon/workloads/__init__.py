@@ -8,6 +8,7 @@
 - ``data``: their synthetic data sets, generated from a seed;
 - ``registry``: each model with its data, defaults and one training step (``build()``);
 - ``runner``: one workload run as a migratable job (``__main__``);
+- ``speed``: seconds per training step of each model on this machine (``specon demo``'s fit);
 - ``asgd/``: a real asynchronous-SGD job (a parameter server and workers over TCP, numpy only,
   no torch), whose one-worker profile the MVA model of ``specon.sim.asgd`` is checked against.
 """
