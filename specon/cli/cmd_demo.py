@@ -242,13 +242,6 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    scale = STEP_SCALE[args.quick]
-    fit = {m: 1.0 for m in models} if args.no_fit else _fit_to_machine(models)
-    jobs = make_workload(
-        jobs=n_jobs, window=window, seed=args.seed, models=models,
-        steps=lambda m: max(50, int(WORKLOADS[m].steps * scale * fit[m])),
-        spread=0.5,
-    )  # fmt: skip
     name: str = args.policy
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -266,6 +259,14 @@ def main(args: argparse.Namespace) -> int:
         print(f"specon demo: --lose: {why}", file=sys.stderr)
         return 2
     restart_after = _restart_after(policy)
+    # Timed only once every option is known good: a bad one fails at once.
+    scale = STEP_SCALE[args.quick]
+    fit = {m: 1.0 for m in models} if args.no_fit else _fit_to_machine(models)
+    jobs = make_workload(
+        jobs=n_jobs, window=window, seed=args.seed, models=models,
+        steps=lambda m: max(50, int(WORKLOADS[m].steps * scale * fit[m])),
+        spread=0.5,
+    )  # fmt: skip
     work = out / "runs" if args.keep else Path(tempfile.mkdtemp(prefix="specon-demo-"))
     deadline = RUN_DEADLINE[args.quick]
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specon.cli.main import build_parser
+from specon.cli import cmd_demo
+from specon.cli.main import build_parser, main
 from specon.embedded.demo import machine_speed, step_factors
 
 
@@ -61,3 +62,14 @@ def test_a_missing_interpreter_is_no_speed(tmp_path: Path) -> None:
 def test_no_fit_is_an_option_and_fitting_the_default() -> None:
     assert build_parser().parse_args(["demo"]).no_fit is False
     assert build_parser().parse_args(["demo", "--no-fit"]).no_fit is True
+
+
+def test_a_bad_option_fails_before_the_models_are_timed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_timing(models: list[str]) -> dict[str, float]:
+        raise AssertionError("timed the models before checking the options")
+
+    monkeypatch.setattr(cmd_demo, "_fit_to_machine", no_timing)
+    assert main(["demo", "--policy", "nope", "--out", str(tmp_path)]) == 2
+    assert main(["demo", "--lose", "w9@5", "--out", str(tmp_path)]) == 2
