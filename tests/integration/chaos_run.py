@@ -77,6 +77,7 @@ from jobwatch import (
     handover_gaps,
     job_and_launcher_environs,
     job_environs,
+    launch_of,
     parent_of,
     records,
     restart_agent,
@@ -864,8 +865,7 @@ class Chaos:
                 if gap > r.longest_gap:
                     r.longest_gap, r.longest_gap_at = gap, where
                 # The gap ends at the copy's launch (handover_gaps), its start-up is reported.
-                launches = self.watch.launched.get(jid, {}).get(gen, []) if isinstance(gen, int) else []
-                end = max((at for at in launches if at <= t), default=t)
+                end = launch_of(self.watch.launched.get(jid, {}), gen, t)
                 if t - end > r.longest_launch:
                     r.longest_launch, r.longest_launch_at = t - end, where
                 # A restore whose target went silent right after (lost, or stopped) is given up

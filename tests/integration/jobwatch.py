@@ -204,10 +204,15 @@ def handover_gaps(
         gen = r.get("generation")
         older = [at for g, at in alive.items() if isinstance(gen, int) and g < gen]
         last_sign = max(t_prev, min(t, max(older))) if older else t_prev
-        launches = [at for at in launched.get(gen, ()) if at <= t] if isinstance(gen, int) else []
-        end = max(launches, default=t)
-        out.append((max(0.0, end - last_sign), r))
+        out.append((max(0.0, launch_of(launched, gen, t) - last_sign), r))
     return out
+
+
+def launch_of(launched: Mapping[int, Sequence[float]], gen: object, t: float) -> float:
+    """When the copy of generation ``gen`` whose ``started`` record was seen at ``t`` was
+    launched: the newest launch of that generation by ``t`` (``handover_gaps``), else ``t``."""
+    launches = launched.get(gen, ()) if isinstance(gen, int) else ()
+    return max((at for at in launches if at <= t), default=t)
 
 
 def assert_exactly_its_steps(
